@@ -1,0 +1,82 @@
+"""Errors by what is known about the outcome.
+
+- :class:`NotCommittedError`: the operation definitely did not take effect. Safe to
+  clean up and retry.
+- :class:`OutcomeUnknownError`: it may or may not have taken effect. Resolve by
+  lookup (markers, registry); never retry blindly.
+- :class:`ConfigurationError`: bad options, tables or schemas, raised before any
+  data is written.
+
+Every error carries the xid (when there is one) and the ClickHouse code and name.
+Passwords never reach a message: build messages from :class:`Target` reprs only.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CH_ERROR = re.compile(r"Code:\s*(\d+)\.\s*(?:DB::Exception:\s*)?(.*?)(?:\s*\(([A-Z_0-9]+)\))?(?:\s*\(version [^)]*\))?\s*$", re.S)
+
+
+class ClickHouseTxError(Exception):
+    """Base of every error raised by clickhouse_tx."""
+
+    def __init__(self, message: str, *, xid: str | None = None, code: int | None = None,
+                 name: str | None = None) -> None:
+        self.xid = xid
+        self.code = code
+        self.name = name
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.xid:
+            parts.append(f"xid={self.xid}")
+        if self.code is not None:
+            parts.append(f"code={self.code}" + (f" ({self.name})" if self.name else ""))
+        return "; ".join(parts)
+
+
+class ConfigurationError(ClickHouseTxError):
+    """Bad option, missing table, incompatible schema or server set-up. Nothing written."""
+
+
+class ServerError(ClickHouseTxError):
+    """ClickHouse answered with an exception (code and name from the reply)."""
+
+
+class NotCommittedError(ClickHouseTxError):
+    """Definitely not committed: safe to roll back, clean up and retry."""
+
+
+class OutcomeUnknownError(ClickHouseTxError):
+    """Outcome unknown (e.g. a COMMIT whose reply was lost): resolve by lookup."""
+
+
+class IllegalTransitionError(ClickHouseTxError):
+    """A state change the transition table does not allow (e.g. COMMITTED -> ABORTING)."""
+
+
+class TransactionFinishedError(IllegalTransitionError):
+    """A finished (committed or aborted) transaction was used again."""
+
+
+class DecisionConflictError(ClickHouseTxError):
+    """Another coordinator already wrote this decision version."""
+
+
+class LostTransactionError(ClickHouseTxError):
+    """A decided xid can no longer commit and no replayed partition can replace it.
+
+    The batch cannot be proven complete; the xids are named so an operator can look.
+    """
+
+
+def parse_clickhouse_error(text: str) -> tuple[int | None, str | None, str]:
+    """Split ``Code: 60. DB::Exception: ... (UNKNOWN_TABLE)`` into (code, name, message)."""
+    text = text.strip()
+    m = _CH_ERROR.search(text)
+    if not m:
+        return None, None, text
+    return int(m.group(1)), m.group(3), m.group(2).strip()

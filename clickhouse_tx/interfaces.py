@@ -1,0 +1,209 @@
+"""The contracts between the protocol (pure) and its I/O (ClickHouse, the decision log).
+
+Everything that crosses from a Spark executor to the driver is a :class:`Prepared`
+(frozen, picklable, plain data). The coordinator decides with pure functions over
+these values and talks to the outside world only through the three protocols below,
+so it can be driven by scripted fakes with a fault injected at every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from typing import Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+
+import pyarrow as pa
+
+
+class Mode(str, enum.Enum):
+    """How a prepared partition becomes visible."""
+
+    TRANSACTION = "transaction"
+    STAGING = "staging"
+    DEDUP = "dedup"
+    NONE = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where rows go: a ClickHouse server and one table.
+
+    ``password`` never appears in ``repr`` or in errors.
+    """
+
+    url: str
+    database: str
+    table: str
+    user: str = "default"
+    password: str = dataclasses.field(default="", repr=False)
+    settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    connect_timeout_s: float = 10.0
+    request_timeout_s: float = 300.0
+    session_timeout_s: int = 3600
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteContext:
+    """Identity of one write attempt of one partition (built on the executor)."""
+
+    txn_id: str
+    batch: int
+    partition: int
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What ``prepare`` returns to the driver: picklable, no open handles.
+
+    ``details`` holds mode-specific plain data (the stage table and its partition
+    ids for staging, the dedup tokens for dedup); values must be JSON-serialisable.
+    """
+
+    xid: str
+    txn_id: str
+    batch: int
+    partition: int
+    attempt: int
+    mode: Mode
+    server: str
+    table: str  # fully qualified, unquoted "db.table" for display
+    rows: int
+    checksum: int
+    details: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["mode"] = self.mode.value
+        d["details"] = dict(self.details)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> "Prepared":
+        d = dict(d)
+        d["mode"] = Mode(d["mode"])
+        d["details"] = dict(d.get("details") or {})
+        return cls(**d)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The coordinator's durable choice for one batch: which xid commits each partition.
+
+    Written before the first COMMIT; a later ``version`` replaces a logged xid that
+    can no longer commit with a replayed one of the same partition (DESIGN §5).
+    """
+
+    txn_id: str
+    batch: int
+    chosen: tuple[Prepared, ...]
+    version: int = 1
+    done: bool = False
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "txn_id": self.txn_id,
+                "batch": self.batch,
+                "version": self.version,
+                "done": self.done,
+                "chosen": [p.to_json() for p in self.chosen],
+            },
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, b: bytes) -> "Decision":
+        d = json.loads(b)
+        return cls(
+            txn_id=d["txn_id"],
+            batch=int(d["batch"]),
+            version=int(d.get("version", 1)),
+            done=bool(d.get("done", False)),
+            chosen=tuple(Prepared.from_json(p) for p in d["chosen"]),
+        )
+
+
+class CommitOutcome(str, enum.Enum):
+    """What a lookup can say about one xid after the fact."""
+
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"  # definitely: safe to roll back / replace
+    PENDING = "pending"  # still open and committable (session alive)
+
+
+@runtime_checkable
+class CommitModeIO(Protocol):
+    """The I/O of one commit mode. Executor methods must be picklable-free of state.
+
+    Implementations raise :class:`clickhouse_tx.errors.NotCommittedError` when an
+    operation definitely did not take effect and
+    :class:`clickhouse_tx.errors.OutcomeUnknownError` when it may have.
+    """
+
+    mode: Mode
+
+    def validate(self, target: Target, schema: pa.Schema) -> None:
+        """Driver, once per query/job, before any task writes: raise ConfigurationError."""
+
+    def prepare(self, target: Target, ctx: WriteContext, xid: str,
+                batches: Iterator[pa.RecordBatch]) -> Prepared:
+        """Executor, once per partition attempt: write without making visible."""
+
+    def commit(self, target: Target, p: Prepared) -> None:
+        """Driver: make ``p`` visible. Idempotent for an already committed ``p``."""
+
+    def rollback(self, target: Target, p: Prepared) -> None:
+        """Driver or GC: discard ``p``. Idempotent; a no-op if already gone."""
+
+    def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
+        """Driver: resolve an in-doubt ``p`` (marker lookup, never a blind retry)."""
+
+
+@runtime_checkable
+class RegistryIO(Protocol):
+    """Durable, linearizable xid → state map (a KeeperMap table in production)."""
+
+    def register(self, p_or_ctx: "RegistryEntry") -> None:
+        """Create the entry in INITIALIZED; raise if the xid exists (fenced)."""
+
+    def transition(self, xid: str, expected: Sequence[str], new: str,
+                   payload: Mapping[str, object] | None = None) -> bool:
+        """Compare-and-set the state; False if the current state is not expected."""
+
+    def get(self, xid: str) -> "RegistryEntry | None": ...
+
+    def list_batch(self, txn_id: str, batch: int) -> list["RegistryEntry"]: ...
+
+    def list_open(self, older_than_s: float | None = None) -> list["RegistryEntry"]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryEntry:
+    xid: str
+    txn_id: str
+    batch: int
+    partition: int
+    attempt: int
+    mode: Mode
+    server: str
+    table: str
+    state: str
+    payload: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    created_ms: int = 0
+    updated_ms: int = 0
+
+
+@runtime_checkable
+class DecisionLogIO(Protocol):
+    """One decision per (txn_id, batch); write-once per version, atomically."""
+
+    def read(self, batch: int) -> Decision | None: ...
+
+    def write(self, decision: Decision) -> None:
+        """Atomic; raise DecisionConflictError if this version already exists."""
+
+    def mark_done(self, batch: int) -> None: ...
+
+    def batches(self) -> Iterable[int]: ...
