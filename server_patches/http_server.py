@@ -69,15 +69,32 @@ _ERROR_NAMES = {
     NOT_IMPLEMENTED: "NOT_IMPLEMENTED", TIMEOUT_EXCEEDED: "TIMEOUT_EXCEEDED",
 }
 
-# Mirrors ClickHouse's exceptionCodeToHTTPStatus for the codes a client can cause.
-_HTTP_STATUS = {
-    AUTHENTICATION_FAILED: 403, 194: 401, 195: 403,  # REQUIRED_PASSWORD, WRONG_PASSWORD
-    SYNTAX_ERROR: 400, UNKNOWN_SETTING: 400, UNKNOWN_FORMAT: 400, BAD_ARGUMENTS: 400,
-    CANNOT_DECOMPRESS: 400, 26: 400, 27: 400, 6: 400, 72: 400, 69: 400, 38: 400, 41: 400,
-    SESSION_NOT_FOUND: 404, UNKNOWN_TABLE: 404, UNKNOWN_DATABASE: 404, 16: 404,
-    UNKNOWN_IDENTIFIER: 404, 46: 404, SESSION_IS_LOCKED: 423, INVALID_SESSION_TIMEOUT: 400,
-    HTTP_LENGTH_REQUIRED: 411, NOT_IMPLEMENTED: 501,
+# ClickHouse's exceptionCodeToHTTPStatus, by error name; codes are resolved from the
+# engine itself at start-up (errorCodeToName) so no number is typed twice.
+_STATUS_BY_NAME: dict[str, int] = {
+    "REQUIRED_PASSWORD": 401,
+    **dict.fromkeys(("UNKNOWN_USER", "WRONG_PASSWORD", "AUTHENTICATION_FAILED", "SET_NON_GRANTED_ROLE",
+                     "ACCESS_DENIED"), 403),
+    **dict.fromkeys((
+        "BAD_ARGUMENTS", "CANNOT_COMPILE_REGEXP", "CANNOT_PARSE_TEXT", "CANNOT_PARSE_ESCAPE_SEQUENCE",
+        "CANNOT_PARSE_QUOTED_STRING", "CANNOT_PARSE_DATE", "CANNOT_PARSE_DATETIME", "CANNOT_PARSE_NUMBER",
+        "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING", "CANNOT_PARSE_IPV4", "CANNOT_PARSE_IPV6",
+        "CANNOT_PARSE_INPUT_ASSERTION_FAILED", "CANNOT_PARSE_UUID", "DUPLICATE_COLUMN", "ILLEGAL_COLUMN",
+        "UNKNOWN_ELEMENT_IN_AST", "UNKNOWN_TYPE_OF_AST_NODE", "THERE_IS_NO_COLUMN", "TOO_DEEP_AST",
+        "TOO_BIG_AST", "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH",
+        "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"), 400),
+    **dict.fromkeys((
+        "UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE", "UNKNOWN_STORAGE",
+        "UNKNOWN_DATABASE", "UNKNOWN_SETTING", "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION",
+        "UNKNOWN_FORMAT", "UNKNOWN_DATABASE_ENGINE", "UNKNOWN_TYPE_OF_QUERY", "UNKNOWN_ROLE"), 404),
+    "QUERY_IS_TOO_LARGE": 413,
+    "NOT_IMPLEMENTED": 501,
+    "SOCKET_TIMEOUT": 503, "CANNOT_OPEN_FILE": 503, "CANNOT_SCHEDULE_TASK": 503,
+    "HTTP_LENGTH_REQUIRED": 411,
+    "TIMEOUT_EXCEEDED": 408,
+    "UNSUPPORTED_MEDIA_TYPE": 415,
 }
+_HTTP_STATUS: dict[int, int] = {}  # filled by Engine from the engine's own error table
 
 _CODE_RE = re.compile(r"Code:\s*(\d+)\.")
 _FORMAT_TAIL = re.compile(r"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)\s*;?\s*$", re.I)
@@ -104,10 +121,44 @@ class HTTPError(Exception):
 
     @classmethod
     def from_engine(cls, exc: BaseException) -> "HTTPError":
-        text = str(exc)
-        text = text.removeprefix("Streaming insert finish failed: ")
+        text = str(exc).removeprefix("Streaming insert finish failed: ")
         m = _CODE_RE.search(text)
-        return cls(int(m.group(1)) if m else 1001, text)
+        return cls(int(m.group(1)) if m else 1001, _tidy_engine_text(text))
+
+
+_NESTED_PREFIX = re.compile(r"^(?:Code:\s*\d+\.\s*DB::Exception:\s*)+")
+_NESTED_SUFFIX = re.compile(r"(?:\.?\s*\(([A-Z][A-Z0-9_]*)\)(?:\s*\(version ([^)]*)\))?)+\s*$")
+
+
+def _tidy_engine_text(text: str) -> str:
+    """chdb wraps an error once per layer (``Code: 73. DB::Exception: Code: 73. ...``);
+    answer with the one line a server would send."""
+    m = _CODE_RE.match(text.strip())
+    if not m:
+        return text
+    body = _NESTED_PREFIX.sub("", text.strip())
+    tail = _NESTED_SUFFIX.search(body)
+    name = version = None
+    if tail:
+        names = re.findall(r"\(([A-Z][A-Z0-9_]*)\)", tail.group(0))
+        versions = re.findall(r"\(version ([^)]*)\)", tail.group(0))
+        name = names[-1] if names else None
+        version = versions[0] if versions else None
+        body = body[: tail.start()].rstrip()
+        if not body.endswith("."):
+            body += "."
+    out = f"Code: {m.group(1)}. DB::Exception: {body}"
+    if name:
+        out += f" ({name})"
+    if version:
+        out += f" (version {version})"
+    return out
+
+
+def _undecodable_error() -> "HTTPError":
+    # The engine's message quoted binary input that is not UTF-8, so its text is lost.
+    return HTTPError(117, "Cannot parse input: the data is not valid for the format "
+                          "(the engine's message quoted bytes that are not UTF-8)", "INCORRECT_DATA")
 
 
 def first_keyword(sql: str) -> str:
@@ -130,6 +181,8 @@ class EngineConnection:
     def run(self, sql: str, fmt: str = "TabSeparated", params: dict[str, str] | None = None):
         try:
             return self.conn._conn.query(sql, fmt, params=params or {})
+        except UnicodeDecodeError:
+            raise _undecodable_error() from None
         except Exception as exc:  # chdb raises RuntimeError subclasses with ClickHouse text
             raise HTTPError.from_engine(exc) from None
 
@@ -214,6 +267,14 @@ class Engine:
         self._sessions_lock = threading.Lock()
         self._stop = threading.Event()
         first = EngineConnection(self.dsn)
+        if not _HTTP_STATUS:
+            codes = first.run("SELECT number, errorCodeToName(number) FROM numbers(2000) "
+                              "WHERE errorCodeToName(number) != ''", "TabSeparated").bytes().decode()
+            for line in codes.splitlines():
+                code, name = line.split("\t")
+                _ERROR_NAMES.setdefault(int(code), name)
+                if name in _STATUS_BY_NAME:
+                    _HTTP_STATUS[int(code)] = _STATUS_BY_NAME[name]
         self.timezone = first.run("SELECT timezone()").bytes().decode().strip()
         self.version = first.run("SELECT version()").bytes().decode().strip()
         self._pool.append(first)
@@ -350,7 +411,72 @@ def _decoder(encoding: str) -> Callable[[bytes], bytes] | None:
     raise HTTPError(BAD_ARGUMENTS, f"Unknown Content-Encoding: {encoding}")
 
 
-def decoded_body(rfile, headers) -> Iterator[bytes]:
+UNKNOWN_COMPRESSION_METHOD = 89
+TOO_LARGE_SIZE_COMPRESSED = 39
+_BLOCK_HEADER = 16 + 9  # CityHash128 checksum, method byte, compressed and raw sizes
+_MAX_BLOCK = 1 << 30
+
+
+def native_blocks(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Decode ClickHouse's own compression framing (``decompress=1``) block by block.
+
+    The CityHash128 checksum is not verified (no CityHash in the standard library);
+    a wrong method byte or inconsistent sizes are refused with the server's codes.
+    """
+    import struct
+
+    buf = bytearray()
+    src = iter(chunks)
+
+    def need(n: int) -> bool:
+        while len(buf) < n:
+            part = next(src, None)
+            if part is None:
+                return False
+            buf.extend(part)
+        return True
+
+    while need(1):
+        if not need(_BLOCK_HEADER):
+            raise HTTPError(CANNOT_DECOMPRESS, "Cannot decompress: truncated compressed block header")
+        method = buf[16]
+        compressed, raw = struct.unpack_from("<II", buf, 17)
+        if method not in (0x02, 0x82, 0x90):
+            raise HTTPError(UNKNOWN_COMPRESSION_METHOD,
+                            f"Unknown compression method 0x{method:02x} in a decompress=1 body",
+                            "UNKNOWN_COMPRESSION_METHOD")
+        if compressed < 9 or compressed > _MAX_BLOCK or raw > _MAX_BLOCK:
+            raise HTTPError(TOO_LARGE_SIZE_COMPRESSED,
+                            f"Compressed block size {compressed} (raw {raw}) is out of bounds",
+                            "TOO_LARGE_SIZE_COMPRESSED")
+        if not need(16 + compressed):
+            raise HTTPError(CANNOT_DECOMPRESS, "Cannot decompress: truncated compressed block")
+        payload = bytes(buf[16 + 9:16 + compressed])
+        del buf[:16 + compressed]
+        try:
+            if method == 0x02:
+                out = payload
+            elif method == 0x82:
+                import lz4.block
+
+                out = lz4.block.decompress(payload, uncompressed_size=raw)
+            else:
+                import zstandard
+
+                out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw)
+        except Exception as exc:
+            raise HTTPError(CANNOT_DECOMPRESS, f"Cannot decompress block: {exc}") from None
+        if len(out) != raw:
+            raise HTTPError(CANNOT_DECOMPRESS, f"Decompressed size {len(out)} != declared {raw}")
+        yield out
+
+
+def decoded_body(rfile, headers, native: bool = False) -> Iterator[bytes]:
+    body = _http_decoded(rfile, headers)
+    return native_blocks(body) if native else body
+
+
+def _http_decoded(rfile, headers) -> Iterator[bytes]:
     dec = _decoder(headers.get("Content-Encoding") or "")
     for chunk in _raw_body(rfile, headers):
         if dec is None:
@@ -450,7 +576,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             has_body = bool(self.headers.get("Content-Length") not in (None, "0")
                             or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower())
-            body = decoded_body(self.rfile, self.headers) if has_body else None
+            native = params.get("decompress") in ("1", "true")
+            body = decoded_body(self.rfile, self.headers, native) if has_body else None
             self._authenticate(params)
             if "query" not in params and body is None:
                 self._reply(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
@@ -596,6 +723,9 @@ class Handler(BaseHTTPRequestHandler):
         except HTTPError:
             inserter.cancel()
             raise
+        except UnicodeDecodeError:
+            inserter.cancel()
+            raise _undecodable_error() from None
         except Exception as exc:
             try:
                 inserter.cancel()

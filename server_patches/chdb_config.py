@@ -1,0 +1,148 @@
+"""Render the one config file the embedded ClickHouse (chdb) starts with.
+
+A real server reads ``config.xml`` plus every file in ``config.d/``; chdb takes a
+single ``config-file``. This module merges the patches in ``server_patches/config.d``
+(the same files users copy to ``/etc/clickhouse-server/config.d/``) the way
+ClickHouse merges config files, adds a ``<zookeeper>`` section for the stack's own
+ZooKeeper, and moves every Keeper path under ``/clickhouse_tx_stack/<stack name>/``
+so two stacks sharing one ZooKeeper never see each other's transaction log or
+KeeperMap tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Iterable, Sequence
+
+CONFIG_D = Path(__file__).resolve().parent / "config.d"
+STACK_ZK_ROOT = "/clickhouse_tx_stack"
+
+
+class ConfigPatchError(ValueError):
+    """A config.d file is not a ``<clickhouse>`` XML document."""
+
+
+def patch_files(config_d: Path = CONFIG_D) -> list[Path]:
+    """The ``*.xml`` patches in ``config_d``, in the order ClickHouse applies them (by name)."""
+    return sorted(p for p in Path(config_d).glob("*.xml") if p.is_file())
+
+
+def _merge(into: ET.Element, patch: ET.Element) -> None:
+    """Merge ``patch``'s children into ``into`` like ClickHouse merges config files.
+
+    An element whose tag is unique on both sides is merged recursively when both have
+    children and replaced otherwise; ``replace="1"``/``"replace"`` on the patch side
+    replaces the whole element; repeated tags (e.g. several ``<node>``) are appended.
+    """
+    for child in patch:
+        if not isinstance(child.tag, str):  # comments
+            continue
+        same = into.findall(child.tag)
+        replace = child.attrib.get("replace") in ("1", "true", "replace")
+        if len(same) == 1 and len(patch.findall(child.tag)) == 1:
+            target = same[0]
+            if replace or len(child) == 0 or len(target) == 0:
+                into.remove(target)
+                into.append(_copy(child))
+            else:
+                target.text = child.text if (child.text or "").strip() else target.text
+                _merge(target, child)
+        else:
+            into.append(_copy(child))
+
+
+def _copy(e: ET.Element) -> ET.Element:
+    c = ET.fromstring(ET.tostring(e))
+    c.attrib.pop("replace", None)
+    return c
+
+
+def load_patches(files: Iterable[Path]) -> ET.Element:
+    """Merge the given patch files into one ``<clickhouse>`` element."""
+    root = ET.Element("clickhouse")
+    for f in files:
+        try:
+            doc = ET.parse(f).getroot()
+        except ET.ParseError as e:
+            raise ConfigPatchError(f"config patch {f} is not valid XML: {e}") from e
+        if doc.tag not in ("clickhouse", "yandex"):
+            raise ConfigPatchError(
+                f"config patch {f} must have <clickhouse> as its root element, not <{doc.tag}>")
+        _merge(root, doc)
+    return root
+
+
+def stack_name(stack_dir: Path) -> str:
+    """A Keeper-path-safe name unique to ``stack_dir``: its base name + a path hash."""
+    p = Path(stack_dir).resolve()
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", p.name)[:40] or "stack"
+    digest = hashlib.sha256(str(p).encode()).hexdigest()[:10]
+    return f"{base}-{digest}"
+
+
+def _set(root: ET.Element, path: str, value: str) -> None:
+    node = root
+    for tag in path.split("/"):
+        nxt = node.find(tag)
+        if nxt is None:
+            nxt = ET.SubElement(node, tag)
+        node = nxt
+    node.text = value
+
+
+def render(*, zookeeper: Sequence[tuple[str, int]], name: str,
+           config_d: Path = CONFIG_D, session_timeout_s: int | None = None) -> str:
+    """The full config text for one embedded stack.
+
+    Parameters
+    ----------
+    zookeeper
+        ``(host, port)`` of each ZooKeeper node.
+    name
+        The stack's name (see :func:`stack_name`); Keeper paths are put under
+        ``/clickhouse_tx_stack/<name>/``.
+    session_timeout_s
+        Overrides ``max_session_timeout`` from ``sessions.xml`` when given.
+    """
+    if not zookeeper:
+        raise ValueError("at least one ZooKeeper node is needed")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"stack name {name!r} may only hold letters, digits, '_', '.', '-'")
+    root = load_patches(patch_files(config_d))
+    for old in root.findall("zookeeper"):
+        root.remove(old)
+    zk = ET.SubElement(root, "zookeeper")
+    for host, port in zookeeper:
+        node = ET.SubElement(zk, "node")
+        ET.SubElement(node, "host").text = host
+        ET.SubElement(node, "port").text = str(int(port))
+    ET.SubElement(zk, "session_timeout_ms").text = "30000"
+    prefix = f"{STACK_ZK_ROOT}/{name}"
+    # ClickHouse creates missing ancestors of both paths itself (checked on 26.9).
+    _set(root, "transaction_log/zookeeper_path", f"{prefix}/txn")
+    _set(root, "keeper_map_path_prefix", f"{prefix}/keeper_map")
+    if session_timeout_s is not None:
+        _set(root, "max_session_timeout", str(int(session_timeout_s)))
+    ET.indent(root)
+    header = ("<!-- Generated by server_patches.chdb_config from server_patches/config.d "
+              "for one embedded stack; edit config.d, not this file. -->\n")
+    return header + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write(path: Path, **kwargs: object) -> Path:
+    """Render (see :func:`render`) and write atomically to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render(**kwargs))  # type: ignore[arg-type]
+    tmp.replace(path)
+    return path
+
+
+def server_setting(config_file: Path, tag: str) -> str | None:
+    """A top-level setting's text from a rendered config (e.g. ``max_session_timeout``)."""
+    e = ET.parse(config_file).getroot().find(tag)
+    return None if e is None or e.text is None else e.text.strip()

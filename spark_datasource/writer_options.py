@@ -1,0 +1,344 @@
+"""The ``clickhouse_tx`` writer's options, parsed once into a frozen value.
+
+Spark hands a Python data source its options as a case-insensitive dict of strings
+(``pyspark.sql.datasource.CaseInsensitiveDict``; keys arrive lower-cased). What Spark
+itself adds, measured with pyspark 4.3 (see ``docs/options.md``):
+
+- batch ``save(path)`` adds ``path``; streaming adds ``checkpointLocation`` and
+  ``queryName`` only when the user set them on the ``DataStreamWriter``
+  (``.option("checkpointLocation", ...)`` / ``.queryName(...)``). A checkpoint set
+  through the ``spark.sql.streaming.checkpointLocation`` conf is NOT passed.
+- nothing else (no ``spark.*`` keys).
+
+:meth:`WriterOptions.parse` runs wherever the data source builds its writer: on the
+driver's Python worker, once per batch job, and again for every streaming commit
+(Spark builds a fresh stream writer per commit), so every default it derives is a pure
+function of the options, except the batch ``transactional_id`` (fresh per job; the
+batch writer instance, options included, is pickled to the executors and to the
+commit, so it stays the same for the whole job). The value is frozen and picklable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import math
+import os
+import re
+import tempfile
+import uuid
+from typing import Callable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.interfaces import Mode, Target
+
+__all__ = ["WriterOptions", "KNOWN_OPTIONS"]
+
+# Lower-case, as Spark delivers them. Prefixed families are listed with a trailing '.'.
+KNOWN_OPTIONS = (
+    "url", "user", "password", "database", "table", "path", "mode", "transactional_id",
+    "checkpointlocation", "queryname", "decision_log", "batch_size", "batch_bytes",
+    "connect_timeout", "request_timeout", "session_timeout", "create_table", "order_by",
+    "partition_by", "engine", "table_column", "allow_nullable_into_non_nullable",
+    "retry.attempts", "retry.max_seconds",
+)
+_PREFIXES = ("setting.", "fault.")
+
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _bad(option: str, value: str, expected: str) -> ConfigurationError:
+    shown = value if len(value) <= 200 else value[:200] + "..."
+    return ConfigurationError(f"option {option}={shown!r}: expected {expected}")
+
+
+def _bool(option: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise _bad(option, value, "true/false/1/0/yes/no")
+
+
+def _positive_int(option: str, value: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise _bad(option, value, "a positive integer") from None
+    if n <= 0:
+        raise _bad(option, value, "a positive integer")
+    return n
+
+
+def _positive_float(option: str, value: str) -> float:
+    try:
+        x = float(value.strip())
+    except ValueError:
+        raise _bad(option, value, "a positive number of seconds") from None
+    if not math.isfinite(x) or x <= 0:
+        raise _bad(option, value, "a positive number of seconds")
+    return x
+
+
+def _url(value: str) -> str:
+    v = value.strip()
+    try:
+        parts = urlsplit(v)
+        parts.port  # raises ValueError on a non-numeric port
+    except ValueError:
+        raise _bad("url", _redact_url(v), "http(s)://host[:port]") from None
+    if parts.username is not None or parts.password is not None:
+        # The URL would carry the password into every repr and log line.
+        raise ConfigurationError(
+            f"option url={_redact_url(v)!r}: do not put credentials in the url; "
+            f"use the user and password options"
+        )
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise _bad("url", v, "http(s)://host[:port]")
+    if parts.query or parts.fragment:
+        raise _bad("url", v, "a url without query or fragment (use setting.<name> options)")
+    return urlunsplit((parts.scheme.lower(), parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _redact_url(v: str) -> str:
+    # Keep only what follows the last '@' of the authority so no secret survives.
+    try:
+        parts = urlsplit(v)
+    except ValueError:
+        return "<unparseable url>"
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, ("***@" if "@" in parts.netloc else "") + host,
+                       parts.path, "", ""))
+
+
+def _sanitise_id(raw: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_.\-]", "_", raw)[:96]
+    return s or "q"
+
+
+def _batch_log(txn: str) -> str:
+    # Batch commit runs in a Python worker on the driver host: a local dir works.
+    return os.path.join(tempfile.gettempdir(), "clickhouse_tx", txn)
+
+
+def _no_semicolon(option: str, value: str) -> str:
+    # order_by/partition_by/engine are SQL expressions by nature (user-trusted), but a
+    # ';' can only be a mistake or an injection: refuse it.
+    if ";" in value or "\x00" in value:
+        raise _bad(option, value, "one SQL expression (no ';')")
+    v = value.strip()
+    if not v:
+        raise _bad(option, value, "a non-empty SQL expression")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterOptions:
+    """Every option of the ``clickhouse_tx`` writer, validated.
+
+    Build with :meth:`parse`; see ``docs/options.md`` for each option. ``password``
+    never appears in ``repr``/``str`` or in any error message.
+    """
+
+    url: str
+    table: str
+    database: str = "default"
+    user: str = "default"
+    password: str = dataclasses.field(default="", repr=False)
+    mode: Mode = Mode.TRANSACTION
+    transactional_id: str = ""
+    streaming: bool = False
+    checkpoint_location: str | None = None
+    query_name: str | None = None
+    decision_log: str = ""
+    batch_size: int = 65536
+    batch_bytes: int = 64 * 1024 * 1024
+    connect_timeout_s: float = 10.0
+    request_timeout_s: float = 300.0
+    session_timeout_s: int = 3600
+    create_table: bool = False
+    order_by: str | None = None
+    partition_by: str | None = None
+    engine: str = "MergeTree"
+    table_column: str | None = None
+    allow_nullable_into_non_nullable: bool = False
+    retry_attempts: int = 5
+    retry_max_seconds: float = 60.0
+    settings: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    # Raw ``fault.*`` options for the test-only fault hooks; parsed by their owner.
+    faults: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+
+    @property
+    def qualified_table(self) -> str:
+        """``db.table`` for display (unquoted; never used in SQL)."""
+        return f"{self.database}.{self.table}"
+
+    def txn_id(self) -> str:
+        """The transactional id (alias of ``transactional_id``, used by ``writer.py``)."""
+        return self.transactional_id
+
+    def decision_log_uri(self, txn_id: str | None = None) -> str:
+        """Where the decision log lives.
+
+        An explicit or streaming ``decision_log`` is returned as is; the batch default
+        is per job, so it follows ``txn_id`` when the caller chose a different one.
+        """
+        if txn_id and not self.streaming and self.decision_log == _batch_log(self.transactional_id):
+            return _batch_log(txn_id)
+        return self.decision_log
+
+    def target(self) -> Target:
+        """The :class:`clickhouse_tx.interfaces.Target` these options describe."""
+        return Target(
+            url=self.url, database=self.database, table=self.table, user=self.user,
+            password=self.password, settings=dict(self.settings),
+            connect_timeout_s=self.connect_timeout_s, request_timeout_s=self.request_timeout_s,
+            session_timeout_s=self.session_timeout_s,
+        )
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], *, streaming: bool) -> "WriterOptions":
+        """Validate Spark's options dict.
+
+        Parameters
+        ----------
+        options
+            The data source's ``self.options`` (any case; keys are compared
+            lower-cased, as Spark delivers them). Values are strings.
+        streaming
+            True when building a stream writer: then ``transactional_id`` and
+            ``decision_log`` default from ``queryName``/``checkpointLocation``.
+
+        Raises
+        ------
+        ConfigurationError
+            On an unknown option (with close matches), a missing required option or a
+            malformed value (naming the option and the value, never the password).
+        """
+        opts: dict[str, str] = {}
+        for k, v in dict(options).items():
+            key = str(k).strip().lower()
+            if key in opts:
+                raise ConfigurationError(f"option {key} is given twice (options are case-insensitive)")
+            opts[key] = "" if v is None else str(v)
+
+        unknown = sorted(k for k in opts if k not in KNOWN_OPTIONS and not k.startswith(_PREFIXES))
+        if unknown:
+            lines = []
+            for k in unknown:
+                close = difflib.get_close_matches(k, KNOWN_OPTIONS, n=3, cutoff=0.6)
+                lines.append(k + (f" (did you mean {', '.join(close)}?)" if close else ""))
+            raise ConfigurationError("unknown clickhouse_tx option(s): " + "; ".join(lines))
+
+        def get(name: str, conv: Callable[[str, str], object], default: object) -> object:
+            return conv(name, opts[name]) if name in opts else default
+
+        if "url" not in opts or not opts["url"].strip():
+            raise ConfigurationError("option url is required (e.g. http://127.0.0.1:8123)")
+        url = _url(opts["url"])
+
+        table_raw = opts.get("table", "").strip()
+        path = opts.get("path", "").strip()
+        if not table_raw and path:
+            table_raw = path  # df.write.format("clickhouse_tx").save("db.events")
+        elif table_raw and path and path != table_raw:
+            raise ConfigurationError(
+                f"option table={table_raw!r} and save(path={path!r}) disagree; give one")
+        if not table_raw:
+            raise ConfigurationError("option table is required (table or database.table)")
+        if "database" in opts:
+            database, table = opts["database"].strip(), table_raw
+            if not database:
+                raise _bad("database", opts["database"], "a non-empty database name")
+        elif "." in table_raw:
+            database, table = table_raw.split(".", 1)
+        else:
+            database, table = "default", table_raw
+        if not database or not table:
+            raise _bad("table", table_raw, "table or database.table")
+
+        mode_raw = opts.get("mode", "transaction")
+        try:
+            mode = Mode(mode_raw.strip().lower())
+        except ValueError:
+            raise _bad("mode", mode_raw, "one of " + ", ".join(m.value for m in Mode)) from None
+
+        chk = opts.get("checkpointlocation", "").strip() or None
+        qname = opts.get("queryname", "").strip() or None
+        if "transactional_id" in opts:
+            txn = opts["transactional_id"].strip()
+            if not _ID.match(txn):
+                raise _bad("transactional_id", opts["transactional_id"],
+                           "1-128 characters of A-Z a-z 0-9 _ . -")
+        elif streaming:
+            if chk is None:
+                raise ConfigurationError(
+                    "a streaming write needs .option('checkpointLocation', ...) on the writer "
+                    "(a checkpoint set through spark.sql.streaming.checkpointLocation is not "
+                    "passed to data sources), or explicit transactional_id and decision_log")
+            # The checkpoint hash keeps a restarted-from-scratch query (same name, new
+            # checkpoint, batch ids from 0 again) from meeting its predecessor's markers.
+            h = hashlib.sha256(chk.encode()).hexdigest()[:16]
+            txn = f"{_sanitise_id(qname)}-{h}" if qname else f"chk-{h}"
+        else:
+            txn = f"batch-{uuid.uuid4().hex}"
+
+        if "decision_log" in opts:
+            decision_log = opts["decision_log"].strip()
+            if not decision_log:
+                raise _bad("decision_log", opts["decision_log"], "a path or URI")
+        elif streaming:
+            if chk is None:
+                raise ConfigurationError(
+                    "option decision_log is required when checkpointLocation is not set")
+            decision_log = chk.rstrip("/") + "/clickhouse_tx"
+        else:
+            decision_log = _batch_log(txn)
+
+        settings: dict[str, str] = {}
+        faults: dict[str, str] = {}
+        for k, v in opts.items():
+            if k.startswith("setting."):
+                name = k[len("setting."):]
+                if not _SETTING.match(name):
+                    raise ConfigurationError(
+                        f"option {k}: {name!r} is not a ClickHouse setting name")
+                settings[name] = v
+            elif k.startswith("fault."):
+                faults[k] = v
+
+        order_by = get("order_by", _no_semicolon, None)
+        partition_by = get("partition_by", _no_semicolon, None)
+        engine = get("engine", _no_semicolon, "MergeTree")
+        table_column = opts.get("table_column", "").strip() or None
+        if "table_column" in opts and table_column is None:
+            raise _bad("table_column", opts["table_column"], "a column name")
+
+        attempts_raw = opts.get("retry.attempts")
+        retry_attempts = 5 if attempts_raw is None else _positive_int("retry.attempts", attempts_raw)
+
+        return cls(
+            url=url, table=table, database=database, user=opts.get("user", "default") or "default",
+            password=opts.get("password", ""), mode=mode, transactional_id=txn,
+            streaming=streaming, checkpoint_location=chk, query_name=qname,
+            decision_log=decision_log,
+            batch_size=get("batch_size", _positive_int, 65536),  # type: ignore[arg-type]
+            batch_bytes=get("batch_bytes", _positive_int, 64 * 1024 * 1024),  # type: ignore[arg-type]
+            connect_timeout_s=get("connect_timeout", _positive_float, 10.0),  # type: ignore[arg-type]
+            request_timeout_s=get("request_timeout", _positive_float, 300.0),  # type: ignore[arg-type]
+            session_timeout_s=get("session_timeout", _positive_int, 3600),  # type: ignore[arg-type]
+            create_table=get("create_table", _bool, False),  # type: ignore[arg-type]
+            order_by=order_by, partition_by=partition_by, engine=engine,  # type: ignore[arg-type]
+            table_column=table_column,
+            allow_nullable_into_non_nullable=get(  # type: ignore[arg-type]
+                "allow_nullable_into_non_nullable", _bool, False),
+            retry_attempts=retry_attempts,
+            retry_max_seconds=get("retry.max_seconds", _positive_float, 60.0),  # type: ignore[arg-type]
+            settings=settings, faults=faults,
+        )

@@ -1,0 +1,124 @@
+"""Shared fixtures: the embedded stack (ZooKeeper + ClickHouse HTTP on chdb + dev Kafka).
+
+The session-scoped ``stack`` starts once per test run, in a temporary directory, and
+is stopped at the end even when tests fail. Tests that need to crash or restart a
+server start their own with ``stack_factory`` so they never disturb the shared one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+# Spark's Python workers must run this interpreter (the venv with pyarrow), not
+# whatever `python3` is on PATH. Set before any test module creates a SparkSession.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+from server_patches import stack as stack_mod  # noqa: E402
+from server_patches.stack import StackInfo  # noqa: E402
+
+
+def quote_ident(name: str) -> str:
+    """Backtick-quote a ClickHouse identifier, escaping backslashes and backticks."""
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+#: Why the shared stack has no Kafka, for the ``kafka_bootstrap`` fixture to report.
+_kafka_missing_reason: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
+    """The shared local stack, with the dev Kafka broker when it can start.
+
+    Kafka is started in a second step so that a missing or broken broker fails only
+    the tests that need Kafka (through ``kafka_bootstrap``), not every test.
+    """
+    d = tmp_path_factory.mktemp("stack")
+    try:
+        info = stack_mod.start_stack(d)
+        if not stack_mod.kafka_available():
+            _kafka_missing_reason.append("server_patches/kafka_broker.py is not in this checkout")
+        else:
+            try:
+                info = stack_mod.start_stack(d, kafka=True)
+            except stack_mod.StackError as e:
+                _kafka_missing_reason.append(f"the dev Kafka broker did not start: {e}")
+        yield info
+    finally:
+        stack_mod.stop_stack(d)
+
+
+@pytest.fixture
+def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., StackInfo]]:
+    """Start private stacks (``stack_factory(kafka=False) -> StackInfo``); all stopped after the test.
+
+    For tests that kill, restart or stop servers: the shared ``stack`` stays untouched.
+    """
+    dirs: list[Path] = []
+
+    def make(**kwargs: object) -> StackInfo:
+        d = tmp_path_factory.mktemp("own_stack")
+        dirs.append(d)
+        return stack_mod.start_stack(d, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        yield make
+    finally:
+        for d in dirs:
+            stack_mod.stop_stack(d)
+
+
+@pytest.fixture(scope="session")
+def clickhouse_url(stack: StackInfo) -> str:
+    """``http://127.0.0.1:<port>`` of the shared stack's ClickHouse HTTP interface."""
+    return stack.clickhouse_url
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack: StackInfo) -> str:
+    """``host:port`` of the shared stack's dev Kafka broker."""
+    if not stack.kafka_bootstrap:
+        pytest.fail("this test needs the dev Kafka broker, but the shared stack runs without "
+                    "it: " + ("; ".join(_kafka_missing_reason) or "unknown reason"))
+    return stack.kafka_bootstrap
+
+
+def _http(url: str, sql: str) -> None:
+    import requests
+
+    r = requests.post(url, data=sql.encode(), timeout=60)
+    if r.status_code != 200:
+        raise RuntimeError(f"{sql!r} failed with HTTP {r.status_code}: {r.text.strip()}")
+
+
+@pytest.fixture
+def database(clickhouse_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A freshly created database for this test alone, dropped afterwards."""
+    base = re.sub(r"[^A-Za-z0-9_]+", "_", request.node.name)[:40].strip("_")
+    name = f"t_{base}_{uuid.uuid4().hex[:8]}"
+    _http(clickhouse_url, f"CREATE DATABASE {quote_ident(name)}")
+    try:
+        yield name
+    finally:
+        _http(clickhouse_url, f"DROP DATABASE IF EXISTS {quote_ident(name)} SYNC")
+
+
+@pytest.fixture
+def ch_client(stack: StackInfo, database: str) -> Iterator[object]:
+    """An unmodified clickhouse-connect client (default settings) bound to ``database``."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(host="127.0.0.1", port=stack.clickhouse_port,
+                                           database=database)
+    try:
+        yield client
+    finally:
+        client.close()

@@ -1,0 +1,256 @@
+"""WriterOptions.parse: every option, every error path, the password kept out of sight."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+
+import pytest
+
+from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.interfaces import Mode, Target
+from spark_datasource.writer_options import KNOWN_OPTIONS, WriterOptions
+
+SECRET = "s3cr3t-Pa55"
+BASE = {"url": "http://127.0.0.1:8123", "table": "db.events"}
+
+
+def parse(streaming: bool = False, **extra: str) -> WriterOptions:
+    return WriterOptions.parse({**BASE, **extra}, streaming=streaming)
+
+
+def error_of(options: dict, streaming: bool = False) -> str:
+    with pytest.raises(ConfigurationError) as e:
+        WriterOptions.parse(options, streaming=streaming)
+    return str(e.value)
+
+
+def test_defaults_for_a_batch_write_with_only_url_and_table():
+    o = parse()
+    assert (o.url, o.database, o.table, o.user, o.password) == (
+        "http://127.0.0.1:8123", "db", "events", "default", "")
+    assert o.mode is Mode.TRANSACTION
+    assert (o.batch_size, o.batch_bytes, o.session_timeout_s) == (65536, 64 * 1024 * 1024, 3600)
+    assert (o.connect_timeout_s, o.request_timeout_s) == (10.0, 300.0)
+    assert (o.create_table, o.order_by, o.partition_by, o.engine) == (False, None, None, "MergeTree")
+    assert (o.table_column, o.allow_nullable_into_non_nullable) == (None, False)
+    assert (o.retry_attempts, o.retry_max_seconds) == (5, 60.0)
+    assert o.settings == {} and o.faults == {} and o.streaming is False
+
+
+def test_every_option_is_read_and_keys_are_case_insensitive():
+    o = WriterOptions.parse({
+        "URL": "HTTPS://ch.example:8443/", "User": "alice", "Password": SECRET,
+        "Database": "analytics", "Table": "events.v2", "MODE": "Staging",
+        "transactional_id": "job-1.a_b", "decision_log": "s3://bucket/log",
+        "batch_size": "1000", "batch_bytes": "2048", "connect_timeout": "1.5",
+        "request_timeout": "30", "session_timeout": "120", "create_table": "yes",
+        "order_by": "(id, ts)", "partition_by": "toYYYYMM(ts)",
+        "engine": "ReplacingMergeTree(ver)", "table_column": "dest",
+        "allow_nullable_into_non_nullable": "1", "retry.attempts": "9",
+        "retry.max_seconds": "2.5", "setting.max_insert_block_size": "100",
+        "fault.kill_after_rows": "10",
+    }, streaming=False)
+    assert o.url == "https://ch.example:8443"
+    assert (o.user, o.password, o.database, o.table) == ("alice", SECRET, "analytics", "events.v2")
+    assert o.mode is Mode.STAGING and o.transactional_id == "job-1.a_b"
+    assert o.decision_log == "s3://bucket/log"
+    assert (o.batch_size, o.batch_bytes, o.connect_timeout_s, o.request_timeout_s,
+            o.session_timeout_s) == (1000, 2048, 1.5, 30.0, 120)
+    assert (o.create_table, o.order_by, o.partition_by, o.engine) == (
+        True, "(id, ts)", "toYYYYMM(ts)", "ReplacingMergeTree(ver)")
+    assert o.table_column == "dest" and o.allow_nullable_into_non_nullable is True
+    assert (o.retry_attempts, o.retry_max_seconds) == (9, 2.5)
+    assert o.settings == {"max_insert_block_size": "100"}
+    assert o.faults == {"fault.kill_after_rows": "10"}
+
+
+def test_target_carries_connection_settings_and_the_password():
+    o = parse(password=SECRET, **{"setting.async_insert": "0", "session_timeout": "60"})
+    t = o.target()
+    assert isinstance(t, Target)
+    assert (t.url, t.database, t.table, t.password, t.session_timeout_s) == (
+        "http://127.0.0.1:8123", "db", "events", SECRET, 60)
+    assert dict(t.settings) == {"async_insert": "0"}
+    assert SECRET not in repr(t)
+
+
+@pytest.mark.parametrize("table,database,expected", [
+    ("events", None, ("default", "events")),
+    ("db.events", None, ("db", "events")),
+    ("db.events.v2", None, ("db", "events.v2")),
+    ("db.events", "other", ("other", "db.events")),
+])
+def test_database_comes_from_the_option_or_a_qualified_table(table, database, expected):
+    opts = {"url": BASE["url"], "table": table}
+    if database:
+        opts["database"] = database
+    o = WriterOptions.parse(opts, streaming=False)
+    assert (o.database, o.table) == expected
+    assert o.qualified_table == f"{expected[0]}.{expected[1]}"
+
+
+def test_save_path_is_the_table_when_no_table_option_is_given():
+    o = WriterOptions.parse({"url": BASE["url"], "path": "db.t"}, streaming=False)
+    assert (o.database, o.table) == ("db", "t")
+
+
+def test_a_path_that_disagrees_with_table_is_refused():
+    assert "disagree" in error_of({**BASE, "path": "/some/path"})
+
+
+@pytest.mark.parametrize("mode", ["transaction", "staging", "dedup", "none", "DEDUP"])
+def test_every_mode_parses(mode):
+    assert parse(mode=mode).mode is Mode(mode.lower())
+
+
+def test_a_streaming_write_derives_ids_from_query_name_and_checkpoint():
+    o = parse(streaming=True, checkpointlocation="/chk/events/", queryname="my query")
+    h = hashlib.sha256(b"/chk/events/").hexdigest()[:16]
+    assert o.transactional_id == f"my_query-{h}"
+    assert o.decision_log == "/chk/events/clickhouse_tx"
+    assert (o.checkpoint_location, o.query_name, o.streaming) == ("/chk/events/", "my query", True)
+
+
+def test_a_streaming_id_is_stable_across_parses_and_differs_per_checkpoint():
+    a = parse(streaming=True, checkpointLocation="s3://b/chk1")
+    assert a.transactional_id == parse(streaming=True, checkpointLocation="s3://b/chk1").transactional_id
+    assert a.transactional_id != parse(streaming=True, checkpointLocation="s3://b/chk2").transactional_id
+    assert a.transactional_id.startswith("chk-")
+    assert a.decision_log == "s3://b/chk1/clickhouse_tx"
+
+
+def test_a_streaming_write_without_checkpoint_location_is_refused_with_the_reason():
+    msg = error_of({**BASE, "queryName": "q"}, streaming=True)
+    assert "checkpointLocation" in msg and "spark.sql.streaming.checkpointLocation" in msg
+
+
+def test_a_streaming_write_may_name_its_own_id_and_decision_log_instead():
+    o = parse(streaming=True, transactional_id="t1", decision_log="/logs/t1")
+    assert (o.transactional_id, o.decision_log) == ("t1", "/logs/t1")
+
+
+def test_a_streaming_write_with_only_an_id_still_needs_a_decision_log():
+    assert "decision_log" in error_of({**BASE, "transactional_id": "t1"}, streaming=True)
+
+
+def test_each_batch_job_gets_a_fresh_id_and_a_temp_decision_log():
+    a, b = parse(), parse()
+    assert a.transactional_id != b.transactional_id
+    assert a.transactional_id.startswith("batch-")
+    assert a.decision_log.endswith(a.transactional_id)
+
+
+def test_options_survive_pickling_unchanged():
+    o = parse(password=SECRET, **{"setting.x": "1"})
+    assert pickle.loads(pickle.dumps(o)) == o
+
+
+def test_the_password_is_never_in_repr_or_str():
+    o = parse(password=SECRET)
+    assert SECRET not in repr(o) and SECRET not in str(o)
+
+
+@pytest.mark.parametrize("bad", [
+    {"url": "ftp://host"}, {"batch_size": "ten"}, {"create_table": "maybe"},
+    {"mode": "exactly"}, {"pasword": "x"}, {"session_timeout": "-1"},
+])
+def test_no_error_message_contains_the_password(bad):
+    msg = error_of({**BASE, "password": SECRET, **bad})
+    assert SECRET not in msg
+
+
+def test_an_unknown_option_is_named_with_close_matches():
+    msg = error_of({**BASE, "batchsize": "10", "tabel_column": "t", "zzz": "1"})
+    assert "batchsize (did you mean batch_size" in msg
+    assert "tabel_column (did you mean table_column" in msg
+    assert "zzz" in msg
+
+
+def test_spark_prefixed_keys_are_not_silently_accepted():
+    assert "spark.foo" in error_of({**BASE, "spark.foo": "1"})
+
+
+def test_the_same_option_in_two_cases_is_refused():
+    assert "twice" in error_of({**BASE, "MODE": "none", "mode": "dedup"})
+
+
+@pytest.mark.parametrize("missing", ["url", "table"])
+def test_a_missing_required_option_is_named(missing):
+    opts = dict(BASE)
+    del opts[missing]
+    assert f"option {missing} is required" in error_of(opts)
+
+
+@pytest.mark.parametrize("url", ["ftp://h:21", "http://", "localhost:8123", "http://h:port",
+                                 "http://h:8123/?x=1", "http://h:8123/#f"])
+def test_a_bad_url_is_named_with_its_value(url):
+    msg = error_of({**BASE, "url": url})
+    assert "option url=" in msg
+
+
+def test_a_url_with_credentials_is_refused_without_echoing_them():
+    msg = error_of({**BASE, "url": f"http://bob:{SECRET}@h:8123"})
+    assert SECRET not in msg and "bob" not in msg and "user and password options" in msg
+
+
+@pytest.mark.parametrize("option,value", [
+    ("batch_size", "ten"), ("batch_size", "0"), ("batch_size", "-5"), ("batch_size", "1.5"),
+    ("batch_bytes", "big"), ("session_timeout", "1h"), ("retry.attempts", "0"),
+    ("connect_timeout", "soon"), ("connect_timeout", "0"), ("request_timeout", "nan"),
+    ("request_timeout", "inf"), ("retry.max_seconds", "-2"),
+])
+def test_a_malformed_number_is_named_with_the_option_and_the_value(option, value):
+    msg = error_of({**BASE, option: value})
+    assert f"option {option}={value!r}" in msg
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("true", True), ("TRUE", True), ("1", True), ("yes", True),
+    ("false", False), ("0", False), ("No", False),
+])
+def test_booleans_accept_true_false_1_0_yes_no(value, expected):
+    assert parse(create_table=value).create_table is expected
+    assert parse(allow_nullable_into_non_nullable=value).allow_nullable_into_non_nullable is expected
+
+
+@pytest.mark.parametrize("value", ["y", "on", "", "2"])
+def test_a_bad_boolean_is_named(value):
+    assert f"option create_table={value!r}" in error_of({**BASE, "create_table": value})
+
+
+def test_a_bad_mode_lists_the_modes():
+    msg = error_of({**BASE, "mode": "exactly_once"})
+    assert "option mode='exactly_once'" in msg and "transaction, staging, dedup, none" in msg
+
+
+@pytest.mark.parametrize("txn", ["has space", "", "x" * 129, "a/b", "semi;colon"])
+def test_a_bad_transactional_id_is_refused(txn):
+    assert "option transactional_id=" in error_of({**BASE, "transactional_id": txn})
+
+
+@pytest.mark.parametrize("option", ["order_by", "partition_by", "engine"])
+def test_sql_expression_options_refuse_a_semicolon(option):
+    assert f"option {option}=" in error_of({**BASE, option: "id; DROP TABLE x"})
+
+
+def test_a_setting_with_a_bad_name_is_refused():
+    assert "setting.bad-name" in error_of({**BASE, "setting.bad-name": "1"})
+
+
+def test_an_empty_table_part_is_refused():
+    assert "option table=" in error_of({**BASE, "table": "db."})
+
+
+def test_the_known_options_list_is_lower_case_as_spark_delivers_keys():
+    assert all(k == k.lower() for k in KNOWN_OPTIONS)
+
+
+def test_txn_id_and_decision_log_uri_serve_the_writer():
+    s = parse(streaming=True, checkpointLocation="/chk")
+    assert s.txn_id() == s.transactional_id
+    assert s.decision_log_uri("other") == "/chk/clickhouse_tx"
+    b = parse()
+    assert b.decision_log_uri() == b.decision_log
+    assert b.decision_log_uri("job-1").endswith("job-1")
+    assert parse(decision_log="/x").decision_log_uri("job-1") == "/x"
