@@ -1,0 +1,333 @@
+"""Options of the ``kafka_py`` source, parsed once into a frozen, validated object.
+
+Spark hands a Python data source its options as a case-insensitive mapping of
+strings. :func:`parse_kafka_options` turns that into :class:`KafkaOptions`: typed,
+checked, picklable (it travels from the driver to every executor inside the reader)
+and safe to print (secrets passed through ``kafka.*`` never reach ``repr`` or errors).
+
+Option names follow Spark's built-in Kafka source where one exists
+(``subscribe``, ``assign``, ``startingOffsets``, ``maxOffsetsPerTrigger``, ...), so a
+job can switch between ``kafka`` and ``kafka_py`` by changing the format name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Mapping, Union
+
+from clickhouse_tx.errors import ConfigurationError
+
+#: Offsets keyed by (topic, partition). -2 means earliest, -1 latest (Spark's JSON).
+TopicPartitionOffsets = Mapping[tuple[str, int], int]
+#: ``"earliest"``, ``"latest"`` or explicit offsets per topic-partition.
+OffsetSpec = Union[str, tuple[tuple[tuple[str, int], int], ...]]
+
+EARLIEST = -2
+LATEST = -1
+
+_SECRET = re.compile(r"password|secret|token|oauth|jaas|key_?file|keystore", re.I)
+
+# Options Spark itself may put in the map of a streaming/batch source.
+_SPARK_INJECTED = {"path", "paths"}
+
+# kafka-python settings the source must own: changing them would break the offsets
+# bookkeeping that makes a replay read exactly the same records.
+_FORBIDDEN_KAFKA = {
+    "auto_offset_reset": "use startingOffsets / failOnDataLoss",
+    "enable_auto_commit": "offsets live in the Spark checkpoint, never in Kafka",
+    "key_deserializer": "key and value are returned as binary; cast them in Spark",
+    "value_deserializer": "key and value are returned as binary; cast them in Spark",
+    "group_id": "the source assigns partitions itself and never joins a group",
+    "consumer_timeout_ms": "use kafkaConsumer.pollTimeoutMs",
+}
+
+_KNOWN = {
+    "bootstrap.servers", "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign",
+    "startingoffsets", "endingoffsets", "maxoffsetspertrigger", "minpartitions",
+    "failondataloss", "kafkaconsumer.polltimeoutms", "fetchoffset.numretries",
+    "fetchoffset.retryintervalms", "maxrecordsperbatch",
+}
+
+
+def _kafka_python_defaults() -> Mapping[str, object]:
+    from kafka import KafkaConsumer  # kafka-python 2.3.x
+
+    return KafkaConsumer.DEFAULT_CONFIG
+
+
+class _KafkaParams(tuple):
+    """``(name, value)`` pairs for kafka-python; secrets are masked in ``repr``."""
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={'***' if _SECRET.search(k) else repr(v)}" for k, v in self)
+        return f"KafkaParams({shown})"
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaOptions:
+    """Validated options of one ``kafka_py`` read (driver-built, shipped to executors).
+
+    Attributes
+    ----------
+    bootstrap_servers
+        ``host:port[,host:port...]`` as given.
+    subscribe, subscribe_pattern, assign
+        Exactly one is set: a tuple of topics, a regex source, or explicit
+        ``(topic, (partitions...))`` pairs.
+    starting_offsets, ending_offsets
+        ``"earliest"``, ``"latest"`` or ``((topic, partition), offset)`` pairs
+        (offset -2 = earliest, -1 = latest).
+    max_offsets_per_trigger
+        Upper bound of records per micro-batch across all partitions, or None.
+    min_partitions
+        Split offset ranges so a batch has at least this many Spark partitions.
+    fail_on_data_loss
+        Raise when records in a planned range are gone (retention, deleted topic);
+        when False, skip what is gone and read what is left.
+    poll_timeout_ms
+        How long an executor waits for records it knows exist before failing.
+    fetch_offset_num_retries, fetch_offset_retry_interval_ms
+        Attempts and pause for driver-side metadata/offset requests.
+    max_records_per_batch
+        Largest Arrow record batch an executor yields.
+    kafka_params
+        Extra kafka-python settings from ``kafka.*`` options (secrets masked in repr).
+    """
+
+    bootstrap_servers: str
+    subscribe: tuple[str, ...] | None = None
+    subscribe_pattern: str | None = None
+    assign: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    starting_offsets: OffsetSpec = "latest"
+    ending_offsets: OffsetSpec = "latest"
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    poll_timeout_ms: int = 120_000
+    fetch_offset_num_retries: int = 3
+    fetch_offset_retry_interval_ms: int = 1000
+    max_records_per_batch: int = 10_000
+    kafka_params: tuple[tuple[str, object], ...] = dataclasses.field(default_factory=_KafkaParams)
+
+    def consumer_config(self) -> dict[str, object]:
+        """Keyword arguments for ``kafka.KafkaConsumer`` (driver and executors)."""
+        cfg: dict[str, object] = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "enable_auto_commit": False,
+            "group_id": None,
+            "auto_offset_reset": "none",  # out-of-range raises: we decide about data loss
+            "allow_auto_create_topics": False,
+            "request_timeout_ms": 30_000,
+            "max_poll_records": self.max_records_per_batch,
+            "client_id": "kafka_py",
+        }
+        cfg.update(dict(self.kafka_params))
+        return cfg
+
+
+def _fail(option: str, problem: str) -> ConfigurationError:
+    return ConfigurationError(f"kafka_py option {option!r}: {problem}")
+
+
+def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int,
+                default: int | None) -> int | None:
+    raw = opts.get(key)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise _fail(name, f"expected an integer, got {raw!r}") from None
+    if value < minimum:
+        raise _fail(name, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool_option(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise _fail(name, f"expected true or false, got {raw!r}")
+
+
+def _parse_offsets_json(name: str, raw: str) -> OffsetSpec:
+    text = raw.strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise _fail(name, 'expected "earliest", "latest" or JSON like '
+                          '{"topic": {"0": 23, "1": -2}}' f", got {raw!r}") from None
+    if not isinstance(doc, dict) or not doc:
+        raise _fail(name, 'expected a non-empty JSON object {"topic": {"partition": offset}}')
+    pairs: list[tuple[tuple[str, int], int]] = []
+    for topic, parts in doc.items():
+        if not isinstance(parts, dict):
+            raise _fail(name, f"topic {topic!r} must map to an object of partition -> offset")
+        for p, off in parts.items():
+            try:
+                pid = int(p)
+            except (TypeError, ValueError):
+                raise _fail(name, f"partition {p!r} of topic {topic!r} is not an integer") from None
+            if isinstance(off, bool) or not isinstance(off, int) or off < -2 or pid < 0:
+                raise _fail(name, f"offset of {topic}[{p}] must be an integer >= -2 "
+                                  f"(-2 earliest, -1 latest), got {off!r}")
+            pairs.append(((topic, pid), off))
+    return tuple(sorted(pairs))
+
+
+def _parse_assign(raw: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise _fail("assign", f'expected JSON like {{"topic": [0, 1]}}, got {raw!r}') from None
+    if not isinstance(doc, dict) or not doc:
+        raise _fail("assign", 'expected a non-empty JSON object like {"topic": [0, 1]}')
+    out = []
+    for topic, parts in doc.items():
+        if not isinstance(parts, list) or not parts or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts):
+            raise _fail("assign", f"topic {topic!r} must map to a non-empty list of "
+                                  f"partition numbers, got {parts!r}")
+        out.append((topic, tuple(sorted(set(parts)))))
+    return tuple(sorted(out))
+
+
+def _coerce_kafka_value(option: str, key: str, raw: str, default: object) -> object:
+    text = str(raw).strip()
+    if key == "api_version":
+        try:
+            return tuple(int(x) for x in text.split("."))
+        except ValueError:
+            raise _fail(option, f"expected a version like 2.5.0, got {raw!r}") from None
+    if isinstance(default, bool):
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise _fail(option, f"expected true or false, got {raw!r}")
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise _fail(option, f"expected an integer, got "
+                                f"{'***' if _SECRET.search(key) else repr(raw)}") from None
+    if isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise _fail(option, f"expected a number, got {raw!r}") from None
+    if default is None or isinstance(default, str):
+        return text
+    raise _fail(option, f"kafka-python setting {key!r} takes a "
+                        f"{type(default).__name__}, which cannot be given as an option")
+
+
+def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = None) -> KafkaOptions:
+    """Validate ``options`` (names case-insensitive) and build :class:`KafkaOptions`.
+
+    Runs on the driver, when the DataFrame is defined (``load()``), so mistakes fail
+    before any job starts. ``streaming`` None checks what batch and streaming reads
+    share; True/False adds the checks of that kind of read.
+
+    Raises
+    ------
+    ConfigurationError
+        Naming the offending option.
+    """
+    opts = {str(k).lower(): v for k, v in options.items()}
+    kafka_defaults = _kafka_python_defaults()
+
+    kafka_params: list[tuple[str, object]] = []
+    for key, raw in sorted(opts.items()):
+        if key.startswith("kafka.") and key != "kafka.bootstrap.servers":
+            setting = key[len("kafka."):].replace(".", "_")
+            if setting in _FORBIDDEN_KAFKA:
+                raise _fail(key, f"cannot be set: {_FORBIDDEN_KAFKA[setting]}")
+            if setting not in kafka_defaults:
+                raise _fail(key, f"kafka-python has no setting {setting!r}")
+            kafka_params.append((setting, _coerce_kafka_value(key, setting, raw,
+                                                              kafka_defaults[setting])))
+        elif key not in _KNOWN and key not in _SPARK_INJECTED:
+            raise _fail(key, "unknown option; known: bootstrap.servers, subscribe, "
+                             "subscribePattern, assign, startingOffsets, endingOffsets, "
+                             "maxOffsetsPerTrigger, minPartitions, failOnDataLoss, "
+                             "kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
+                             "fetchOffset.retryIntervalMs, maxRecordsPerBatch, kafka.*")
+
+    servers = [opts.get(k, "").strip() for k in ("bootstrap.servers", "kafka.bootstrap.servers")]
+    if servers[0] and servers[1] and servers[0] != servers[1]:
+        raise _fail("bootstrap.servers", "differs from kafka.bootstrap.servers; give one")
+    bootstrap = servers[0] or servers[1]
+    if not bootstrap:
+        raise _fail("bootstrap.servers", "is required (host:port[,host:port...])")
+    for hp in bootstrap.split(","):
+        host, _, port = hp.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise _fail("bootstrap.servers", f"expected host:port entries, got {hp.strip()!r}")
+
+    chosen = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k, "").strip()]
+    if len(chosen) != 1:
+        raise _fail("subscribe", "give exactly one of subscribe, subscribePattern, assign"
+                    + (f" (got {', '.join(chosen)})" if chosen else ""))
+    subscribe = subscribe_pattern = assign = None
+    if chosen[0] == "subscribe":
+        subscribe = tuple(sorted({t.strip() for t in opts["subscribe"].split(",") if t.strip()}))
+        if not subscribe:
+            raise _fail("subscribe", "expected a comma-separated list of topics")
+    elif chosen[0] == "subscribepattern":
+        subscribe_pattern = opts["subscribepattern"].strip()
+        try:
+            re.compile(subscribe_pattern)
+        except re.error as e:
+            raise _fail("subscribePattern", f"not a valid regular expression: {e}") from None
+    else:
+        assign = _parse_assign(opts["assign"])
+
+    starting = _parse_offsets_json("startingOffsets", opts.get("startingoffsets") or
+                                   ("earliest" if streaming is False else "latest"))
+    ending = _parse_offsets_json("endingOffsets", opts.get("endingoffsets") or "latest")
+    if streaming is True and opts.get("endingoffsets"):
+        raise _fail("endingOffsets", "applies to batch reads only (spark.read); a stream "
+                                     "reads until stopped")
+    if streaming is False:
+        if starting == "latest" or (isinstance(starting, tuple) and
+                                    any(o == LATEST for _, o in starting)):
+            raise _fail("startingOffsets", "latest (-1) is not allowed in a batch read")
+        if ending == "earliest" or (isinstance(ending, tuple) and
+                                    any(o == EARLIEST for _, o in ending)):
+            raise _fail("endingOffsets", "earliest (-2) is not allowed in a batch read")
+        if opts.get("maxoffsetspertrigger"):
+            raise _fail("maxOffsetsPerTrigger", "applies to streaming reads only")
+
+    return KafkaOptions(
+        bootstrap_servers=bootstrap,
+        subscribe=subscribe,
+        subscribe_pattern=subscribe_pattern,
+        assign=assign,
+        starting_offsets=starting,
+        ending_offsets=ending,
+        max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger",
+                                            minimum=1, default=None),
+        min_partitions=_int_option(opts, "minpartitions", "minPartitions", minimum=1,
+                                   default=None),
+        fail_on_data_loss=_bool_option(opts, "failondataloss", "failOnDataLoss", True),
+        poll_timeout_ms=_int_option(opts, "kafkaconsumer.polltimeoutms",
+                                    "kafkaConsumer.pollTimeoutMs", minimum=1,
+                                    default=120_000),  # type: ignore[arg-type]
+        fetch_offset_num_retries=_int_option(opts, "fetchoffset.numretries",
+                                             "fetchOffset.numRetries", minimum=1,
+                                             default=3),  # type: ignore[arg-type]
+        fetch_offset_retry_interval_ms=_int_option(opts, "fetchoffset.retryintervalms",
+                                                   "fetchOffset.retryIntervalMs", minimum=0,
+                                                   default=1000),  # type: ignore[arg-type]
+        max_records_per_batch=_int_option(opts, "maxrecordsperbatch", "maxRecordsPerBatch",
+                                          minimum=1, default=10_000),  # type: ignore[arg-type]
+        kafka_params=_KafkaParams(kafka_params),
+    )

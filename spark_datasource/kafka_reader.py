@@ -1,0 +1,617 @@
+"""``kafka_py``: a Kafka source for Spark written with the Python Data Source API.
+
+Batch (``spark.read.format("kafka_py")``) and streaming (``spark.readStream``) reads
+of Kafka through kafka-python 2.3.x. Rows have Spark's Kafka source schema::
+
+    key binary, value binary, topic string, partition int, offset long,
+    timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>
+
+Offsets are plain JSON ``{"topic": {"partition": next_offset}}`` with topics and
+partitions in a fixed order. Spark stores them in the checkpoint, and
+:meth:`KafkaStreamReader.partitions` is a pure function of (start, end, options), so a
+micro-batch replayed after a crash reads exactly the same records split into exactly
+the same Spark partitions: the property the clickhouse_tx sink's exactly-once argument
+needs (DESIGN §5).
+
+Where things run
+----------------
+- :class:`KafkaDataSource` ``__init__``: driver, when the DataFrame is defined; parses
+  the options (errors name the option).
+- :class:`KafkaStreamReader` ``initialOffset/latestOffset/partitions/commit``: driver,
+  in one long-lived Python worker per query; it keeps one metadata consumer open.
+- ``read(partition)``: executors, once per offset range per micro-batch; builds Arrow
+  record batches from each fetch (one list per column, no per-row objects beyond
+  what kafka-python itself creates). Everything it needs is in the picklable reader
+  and the :class:`KafkaOffsetRange`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError
+from spark_datasource.kafka_options import (
+    EARLIEST,
+    LATEST,
+    KafkaOptions,
+    parse_kafka_options,
+)
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+T = TypeVar("T")
+
+SCHEMA = StructType([
+    StructField("key", BinaryType(), True),
+    StructField("value", BinaryType(), True),
+    StructField("topic", StringType(), True),
+    StructField("partition", IntegerType(), True),
+    StructField("offset", LongType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("timestampType", IntegerType(), True),
+    StructField("headers", ArrayType(StructType([
+        StructField("key", StringType(), True),
+        StructField("value", BinaryType(), True),
+    ]), True), True),
+])
+
+
+class KafkaSourceError(ClickHouseTxError):
+    """Base of the errors raised by the ``kafka_py`` source."""
+
+
+class KafkaUnavailableError(KafkaSourceError):
+    """The brokers in ``bootstrap.servers`` did not answer within the bounded retries."""
+
+
+class KafkaDataLossError(KafkaSourceError):
+    """Records of a planned offset range are gone (retention, deleted topic/partition).
+
+    Raised only with ``failOnDataLoss=true`` (the default).
+    """
+
+
+def arrow_schema() -> pa.Schema:
+    """The Arrow schema Spark expects for :data:`SCHEMA` (checked field by field)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(SCHEMA, timezone="UTC")
+
+
+# ------------------------------------------------------------------ pure planning
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaOffsetRange(InputPartition):
+    """One Spark partition: records ``[start, end)`` of one topic-partition.
+
+    Built on the driver by :func:`plan_ranges`, pickled to an executor.
+    """
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def to_json_offsets(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
+    """Offsets as Spark stores them: topics sorted, partitions in numeric order.
+
+    Spark compares offsets as JSON text, so the order must never depend on how
+    the dict was built.
+    """
+    out: dict[str, dict[str, int]] = {}
+    for (topic, part) in sorted(offsets):
+        out.setdefault(topic, {})[str(part)] = int(offsets[(topic, part)])
+    return out
+
+
+def from_json_offsets(doc: Mapping[str, Mapping[str, int]]) -> dict[TP, int]:
+    """Inverse of :func:`to_json_offsets`."""
+    return {(t, int(p)): int(o) for t, parts in doc.items() for p, o in parts.items()}
+
+
+def limit_offsets(start: Mapping[TP, int], latest: Mapping[TP, int], max_rows: int) -> dict[TP, int]:
+    """Cap the advance from ``start`` to ``latest`` at ``max_rows`` records in total.
+
+    Each topic-partition gets a share proportional to its backlog (largest
+    remainders break ties, then topic-partition order), so a busy partition
+    cannot starve the others and the result depends only on the inputs.
+    """
+    lag = {tp: max(0, latest[tp] - start.get(tp, latest[tp])) for tp in latest}
+    total = sum(lag.values())
+    if total <= max_rows:
+        return dict(latest)
+    shares = {tp: lag[tp] * max_rows // total for tp in lag}
+    left = max_rows - sum(shares.values())
+    order = sorted(lag, key=lambda tp: (-((lag[tp] * max_rows) % total), tp))
+    for tp in order:
+        if left == 0:
+            break
+        if shares[tp] < lag[tp]:
+            shares[tp] += 1
+            left -= 1
+    return {tp: (start[tp] + shares[tp]) if tp in start else latest[tp] for tp in latest}
+
+
+def plan_end_offsets(start: Mapping[TP, int], latest: Mapping[TP, int],
+                     earliest: Mapping[TP, int], max_rows: int | None,
+                     fail_on_data_loss: bool) -> dict[TP, int]:
+    """The end offsets of the next micro-batch (driver, once per trigger).
+
+    - A topic-partition that is new (not in ``start``) enters at its earliest
+      offset with an empty range; it is read from the next batch on. So every
+      range a batch reads has an explicit start in the checkpoint, and a replay
+      never depends on what "earliest" means at replay time.
+    - One that disappeared (topic deleted) is a data loss: raise, or drop it.
+    - Then at most ``max_rows`` records in total (``maxOffsetsPerTrigger``).
+    """
+    gone = sorted(tp for tp in start if tp not in latest)
+    if gone and fail_on_data_loss:
+        raise KafkaDataLossError(
+            f"topic-partitions {_fmt_tps(gone)} disappeared (topic deleted?); records after "
+            f"the checkpointed offsets may be lost. Set failOnDataLoss=false to skip them.")
+    known = {tp: latest[tp] for tp in latest if tp in start}
+    end = dict(known) if max_rows is None else limit_offsets(start, known, max_rows)
+    for tp in latest:
+        if tp not in start:
+            end[tp] = earliest[tp]
+    return end
+
+
+def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None,
+                fail_on_data_loss: bool) -> list[KafkaOffsetRange]:
+    """Spark partitions for records ``[start, end)`` (driver; deterministic).
+
+    One range per topic-partition with records, split further into near-equal
+    pieces when ``min_partitions`` asks for more partitions than there are
+    topic-partitions (each topic-partition gets pieces in proportion to its size).
+    """
+    ranges: list[KafkaOffsetRange] = []
+    for tp in sorted(end):
+        if tp not in start:
+            continue  # first seen in this batch: its range starts in the next one
+        s, e = start[tp], end[tp]
+        if e < s:
+            if fail_on_data_loss:
+                raise KafkaDataLossError(
+                    f"{tp[0]}[{tp[1]}]: end offset {e} is below the checkpointed offset {s} "
+                    f"(topic re-created or truncated?). Set failOnDataLoss=false to skip.")
+            continue
+        if e > s:
+            ranges.append(KafkaOffsetRange(tp[0], tp[1], s, e))
+    if not min_partitions or len(ranges) >= min_partitions:
+        return ranges
+    total = sum(r.size for r in ranges)
+    out: list[KafkaOffsetRange] = []
+    for r in ranges:
+        pieces = max(1, min(r.size, round(r.size * min_partitions / total)))
+        bounds = [r.start + r.size * i // pieces for i in range(pieces + 1)]
+        out.extend(KafkaOffsetRange(r.topic, r.partition, a, b)
+                   for a, b in zip(bounds, bounds[1:]) if b > a)
+    return out
+
+
+def resolve_offsets(spec: object, tps: Sequence[TP], earliest: Mapping[TP, int],
+                    latest: Mapping[TP, int], option: str) -> dict[TP, int]:
+    """Turn ``startingOffsets``/``endingOffsets`` into offsets for ``tps`` (driver).
+
+    Raises
+    ------
+    ConfigurationError
+        When explicit offsets name a topic-partition that is not read (or does not
+        exist) or leave out one that is.
+    """
+    if spec == "earliest":
+        return {tp: earliest[tp] for tp in tps}
+    if spec == "latest":
+        return {tp: latest[tp] for tp in tps}
+    given = dict(spec)  # type: ignore[arg-type]
+    unknown = sorted(tp for tp in given if tp not in set(tps))
+    missing = sorted(tp for tp in tps if tp not in given)
+    if unknown or missing:
+        parts = []
+        if unknown:
+            parts.append(f"names {_fmt_tps(unknown)} which the source does not read or which "
+                         f"do not exist")
+        if missing:
+            parts.append(f"leaves out {_fmt_tps(missing)}")
+        raise ConfigurationError(f"kafka_py option {option!r} " + " and ".join(parts)
+                                 + "; give an offset for every topic-partition read (-2 "
+                                   "earliest, -1 latest)")
+    out = {}
+    for tp in tps:
+        off = given[tp]
+        out[tp] = earliest[tp] if off == EARLIEST else latest[tp] if off == LATEST else off
+    return out
+
+
+def _fmt_tps(tps: Sequence[TP]) -> str:
+    return ", ".join(f"{t}[{p}]" for t, p in tps)
+
+
+# ------------------------------------------------------------------ broker access
+
+
+def _with_retries(opts: KafkaOptions, what: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` up to ``fetchOffset.numRetries`` times; then a clear error."""
+    from kafka.errors import KafkaError
+
+    last: Exception | None = None
+    started = time.monotonic()
+    for attempt in range(opts.fetch_offset_num_retries):
+        try:
+            return fn()
+        except (KafkaError, OSError) as e:
+            last = e
+            log.warning("kafka_py: %s failed (attempt %d/%d): %r", what, attempt + 1,
+                        opts.fetch_offset_num_retries, e)
+            if attempt + 1 < opts.fetch_offset_num_retries:
+                time.sleep(opts.fetch_offset_retry_interval_ms / 1000)
+    raise KafkaUnavailableError(
+        f"kafka_py: {what} failed {opts.fetch_offset_num_retries} times over "
+        f"{time.monotonic() - started:.1f}s; is the broker at "
+        f"bootstrap.servers={opts.bootstrap_servers} up? last error: {last!r}")
+
+
+def _new_consumer(opts: KafkaOptions):  # -> kafka.KafkaConsumer
+    from kafka import KafkaConsumer
+
+    return _with_retries(opts, "connecting", lambda: KafkaConsumer(**opts.consumer_config()))
+
+
+class _Metadata:
+    """Driver-side view of the cluster: topic-partitions and their offsets.
+
+    Lives in the driver's stream-reader worker for the whole query (one TCP
+    connection reused across triggers); recreated if the broker drops it.
+    """
+
+    def __init__(self, opts: KafkaOptions) -> None:
+        self.opts = opts
+        self._consumer = None
+
+    def _c(self):
+        if self._consumer is None:
+            self._consumer = _new_consumer(self.opts)
+        return self._consumer
+
+    def topic_partitions(self) -> list[TP]:
+        """The topic-partitions this read covers, sorted (fresh metadata every call)."""
+        if self.opts.assign is not None:
+            return sorted((t, p) for t, parts in self.opts.assign for p in parts)
+
+        def fetch() -> list[TP]:
+            c = self._c()
+            names = c.topics()  # always a fresh metadata request: sees new partitions
+            if self.opts.subscribe is not None:
+                wanted = [t for t in self.opts.subscribe if t in names]
+            else:
+                rx = re.compile(self.opts.subscribe_pattern or "")
+                wanted = sorted(t for t in names if rx.fullmatch(t))
+            return sorted((t, p) for t in wanted for p in (c.partitions_for_topic(t) or ()))
+
+        return _with_retries(self.opts, "listing topic partitions", fetch)
+
+    def earliest(self, tps: Sequence[TP]) -> dict[TP, int]:
+        return self._offsets(tps, "beginning_offsets")
+
+    def latest(self, tps: Sequence[TP]) -> dict[TP, int]:
+        return self._offsets(tps, "end_offsets")
+
+    def _offsets(self, tps: Sequence[TP], method: str) -> dict[TP, int]:
+        if not tps:
+            return {}
+        from kafka import TopicPartition
+
+        def fetch() -> dict[TP, int]:
+            got = getattr(self._c(), method)([TopicPartition(t, p) for t, p in tps])
+            return {(tp.topic, tp.partition): int(o) for tp, o in got.items()}
+
+        return _with_retries(self.opts, f"fetching {method.replace('_', ' ')}", fetch)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            finally:
+                self._consumer = None
+
+
+# ------------------------------------------------------------------ executor read
+
+
+def read_range(opts: KafkaOptions, rng: KafkaOffsetRange) -> Iterator[pa.RecordBatch]:
+    """Read records ``[rng.start, rng.end)`` as Arrow record batches (executor).
+
+    Called once per range per (re)try of a task. Stops at ``rng.end`` even if the
+    partition has grown since, so every attempt returns the same records.
+
+    Raises
+    ------
+    KafkaDataLossError
+        Records in the range are gone and ``failOnDataLoss`` is true.
+    KafkaUnavailableError
+        No broker answered, or the records did not arrive within
+        ``kafkaConsumer.pollTimeoutMs``.
+    """
+    from kafka import TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
+
+    if rng.size <= 0:
+        return
+    schema = arrow_schema()
+    tp = TopicPartition(rng.topic, rng.partition)
+    consumer = _new_consumer(opts)
+    try:
+        consumer.assign([tp])
+        pos = rng.start
+        consumer.seek(tp, pos)
+        deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+        while pos < rng.end:
+            try:
+                got = consumer.poll(timeout_ms=min(1000, opts.poll_timeout_ms),
+                                    max_records=opts.max_records_per_batch)
+            except OffsetOutOfRangeError:
+                pos = _after_out_of_range(opts, consumer, tp, rng, pos)
+                if pos >= rng.end:
+                    return
+                consumer.seek(tp, pos)
+                continue
+            records = got.get(tp, [])
+            if records:
+                deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+                if records[-1].offset >= rng.end:
+                    records = [r for r in records if r.offset < rng.end]
+                if records:
+                    yield _to_batch(records, rng.topic, rng.partition, schema)
+                    pos = records[-1].offset + 1
+                else:
+                    pos = rng.end
+            # Transaction markers and compacted-away offsets advance the position
+            # without records; the position, not the last record, says where we are.
+            if pos < rng.end:
+                position = consumer.position(tp, timeout_ms=opts.poll_timeout_ms)
+                if position is not None and position > pos:
+                    pos = position
+            if pos < rng.end and not records and time.monotonic() > deadline:
+                raise KafkaUnavailableError(
+                    f"kafka_py: no records from {rng.topic}[{rng.partition}] at offset {pos} "
+                    f"(range ends at {rng.end}) within kafkaConsumer.pollTimeoutMs="
+                    f"{opts.poll_timeout_ms}; bootstrap.servers={opts.bootstrap_servers}")
+    finally:
+        consumer.close()
+
+
+def _after_out_of_range(opts: KafkaOptions, consumer, tp, rng: KafkaOffsetRange, pos: int) -> int:
+    """Where to continue after the broker said ``pos`` is out of range (executor)."""
+    begin = int(consumer.beginning_offsets([tp])[tp])
+    end = int(consumer.end_offsets([tp])[tp])
+    if begin > pos:
+        lost = f"offsets [{pos}, {min(begin, rng.end)}) of {rng.topic}[{rng.partition}]"
+        if opts.fail_on_data_loss:
+            raise KafkaDataLossError(
+                f"kafka_py: {lost} were deleted (retention?) before they were read. "
+                f"Set failOnDataLoss=false to skip them.")
+        log.warning("kafka_py: skipping %s: deleted before they were read", lost)
+        return begin
+    # pos beyond the log end: the partition was truncated or re-created.
+    if opts.fail_on_data_loss:
+        raise KafkaDataLossError(
+            f"kafka_py: {rng.topic}[{rng.partition}] ends at {end}, below the planned range "
+            f"[{pos}, {rng.end}) (topic re-created?). Set failOnDataLoss=false to skip.")
+    log.warning("kafka_py: skipping [%d, %d) of %s[%d]: beyond the log end %d", pos, rng.end,
+                rng.topic, rng.partition, end)
+    return rng.end
+
+
+def _to_batch(records: list, topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
+    """One Arrow record batch from one fetch of one partition (columns built from lists)."""
+    n = len(records)
+    keys = [r.key for r in records]
+    values = [r.value for r in records]
+    offsets = [r.offset for r in records]
+    stamps = [r.timestamp for r in records]
+    stamp_types = [r.timestamp_type for r in records]
+    header_lists = [r.headers for r in records]
+
+    ts_ms = pa.array(stamps, pa.int64())
+    ts = pc.multiply(ts_ms, 1000).cast(schema.field("timestamp").type)
+    headers_type = schema.field("headers").type
+    lengths = [len(h) if h else 0 for h in header_lists]
+    if any(lengths):
+        flat = [kv for h in header_lists if h for kv in h]
+        hkeys = pa.array([k for k, _ in flat], pa.string())
+        hvalues = pa.array([v for _, v in flat], pa.binary())
+        struct = pa.StructArray.from_arrays([hkeys, hvalues],
+                                            fields=list(headers_type.value_type))
+        bounds = [0] * (n + 1)
+        acc = 0
+        for i, ln in enumerate(lengths):
+            acc += ln
+            bounds[i + 1] = acc
+        headers = pa.ListArray.from_arrays(pa.array(bounds, pa.int32()), struct,
+                                           type=headers_type)
+    else:
+        headers = pa.array([[]] * n, headers_type)
+    return pa.RecordBatch.from_arrays([
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array([topic] * n, pa.string()),
+        pa.array([partition] * n, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        ts,
+        pa.array(stamp_types, pa.int32()),
+        headers,
+    ], schema=schema)
+
+
+
+# ------------------------------------------------------------------ Spark classes
+
+
+class KafkaBatchReader(DataSourceReader):
+    """``spark.read.format("kafka_py")``: records from startingOffsets to endingOffsets.
+
+    ``partitions()`` runs on the driver; the reader is pickled to executors for
+    ``read()``.
+    """
+
+    def __init__(self, opts: KafkaOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        meta = _Metadata(self.opts)
+        try:
+            tps = meta.topic_partitions()
+            earliest, latest = meta.earliest(tps), meta.latest(tps)
+            start = resolve_offsets(self.opts.starting_offsets, tps, earliest, latest,
+                                    "startingOffsets")
+            end = resolve_offsets(self.opts.ending_offsets, tps, earliest, latest,
+                                  "endingOffsets")
+        finally:
+            meta.close()
+        return plan_ranges(start, end, self.opts.min_partitions, self.opts.fail_on_data_loss)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaOffsetRange)
+        return read_range(self.opts, partition)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("kafka_py")``.
+
+    Driver methods run in one Python worker that lives as long as the query;
+    ``read`` runs on executors with a pickled copy (it uses only ``opts``).
+    """
+
+    def __init__(self, opts: KafkaOptions) -> None:
+        self.opts = opts
+        self._meta: _Metadata | None = None
+        self._available_now: dict[TP, int] | None = None
+        self._last_latest: dict[TP, int] | None = None
+
+    def __getstate__(self) -> dict:
+        # Executors need only the options; never ship a live consumer.
+        return {"opts": self.opts, "_meta": None, "_available_now": None, "_last_latest": None}
+
+    def _m(self) -> _Metadata:
+        if self._meta is None:
+            self._meta = _Metadata(self.opts)
+        return self._meta
+
+    def initialOffset(self) -> dict:
+        """Offsets a new query starts from (driver, once per new checkpoint)."""
+        m = self._m()
+        tps = m.topic_partitions()
+        start = resolve_offsets(self.opts.starting_offsets, tps, m.earliest(tps), m.latest(tps),
+                                "startingOffsets")
+        return to_json_offsets(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_offsets_per_trigger:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """End offsets of the next micro-batch (driver, once per trigger)."""
+        begin = from_json_offsets(start)
+        m = self._m()
+        if self._available_now is not None:
+            latest = dict(self._available_now)
+        else:
+            latest = m.latest(m.topic_partitions())
+            self._last_latest = latest
+        earliest = m.earliest(sorted(tp for tp in latest if tp not in begin))
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = plan_end_offsets(begin, latest, earliest, max_rows, self.opts.fail_on_data_loss)
+        if isinstance(limit, ReadMinRows):
+            avail = sum(max(0, end[tp] - begin.get(tp, end[tp])) for tp in end)
+            if avail < limit.min_rows:
+                return start
+        return to_json_offsets(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return to_json_offsets(self._last_latest) if self._last_latest is not None else None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Freeze the target offsets for ``trigger(availableNow=True)`` (driver, once)."""
+        m = self._m()
+        self._available_now = m.latest(m.topic_partitions())
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """Offset ranges of one micro-batch (driver; pure, so a replay plans the same)."""
+        return plan_ranges(from_json_offsets(start), from_json_offsets(end),
+                           self.opts.min_partitions, self.opts.fail_on_data_loss)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaOffsetRange)
+        return read_range(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the consumed offsets live in Spark's checkpoint, not in Kafka."""
+
+    def stop(self) -> None:
+        if self._meta is not None:
+            self._meta.close()
+            self._meta = None
+
+
+class KafkaDataSource(DataSource):
+    """The ``kafka_py`` format. Register with ``spark.dataSource.register(KafkaDataSource)``.
+
+    Constructed on the driver when a DataFrame is defined (options are validated
+    there) and pickled to the workers that plan and read.
+    """
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        super().__init__(options)  # type: ignore[arg-type]
+        self.kafka_options = parse_kafka_options(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "kafka_py"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(parse_kafka_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(parse_kafka_options(self.options, streaming=True))

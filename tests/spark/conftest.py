@@ -1,0 +1,46 @@
+"""A local SparkSession shared by every test under tests/spark.
+
+One JVM per test run: starting Spark costs seconds, so the session is
+session-scoped and generic (no data source registered here; tests register what they
+use, which is idempotent). It is stopped at the end, which also ends its Python
+worker daemons.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterator
+
+import pytest
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator["object"]:
+    """``local[2]`` SparkSession: 2 shuffle partitions, UI off, this interpreter on workers."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("clickhouse-tx-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.driver.memory", "1g")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        for q in session.streams.active:
+            q.stop()
+        session.stop()

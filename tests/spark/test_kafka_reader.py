@@ -1,0 +1,447 @@
+"""The ``kafka_py`` source: offset planning, options, and real reads through Spark.
+
+Planning functions are pure and tested with plain dicts. Everything else runs
+against the dev broker (librdkafka's mock cluster in its own process) and, where
+Spark's behaviour is the point, a local SparkSession.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import socket
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from kafka import KafkaProducer
+
+from clickhouse_tx.errors import ConfigurationError
+from server_patches.kafka_broker import create_topic, delete_records, start_broker, stop_broker
+from spark_datasource.kafka_options import parse_kafka_options
+from spark_datasource.kafka_reader import (
+    KafkaBatchReader,
+    KafkaDataLossError,
+    KafkaDataSource,
+    KafkaOffsetRange,
+    KafkaStreamReader,
+    KafkaUnavailableError,
+    arrow_schema,
+    limit_offsets,
+    plan_end_offsets,
+    plan_ranges,
+    read_range,
+    to_json_offsets,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+# ------------------------------------------------------------------ pure planning
+
+
+def test_offsets_serialise_in_a_fixed_order_whatever_the_insertion_order() -> None:
+    a = to_json_offsets({("b", 10): 1, ("a", 2): 5, ("b", 2): 3})
+    b = to_json_offsets({("b", 2): 3, ("a", 2): 5, ("b", 10): 1})
+    assert json.dumps(a) == json.dumps(b) == '{"a": {"2": 5}, "b": {"2": 3, "10": 1}}'
+
+
+def test_the_trigger_limit_caps_the_total_and_shares_it_by_backlog() -> None:
+    start = {("t", 0): 0, ("t", 1): 100, ("t", 2): 7}
+    latest = {("t", 0): 900, ("t", 1): 200, ("t", 2): 7}
+    end = limit_offsets(start, latest, 100)
+    advance = {tp: end[tp] - start[tp] for tp in start}
+    assert sum(advance.values()) == 100
+    assert advance == {("t", 0): 90, ("t", 1): 10, ("t", 2): 0}
+    assert all(start[tp] <= end[tp] <= latest[tp] for tp in start)
+    assert limit_offsets(start, latest, 10_000) == latest
+
+
+def test_a_tiny_limit_still_makes_progress_and_never_overshoots() -> None:
+    start = {("t", p): 0 for p in range(5)}
+    latest = {("t", p): 3 for p in range(5)}
+    end = limit_offsets(start, latest, 1)
+    assert sum(end.values()) == 1
+
+
+def test_a_new_partition_enters_at_its_earliest_offset_with_an_empty_first_range() -> None:
+    start = {("t", 0): 5}
+    latest = {("t", 0): 9, ("t", 1): 4}
+    end = plan_end_offsets(start, latest, {("t", 1): 0}, None, True)
+    assert end == {("t", 0): 9, ("t", 1): 0}
+    assert plan_ranges(start, end, None, True) == [KafkaOffsetRange("t", 0, 5, 9)]
+    # Next trigger: the new partition is read from its earliest offset.
+    end2 = plan_end_offsets(end, latest, {}, None, True)
+    assert plan_ranges(end, end2, None, True) == [KafkaOffsetRange("t", 1, 0, 4)]
+
+
+def test_a_vanished_partition_is_data_loss_unless_failondataloss_is_false() -> None:
+    start = {("t", 0): 5, ("gone", 0): 3}
+    latest = {("t", 0): 6}
+    with pytest.raises(KafkaDataLossError, match=r"gone\[0\].*failOnDataLoss"):
+        plan_end_offsets(start, latest, {}, None, True)
+    assert plan_end_offsets(start, latest, {}, None, False) == {("t", 0): 6}
+
+
+def test_an_end_below_the_start_is_data_loss_unless_failondataloss_is_false() -> None:
+    with pytest.raises(KafkaDataLossError, match="below the checkpointed offset"):
+        plan_ranges({("t", 0): 10}, {("t", 0): 4}, None, True)
+    assert plan_ranges({("t", 0): 10}, {("t", 0): 4}, None, False) == []
+
+
+def test_min_partitions_splits_ranges_into_contiguous_pieces_covering_them_exactly() -> None:
+    start = {("t", 0): 0, ("t", 1): 10}
+    end = {("t", 0): 300, ("t", 1): 110}
+    ranges = plan_ranges(start, end, 8, True)
+    assert len(ranges) >= 8
+    for tp in start:
+        pieces = [r for r in ranges if (r.topic, r.partition) == tp]
+        assert pieces[0].start == start[tp] and pieces[-1].end == end[tp]
+        assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+    assert plan_ranges(start, end, 8, True) == ranges  # deterministic
+    assert len(plan_ranges(start, end, 2, True)) == 2  # enough partitions already
+
+
+def test_an_empty_batch_plans_no_partitions() -> None:
+    assert plan_ranges({("t", 0): 4}, {("t", 0): 4}, None, True) == []
+
+
+# ------------------------------------------------------------------ options
+
+
+BASE = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "a"}
+
+
+@pytest.mark.parametrize("options, option, message", [
+    ({"subscribe": "a"}, "bootstrap.servers", "is required"),
+    ({"bootstrap.servers": "nohost"}, "bootstrap.servers", "host:port"),
+    ({**BASE, "assign": '{"a": [0]}'}, "subscribe", "exactly one of"),
+    ({"bootstrap.servers": "h:1"}, "subscribe", "exactly one of"),
+    ({**BASE, "startingOffsets": "{bad"}, "startingOffsets", "expected"),
+    ({**BASE, "startingOffsets": '{"a": {"0": -3}}'}, "startingOffsets", ">= -2"),
+    ({**BASE, "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger", ">= 1"),
+    ({**BASE, "minPartitions": "many"}, "minPartitions", "integer"),
+    ({**BASE, "failOnDataLoss": "maybe"}, "failOnDataLoss", "true or false"),
+    ({**BASE, "subscribePatern": "x"}, "subscribepatern", "unknown option"),
+    ({**BASE, "kafka.enable.auto.commit": "true"}, "kafka.enable.auto.commit", "cannot be set"),
+    ({**BASE, "kafka.no.such.thing": "1"}, "kafka.no.such.thing", "no setting"),
+    ({**BASE, "kafka.request.timeout.ms": "soon"}, "kafka.request.timeout.ms", "integer"),
+    ({**BASE, "assign": None, "subscribe": None, "ASSIGN": '{"a": []}'}, "assign", "non-empty"),
+])
+def test_bad_options_fail_with_an_error_naming_the_option(options: dict, option: str,
+                                                          message: str) -> None:
+    options = {k: v for k, v in options.items() if v is not None}
+    with pytest.raises(ConfigurationError) as e:
+        parse_kafka_options(options)
+    assert repr(option) in str(e.value)
+    assert message in str(e.value)
+
+
+def test_batch_and_stream_only_options_are_rejected_in_the_other_kind_of_read() -> None:
+    with pytest.raises(ConfigurationError, match="'startingOffsets'.*batch"):
+        parse_kafka_options({**BASE, "startingOffsets": "latest"}, streaming=False)
+    with pytest.raises(ConfigurationError, match="'endingOffsets'.*batch reads only"):
+        parse_kafka_options({**BASE, "endingOffsets": "latest"}, streaming=True)
+    with pytest.raises(ConfigurationError, match="'maxOffsetsPerTrigger'.*streaming"):
+        parse_kafka_options({**BASE, "maxOffsetsPerTrigger": "5"}, streaming=False)
+
+
+def test_kafka_prefixed_options_reach_kafka_python_typed_and_secrets_stay_out_of_repr() -> None:
+    opts = parse_kafka_options({**BASE, "kafka.security.protocol": "SASL_PLAINTEXT",
+                                "kafka.sasl.plain.password": "hunter2",
+                                "kafka.request.timeout.ms": "1234", "kafka.check.crcs": "false"})
+    cfg = opts.consumer_config()
+    assert cfg["security_protocol"] == "SASL_PLAINTEXT"
+    assert cfg["sasl_plain_password"] == "hunter2"
+    assert cfg["request_timeout_ms"] == 1234 and cfg["check_crcs"] is False
+    assert "hunter2" not in repr(opts)
+    assert pickle.loads(pickle.dumps(opts)) == opts
+
+
+def test_option_names_are_case_insensitive_like_spark() -> None:
+    opts = parse_kafka_options({"BOOTSTRAP.SERVERS": "h:1", "SubScribe": "b,a,b",
+                                "STARTINGOFFSETS": '{"a": {"1": 4}}'})
+    assert opts.subscribe == ("a", "b")
+    assert opts.starting_offsets == ((("a", 1), 4),)
+
+
+# ------------------------------------------------------------------ the broker
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[tuple[str, str]]:
+    """The dev broker for this module: (bootstrap, control URL)."""
+    proc, bootstrap, control = start_broker()
+    try:
+        yield bootstrap, control
+    finally:
+        stop_broker(proc)
+
+
+def _produce(bootstrap: str, topic: str, counts: dict[int, int], tag: str = "v") -> set:
+    """Produce ``counts[p]`` records to each partition; return {(partition, value)}."""
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    sent = set()
+    for part, n in counts.items():
+        for i in range(n):
+            value = f"{tag}-{part}-{i}".encode()
+            p.send(topic, key=b"k%d" % i, value=value, partition=part,
+                   headers=[("i", str(i).encode())])
+            sent.add((part, value))
+    p.flush()
+    p.close()
+    return sent
+
+
+def _new_topic(control: str, partitions: int) -> str:
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    create_topic(control, name, partitions)
+    return name
+
+
+def _rows_of(batches: list[pa.RecordBatch]) -> list[tuple]:
+    t = pa.Table.from_batches(batches, schema=arrow_schema())
+    return list(zip(t["partition"].to_pylist(), t["offset"].to_pylist(), t["value"].to_pylist()))
+
+
+def test_replaying_the_same_offsets_reads_exactly_the_same_records(
+        broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 3)
+    _produce(bootstrap, topic, {0: 40, 1: 25, 2: 0})
+    opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic,
+                                "minPartitions": "4"}, streaming=True)
+    reader = KafkaStreamReader(opts)
+    try:
+        start = reader.initialOffset()  # default startingOffsets=latest for a stream
+        assert start == {topic: {"0": 40, "1": 25, "2": 0}}
+        start = {topic: {"0": 3, "1": 0, "2": 0}}
+        end = reader.latestOffset(start, ReadMaxRows(50))
+        assert sum(end[topic].values()) - 3 == 50
+        first = [_rows_of(list(reader.read(p))) for p in reader.partitions(start, end)]
+        # A fresh, unpickled reader (as after a driver restart) plans and reads the same.
+        again_reader = pickle.loads(pickle.dumps(reader))
+        again = [_rows_of(list(again_reader.read(p)))
+                 for p in again_reader.partitions(start, end)]
+    finally:
+        reader.stop()
+    assert first == again
+    flat = [r for part in first for r in part]
+    assert len(flat) == len(set(flat)) == 50
+    assert min(o for p, o, _ in flat if p == 0) == 3
+
+
+def test_a_stream_with_no_new_records_returns_the_start_offset(broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 2)
+    _produce(bootstrap, topic, {0: 3})
+    reader = KafkaStreamReader(parse_kafka_options(
+        {"bootstrap.servers": bootstrap, "subscribe": topic}, streaming=True))
+    try:
+        start = reader.initialOffset()
+        assert reader.latestOffset(start, ReadAllAvailable()) == start
+        assert reader.partitions(start, start) == []
+    finally:
+        reader.stop()
+
+
+def test_records_deleted_before_they_are_read_fail_the_read_unless_failondataloss_is_false(
+        broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 1)
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+    for i in range(20):
+        p.send(topic, value=b"%d" % i, partition=0).get(timeout=10)  # one batch each
+    p.close()
+    delete_records(control, topic, 0, 8)
+    rng = KafkaOffsetRange(topic, 0, 2, 20)
+    strict = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic})
+    with pytest.raises(KafkaDataLossError, match=rf"\[2, 8\) of {topic}\[0\].*failOnDataLoss"):
+        list(read_range(strict, rng))
+    lenient = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic,
+                                   "failOnDataLoss": "false"})
+    rows = _rows_of(list(read_range(lenient, rng)))
+    assert [o for _, o, _ in rows] == list(range(8, 20))
+
+
+@pytest.mark.timeout(90)
+def test_a_broker_that_is_down_fails_with_an_error_naming_bootstrap_servers() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    opts = parse_kafka_options({"bootstrap.servers": dead, "subscribe": "x",
+                                "fetchOffset.numRetries": "2",
+                                "fetchOffset.retryIntervalMs": "100"}, streaming=False)
+    with pytest.raises(KafkaUnavailableError, match=rf"bootstrap.servers={dead}"):
+        KafkaBatchReader(opts).partitions()
+
+
+# ------------------------------------------------------------------ through Spark
+
+
+@pytest.fixture(scope="module")
+def kspark(spark):  # type: ignore[no-untyped-def]
+    spark.dataSource.register(KafkaDataSource)
+    return spark
+
+
+def test_a_batch_read_returns_exactly_the_produced_records(kspark, broker) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 3)
+    sent = _produce(bootstrap, topic, {0: 50, 1: 7, 2: 31})
+    df = (kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap)
+          .option("subscribe", topic).load())
+    rows = df.collect()
+    assert {(r.partition, bytes(r.value)) for r in rows} == sent
+    assert len(rows) == len(sent)
+    by_part: dict[int, list[int]] = {}
+    for r in rows:
+        by_part.setdefault(r.partition, []).append(r.offset)
+        assert r.topic == topic
+        assert bytes(r.key) == b"k%d" % r.offset
+        assert [(h.key, bytes(h.value)) for h in r.headers] == [("i", str(r.offset).encode())]
+        assert r.timestamp is not None
+    assert {p: sorted(o) for p, o in by_part.items()} == {0: list(range(50)), 1: list(range(7)),
+                                                          2: list(range(31))}
+    # endingOffsets bounds the read.
+    part = (kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap)
+            .option("assign", json.dumps({topic: [0]}))
+            .option("startingOffsets", json.dumps({topic: {"0": 10}}))
+            .option("endingOffsets", json.dumps({topic: {"0": 15}})).load())
+    assert sorted(r.offset for r in part.collect()) == [10, 11, 12, 13, 14]
+
+
+def test_a_bad_option_fails_when_the_dataframe_is_defined(kspark) -> None:
+    with pytest.raises(Exception, match="maxOffsetsPerTrigger"):
+        (kspark.readStream.format("kafka_py").option("bootstrap.servers", "h:1")
+         .option("subscribe", "t").option("maxOffsetsPerTrigger", "-5").load())
+
+
+def _run_stream(kspark, bootstrap: str, topic: str, chk: Path, out: Path, max_per: int,
+                fail_on_batch: int | None = None) -> list[int]:
+    """Run the stream with availableNow; each batch is written to out/batch=<id>.parquet.
+
+    Writing by batch id (overwrite) is idempotent, the way a real exactly-once sink
+    is. ``fail_on_batch`` makes that batch raise after recording what it saw.
+    Returns the batch ids run.
+    """
+    ran: list[int] = []
+
+    def sink(df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        rows = df.select("partition", "offset", "value").toArrow()
+        ran.append(batch_id)
+        if batch_id == fail_on_batch:
+            pq.write_table(rows, out / f"failed-{batch_id}.parquet")
+            raise RuntimeError(f"injected failure in batch {batch_id}")
+        pq.write_table(rows, out / f"batch={batch_id}.parquet")
+
+    q = (kspark.readStream.format("kafka_py").option("bootstrap.servers", bootstrap)
+         .option("subscribe", topic).option("startingOffsets", "earliest")
+         .option("maxOffsetsPerTrigger", str(max_per)).load()
+         .writeStream.foreachBatch(sink).option("checkpointLocation", str(chk))
+         .trigger(availableNow=True).start())
+    try:
+        q.awaitTermination(120)
+    finally:
+        q.stop()
+    return ran
+
+
+def _committed(out: Path) -> dict[int, pa.Table]:
+    return {int(f.stem.split("=")[1]): pq.read_table(f) for f in sorted(out.glob("batch=*"))}
+
+
+def test_a_stream_reads_every_record_once_in_order_across_limited_micro_batches(
+        kspark, broker, tmp_path: Path) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 2)
+    sent = _produce(bootstrap, topic, {0: 120, 1: 60})
+    out = tmp_path / "out"
+    out.mkdir()
+    ran = _run_stream(kspark, bootstrap, topic, tmp_path / "chk", out, max_per=50)
+    batches = _committed(out)
+    assert ran == sorted(batches) and len(batches) == 4  # 180 records, 50 per trigger
+    assert all(t.num_rows <= 50 for t in batches.values())
+    rows = [(p, o, bytes(v)) for b in sorted(batches)
+            for p, o, v in zip(*(batches[b][c].to_pylist() for c in ("partition", "offset", "value")))]
+    assert len(rows) == len(sent)
+    assert {(p, v) for p, _, v in rows} == sent
+    for part, n in ((0, 120), (1, 60)):
+        assert [o for p, o, _ in rows if p == part] == list(range(n))  # in order, no gaps
+
+
+def test_a_restarted_stream_replays_the_failed_batch_identically_and_continues(
+        kspark, broker, tmp_path: Path) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 2)
+    sent = _produce(bootstrap, topic, {0: 70, 1: 30})
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    out.mkdir()
+
+    with pytest.raises(Exception, match="injected failure in batch 1"):
+        _run_stream(kspark, bootstrap, topic, chk, out, max_per=40, fail_on_batch=1)
+    assert sorted(_committed(out)) == [0]
+
+    sent |= _produce(bootstrap, topic, {0: 15, 1: 5}, tag="late")  # arrives while stopped
+    ran = _run_stream(kspark, bootstrap, topic, chk, out, max_per=40)
+    assert ran[0] == 1  # the failed batch is replayed first, with the same id
+    failed = pq.read_table(out / "failed-1.parquet").sort_by([("partition", "ascending"),
+                                                              ("offset", "ascending")])
+    replayed = _committed(out)[1].sort_by([("partition", "ascending"), ("offset", "ascending")])
+    assert replayed.equals(failed)  # same offsets -> exactly the same records
+
+    batches = _committed(out)
+    rows = [(p, o, bytes(v)) for b in sorted(batches)
+            for p, o, v in zip(*(batches[b][c].to_pylist() for c in ("partition", "offset", "value")))]
+    assert len(rows) == len(sent) == 120
+    assert {(p, v) for p, _, v in rows} == sent
+    for part, n in ((0, 85), (1, 35)):
+        assert sorted(o for p, o, _ in rows if p == part) == list(range(n))
+
+
+def test_fetched_records_become_one_arrow_batch_with_the_spark_schema() -> None:
+    from collections import namedtuple
+
+    from spark_datasource.kafka_reader import _to_batch
+
+    Rec = namedtuple("Rec", "key value offset timestamp timestamp_type headers")
+    recs = [Rec(None, b"a", 5, 1_700_000_000_123, 0, []),
+            Rec(b"k", None, 7, 1_700_000_000_124, 1, [("x", b"1"), ("y", None)]),
+            Rec(b"", b"", 8, 0, 0, None)]
+    batch = _to_batch(recs, "t", 3, arrow_schema())
+    assert batch.schema.equals(arrow_schema())
+    d = batch.to_pydict()
+    assert d["key"] == [None, b"k", b""] and d["value"] == [b"a", None, b""]
+    assert d["topic"] == ["t"] * 3 and d["partition"] == [3] * 3 and d["offset"] == [5, 7, 8]
+    assert [ts.timestamp() for ts in d["timestamp"]] == [1_700_000_000.123, 1_700_000_000.124, 0]
+    assert d["timestampType"] == [0, 1, 0]
+    assert d["headers"] == [[], [{"key": "x", "value": b"1"}, {"key": "y", "value": None}], []]
+
+
+def test_explicit_starting_offsets_must_cover_exactly_the_partitions_read() -> None:
+    from spark_datasource.kafka_reader import resolve_offsets
+
+    tps = [("a", 0), ("a", 1)]
+    earliest, latest = {("a", 0): 2, ("a", 1): 0}, {("a", 0): 9, ("a", 1): 5}
+    assert resolve_offsets(((("a", 0), -2), (("a", 1), -1)), tps, earliest, latest,
+                           "startingOffsets") == {("a", 0): 2, ("a", 1): 5}
+    with pytest.raises(ConfigurationError, match=r"'startingOffsets' leaves out a\[1\]"):
+        resolve_offsets(((("a", 0), 3),), tps, earliest, latest, "startingOffsets")
+    with pytest.raises(ConfigurationError, match=r"'endingOffsets' names b\[0\]"):
+        resolve_offsets(((("a", 0), 3), (("a", 1), 3), (("b", 0), 1)), tps, earliest, latest,
+                        "endingOffsets")
+
+
+def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None:
+    bootstrap, control = broker
+    prefix = f"pat_{uuid.uuid4().hex[:6]}"
+    for suffix, parts in (("x", 2), ("y", 1)):
+        create_topic(control, f"{prefix}_{suffix}", parts)
+    _produce(bootstrap, f"{prefix}_x", {0: 3, 1: 4})
+    _produce(bootstrap, f"{prefix}_y", {0: 5})
+    opts = parse_kafka_options({"bootstrap.servers": bootstrap,
+                                "subscribePattern": f"{prefix}_.*"}, streaming=False)
+    assert KafkaBatchReader(opts).partitions() == [
+        KafkaOffsetRange(f"{prefix}_x", 0, 0, 3), KafkaOffsetRange(f"{prefix}_x", 1, 0, 4),
+        KafkaOffsetRange(f"{prefix}_y", 0, 0, 5)]
