@@ -80,3 +80,10 @@ def parse_clickhouse_error(text: str) -> tuple[int | None, str | None, str]:
     if not m:
         return None, None, text
     return int(m.group(1)), m.group(3), m.group(2).strip()
+
+
+class TransientError(NotCommittedError):
+    """Definitely not done, and trying again may work (connection refused, overload).
+
+    The one kind of error :mod:`clickhouse_tx.retry` retries by default.
+    """

@@ -1,0 +1,583 @@
+"""The two-phase commit of one micro-batch (DESIGN §3, §5).
+
+The decisions are pure functions over plain values (:func:`choose_per_partition`,
+:func:`plan_commit`, :func:`plan_rollback`); :class:`Coordinator` executes them
+through the three I/O protocols of :mod:`clickhouse_tx.interfaces` and keeps no
+state between calls: Spark builds a fresh writer for every commit, so everything
+comes from the decision log, the registry and the commit messages.
+
+Order of effects for one batch (each step is idempotent, so a replay after a crash
+at any point redoes what is missing and nothing twice):
+
+1. no decision yet: choose one message per partition and write the Decision;
+2. for each chosen xid: registry COMMITTING, COMMIT, registry COMMITTED; a chosen
+   xid that definitely cannot commit is fenced (ABORTING), replaced by a message of
+   the same partition under a new decision version, rolled back (ABORTED);
+3. every other xid of the batch (messages, zombies and speculative attempts in the
+   registry): ABORTING, ROLLBACK, ABORTED;
+4. mark the batch done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+
+import pyarrow as pa
+
+from clickhouse_tx.errors import (
+    DecisionConflictError,
+    IllegalTransitionError,
+    LostTransactionError,
+    NotCommittedError,
+    OutcomeUnknownError,
+)
+from clickhouse_tx.ids import new_xid
+from clickhouse_tx.interfaces import (
+    CommitModeIO,
+    CommitOutcome,
+    Decision,
+    DecisionLogIO,
+    Prepared,
+    RegistryEntry,
+    RegistryIO,
+    Target,
+    WriteContext,
+)
+from clickhouse_tx.retry import RetryPolicy, is_transient, is_transient_or_unknown, retry_call
+from clickhouse_tx.state import TxState, as_state, is_finished, next_state, predecessors
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# ----------------------------------------------------------------------------------------
+# Pure planning
+# ----------------------------------------------------------------------------------------
+
+def _attempt_order(p: Prepared) -> tuple[int, str]:
+    return (p.attempt, p.xid)
+
+
+def prepared_from_entry(e: RegistryEntry) -> Prepared:
+    """A :class:`Prepared` good enough to roll back a registered xid nobody reported.
+
+    Zombie and speculative attempts never reach the driver as messages; their
+    registry entry is all there is (rows and checksum are unknown, so 0).
+    """
+    return Prepared(xid=e.xid, txn_id=e.txn_id, batch=e.batch, partition=e.partition,
+                    attempt=e.attempt, mode=e.mode, server=e.server, table=e.table,
+                    rows=0, checksum=0, details=dict(e.payload or {}))
+
+
+def choose_per_partition(messages: Iterable[Prepared],
+                         states: Mapping[str, TxState]) -> tuple[dict[int, Prepared], dict[int, tuple[Prepared, ...]]]:
+    """Pick one committable message per partition, deterministically.
+
+    Committable means INITIALIZED in the registry. Among several (speculative
+    duplicates) the lowest attempt, then the lowest xid, wins; the rest are kept in
+    that order as spares that may replace the chosen one if it turns out dead.
+
+    Returns
+    -------
+    (chosen, spares)
+        ``chosen[partition]``, ``spares[partition]``; a partition with no committable
+        message appears in neither.
+    """
+    by_part: dict[int, list[Prepared]] = {}
+    for m in messages:
+        if states.get(m.xid, TxState.UNKNOWN) is TxState.INITIALIZED:
+            by_part.setdefault(m.partition, []).append(m)
+    chosen: dict[int, Prepared] = {}
+    spares: dict[int, tuple[Prepared, ...]] = {}
+    for part, ms in by_part.items():
+        ordered = sorted({m.xid: m for m in ms}.values(), key=_attempt_order)
+        chosen[part] = ordered[0]
+        spares[part] = tuple(ordered[1:])
+    return chosen, spares
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitPlan:
+    """What :meth:`Coordinator.commit_batch` will do, decided before any effect.
+
+    Attributes
+    ----------
+    decision:
+        The decision to roll forward (the logged one on a replay, else a new v1).
+    write_decision:
+        True if ``decision`` is new and must be written before the first COMMIT.
+    spares:
+        Per partition, messages that may replace a chosen xid that cannot commit,
+        in the order they would be tried.
+    already_done:
+        The batch is marked done: commit nothing, roll back the messages.
+    """
+
+    decision: Decision | None
+    write_decision: bool
+    spares: Mapping[int, tuple[Prepared, ...]]
+    already_done: bool = False
+
+    @property
+    def replay(self) -> bool:
+        return not self.write_decision
+
+
+def plan_commit(decision: Decision | None, messages: Sequence[Prepared],
+                registry_entries: Sequence[RegistryEntry], *, txn_id: str, batch: int) -> CommitPlan:
+    """Decide how to commit ``batch`` from what is durable and what Spark sent.
+
+    Raises
+    ------
+    NotCommittedError
+        No decision exists and some partition present in ``messages`` has no
+        committable (INITIALIZED) message: nothing is written, Spark should retry
+        the batch.
+    """
+    states = {e.xid: as_state(e.state) for e in registry_entries}
+    if decision is not None and decision.done:
+        return CommitPlan(decision=decision, write_decision=False, spares={}, already_done=True)
+    if decision is not None:
+        # on a replay every committable message of a decided partition is a spare
+        decided = {p.xid for p in decision.chosen}
+        spares_all: dict[int, tuple[Prepared, ...]] = {}
+        for part in {p.partition for p in decision.chosen}:
+            ms = [m for m in messages if m.partition == part and m.xid not in decided
+                  and states.get(m.xid) is TxState.INITIALIZED]
+            spares_all[part] = tuple(sorted({m.xid: m for m in ms}.values(), key=_attempt_order))
+        return CommitPlan(decision=decision, write_decision=False, spares=spares_all)
+    chosen, spares = choose_per_partition(messages, states)
+    missing = sorted({m.partition for m in messages} - set(chosen))
+    if missing:
+        bad = sorted(m.xid for m in messages if m.partition in missing)
+        raise NotCommittedError(
+            f"batch {batch}: partitions {missing} have no committable message "
+            f"(registry states of {bad}: {[states.get(x, TxState.UNKNOWN).value for x in bad]}); "
+            "nothing was committed")
+    new = Decision(txn_id=txn_id, batch=batch,
+                   chosen=tuple(chosen[p] for p in sorted(chosen)), version=1)
+    return CommitPlan(decision=new, write_decision=True, spares=spares)
+
+
+def plan_rollback(keep_xids: Iterable[str], messages: Sequence[Prepared],
+                  registry_entries: Sequence[RegistryEntry]) -> tuple[Prepared, ...]:
+    """Everything of the batch to roll back: not kept and not finished.
+
+    Covers the messages Spark sent and every registered xid of the batch (zombies
+    and speculative attempts that never reached the driver). Finished xids
+    (COMMITTED, ABORTED) are left alone: rollback cannot undo a COMMIT, and an
+    aborted one is already gone. Messages win over registry entries because they
+    carry the mode's details.
+    """
+    keep = set(keep_xids)
+    states = {e.xid: as_state(e.state) for e in registry_entries}
+    todo: dict[str, Prepared] = {}
+    for e in registry_entries:
+        todo[e.xid] = prepared_from_entry(e)
+    for m in messages:
+        todo[m.xid] = m
+    return tuple(p for x, p in sorted(todo.items())
+                 if x not in keep and not is_finished(states.get(x)))
+
+
+# ----------------------------------------------------------------------------------------
+# Reports
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class CommitReport:
+    """What one :meth:`Coordinator.commit_batch` call did (driver, plain data)."""
+
+    batch: int
+    committed: tuple[str, ...]
+    rolled_back: tuple[str, ...]
+    rows: int
+    replaced: tuple[tuple[str, str], ...] = ()
+    durations: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    replay: bool = False
+    already_done: bool = False
+    decision_version: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AbortReport:
+    """What one :meth:`Coordinator.abort_batch` call did."""
+
+    batch: int
+    rolled_back: tuple[str, ...]
+    kept: tuple[str, ...]
+
+
+# ----------------------------------------------------------------------------------------
+# Per-xid operations (shared with clickhouse_tx.recovery)
+# ----------------------------------------------------------------------------------------
+
+class TxOps:
+    """Idempotent per-xid steps over the registry and a commit mode.
+
+    Each registry move is a compare-and-set checked against the transition table:
+    if the CAS fails (or its reply is lost) the current state is read back; being
+    already in the target state is a no-op, anything else illegal raises.
+    """
+
+    def __init__(self, target: Target, mode_io: CommitModeIO, registry: RegistryIO, *,
+                 retry: RetryPolicy | None = None, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.target = target
+        self.mode_io = mode_io
+        self.registry = registry
+        self.retry = retry or RetryPolicy()
+        self.clock = clock
+        self.sleep = sleep
+
+    def call(self, fn: Callable[[], T], retry_on: Callable[[BaseException], bool] = is_transient) -> T:
+        return retry_call(fn, self.retry, retry_on=retry_on, sleep=self.sleep)
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -- registry ----------------------------------------------------------------------
+    def state(self, xid: str) -> TxState:
+        e = self.call(lambda: self.registry.get(xid), is_transient_or_unknown)
+        return as_state(e.state if e is not None else None)
+
+    def move(self, xid: str, new: TxState, payload: Mapping[str, object] | None = None) -> None:
+        """Bring ``xid`` to ``new`` (a no-op if it is there already) or raise."""
+        expected = [s.value for s in predecessors(new) if s is not TxState.UNKNOWN]
+        for _ in range(self.retry.max_attempts + 1):
+            try:
+                if self.call(lambda: self.registry.transition(xid, expected, new.value, payload)):
+                    return
+            except OutcomeUnknownError:
+                pass  # the CAS may have happened: the read below decides
+            cur = self.state(xid)
+            next_state(cur, new, xid=xid)  # raises if illegal
+            if cur is new:
+                return
+            # legal but the CAS lost a race with another writer: read-and-retry
+        raise OutcomeUnknownError(f"registry kept refusing the move to {new.value}", xid=xid)
+
+    def fence_unknown(self, p: Prepared) -> TxState:
+        """UNKNOWN -> ABORTED: an unregistered xid gets a tombstone so it never registers.
+
+        Returns the state the xid is in afterwards (someone may have registered it first).
+        """
+        entry = RegistryEntry(xid=p.xid, txn_id=p.txn_id, batch=p.batch, partition=p.partition,
+                              attempt=p.attempt, mode=p.mode, server=p.server, table=p.table,
+                              state=TxState.ABORTED.value, created_ms=self.now_ms(),
+                              updated_ms=self.now_ms())
+        try:
+            self.call(lambda: self.registry.register(entry))
+        except Exception:  # noqa: BLE001 - exists already, or reply lost: read it back
+            pass
+        return self.state(p.xid)
+
+    # -- the commit mode ---------------------------------------------------------------
+    def lookup(self, p: Prepared) -> CommitOutcome:
+        return self.call(lambda: self.mode_io.lookup(self.target, p), is_transient_or_unknown)
+
+    def rollback(self, p: Prepared) -> None:
+        self.call(lambda: self.mode_io.rollback(self.target, p), is_transient_or_unknown)
+
+    def abort(self, p: Prepared, *, known_dead: bool = False) -> bool:
+        """ABORTING, ROLLBACK, ABORTED. False (and nothing done) if ``p`` turned out committed.
+
+        A COMMITTING xid is looked up first unless ``known_dead``: it may have committed.
+        """
+        cur = self.state(p.xid)
+        if cur is TxState.ABORTED:
+            return True
+        if cur is TxState.COMMITTED:
+            return False
+        if cur is TxState.UNKNOWN:
+            cur = self.fence_unknown(p)
+            if cur is TxState.ABORTED:
+                self.rollback(p)  # in case it wrote before its registration was lost
+                return True
+            if cur is TxState.COMMITTED:
+                return False
+        if cur is TxState.COMMITTING and not known_dead:
+            outcome = self.lookup(p)
+            if outcome is CommitOutcome.COMMITTED:
+                log.warning("xid %s, not chosen, was found committed; recording it", p.xid)
+                self.move(p.xid, TxState.COMMITTED)
+                return False
+        self.move(p.xid, TxState.ABORTING)
+        self.rollback(p)
+        self.move(p.xid, TxState.ABORTED)
+        return True
+
+    def abort_quietly(self, p: Prepared) -> None:
+        """Best-effort :meth:`abort` for cleanup paths (a later GC finishes the job)."""
+        try:
+            self.abort(p)
+        except Exception as exc:  # noqa: BLE001 - the original error matters more
+            log.warning("cleanup of xid %s failed: %s", p.xid, exc)
+
+    def ensure_committed(self, p: Prepared, *, payload: Mapping[str, object] | None = None) -> bool:
+        """Make a decided ``p`` visible. True if committed; False if it definitely cannot be.
+
+        Never repeats a COMMIT whose outcome is unknown without a lookup first.
+
+        Raises
+        ------
+        OutcomeUnknownError
+            The xid stayed PENDING through every attempt: the batch is not done;
+            a replay resolves it.
+        """
+        cur = self.state(p.xid)
+        if cur in (TxState.INITIALIZED, TxState.COMMITTING):
+            try:
+                self.move(p.xid, TxState.COMMITTING, payload)
+                cur = TxState.COMMITTING
+            except IllegalTransitionError:
+                cur = self.state(p.xid)  # fenced (GC, another driver) between read and CAS
+        if cur is TxState.COMMITTED:
+            return True
+        if cur is not TxState.COMMITTING:
+            # fenced or never registered: it must not commit now; did it before?
+            if self.lookup(p) is CommitOutcome.COMMITTED:
+                log.warning("decided xid %s is %s in the registry but committed", p.xid, cur.value)
+                return True
+            return False
+        for _ in range(self.retry.max_attempts):
+            try:
+                self.call(lambda: self.mode_io.commit(self.target, p))
+                break
+            except (OutcomeUnknownError, NotCommittedError) as exc:
+                outcome = self.lookup(p)
+                log.info("commit of %s failed (%s); lookup says %s", p.xid, exc, outcome.value)
+                if outcome is CommitOutcome.COMMITTED:
+                    break
+                if outcome is CommitOutcome.NOT_COMMITTED:
+                    return False
+        else:
+            raise OutcomeUnknownError(
+                f"xid still pending after {self.retry.max_attempts} commit attempts", xid=p.xid)
+        self.move(p.xid, TxState.COMMITTED)
+        return True
+
+
+# ----------------------------------------------------------------------------------------
+# The coordinator
+# ----------------------------------------------------------------------------------------
+
+class Coordinator:
+    """Two-phase commit of micro-batches of one query (``txn_id``) into one target.
+
+    Built fresh wherever it is used: on executors for :meth:`prepare`, on the driver
+    for :meth:`validate`, :meth:`commit_batch` and :meth:`abort_batch`. It holds no
+    state of its own between calls; it is picklable if its I/O objects are.
+
+    Parameters
+    ----------
+    txn_id:
+        Stable id of the query (see :func:`clickhouse_tx.ids.default_txn_id`).
+    target, mode_io, registry, log:
+        Where rows go and the three I/O protocols.
+    retry:
+        Policy for transient errors of every I/O call (default :class:`RetryPolicy`).
+    clock, sleep, xid_factory:
+        Injectable for tests: wall clock (registry timestamps, durations), sleep, and
+        ``(txn_id, batch, partition, attempt) -> xid`` (default :func:`~clickhouse_tx.ids.new_xid`).
+    """
+
+    def __init__(self, txn_id: str, target: Target, mode_io: CommitModeIO, registry: RegistryIO,
+                 log: DecisionLogIO, *, retry: RetryPolicy | None = None,
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep,
+                 xid_factory: Callable[[str, int, int, int], str] = new_xid) -> None:
+        self.txn_id = txn_id
+        self.xid_factory = xid_factory
+        self.target = target
+        self.mode_io = mode_io
+        self.registry = registry
+        self.log = log
+        self.retry = retry or RetryPolicy()
+        self.clock = clock
+        self.ops = TxOps(target, mode_io, registry, retry=self.retry, clock=clock, sleep=sleep)
+
+    def __repr__(self) -> str:
+        return f"Coordinator(txn_id={self.txn_id!r}, target={self.target!r}, mode={self.mode_io.mode.value})"
+
+    # -- driver: once per query ---------------------------------------------------------
+    def validate(self, schema: pa.Schema) -> None:
+        """Driver, once per query/job before any task writes: check target and schema."""
+        self.mode_io.validate(self.target, schema)
+
+    # -- executor: once per partition attempt --------------------------------------------
+    def prepare(self, ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Prepared:
+        """Executor, once per partition attempt: register, then write without committing.
+
+        Raises
+        ------
+        NotCommittedError
+            Anything went wrong; what was written is rolled back and the xid is
+            ABORTED (best effort: GC finishes what a dying executor could not).
+        """
+        if ctx.txn_id != self.txn_id:
+            raise ValueError(f"WriteContext txn_id {ctx.txn_id!r} != coordinator's {self.txn_id!r}")
+        xid = self.xid_factory(ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt)
+        provisional = Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
+                               attempt=ctx.attempt, mode=self.mode_io.mode, server=self.target.url,
+                               table=f"{self.target.database}.{self.target.table}", rows=0, checksum=0)
+        now = self.ops.now_ms()
+        entry = RegistryEntry(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
+                              attempt=ctx.attempt, mode=self.mode_io.mode, server=self.target.url,
+                              table=provisional.table, state=TxState.INITIALIZED.value,
+                              created_ms=now, updated_ms=now)
+        try:
+            self.ops.call(lambda: self.registry.register(entry))
+        except Exception as exc:
+            self.ops.abort_quietly(provisional)
+            raise NotCommittedError(f"could not register the transaction: {exc}", xid=xid) from exc
+        written: Prepared | None = None
+        try:
+            written = self.mode_io.prepare(self.target, ctx, xid, batches)
+            if written.xid != xid:
+                raise IllegalTransitionError(f"mode returned xid {written.xid!r} for {xid!r}", xid=xid)
+            state = self.ops.state(xid)
+            if state is not TxState.INITIALIZED:
+                raise NotCommittedError(f"fenced while writing: registry says {state.value}", xid=xid)
+            return written
+        except Exception as exc:
+            self.ops.abort_quietly(written or provisional)
+            if isinstance(exc, NotCommittedError) and exc.xid == xid:
+                raise
+            raise NotCommittedError(f"prepare failed: {type(exc).__name__}: {exc}", xid=xid) from exc
+
+    # -- driver: once per batch ----------------------------------------------------------
+    def _check_messages(self, batch: int, messages: Iterable[Prepared | None]) -> list[Prepared]:
+        out = []
+        for m in messages:
+            if m is None:
+                continue  # Spark passes None for tasks that sent no message
+            if not isinstance(m, Prepared):
+                raise TypeError(f"commit message must be a Prepared, got {type(m).__name__}")
+            if m.txn_id != self.txn_id or m.batch != batch:
+                raise ValueError(f"message {m.xid} is of txn_id={m.txn_id!r} batch={m.batch}, "
+                                 f"not of txn_id={self.txn_id!r} batch={batch}")
+            out.append(m)
+        return out
+
+    def _read(self, batch: int) -> Decision | None:
+        return self.ops.call(lambda: self.log.read(batch), is_transient_or_unknown)
+
+    def _entries(self, batch: int) -> list[RegistryEntry]:
+        return self.ops.call(lambda: self.registry.list_batch(self.txn_id, batch), is_transient_or_unknown)
+
+    def _write(self, decision: Decision) -> None:
+        """Write a decision version; a lost reply or a conflict is resolved by reading back."""
+        try:
+            self.ops.call(lambda: self.log.write(decision))
+            return
+        except (OutcomeUnknownError, DecisionConflictError):
+            back = self._read(decision.batch)
+            if (back is not None and back.version == decision.version
+                    and [p.xid for p in back.chosen] == [p.xid for p in decision.chosen]):
+                return  # our own write, whose reply was lost
+            raise
+
+    def _rollback_all(self, ps: Iterable[Prepared]) -> list[str]:
+        done = []
+        for p in ps:
+            if self.ops.abort(p):
+                done.append(p.xid)
+        return done
+
+    def commit_batch(self, batch: int, messages: Sequence[Prepared | None]) -> CommitReport:
+        """Driver, once per batch commit (possibly again after a crash): 2PC phase two.
+
+        Raises
+        ------
+        LostTransactionError
+            A decided xid cannot commit and no message of its partition can replace
+            it; the other partitions are committed, the batch is not marked done.
+        OutcomeUnknownError
+            An xid stayed in doubt; the batch is not done and a replay resolves it.
+        """
+        t0 = self.clock()
+        msgs = self._check_messages(batch, messages)
+        decision = self._read(batch)
+        entries = self._entries(batch)
+        plan = plan_commit(decision, msgs, entries, txn_id=self.txn_id, batch=batch)
+        durations: dict[str, float] = {"plan": self.clock() - t0}
+        assert plan.decision is not None
+        decision = plan.decision
+        if plan.already_done:
+            t = self.clock()
+            keep = {p.xid for p in decision.chosen}
+            rolled = self._rollback_all(plan_rollback(keep, msgs, self._entries(batch)))
+            durations["rollback"] = self.clock() - t
+            durations["total"] = self.clock() - t0
+            return CommitReport(batch=batch, committed=tuple(sorted(keep)), rolled_back=tuple(rolled),
+                                rows=sum(p.rows for p in decision.chosen), durations=durations,
+                                replay=True, already_done=True, decision_version=decision.version)
+        if plan.write_decision:
+            t = self.clock()
+            self._write(decision)
+            durations["decision_write"] = self.clock() - t
+
+        t = self.clock()
+        chosen = {p.partition: p for p in decision.chosen}
+        replaced: list[tuple[str, str]] = []
+        lost: list[str] = []
+        rolled: list[str] = []
+        for part in sorted(chosen):
+            current = chosen[part]
+            spares = list(plan.spares.get(part, ()))
+            while not self.ops.ensure_committed(current, payload={"decision_version": decision.version}):
+                # definitely not committed: fence it so nothing can commit it later
+                self.ops.abort(current, known_dead=True)
+                rolled.append(current.xid)
+                nxt = None
+                while spares:
+                    cand = spares.pop(0)
+                    if self.ops.state(cand.xid) is TxState.INITIALIZED:
+                        nxt = cand
+                        break
+                if nxt is None:
+                    lost.append(current.xid)
+                    break
+                chosen[part] = nxt
+                decision = Decision(txn_id=self.txn_id, batch=batch, version=decision.version + 1,
+                                    chosen=tuple(chosen[p] for p in sorted(chosen)))
+                self._write(decision)  # before the replacement's COMMIT, as for v1
+                replaced.append((current.xid, nxt.xid))
+                log.warning("batch %d partition %d: xid %s cannot commit, replaced by %s (decision v%d)",
+                            batch, part, current.xid, nxt.xid, decision.version)
+                current = nxt
+        durations["commit"] = self.clock() - t
+
+        t = self.clock()
+        keep = {p.xid for p in chosen.values()}
+        rolled += self._rollback_all(plan_rollback(keep, msgs, self._entries(batch)))
+        durations["rollback"] = self.clock() - t
+        if lost:
+            raise LostTransactionError(
+                f"batch {batch}: decided xids {lost} can no longer commit and no message of "
+                f"their partitions can replace them; replay the batch with the same partitioning",
+                xid=lost[0])
+        t = self.clock()
+        self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
+        durations["mark_done"] = self.clock() - t
+        durations["total"] = self.clock() - t0
+        return CommitReport(batch=batch, committed=tuple(p.xid for _, p in sorted(chosen.items())),
+                            rolled_back=tuple(rolled), rows=sum(p.rows for p in chosen.values()),
+                            replaced=tuple(replaced), durations=durations, replay=plan.replay,
+                            decision_version=decision.version)
+
+    def abort_batch(self, batch: int, messages: Sequence[Prepared | None]) -> AbortReport:
+        """Driver, when Spark aborts a batch: roll back everything not decided.
+
+        Decided xids are left alone: a decision means some may already be
+        committed, and the replay of the batch rolls the rest forward.
+        """
+        msgs = self._check_messages(batch, messages)
+        decision = self._read(batch)
+        keep = {p.xid for p in decision.chosen} if decision is not None else set()
+        rolled = self._rollback_all(plan_rollback(keep, msgs, self._entries(batch)))
+        return AbortReport(batch=batch, rolled_back=tuple(rolled), kept=tuple(sorted(keep)))

@@ -1,0 +1,300 @@
+"""In-memory fakes of the three I/O protocols, with a fault injectable at any step.
+
+Only for unit tests of the pure protocol logic. Every fake calls
+:meth:`FaultPlan.hit` before and after each effect; the plan numbers those points
+(steps) in call order, so a test can run a scenario once to count its steps and
+then again with a fault at each one:
+
+- ``crash``: raise :class:`Crash` (a BaseException, like a killed process: no
+  ``except Exception`` in the code under test can swallow it);
+- ``error``: before the effect raise :class:`TransientError` (definitely not done),
+  after it raise :class:`OutcomeUnknownError` (the effect happened, the reply was lost);
+- ``kill``: the simulated ClickHouse restarts: every open transaction dies.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+import pyarrow as pa
+
+from clickhouse_tx.errors import (
+    ClickHouseTxError,
+    ConfigurationError,
+    DecisionConflictError,
+    NotCommittedError,
+    OutcomeUnknownError,
+    TransientError,
+)
+from clickhouse_tx.interfaces import (
+    CommitOutcome,
+    Decision,
+    Mode,
+    Prepared,
+    RegistryEntry,
+    Target,
+    WriteContext,
+)
+from clickhouse_tx.state import TxState, is_finished, next_state
+
+TARGET = Target(url="http://fake:8123", database="db", table="events", password="s3cret")
+
+
+class Crash(BaseException):
+    """A simulated process death at one step."""
+
+
+@dataclasses.dataclass
+class FaultPlan:
+    """Numbers every before/after point of every fake call; faults one of them."""
+
+    at: int | None = None
+    kind: str = "crash"  # crash | error | kill
+    only: Callable[[str, str], bool] | None = None  # restrict which points are counted
+    step: int = 0
+    trace: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)
+    on_kill: Callable[[], None] | None = None
+    fired: bool = False
+
+    def hit(self, op: str, phase: str) -> None:
+        if self.only is not None and not self.only(op, phase):
+            return
+        i = self.step
+        self.step += 1
+        self.trace.append((i, op, phase))
+        if i != self.at:
+            return
+        self.fired = True
+        if self.kind == "crash":
+            raise Crash(f"crash at step {i} ({op} {phase})")
+        if self.kind == "error":
+            if phase == "before":
+                raise TransientError(f"injected: connection refused at {op}")
+            raise OutcomeUnknownError(f"injected: reply of {op} lost")
+        if self.kind == "kill":
+            assert self.on_kill is not None
+            self.on_kill()
+            return
+        raise ValueError(self.kind)
+
+    def arm(self, at: int, kind: str = "crash", only: Callable[[str, str], bool] | None = None) -> None:
+        """Fault the ``at``-th point from now on (counting only points ``only`` accepts)."""
+        self.at, self.kind, self.only, self.step, self.fired = at, kind, only, 0, False
+        self.trace.clear()
+
+    def disarm(self) -> None:
+        self.at = None
+        self.only = None
+
+
+@dataclasses.dataclass
+class _Tx:
+    key: tuple[str, int, int]
+    rows: int
+    status: str = "open"  # open | committed | rolled_back | dead
+
+
+class FakeClickHouse:
+    """A simulated ClickHouse for the ``transaction`` mode: one open transaction per xid.
+
+    Rows of an xid become visible when it commits; its session can die (server
+    restart) and then it can never commit.
+    """
+
+    mode = Mode.TRANSACTION
+
+    def __init__(self, faults: FaultPlan | None = None) -> None:
+        self.faults = faults or FaultPlan()
+        self.tx: dict[str, _Tx] = {}
+        self.rollbacks_of_committed: list[str] = []
+        self.commit_calls: list[str] = []
+
+    def _hit(self, op: str, phase: str) -> None:
+        self.faults.hit(f"ch.{op}", phase)
+
+    def validate(self, target: Target, schema: pa.Schema) -> None:
+        if len(schema) == 0:
+            raise ConfigurationError(f"table {target.database}.{target.table}: empty schema")
+
+    def prepare(self, target: Target, ctx: WriteContext, xid: str,
+                batches: Iterator[pa.RecordBatch]) -> Prepared:
+        self._hit("prepare", "before")
+        rows = 0
+        checksum = hashlib.sha256()
+        for b in batches:
+            rows += b.num_rows
+            checksum.update(str(b.to_pydict()).encode())
+        self.tx[xid] = _Tx(key=(ctx.txn_id, ctx.batch, ctx.partition), rows=rows)
+        self._hit("prepare", "after")
+        return Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
+                        attempt=ctx.attempt, mode=self.mode, server=target.url,
+                        table=f"{target.database}.{target.table}", rows=rows,
+                        checksum=int(checksum.hexdigest()[:12], 16), details={"session_id": xid})
+
+    def commit(self, target: Target, p: Prepared) -> None:
+        self._hit("commit", "before")
+        self.commit_calls.append(p.xid)
+        t = self.tx.get(p.xid)
+        if t is None or t.status in ("dead", "rolled_back"):
+            raise NotCommittedError("session expired or transaction rolled back", xid=p.xid)
+        t.status = "committed"
+        self._hit("commit", "after")
+
+    def rollback(self, target: Target, p: Prepared) -> None:
+        self._hit("rollback", "before")
+        t = self.tx.get(p.xid)
+        if t is not None and t.status == "committed":
+            self.rollbacks_of_committed.append(p.xid)
+        elif t is not None and t.status == "open":
+            t.status = "rolled_back"
+        self._hit("rollback", "after")
+
+    def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
+        self._hit("lookup", "before")
+        t = self.tx.get(p.xid)
+        out = (CommitOutcome.COMMITTED if t is not None and t.status == "committed"
+               else CommitOutcome.PENDING if t is not None and t.status == "open"
+               else CommitOutcome.NOT_COMMITTED)
+        self._hit("lookup", "after")
+        return out
+
+    # -- test helpers -------------------------------------------------------------------
+    def kill_sessions(self) -> None:
+        """Server restart: every open transaction is gone for good."""
+        for t in self.tx.values():
+            if t.status == "open":
+                t.status = "dead"
+
+    def visible(self) -> collections.Counter:
+        """How many committed xids hold each logical (txn_id, batch, partition)."""
+        return collections.Counter(t.key for t in self.tx.values() if t.status == "committed")
+
+    def visible_rows(self) -> int:
+        return sum(t.rows for t in self.tx.values() if t.status == "committed")
+
+
+class FakeRegistry:
+    """A linearizable xid -> state map; every transition is checked against the state table."""
+
+    def __init__(self, faults: FaultPlan | None = None, clock: Callable[[], float] = lambda: 0.0) -> None:
+        self.faults = faults or FaultPlan()
+        self.clock = clock
+        self.entries: dict[str, RegistryEntry] = {}
+
+    def _hit(self, op: str, phase: str) -> None:
+        self.faults.hit(f"registry.{op}", phase)
+
+    def register(self, e: RegistryEntry) -> None:
+        self._hit("register", "before")
+        if e.xid in self.entries:
+            raise ClickHouseTxError(f"xid already registered ({self.entries[e.xid].state})", xid=e.xid)
+        if e.state not in (TxState.INITIALIZED.value, TxState.ABORTED.value):
+            raise AssertionError(f"register in state {e.state}")
+        self.entries[e.xid] = e
+        self._hit("register", "after")
+
+    def transition(self, xid: str, expected: Sequence[str], new: str,
+                   payload: Mapping[str, object] | None = None) -> bool:
+        self._hit("transition", "before")
+        e = self.entries.get(xid)
+        if e is None or e.state not in expected:
+            return False
+        next_state(e.state, new, xid=xid)  # the code under test must only ask legal moves
+        merged = dict(e.payload)
+        merged.update(payload or {})
+        self.entries[xid] = dataclasses.replace(e, state=new, payload=merged,
+                                                updated_ms=int(self.clock() * 1000))
+        self._hit("transition", "after")
+        return True
+
+    def get(self, xid: str) -> RegistryEntry | None:
+        self._hit("get", "before")
+        return self.entries.get(xid)
+
+    def list_batch(self, txn_id: str, batch: int) -> list[RegistryEntry]:
+        self._hit("list_batch", "before")
+        return [e for e in self.entries.values() if e.txn_id == txn_id and e.batch == batch]
+
+    def list_open(self, older_than_s: float | None = None) -> list[RegistryEntry]:
+        now_ms = self.clock() * 1000
+        return [e for e in self.entries.values() if not is_finished(e.state)
+                and (older_than_s is None or e.updated_ms <= now_ms - older_than_s * 1000)]
+
+
+class FakeDecisionLog:
+    """Decision versions held as bytes (so they round-trip like the file log)."""
+
+    def __init__(self, txn_id: str, faults: FaultPlan | None = None) -> None:
+        self.txn_id = txn_id
+        self.faults = faults or FaultPlan()
+        self.versions: dict[int, dict[int, bytes]] = {}
+        self.done: set[int] = set()
+
+    def _hit(self, op: str, phase: str) -> None:
+        self.faults.hit(f"log.{op}", phase)
+
+    def read(self, batch: int) -> Decision | None:
+        self._hit("read", "before")
+        vs = self.versions.get(batch)
+        if not vs:
+            return None
+        d = Decision.from_bytes(vs[max(vs)])
+        return dataclasses.replace(d, done=batch in self.done)
+
+    def write(self, decision: Decision) -> None:
+        self._hit("write", "before")
+        vs = self.versions.setdefault(decision.batch, {})
+        if decision.version in vs:
+            raise DecisionConflictError(f"v{decision.version} of batch {decision.batch} exists")
+        vs[decision.version] = decision.to_bytes()
+        self._hit("write", "after")
+
+    def mark_done(self, batch: int) -> None:
+        self._hit("mark_done", "before")
+        self.done.add(batch)
+        self._hit("mark_done", "after")
+
+    def batches(self) -> Iterable[int]:
+        return sorted(self.versions)
+
+
+def arrow_batches(rows: int, tag: int = 0) -> Iterator[pa.RecordBatch]:
+    """A partition's data: ``rows`` rows in one record batch."""
+    yield pa.RecordBatch.from_pydict({"id": list(range(rows)), "tag": [tag] * rows})
+
+
+@dataclasses.dataclass
+class World:
+    """One simulated deployment: ClickHouse, registry and decision log sharing a FaultPlan."""
+
+    txn_id: str = "q1"
+    faults: FaultPlan = dataclasses.field(default_factory=FaultPlan)
+    now: list[float] = dataclasses.field(default_factory=lambda: [1000.0])
+
+    def __post_init__(self) -> None:
+        self.ch = FakeClickHouse(self.faults)
+        self.registry = FakeRegistry(self.faults, clock=lambda: self.now[0])
+        self.log = FakeDecisionLog(self.txn_id, self.faults)
+        self.faults.on_kill = self.ch.kill_sessions
+        self._xids = 0
+
+    def next_xid(self, txn_id: str, batch: int, partition: int, attempt: int) -> str:
+        """Deterministic xids, so a failing schedule replays identically."""
+        self._xids += 1
+        return f"{txn_id}-b{batch}-p{partition}-a{attempt}-{self._xids:08x}"
+
+    def coordinator(self, **kw) -> "Coordinator":  # noqa: F821 - imported lazily
+        from clickhouse_tx.coordinator import Coordinator
+        from clickhouse_tx.retry import RetryPolicy
+
+        kw.setdefault("retry", RetryPolicy(max_attempts=3, max_total_s=1.0, base_delay_s=0.0, max_delay_s=0.0))
+        kw.setdefault("sleep", lambda s: None)
+        kw.setdefault("xid_factory", self.next_xid)
+        return Coordinator(self.txn_id, TARGET, self.ch, self.registry, self.log,
+                           clock=lambda: self.now[0], **kw)
+
+    def keys_of(self, batch: int) -> dict[tuple[str, int, int], int]:
+        return {k: n for k, n in self.ch.visible().items() if k[0] == self.txn_id and k[1] == batch}

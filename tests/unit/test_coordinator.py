@@ -1,0 +1,394 @@
+"""The coordinator over in-memory fakes: plans, flows, and a fault at every step."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from clickhouse_tx.coordinator import (
+    Coordinator,
+    plan_commit,
+    plan_rollback,
+)
+from clickhouse_tx.errors import (
+    ClickHouseTxError,
+    ConfigurationError,
+    LostTransactionError,
+    NotCommittedError,
+    OutcomeUnknownError,
+)
+from clickhouse_tx.interfaces import Decision, Mode, Prepared, RegistryEntry, WriteContext
+from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
+from clickhouse_tx.state import TxState
+
+from tests.unit.fakes import TARGET, Crash, FaultPlan, World, arrow_batches
+
+ROWS = 5
+PARTS = 3
+
+
+def msg(xid: str, partition: int, attempt: int = 0, batch: int = 0) -> Prepared:
+    return Prepared(xid=xid, txn_id="q1", batch=batch, partition=partition, attempt=attempt,
+                    mode=Mode.TRANSACTION, server="s", table="db.t", rows=1, checksum=0)
+
+
+def entry(p: Prepared, state: TxState) -> RegistryEntry:
+    return RegistryEntry(xid=p.xid, txn_id=p.txn_id, batch=p.batch, partition=p.partition,
+                         attempt=p.attempt, mode=p.mode, server=p.server, table=p.table, state=state.value)
+
+
+def prepare(c: Coordinator, partition: int, attempt: int, batch: int = 0) -> Prepared:
+    return c.prepare(WriteContext(c.txn_id, batch, partition, attempt), arrow_batches(ROWS, partition))
+
+
+def assert_exactly_once(w: World, batch: int = 0, parts: int = PARTS) -> None:
+    assert w.keys_of(batch) == {(w.txn_id, batch, p): 1 for p in range(parts)}
+
+
+# ----------------------------------------------------------------------------------------
+# pure plans
+# ----------------------------------------------------------------------------------------
+
+def test_a_new_plan_chooses_the_lowest_attempt_per_partition_and_must_be_written_first() -> None:
+    ms = [msg("b", 0, 1), msg("a", 0, 1), msg("c", 0, 0), msg("d", 1, 2)]
+    plan = plan_commit(None, ms, [entry(m, TxState.INITIALIZED) for m in ms], txn_id="q1", batch=0)
+    assert plan.write_decision and not plan.replay and plan.decision.version == 1
+    assert [p.xid for p in plan.decision.chosen] == ["c", "d"]
+    assert [p.xid for p in plan.spares[0]] == ["a", "b"]
+
+
+def test_a_new_plan_skips_messages_that_are_no_longer_initialized() -> None:
+    ms = [msg("a", 0, 0), msg("b", 0, 1)]
+    plan = plan_commit(None, ms, [entry(ms[0], TxState.ABORTED), entry(ms[1], TxState.INITIALIZED)],
+                       txn_id="q1", batch=0)
+    assert [p.xid for p in plan.decision.chosen] == ["b"]
+
+
+def test_a_partition_without_a_committable_message_refuses_the_batch_before_any_write() -> None:
+    ms = [msg("a", 0), msg("b", 1)]
+    with pytest.raises(NotCommittedError, match=r"partitions \[1\]"):
+        plan_commit(None, ms, [entry(ms[0], TxState.INITIALIZED), entry(ms[1], TxState.ABORTED)],
+                    txn_id="q1", batch=0)
+
+
+def test_a_replay_plan_keeps_the_logged_decision_and_offers_same_partition_spares() -> None:
+    old = Decision("q1", 0, (msg("a", 0), msg("b", 1)), version=2)
+    new = [msg("c", 0, 5), msg("d", 1, 5), msg("e", 2, 5)]  # replay with an extra partition
+    plan = plan_commit(old, new, [entry(m, TxState.INITIALIZED) for m in new], txn_id="q1", batch=0)
+    assert plan.replay and plan.decision is old
+    assert {k: [p.xid for p in v] for k, v in plan.spares.items()} == {0: ["c"], 1: ["d"]}
+    # the extra partition is not decided, so it is rolled back
+    assert [p.xid for p in plan_rollback({"a", "b"}, new, [])] == ["c", "d", "e"]
+
+
+def test_a_done_batch_plans_no_commit() -> None:
+    old = Decision("q1", 0, (msg("a", 0),), done=True)
+    plan = plan_commit(old, [msg("z", 0)], [], txn_id="q1", batch=0)
+    assert plan.already_done and not plan.write_decision
+
+
+def test_the_rollback_plan_covers_zombies_and_spares_but_never_kept_or_finished_xids() -> None:
+    ms = [msg("keep", 0), msg("dup", 0, 1)]
+    zombie, gone, done = msg("zombie", 1, 3), msg("gone", 1, 2), msg("done", 2)
+    entries = [entry(ms[0], TxState.COMMITTING), entry(ms[1], TxState.INITIALIZED),
+               entry(zombie, TxState.INITIALIZED), entry(gone, TxState.ABORTED),
+               entry(done, TxState.COMMITTED)]
+    assert [p.xid for p in plan_rollback({"keep"}, ms, entries)] == ["dup", "zombie"]
+
+
+# ----------------------------------------------------------------------------------------
+# flows without faults
+# ----------------------------------------------------------------------------------------
+
+def test_commit_makes_each_partition_visible_once_and_rolls_back_duplicates_and_zombies() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)] + [prepare(c, 1, 1)]
+    zombie = prepare(c, 2, 9)  # a task attempt whose message never reaches the driver
+    report = w.coordinator().commit_batch(0, ms + [None])
+    assert_exactly_once(w)
+    assert report.rows == PARTS * ROWS and len(report.committed) == PARTS
+    assert set(report.rolled_back) == {ms[-1].xid, zombie.xid}
+    assert {e.state for e in w.registry.entries.values()} == {"committed", "aborted"}
+    assert w.log.read(0).done
+
+
+def test_the_decision_is_written_before_the_first_commit() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.trace.clear()
+    c.commit_batch(0, ms)
+    ops = [op for _, op, phase in w.faults.trace if phase == "before"]
+    assert ops.index("log.write") < ops.index("ch.commit")
+    assert max(i for i, op in enumerate(ops) if op == "ch.commit") < ops.index("log.mark_done")
+
+
+def test_a_replay_of_a_done_batch_rolls_back_its_messages_and_commits_nothing() -> None:
+    w = World()
+    c = w.coordinator()
+    w.coordinator().commit_batch(0, [prepare(c, p, 0) for p in range(PARTS)])
+    replay = [prepare(c, p, 1) for p in range(PARTS)]
+    report = w.coordinator().commit_batch(0, replay)
+    assert report.already_done and set(report.rolled_back) == {m.xid for m in replay}
+    assert_exactly_once(w)
+
+
+def test_a_replay_rolls_the_logged_xids_forward_and_its_own_messages_back() -> None:
+    w = World()
+    c = w.coordinator()
+    first = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "crash", lambda op, ph: op == "ch.commit" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)  # dies after the first COMMIT
+    w.faults.disarm()
+    replay = [prepare(c, p, 1) for p in range(PARTS)]
+    report = w.coordinator().commit_batch(0, replay)
+    assert report.replay and set(report.committed) == {m.xid for m in first}
+    assert set(report.rolled_back) == {m.xid for m in replay}
+    assert_exactly_once(w)
+
+
+def test_a_decided_xid_whose_session_died_is_replaced_by_the_replay_of_its_partition() -> None:
+    w = World()
+    c = w.coordinator()
+    first = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "crash", lambda op, ph: op == "log.write" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)  # the decision is logged, nothing committed
+    w.faults.disarm()
+    w.ch.kill_sessions()  # ClickHouse restarted: prepared transactions are gone
+    replay = [prepare(c, p, 1) for p in range(PARTS)]
+    report = w.coordinator().commit_batch(0, replay)
+    assert {a for a, _ in report.replaced} == {m.xid for m in first}
+    assert set(report.committed) == {m.xid for m in replay}
+    d = w.log.read(0)
+    assert d.version == 1 + PARTS and d.done and {p.xid for p in d.chosen} == set(report.committed)
+    assert_exactly_once(w)
+
+
+def test_a_dead_decided_xid_without_a_replacement_fails_naming_it_and_a_later_replay_heals() -> None:
+    w = World()
+    c = w.coordinator()
+    first = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "crash", lambda op, ph: op == "log.write" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)
+    w.faults.disarm()
+    w.ch.tx[first[1].xid].status = "dead"
+    partial = [prepare(c, 0, 1), prepare(c, 2, 1)]  # the replay lacks partition 1
+    with pytest.raises(LostTransactionError) as info:
+        w.coordinator().commit_batch(0, partial)
+    assert info.value.xid == first[1].xid and first[1].xid in str(info.value)
+    assert w.keys_of(0) == {("q1", 0, 0): 1, ("q1", 0, 2): 1} and not w.log.read(0).done
+    w.coordinator().commit_batch(0, [prepare(c, p, 2) for p in range(PARTS)])
+    assert_exactly_once(w)
+
+
+def test_a_lost_commit_reply_is_resolved_by_lookup_and_not_committed_twice() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "error", lambda op, ph: op == "ch.commit" and ph == "after")
+    report = w.coordinator().commit_batch(0, ms)
+    assert w.faults.fired and report.replaced == ()
+    assert w.ch.commit_calls.count(ms[0].xid) == 1  # no blind second COMMIT
+    assert_exactly_once(w)
+
+
+def test_a_pending_xid_is_committed_again_after_a_transient_refusal() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "error", lambda op, ph: op == "ch.commit" and ph == "before")
+    w.coordinator().commit_batch(0, ms)
+    assert w.faults.fired
+    assert_exactly_once(w)
+
+
+def test_an_xid_pending_forever_leaves_the_batch_undone_with_outcome_unknown() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, 0, 0)]
+    w.ch.commit = lambda target, p: (_ for _ in ()).throw(OutcomeUnknownError("timeout", xid=p.xid))  # type: ignore[method-assign]
+    with pytest.raises(OutcomeUnknownError, match="still pending"):
+        w.coordinator().commit_batch(0, ms)
+    assert not w.log.read(0).done and w.keys_of(0) == {}
+
+
+def test_abort_before_a_decision_rolls_back_every_message_and_zombie() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    zombie = prepare(c, 0, 4)
+    report = w.coordinator().abort_batch(0, ms + [None])
+    assert set(report.rolled_back) == {m.xid for m in ms} | {zombie.xid} and report.kept == ()
+    assert w.keys_of(0) == {} and {e.state for e in w.registry.entries.values()} == {"aborted"}
+    w.coordinator().commit_batch(0, [prepare(c, p, 1) for p in range(PARTS)])
+    assert_exactly_once(w)
+
+
+def test_abort_after_a_decision_leaves_decided_xids_for_the_replay() -> None:
+    w = World()
+    c = w.coordinator()
+    first = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "crash", lambda op, ph: op == "log.write" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)
+    w.faults.disarm()
+    extra = prepare(c, 0, 1)
+    report = w.coordinator().abort_batch(0, [extra])
+    assert report.rolled_back == (extra.xid,) and set(report.kept) == {m.xid for m in first}
+    w.coordinator().commit_batch(0, [prepare(c, p, 2) for p in range(PARTS)])
+    assert [p.xid for p in w.log.read(0).chosen] == [m.xid for m in first]
+    assert_exactly_once(w)
+
+
+def test_prepare_registers_before_writing() -> None:
+    w = World()
+    c = w.coordinator()
+    prepare(c, 0, 0)
+    ops = [op for _, op, ph in w.faults.trace if ph == "before"]
+    assert ops.index("registry.register") < ops.index("ch.prepare")
+
+
+def test_a_failed_prepare_rolls_back_marks_aborted_and_raises_not_committed() -> None:
+    w = World()
+    c = w.coordinator()
+
+    def bad_batches():
+        yield pa.RecordBatch.from_pydict({"id": [1]})
+        raise RuntimeError("upstream failed")
+
+    with pytest.raises(NotCommittedError, match="upstream failed") as info:
+        c.prepare(WriteContext("q1", 0, 0, 0), bad_batches())
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert w.registry.entries[info.value.xid].state == "aborted"
+
+
+def test_an_attempt_fenced_while_writing_rolls_itself_back() -> None:
+    w = World()
+    c = w.coordinator()
+    real_prepare = w.ch.prepare
+
+    def prepare_then_fenced(target, ctx, xid, batches):
+        p = real_prepare(target, ctx, xid, batches)
+        w.coordinator().abort_batch(ctx.batch, [])  # the driver gave up on the batch meanwhile
+        return p
+
+    w.ch.prepare = prepare_then_fenced  # type: ignore[method-assign]
+    with pytest.raises(NotCommittedError, match="fenced"):
+        prepare(c, 0, 0)
+    assert all(t.status == "rolled_back" for t in w.ch.tx.values())
+
+
+def test_a_failed_registration_writes_nothing() -> None:
+    w = World()
+    w.faults.arm(0, "error", lambda op, ph: op == "registry.register" and ph == "after")
+    with pytest.raises(NotCommittedError, match="register") as info:
+        prepare(w.coordinator(), 0, 0)
+    assert w.ch.tx == {} and w.registry.entries[info.value.xid].state == "aborted"
+
+
+def test_messages_of_another_batch_or_query_are_refused() -> None:
+    w = World()
+    with pytest.raises(ValueError, match="batch=1"):
+        w.coordinator().commit_batch(0, [msg("x", 0, batch=1)])
+    with pytest.raises(TypeError, match="Prepared"):
+        w.coordinator().commit_batch(0, ["x"])  # type: ignore[list-item]
+
+
+def test_validate_delegates_to_the_mode_and_the_password_stays_out_of_reprs() -> None:
+    w = World()
+    c = w.coordinator()
+    c.validate(pa.schema([("id", pa.int64())]))
+    with pytest.raises(ConfigurationError, match="db.events"):
+        c.validate(pa.schema([]))
+    assert "s3cret" not in repr(c) and "s3cret" not in repr(TARGET)
+
+
+# ----------------------------------------------------------------------------------------
+# a fault at every step, then a restart and a replay
+# ----------------------------------------------------------------------------------------
+
+def _task(c: Coordinator, partition: int, attempt: int) -> Prepared:
+    """A Spark task with retries: a failed or killed attempt is run again as a new attempt."""
+    for a in range(attempt, attempt + 5):
+        try:
+            return prepare(c, partition, a)
+        except (NotCommittedError, Crash):
+            continue
+    raise AssertionError("task kept failing")
+
+
+def _first_run(w: World) -> str:
+    """Prepare 3 partitions (one speculative duplicate, one zombie) and commit batch 0."""
+    c = w.coordinator()
+    try:
+        ms = [_task(c, 0, 0), _task(c, 1, 0), _task(c, 1, 10), _task(c, 2, 0)]
+        _task(c, 2, 20)  # zombie: registered and written, never reported
+        w.coordinator().commit_batch(0, ms)
+        return "ok"
+    except Crash:
+        return "crash"
+    except ClickHouseTxError as exc:
+        return type(exc).__name__
+
+
+def _check_invariants(w: World) -> None:
+    assert all(n == 1 for n in w.ch.visible().values()), w.ch.visible()
+    if w.log.read(0) is None:
+        assert w.keys_of(0) == {}, "rows visible without a decision"
+    assert w.ch.rollbacks_of_committed == []
+
+
+def _restart_and_replay(w: World, recover: bool) -> None:
+    w.faults.disarm()
+    if recover:
+        w.now[0] += 3600
+        resolve_in_doubt(TARGET, w.ch, w.registry, lambda t: w.log)
+        gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, older_than_s=60)
+        _check_invariants(w)
+    c = w.coordinator()
+    report = w.coordinator().commit_batch(0, [prepare(c, p, 100) for p in range(PARTS)])
+    assert_exactly_once(w)
+    assert w.ch.visible_rows() == PARTS * ROWS
+    states = {}
+    for e in w.registry.list_batch("q1", 0):
+        states.setdefault(e.partition, []).append(e.state)
+    assert all(set(s) <= {"committed", "aborted"} and s.count("committed") == 1 for s in states.values()), states
+    assert set(report.committed) == {e.xid for e in w.registry.entries.values() if e.state == "committed"}
+    again = w.coordinator().commit_batch(0, [prepare(c, p, 200) for p in range(PARTS)])
+    assert again.already_done
+    assert_exactly_once(w)
+    _check_invariants(w)
+
+
+def _count_steps() -> int:
+    w = World()
+    assert _first_run(w) == "ok"
+    return w.faults.step
+
+
+@pytest.mark.parametrize("recover", [False, True], ids=["replay", "recover-then-replay"])
+@pytest.mark.parametrize("kind", ["crash", "error", "kill"])
+def test_a_fault_at_every_step_then_a_replay_leaves_every_partition_visible_exactly_once(
+        kind: str, recover: bool) -> None:
+    steps = _count_steps()
+    assert steps > 50  # registry, ClickHouse and log calls of prepares and the commit
+    outcomes: dict[str, int] = {}
+    for at in range(steps):
+        w = World(faults=FaultPlan(at=at, kind=kind))
+        outcome = _first_run(w)
+        assert w.faults.fired, f"step {at} was never reached"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        try:
+            _check_invariants(w)
+            if outcome == "ok":
+                assert_exactly_once(w)
+            _restart_and_replay(w, recover)
+        except AssertionError as exc:
+            raise AssertionError(f"{kind} at step {at} ({w.faults.trace[at]}), first run {outcome}: {exc}") from exc
+    assert sum(outcomes.values()) == steps
+    if kind == "crash":
+        assert outcomes.get("crash", 0) > steps // 2  # crashes in the commit, not only in tasks
