@@ -496,6 +496,9 @@ def _http_decoded(rfile, headers) -> Iterator[bytes]:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "ClickHouse"
+    # Headers and body go out in two writes; with Nagle on, a keep-alive client's
+    # delayed ACK stalls every reply by ~40 ms (measured: SELECT 1 took 44 ms).
+    disable_nagle_algorithm = True
     engine: Engine
     users: dict[str, str]
 
