@@ -14,6 +14,7 @@ Run: ``python -m server_patches.http_server --data-dir DIR --config-file FILE --
 from __future__ import annotations
 
 import argparse
+import collections
 import base64
 import hmac
 import json
@@ -170,13 +171,22 @@ def first_keyword(sql: str) -> str:
 
 
 class EngineConnection:
-    """One chdb connection (one ClickHouse session) and the URL settings applied to it."""
+    """One chdb connection (one ClickHouse session) and the URL settings applied to it.
+
+    Pooled (session-less) connections are configured once, at creation, with the
+    database and settings of their pool key and are never reset: ``implicit_transaction=1``
+    cannot be undone on a connection (every later statement, even ``SET``, then starts a
+    transaction that ``SET``/``USE`` do not support), so it is applied last, for good.
+    Session connections apply URL settings per query and restore them afterwards.
+    """
 
     def __init__(self, dsn: str) -> None:
         self.conn = chdb.connect(dsn)
         self.applied: dict[str, str] = {}
-        self.baseline: dict[str, str | None] = {}
+        # Values the session's own SET statements gave; restored instead of DEFAULT.
+        self.session_values: dict[str, str] = {}
         self.database = "default"
+        self.dirty = False  # a user's SET/USE changed a pooled connection: do not reuse it
 
     def run(self, sql: str, fmt: str = "TabSeparated", params: dict[str, str] | None = None):
         try:
@@ -186,39 +196,45 @@ class EngineConnection:
         except Exception as exc:  # chdb raises RuntimeError subclasses with ClickHouse text
             raise HTTPError.from_engine(exc) from None
 
-    def apply(self, settings: dict[str, str], database: str | None) -> None:
-        """Make exactly ``settings`` (plus the session's own) current for the next query."""
-        for name in list(self.applied):
-            if name not in settings:
-                self._set(name, self.baseline.pop(name))
-                del self.applied[name]
+    def configure(self, settings: dict[str, str], database: str | None) -> None:
+        """Pooled connection, once: USE, then every setting, ``implicit_transaction`` last."""
+        self.use(database)
+        last = {k: v for k, v in settings.items() if k == "implicit_transaction"}
         for name, value in settings.items():
-            if self.applied.get(name) == value:
-                continue
-            if name not in self.baseline:
-                self.baseline[name] = self._current(name)
+            if name not in last:
+                self._set(name, value)
+        for name, value in last.items():
             self._set(name, value)
-            self.applied[name] = value
+
+    def use(self, database: str | None) -> None:
         want = database or "default"
         if want != self.database:
             self.run(f"USE {quote_identifier(want)}")
             self.database = want
 
-    def forget_settings(self) -> None:
-        """After a user's own ``SET``/``USE`` the cached view of the session is stale."""
-        self.applied.clear()
-        self.baseline.clear()
-        rows = self.run("SELECT currentDatabase()").bytes().decode().strip()
-        self.database = rows or "default"
+    def apply(self, settings: dict[str, str], database: str | None) -> None:
+        """Session connection: make exactly ``settings`` current for the next query."""
+        self.use(database)
+        for name in list(self.applied):
+            if name not in settings:
+                self._set(name, self.session_values.get(name))
+                del self.applied[name]
+        for name, value in settings.items():
+            if self.applied.get(name) != value:
+                self._set(name, value)
+                self.applied[name] = value
 
-    def _current(self, name: str) -> str | None:
-        """The session's value of ``name``, or None when it is at its default."""
-        out = self.run("SELECT changed, value FROM system.settings WHERE name = {n:String} FORMAT JSONEachRow",
-                       "JSONEachRow", params={"n": name}).bytes()
-        if not out.strip():
-            raise HTTPError(UNKNOWN_SETTING, f"Unknown setting '{name}'", "UNKNOWN_SETTING")
-        row = json.loads(out.splitlines()[0])
-        return row["value"] if int(row["changed"]) else None
+    def remember_user_statement(self, sql: str) -> None:
+        """After the user's own ``SET``/``USE``, keep what it changed as the session's."""
+        word = first_keyword(sql)
+        if word == "USE":
+            rows = self.run("SELECT currentDatabase()").bytes().decode().strip()
+            self.database = rows or "default"
+        elif word == "SET":
+            for name, literal in _set_assignments(sql):
+                self.session_values[name] = literal
+                self.applied.pop(name, None)
+        self.dirty = True
 
     def _set(self, name: str, value: str | None) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -232,6 +248,35 @@ class EngineConnection:
             self.conn.close()
         except Exception:  # closing twice or after an engine error is harmless
             pass
+
+
+def _set_assignments(sql: str) -> list[tuple[str, str]]:
+    """``SET a = 1, b = 'x,y'`` -> [(a, "1"), (b, "x,y")] (values unquoted)."""
+    body = re.sub(r"^\s*SET\s+", "", sql.strip().rstrip(";"), flags=re.I)
+    parts, cur, quote = [], "", None
+    for ch in body:
+        if quote:
+            cur += ch
+            if ch == quote and not cur.endswith("\\" + quote):
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+            cur += ch
+        elif ch == ",":
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    out = []
+    for part in parts:
+        name, eq, value = part.partition("=")
+        if eq:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == "'":
+                value = value[1:-1].replace("\\'", "'").replace("\\\\", "\\")
+            out.append((name.strip(), value))
+    return out
 
 
 def quote_identifier(name: str) -> str:
@@ -261,7 +306,7 @@ class Engine:
         self.dsn = f"file:{data_dir}" + (f"?config-file={config_file}" if config_file else "")
         self.max_session_timeout = max_session_timeout
         self.default_session_timeout = default_session_timeout
-        self._pool: list[EngineConnection] = []
+        self._pool: "collections.OrderedDict[tuple, list[EngineConnection]]" = collections.OrderedDict()
         self._pool_lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
@@ -277,26 +322,42 @@ class Engine:
                     _HTTP_STATUS[int(code)] = _STATUS_BY_NAME[name]
         self.timezone = first.run("SELECT timezone()").bytes().decode().strip()
         self.version = first.run("SELECT version()").bytes().decode().strip()
-        self._pool.append(first)
+        self._pool[("default", ())] = [first]
         self._reaper = threading.Thread(target=self._reap, name="session-reaper", daemon=True)
         self._reaper.start()
 
-    # pooled connections
-    def borrow(self) -> EngineConnection:
+    # pooled connections, keyed by (database, settings): each configured once
+    def borrow(self, settings: dict[str, str], database: str | None) -> tuple[EngineConnection, tuple]:
+        key = (database or "default", tuple(sorted(settings.items())))
         with self._pool_lock:
-            if self._pool:
-                return self._pool.pop()
-        return EngineConnection(self.dsn)
+            idle = self._pool.get(key)
+            if idle:
+                self._pool.move_to_end(key)
+                return idle.pop(), key
+        conn = EngineConnection(self.dsn)
+        try:
+            conn.configure(settings, database)
+        except BaseException:
+            conn.close()
+            raise
+        return conn, key
 
-    def give_back(self, conn: EngineConnection, healthy: bool = True) -> None:
-        if not healthy or self._stop.is_set():
+    def give_back(self, conn: EngineConnection, key: tuple, healthy: bool = True) -> None:
+        if not healthy or conn.dirty or self._stop.is_set():
             conn.close()
             return
+        evicted: list[EngineConnection] = []
         with self._pool_lock:
-            if len(self._pool) < 16:
-                self._pool.append(conn)
-                return
-        conn.close()
+            idle = self._pool.setdefault(key, [])
+            self._pool.move_to_end(key)
+            if len(idle) < 8:
+                idle.append(conn)
+                conn = None
+            while sum(len(v) for v in self._pool.values()) > 64:
+                _, oldest = self._pool.popitem(last=False)
+                evicted.extend(oldest)
+        for c in evicted + ([conn] if conn else []):
+            c.close()
 
     # sessions
     def session(self, sid: str, timeout: float, check: bool) -> Session:
@@ -344,9 +405,10 @@ class Engine:
         for s in sessions:
             self.close_session(s)
         with self._pool_lock:
-            pool, self._pool = self._pool, []
-        for c in pool:
-            c.close()
+            pool, self._pool = self._pool, collections.OrderedDict()
+        for idle in pool.values():
+            for c in idle:
+                c.close()
 
 
 # --------------------------------------------------------------------------- bodies
@@ -638,15 +700,26 @@ class Handler(BaseHTTPRequestHandler):
                 session.lock.release()
                 raise HTTPError(SESSION_NOT_FOUND, f"Session {sid} not found")
             conn = session.conn
+            if settings.get("implicit_transaction") not in (None, "0", "false"):
+                # The query runs in a transaction of its own, never the session's, and
+                # implicit_transaction cannot be set and undone on one connection: serve
+                # it on a pooled connection carrying the session's database and SETs.
+                merged = {**session.conn.session_values, **settings}
+                database = params.get("database") or session.conn.database
+                session.last_used = time.monotonic()
+                session.lock.release()
+                session = None
+                conn, pool_key = self.engine.borrow(merged, database)
         else:
             if first_keyword(sql) in ("BEGIN", "START", "COMMIT", "ROLLBACK"):
                 raise HTTPError(NOT_IMPLEMENTED,
                                 "Transactions need a session: pass session_id (each session is one transaction context)")
-            conn = self.engine.borrow()
+            conn, pool_key = self.engine.borrow(settings, params.get("database"))
 
         healthy = True
         try:
-            conn.apply(settings, params.get("database"))
+            if session is not None:
+                conn.apply(settings, params.get("database"))
             started = time.monotonic()
             if insert_format is not None:
                 result_body, summary = self._stream_insert(conn, sql, insert_format, data)
@@ -664,7 +737,7 @@ class Handler(BaseHTTPRequestHandler):
                 }
             summary["elapsed_ns"] = str(int((time.monotonic() - started) * 1e9))
             if first_keyword(sql) in ("SET", "USE"):
-                conn.forget_settings()
+                conn.remember_user_statement(sql)
             self._reply(200, result_body, {
                 "Content-Type": _content_type(fmt),
                 "X-ClickHouse-Query-Id": query_id,
@@ -682,7 +755,7 @@ class Handler(BaseHTTPRequestHandler):
                 session.last_used = time.monotonic()
                 session.lock.release()
             else:
-                self.engine.give_back(conn, healthy)
+                self.engine.give_back(conn, pool_key, healthy)
 
     @staticmethod
     def _split_insert_body(body: Iterator[bytes]) -> tuple[str, str | None, Iterator[bytes] | None]:

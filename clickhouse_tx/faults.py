@@ -1,0 +1,143 @@
+"""Fault injection at named protocol steps, for torture tests and the demo's crashes.
+
+A :class:`FaultPlan` names one step and an action. The step names follow the driver's
+commit path (``before_decision``, ``after_decision``, ``after_commit:N`` for the N-th
+COMMIT of the batch, ``before_mark_done``) and the executor's prepare path
+(``after_prepare``). The action ``kill`` SIGKILLs the whole process group (the Spark
+driver's Python, its JVM and workers when the job was started in its own session),
+``exit`` ends only this process, ``raise`` raises :class:`InjectedFault`.
+
+A plan fires at most once per ``once_file``: the file is created just before the action,
+so a restarted query is not killed again at the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from typing import Iterator, Mapping
+
+import pyarrow as pa
+
+from .interfaces import CommitModeIO, Decision, DecisionLogIO, Prepared, Target, WriteContext
+
+STEPS = ("before_decision", "after_decision", "after_commit", "before_mark_done", "after_prepare")
+ACTIONS = ("kill", "exit", "raise")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a ``raise`` fault plan (never in production: only when a plan is set)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultPlan:
+    step: str
+    action: str = "kill"
+    nth: int = 1
+    batch: int | None = None
+    once_file: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "FaultPlan | None":
+        """From ``fault.step``, ``fault.action``, ``fault.batch``, ``fault.once_file``.
+
+        ``fault.step`` may carry the count: ``after_commit:2``.
+        """
+        raw = options.get("step") or options.get("fault.step")
+        if not raw:
+            return None
+        step, _, nth = raw.partition(":")
+        if step not in STEPS:
+            raise ValueError(f"fault.step must be one of {', '.join(STEPS)} (got {raw!r})")
+        action = options.get("action") or options.get("fault.action") or "kill"
+        if action not in ACTIONS:
+            raise ValueError(f"fault.action must be one of {', '.join(ACTIONS)} (got {action!r})")
+        batch = options.get("batch") or options.get("fault.batch")
+        return cls(step=step, action=action, nth=int(nth or 1), batch=int(batch) if batch else None,
+                   once_file=options.get("once_file") or options.get("fault.once_file"))
+
+    def hit(self, step: str, batch: int, count: int = 1) -> None:
+        if step != self.step or count != self.nth or (self.batch is not None and batch != self.batch):
+            return
+        if self.once_file:
+            try:
+                fd = os.open(self.once_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return
+            os.write(fd, f"{step}:{count} batch {batch} pid {os.getpid()}\n".encode())
+            os.fsync(fd)
+            os.close(fd)
+        if self.action == "raise":
+            raise InjectedFault(f"injected fault at {step}:{count} of batch {batch}")
+        if self.action == "exit":
+            os._exit(137)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class FaultyDecisionLog:
+    """A :class:`DecisionLogIO` that fires the plan around decision writes and mark_done."""
+
+    def __init__(self, inner: DecisionLogIO, plan: FaultPlan) -> None:
+        self.inner = inner
+        self.plan = plan
+
+    def read(self, batch: int) -> Decision | None:
+        return self.inner.read(batch)
+
+    def write(self, decision: Decision) -> None:
+        self.plan.hit("before_decision", decision.batch)
+        self.inner.write(decision)
+        self.plan.hit("after_decision", decision.batch)
+
+    def mark_done(self, batch: int) -> None:
+        self.plan.hit("before_mark_done", batch)
+        self.inner.mark_done(batch)
+
+    def batches(self):
+        return self.inner.batches()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+class FaultyModeIO:
+    """A :class:`CommitModeIO` that fires the plan after the N-th COMMIT and after prepare."""
+
+    def __init__(self, inner: CommitModeIO, plan: FaultPlan) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.mode = inner.mode
+        self._commits: dict[int, int] = {}
+
+    def validate(self, target: Target, schema: pa.Schema) -> None:
+        self.inner.validate(target, schema)
+
+    def prepare(self, target: Target, ctx: WriteContext, xid: str,
+                batches: Iterator[pa.RecordBatch]) -> Prepared:
+        p = self.inner.prepare(target, ctx, xid, batches)
+        self.plan.hit("after_prepare", ctx.batch)
+        return p
+
+    def commit(self, target: Target, p: Prepared) -> None:
+        self.inner.commit(target, p)
+        n = self._commits[p.batch] = self._commits.get(p.batch, 0) + 1
+        self.plan.hit("after_commit", p.batch, n)
+
+    def rollback(self, target: Target, p: Prepared) -> None:
+        self.inner.rollback(target, p)
+
+    def lookup(self, target: Target, p: Prepared):
+        return self.inner.lookup(target, p)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def with_faults(coordinator, plan: FaultPlan):
+    """The same coordinator with its mode I/O and decision log wrapped by ``plan``."""
+    from .coordinator import Coordinator
+
+    return Coordinator(coordinator.txn_id, coordinator.target, FaultyModeIO(coordinator.mode_io, plan),
+                       coordinator.registry, FaultyDecisionLog(coordinator.log, plan),
+                       retry=coordinator.retry, clock=coordinator.clock)

@@ -1,0 +1,58 @@
+"""The four commit modes, each a :class:`~clickhouse_tx.interfaces.CommitModeIO`.
+
+| mode | prepare (executor) | commit (driver) | guarantee |
+|---|---|---|---|
+| ``transaction`` | session ``xid``: BEGIN, INSERT, marker, no COMMIT | ``COMMIT`` in the session | exactly-once, atomic per partition |
+| ``staging`` | INSERT into a stage table, OPTIMIZE FINAL | MOVE PARTITION to the target, marker, DROP stage | exactly-once, per-partition moves |
+| ``dedup`` | INSERT with deterministic ``insert_deduplication_token`` | marker | idempotent at-least-once |
+| ``none`` | plain INSERT | nothing | at-least-once baseline |
+
+Mode objects hold no connections and no per-call state: they are plain, picklable
+values shipped to executors; each call builds its own HTTP client from the Target.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pyarrow as pa
+
+from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.interfaces import CommitModeIO, Mode
+
+
+def mode_io_for(mode: "Mode | str") -> CommitModeIO:
+    """The :class:`CommitModeIO` of ``mode`` (``transaction``, ``staging``, ``dedup``, ``none``)."""
+    try:
+        m = Mode(mode.value if isinstance(mode, Mode) else str(mode).lower())
+    except ValueError:
+        raise ConfigurationError(
+            f"unknown mode {mode!r}: choose one of {', '.join(x.value for x in Mode)}") from None
+    if m is Mode.TRANSACTION:
+        from clickhouse_tx.modes.transaction import TransactionMode
+        return TransactionMode()
+    if m is Mode.STAGING:
+        from clickhouse_tx.modes.staging import StagingMode
+        return StagingMode()
+    if m is Mode.DEDUP:
+        from clickhouse_tx.modes.dedup import DedupMode
+        return DedupMode()
+    from clickhouse_tx.modes.plain import PlainMode
+    return PlainMode()
+
+
+def peek_schema(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
+    """The schema of the first batch and an iterator that still yields every batch.
+
+    ``(None, empty)`` when there is no batch at all (an empty partition).
+    """
+    it = iter(batches)
+    for first in it:
+        def chained() -> Iterator[pa.RecordBatch]:
+            yield first
+            yield from it
+        return first.schema, chained()
+    return None, iter(())
+
+
+__all__ = ["mode_io_for", "peek_schema"]

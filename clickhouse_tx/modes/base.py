@@ -1,0 +1,60 @@
+"""What every commit mode shares: clients, schema validation, building a Prepared."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import pyarrow as pa
+
+from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
+from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
+from clickhouse_tx.markers import CommitMarkers
+from clickhouse_tx.schema import TableInfo, check_schema, describe_table
+from clickhouse_tx import sql as q
+
+
+class ModeBase:
+    """Plain, stateless and picklable: every method builds the clients it needs."""
+
+    mode: Mode
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    # -- helpers -----------------------------------------------------------------------
+    @staticmethod
+    def client(target: Target, session_id: str | None = None,
+               session_timeout: int | None = None) -> ClickHouseHTTP:
+        return ClickHouseHTTP(target, session_id=session_id, session_timeout=session_timeout)
+
+    @staticmethod
+    def target_sql(target: Target) -> str:
+        return q.qualified(target.database, target.table)
+
+    @staticmethod
+    def display(target: Target) -> str:
+        return f"{target.database}.{target.table}"
+
+    def describe_and_check(self, target: Target, schema: pa.Schema) -> TableInfo:
+        """Driver: the table must exist and accept ``schema``; raise ConfigurationError."""
+        with self.client(target) as c:
+            info = describe_table(c, target.database, target.table)
+            check_schema(info, schema)
+            return info
+
+    def prepared(self, target: Target, ctx: WriteContext, xid: str, rows: int, checksum: int,
+                 details: Mapping[str, object] | None = None) -> Prepared:
+        return Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
+                        attempt=ctx.attempt, mode=self.mode, server=safe_url(target.url),
+                        table=self.display(target), rows=rows, checksum=checksum,
+                        details=dict(details or {}))
+
+    @staticmethod
+    def markers(target: Target, client: ClickHouseHTTP | None = None) -> CommitMarkers:
+        return CommitMarkers(target, client)

@@ -1,0 +1,51 @@
+"""Mode ``none``: a plain INSERT from the executor, nothing at commit.
+
+At-least-once: a retried task or a replayed batch inserts its rows again. It is the
+baseline every benchmark compares the other modes against, and the only mode that
+works on any table engine. No markers are written.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+import pyarrow as pa
+
+from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
+from clickhouse_tx.markers import CountingBatches
+from clickhouse_tx.modes import peek_schema
+from clickhouse_tx.modes.base import ModeBase
+
+log = logging.getLogger(__name__)
+
+
+class PlainMode(ModeBase):
+    """At-least-once baseline: INSERT and forget."""
+
+    mode = Mode.NONE
+
+    def validate(self, target: Target, schema: pa.Schema) -> None:
+        """Driver, once per query: the table exists and accepts the schema."""
+        self.describe_and_check(target, schema)
+
+    def prepare(self, target: Target, ctx: WriteContext, xid: str,
+                batches: Iterator[pa.RecordBatch]) -> Prepared:
+        """Executor: one streaming INSERT; rows are visible at once."""
+        schema, batches = peek_schema(batches)
+        counted = CountingBatches(batches)
+        if schema is not None:
+            with self.client(target) as c:
+                c.insert_arrow_stream(self.target_sql(target), schema, counted)
+        return self.prepared(target, ctx, xid, counted.rows, counted.checksum)
+
+    def commit(self, target: Target, p: Prepared) -> None:
+        """Nothing to do: the rows went in during prepare."""
+
+    def rollback(self, target: Target, p: Prepared) -> None:
+        """Cannot undo: the rows stay (at-least-once)."""
+        log.info("mode none cannot roll back xid %s; its rows stay", p.xid)
+
+    def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
+        """Always COMMITTED: rows are visible from the moment prepare returned."""
+        return CommitOutcome.COMMITTED

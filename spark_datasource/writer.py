@@ -1,0 +1,234 @@
+"""The ``clickhouse_tx`` Spark data source: batch and streaming Arrow writers.
+
+Where each hook runs (Spark's Python Data Source protocol):
+
+- ``ClickHouseTxDataSource.writer`` / ``streamWriter``: driver side (a Python worker
+  of the driver), when the query is planned, and again for *every* streaming commit
+  (Spark unpickles the data source and calls ``streamWriter`` in a fresh worker), so
+  the writer keeps no state in memory between ``write`` and ``commit``: the
+  transactional id is derived from the options alone.
+- ``write``: executors, once per partition and task attempt. It prepares one
+  transaction and returns a picklable :class:`ClickHouseTxCommitMessage`.
+- ``commit`` / ``abort``: driver, once per batch (per job for batch writes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from clickhouse_tx.faults import FaultPlan, with_faults
+from clickhouse_tx.interfaces import Prepared, WriteContext
+
+from .metrics import append_metrics, batch_metrics
+from .writer_options import WriterOptions
+
+log = logging.getLogger("clickhouse_tx.spark")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClickHouseTxCommitMessage(WriterCommitMessage):
+    """One prepared partition attempt, sent from an executor to the driver (picklable)."""
+
+    prepared: dict  # Prepared.to_json(): plain data so any Python on the driver unpickles it
+    prepare_seconds: float = 0.0
+    bytes: int = 0  # Arrow bytes of the partition (buffer sizes), for metrics
+
+    def metrics(self) -> dict:
+        """What :mod:`spark_datasource.metrics` needs of this message (plain data)."""
+        return {"rows": int(self.prepared.get("rows", 0)), "bytes": self.bytes,
+                "prepare_seconds": self.prepare_seconds,
+                "attempt": int(self.prepared.get("attempt", 0))}
+
+    def to_prepared(self) -> Prepared:
+        return Prepared.from_json(self.prepared)
+
+
+def _ours(messages: Sequence[WriterCommitMessage | None]) -> list[ClickHouseTxCommitMessage]:
+    # Spark passes None for tasks that failed; only our own messages carry a transaction.
+    return [m for m in messages if isinstance(m, ClickHouseTxCommitMessage)]
+
+
+def _prepared(messages: Sequence[WriterCommitMessage | None]) -> list[Prepared]:
+    return [m.to_prepared() for m in _ours(messages)]
+
+
+class _ByteCounter:
+    """Wrap the executor's batch iterator: add up Arrow buffer sizes as batches pass."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._it = iter(batches)
+        self.bytes = 0
+
+    def __iter__(self) -> "_ByteCounter":
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        b = next(self._it)
+        self.bytes += b.nbytes
+        return b
+
+
+def _coordinator(opts: WriterOptions, txn_id: str):
+    """A fresh coordinator (driver or executor); with ``fault.*`` options, a faulty one."""
+    from clickhouse_tx.factory import build_coordinator
+
+    coordinator = build_coordinator(opts.target(), opts.mode, txn_id, opts.decision_log_uri(txn_id))
+    plan = FaultPlan.parse(opts.faults) if opts.faults else None
+    return with_faults(coordinator, plan) if plan else coordinator
+
+
+def _task_context(streaming: bool) -> tuple[int, int, int]:
+    """(batch id, partition id, attempt number) of the running task (executor side)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        raise RuntimeError("clickhouse_tx writer.write must run inside a Spark task")
+    batch = 0
+    if streaming:
+        raw = tc.getLocalProperty("streaming.sql.batchId")
+        if raw is None:
+            raise RuntimeError("Spark did not pass streaming.sql.batchId to the task; is this a streaming query?")
+        batch = int(raw)
+    return batch, tc.partitionId(), tc.attemptNumber()
+
+
+class _WriterBase:
+    streaming = False
+
+    def __init__(self, opts: WriterOptions, schema: StructType, txn_id: str) -> None:
+        self.opts = opts
+        self.schema = schema
+        self.txn_id = txn_id
+
+    @property
+    def display_table(self) -> str:
+        """``db.table`` the user wrote to, for logs and metrics."""
+        return self.opts.qualified_table
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ClickHouseTxCommitMessage:
+        """Executor, once per partition attempt: prepare one transaction, do not commit."""
+        started = time.monotonic()
+        batch, partition, attempt = _task_context(self.streaming)
+        ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt)
+        counted = _ByteCounter(iterator)
+        prepared = _coordinator(self.opts, self.txn_id).prepare(ctx, counted)
+        return ClickHouseTxCommitMessage(prepared.to_json(), time.monotonic() - started, counted.bytes)
+
+    def _metrics(self, batch: int, status: str, messages: Sequence[WriterCommitMessage | None],
+                 **kwargs: object) -> None:
+        record = batch_metrics(txn_id=self.txn_id, batch=batch, status=status,
+                               mode=self.opts.mode.value, table=self.display_table,
+                               messages=[m.metrics() for m in _ours(messages)], **kwargs)  # type: ignore[arg-type]
+        append_metrics(self.opts.decision_log_uri(self.txn_id), record)
+
+    def _commit(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:
+        started = time.monotonic()
+        report = _coordinator(self.opts, self.txn_id).commit_batch(batch, _prepared(messages))
+        log.info("clickhouse_tx %s batch %d committed: %s", self.txn_id, batch, report)
+        self._metrics(batch, "committed", messages, committed_partitions=len(report.committed),
+                      rows=report.rows, commit_seconds=time.monotonic() - started,
+                      rolled_back=len(report.rolled_back), replay=report.replay,
+                      durations=report.durations)
+
+    def _abort(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:
+        started = time.monotonic()
+        prepared = _prepared(messages)
+        report = _coordinator(self.opts, self.txn_id).abort_batch(batch, prepared)
+        log.warning("clickhouse_tx %s batch %d aborted (%d prepared partitions, %d xids rolled back)",
+                    self.txn_id, batch, len(prepared), len(report.rolled_back))
+        self._metrics(batch, "aborted", messages, committed_partitions=0, rows=0,
+                      commit_seconds=time.monotonic() - started, rolled_back=len(report.rolled_back))
+
+
+class ClickHouseTxBatchWriter(_WriterBase, DataSourceArrowWriter):
+    """Batch writes (``df.write``): one transaction per partition, committed together."""
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        """Driver, once per job."""
+        self._commit(messages, 0)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        """Driver, once per failed job."""
+        self._abort(messages, 0)
+
+
+class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
+    """Streaming writes: one transaction per partition per micro-batch."""
+
+    streaming = True
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Driver, once per micro-batch, in a fresh Python worker."""
+        self._commit(messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Driver, once per failed micro-batch."""
+        self._abort(messages, batchId)
+
+
+def reject_unsupported(opts: WriterOptions) -> None:
+    """Driver, when the writer is built: refuse options that are parsed but not implemented.
+
+    ``table_column`` (multi-table routing) needs one prepared transaction to span
+    several tables (one session, one INSERT and one marker per table); the commit
+    modes prepare one table per xid today, so it is refused before any task writes.
+    """
+    from clickhouse_tx.errors import ConfigurationError
+
+    if opts.table_column:
+        raise ConfigurationError(
+            f"option table_column={opts.table_column!r}: multi-table routing is not supported yet "
+            "by the clickhouse_tx writer; write one DataFrame per table (filter on the column) instead")
+
+
+class ClickHouseTxDataSource(DataSource):
+    """``format("clickhouse_tx")``: exactly-once writes into ClickHouse.
+
+    Options are parsed and checked once, on the driver, in ``writer``/``streamWriter``;
+    the target table and the schema are checked there too, before any task writes.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "clickhouse_tx"
+
+    def _validated(self, schema: StructType, streaming: bool, txn_id: str | None = None):
+        opts = WriterOptions.parse(self.options, streaming=streaming)
+        reject_unsupported(opts)
+        txn_id = txn_id or opts.txn_id()
+        from .writer_setup import prepare_target
+
+        prepare_target(opts, schema)
+        return opts, txn_id
+
+    def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
+        """Driver, once per batch job; the writer is pickled to executors and the commit."""
+        if overwrite:
+            from .overwrite import OverwriteWriter
+
+            opts = WriterOptions.parse(self.options, streaming=False)
+            reject_unsupported(opts)
+            return OverwriteWriter(opts, schema)
+        opts, txn_id = self._validated(schema, streaming=False, txn_id=None)
+        if txn_id is None or not txn_id:
+            txn_id = f"job-{uuid.uuid4().hex[:12]}"
+        return ClickHouseTxBatchWriter(opts, schema, txn_id)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:  # noqa: N802
+        """Driver, at query start and before every commit (fresh worker each time)."""
+        opts, txn_id = self._validated(schema, streaming=True)
+        return ClickHouseTxStreamWriter(opts, schema, txn_id)
