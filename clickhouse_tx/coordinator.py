@@ -20,6 +20,7 @@ at any point redoes what is missing and nothing twice):
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -328,13 +329,23 @@ class TxOps:
             The xid stayed PENDING through every attempt: the batch is not done;
             a replay resolves it.
         """
-        cur = self.state(p.xid)
-        if cur in (TxState.INITIALIZED, TxState.COMMITTING):
-            try:
-                self.move(p.xid, TxState.COMMITTING, payload)
+        # The common case first: one CAS, no read (a read per xid is a round trip).
+        cur: TxState | None = None
+        try:
+            if self.call(lambda: self.registry.transition(
+                    p.xid, [TxState.INITIALIZED.value, TxState.COMMITTING.value],
+                    TxState.COMMITTING.value, payload)):
                 cur = TxState.COMMITTING
-            except IllegalTransitionError:
-                cur = self.state(p.xid)  # fenced (GC, another driver) between read and CAS
+        except OutcomeUnknownError:
+            pass  # the CAS may have happened: the read below decides
+        if cur is None:
+            cur = self.state(p.xid)
+            if cur in (TxState.INITIALIZED, TxState.COMMITTING):
+                try:
+                    self.move(p.xid, TxState.COMMITTING, payload)
+                    cur = TxState.COMMITTING
+                except IllegalTransitionError:
+                    cur = self.state(p.xid)  # fenced (GC, another driver) between read and CAS
         if cur is TxState.COMMITTED:
             return True
         if cur is not TxState.COMMITTING:
@@ -380,13 +391,17 @@ class Coordinator:
         Where rows go and the three I/O protocols.
     retry:
         Policy for transient errors of every I/O call (default :class:`RetryPolicy`).
+    parallelism:
+        How many decided partitions are committed at once (1: in partition order, as
+        the scripted unit tests need; :func:`clickhouse_tx.factory.build_coordinator`
+        uses 8).
     clock, sleep, xid_factory:
         Injectable for tests: wall clock (registry timestamps, durations), sleep, and
         ``(txn_id, batch, partition, attempt) -> xid`` (default :func:`~clickhouse_tx.ids.new_xid`).
     """
 
     def __init__(self, txn_id: str, target: Target, mode_io: CommitModeIO, registry: RegistryIO,
-                 log: DecisionLogIO, *, retry: RetryPolicy | None = None,
+                 log: DecisionLogIO, *, retry: RetryPolicy | None = None, parallelism: int = 1,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
                  xid_factory: Callable[[str, int, int, int], str] = new_xid) -> None:
@@ -397,6 +412,7 @@ class Coordinator:
         self.registry = registry
         self.log = log
         self.retry = retry or RetryPolicy()
+        self.parallelism = parallelism
         self.clock = clock
         self.ops = TxOps(target, mode_io, registry, retry=self.retry, clock=clock, sleep=sleep)
 
@@ -526,10 +542,12 @@ class Coordinator:
         replaced: list[tuple[str, str]] = []
         lost: list[str] = []
         rolled: list[str] = []
+        first_pass = self._commit_all(chosen, decision.version)
         for part in sorted(chosen):
             current = chosen[part]
             spares = list(plan.spares.get(part, ()))
-            while not self.ops.ensure_committed(current, payload={"decision_version": decision.version}):
+            committed = first_pass[part]
+            while not committed:
                 # definitely not committed: fence it so nothing can commit it later
                 self.ops.abort(current, known_dead=True)
                 rolled.append(current.xid)
@@ -550,6 +568,7 @@ class Coordinator:
                 log.warning("batch %d partition %d: xid %s cannot commit, replaced by %s (decision v%d)",
                             batch, part, current.xid, nxt.xid, decision.version)
                 current = nxt
+                committed = self.ops.ensure_committed(current, payload={"decision_version": decision.version})
         durations["commit"] = self.clock() - t
 
         t = self.clock()
@@ -569,6 +588,36 @@ class Coordinator:
                             rolled_back=tuple(rolled), rows=sum(p.rows for p in chosen.values()),
                             replaced=tuple(replaced), durations=durations, replay=plan.replay,
                             decision_version=decision.version)
+
+    def _commit_all(self, chosen: Mapping[int, Prepared], version: int) -> dict[int, bool]:
+        """First COMMIT of every decided partition; ``parallelism`` at a time.
+
+        Safe in any order and concurrently: the decision is durable before this runs,
+        and each xid's COMMIT touches only its own session and registry entry. What
+        cannot commit is handled afterwards, one partition at a time, because a
+        replacement writes a new decision version.
+        """
+        payload = {"decision_version": version}
+        parts = sorted(chosen)
+        if self.parallelism <= 1 or len(parts) <= 1:
+            out: dict[int, bool] = {}
+            for part in parts:
+                out[part] = self.ops.ensure_committed(chosen[part], payload=payload)
+            return out
+        with concurrent.futures.ThreadPoolExecutor(min(self.parallelism, len(parts)),
+                                                   thread_name_prefix="clickhouse-tx-commit") as pool:
+            futures = {part: pool.submit(self.ops.ensure_committed, chosen[part], payload=payload)
+                       for part in parts}
+        results: dict[int, bool] = {}
+        error: BaseException | None = None
+        for part, fut in futures.items():
+            try:
+                results[part] = fut.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, first one wins
+                error = error or exc
+        if error is not None:
+            raise error
+        return results
 
     def abort_batch(self, batch: int, messages: Sequence[Prepared | None]) -> AbortReport:
         """Driver, when Spark aborts a batch: roll back everything not decided.

@@ -140,4 +140,4 @@ def with_faults(coordinator, plan: FaultPlan):
 
     return Coordinator(coordinator.txn_id, coordinator.target, FaultyModeIO(coordinator.mode_io, plan),
                        coordinator.registry, FaultyDecisionLog(coordinator.log, plan),
-                       retry=coordinator.retry, clock=coordinator.clock)
+                       retry=coordinator.retry, parallelism=coordinator.parallelism, clock=coordinator.clock)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import re
 import time
 import uuid
@@ -135,9 +136,14 @@ class KeeperMapRegistry:
 
     @property
     def client(self) -> ClickHouseHTTP:
+        # One client per thread: the coordinator commits partitions in parallel and a
+        # requests.Session is not meant to be shared between threads.
         if self._client is None:
-            self._client = ClickHouseHTTP(self.target, database=self.database)
-        return self._client
+            self._client = threading.local()
+        client = getattr(self._client, "http", None)
+        if client is None:
+            client = self._client.http = ClickHouseHTTP(self.target, database=self.database)
+        return client
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)

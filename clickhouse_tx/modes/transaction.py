@@ -105,7 +105,9 @@ class TransactionMode(ModeBase):
     # -- driver --------------------------------------------------------------------------
     def commit(self, target: Target, p: Prepared) -> None:
         """Driver: COMMIT in the xid's session; idempotent for a committed xid."""
-        session = self.client(target, session_id=p.xid, session_timeout=target.session_timeout_s)
+        # The COMMIT itself shortens the session's timeout so the server frees it soon
+        # after; a lost reply is resolved by the marker first, which needs no session.
+        session = self.client(target, session_id=p.xid, session_timeout=_RELEASE_TIMEOUT_S)
         try:
             session.command("COMMIT", session_check=True)
         except ReplyLostError as e:
@@ -125,8 +127,6 @@ class TransactionMode(ModeBase):
                 _quiet_rollback(session)  # a failed transaction waits for ROLLBACK
             raise NotCommittedError(f"cannot commit: {e.message}", xid=p.xid,
                                     code=e.code, name=e.name) from None
-        else:
-            _release(session)
         finally:
             session.close()
 

@@ -1,0 +1,140 @@
+"""Each commit mode through the local server, no Spark: rows/s and commit latency.
+
+Part 1 (throughput): the same Arrow data (``--rows`` per batch, 4 partitions) is
+prepared and committed by the :class:`~clickhouse_tx.coordinator.Coordinator` in every
+mode; rows/s over prepare + commit, as ratios to ``none`` measured in the same run.
+
+Part 2 (commit latency): ``commit_batch`` wall time of small batches with 1, 4 and 16
+partitions, p50 and p99 over ``--commits`` batches, per mode.
+
+    python -m benchmarks.modes --json benchmarks/results/modes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.interfaces import Target, WriteContext
+from server_patches.stack import running_stack
+
+MODES = ("none", "transaction", "staging", "dedup")
+DDL = ("CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, ts DateTime64(3), payload String) "
+       "ENGINE = MergeTree ORDER BY id PARTITION BY intDiv(id, 100000000000) "
+       "SETTINGS non_replicated_deduplication_window = 1000")
+
+
+def make_partition(first: int, rows: int) -> pa.Table:
+    ids = pa.array(range(first, first + rows), pa.int64())
+    return pa.table({
+        "id": ids,
+        "ts": pc.cast(pc.add(ids, 1_700_000_000_000), pa.timestamp("ms")),
+        "payload": pc.binary_join_element_wise("event-", pc.cast(pc.bit_wise_and(ids, 1023), pa.string()), ""),
+    })
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def run_batch(target: Target, mode: str, txn: str, log: str, batch: int, parts: list[pa.Table],
+              first_partition: int = 0) -> tuple[float, float]:
+    """Prepare every partition (in parallel, as executors would), then commit; (prepare s, commit s)."""
+    coord = build_coordinator(target, mode, txn, log)
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(min(4, len(parts))) as pool:
+        msgs = list(pool.map(lambda ip: coord.prepare(WriteContext(txn, batch, first_partition + ip[0], 0),
+                                                      iter(ip[1].to_batches(65536))), enumerate(parts)))
+    t1 = time.perf_counter()
+    build_coordinator(target, mode, txn, log).commit_batch(batch, msgs)  # fresh, as Spark does
+    return t1 - t0, time.perf_counter() - t1
+
+
+def bench(url: str, rows: int, repeat: int, commits: int) -> dict:
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    admin = ClickHouseHTTP(Target(url=url, database="default", table="x"))
+    admin.command(f"CREATE DATABASE {db}")
+    logroot = tempfile.mkdtemp(prefix="ctx-bench-log-")
+    out: dict = {"benchmark": "commit_modes", "rows_per_batch": rows, "partitions": 4, "repeat": repeat,
+                 "throughput": {}, "commit_latency_ms": {}}
+    try:
+        for mode in MODES:
+            admin.command(DDL.format(db=db, t=f"t_{mode}"))
+        # Throughput: rounds alternate modes so drift hits all of them alike.
+        secs: dict[str, list[float]] = {m: [] for m in MODES}
+        for r in range(repeat):
+            # Distinct rows per round: identical blocks would be dropped by the dedup window.
+            parts = [make_partition(r * rows + p * (rows // 4), rows // 4) for p in range(4)]
+            for mode in MODES:
+                target = Target(url=url, database=db, table=f"t_{mode}")
+                prep, com = run_batch(target, mode, f"tp-{mode}", logroot, r, parts)
+                secs[mode].append(prep + com)
+            print(f"  throughput round {r + 1}/{repeat}: " + ", ".join(
+                f"{m} {rows / secs[m][-1]:,.0f} rows/s" for m in MODES), flush=True)
+        base = rows / statistics.median(secs["none"])
+        for mode in MODES:
+            rate = rows / statistics.median(secs[mode])
+            count = int(admin.command(f"SELECT count() FROM {db}.t_{mode}", settings={}).strip() or 0)
+            out["throughput"][mode] = {"rows_per_s_median": round(rate), "ratio_to_none": round(rate / base, 3),
+                                       "rows_visible": count, "rows_expected": rows * repeat}
+            if count != rows * repeat:
+                raise SystemExit(f"{mode}: {count} rows visible, expected {rows * repeat}")
+        # Commit latency: small batches, so the protocol's own cost dominates.
+        for mode in MODES:
+            target = Target(url=url, database=db, table=f"t_{mode}")
+            out["commit_latency_ms"][mode] = {}
+            for n in (1, 4, 16):
+                lat = []
+                for b in range(commits):
+                    first = 10**9 * (1 + b) + 10**6 * n
+                    small = [make_partition(first + 1000 * i, 1000) for i in range(n)]
+                    _, com = run_batch(target, mode, f"lat-{mode}-{n}", logroot, 1000 + b, small)
+                    lat.append(com * 1000)
+                out["commit_latency_ms"][mode][str(n)] = {"p50": round(percentile(lat, 0.5), 1),
+                                                          "p99": round(percentile(lat, 0.99), 1)}
+                print(f"  commit latency {mode:11s} {n:2d} partitions: p50 {percentile(lat, 0.5):6.1f} ms, "
+                      f"p99 {percentile(lat, 0.99):6.1f} ms", flush=True)
+    finally:
+        admin.command(f"DROP DATABASE IF EXISTS {db} SYNC")
+    out["targets"] = {"transaction_ratio_to_none": 0.9, "commit_16_partitions_p50_ms": 100}
+    out["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out["machine"] = {"cpus": os.cpu_count()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows per batch (4 partitions)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--commits", type=int, default=30, help="batches per latency point")
+    ap.add_argument("--url", help="an existing server (default: start the embedded stack)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if args.url:
+        result = bench(args.url, args.rows, args.repeat, args.commits)
+    else:
+        with tempfile.TemporaryDirectory(prefix="ctx-bench-stack-") as d, running_stack(d) as stack:
+            result = bench(stack.clickhouse_url, args.rows, args.repeat, args.commits)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
