@@ -738,13 +738,6 @@ class Handler(BaseHTTPRequestHandler):
             summary["elapsed_ns"] = str(int((time.monotonic() - started) * 1e9))
             if first_keyword(sql) in ("SET", "USE"):
                 conn.remember_user_statement(sql)
-            self._reply(200, result_body, {
-                "Content-Type": _content_type(fmt),
-                "X-ClickHouse-Query-Id": query_id,
-                "X-ClickHouse-Format": fmt,
-                "X-ClickHouse-Summary": json.dumps(summary, separators=(",", ":")),
-                **({"X-ClickHouse-Session-Id": sid} if sid else {}),
-            })
         except HTTPError:
             raise
         except Exception:
@@ -756,6 +749,15 @@ class Handler(BaseHTTPRequestHandler):
                 session.lock.release()
             else:
                 self.engine.give_back(conn, pool_key, healthy)
+        # Only after the session is free: a client that sends its next query as soon as
+        # it reads this reply must not find the session still locked (373).
+        self._reply(200, result_body, {
+            "Content-Type": _content_type(fmt),
+            "X-ClickHouse-Query-Id": query_id,
+            "X-ClickHouse-Format": fmt,
+            "X-ClickHouse-Summary": json.dumps(summary, separators=(",", ":")),
+            **({"X-ClickHouse-Session-Id": sid} if sid else {}),
+        })
 
     @staticmethod
     def _split_insert_body(body: Iterator[bytes]) -> tuple[str, str | None, Iterator[bytes] | None]:

@@ -123,8 +123,9 @@ def _sanitise_id(raw: str) -> str:
 
 
 def _batch_log(txn: str) -> str:
-    # Batch commit runs in a Python worker on the driver host: a local dir works.
-    return os.path.join(tempfile.gettempdir(), "clickhouse_tx", txn)
+    # Batch commit runs in a Python worker on the driver host: a local dir works. The
+    # decision log adds clickhouse_tx/<txn_id> below this root itself.
+    return os.path.join(tempfile.gettempdir(), "clickhouse_tx_batch")
 
 
 def _no_semicolon(option: str, value: str) -> str:
@@ -297,7 +298,9 @@ class WriterOptions:
             if chk is None:
                 raise ConfigurationError(
                     "option decision_log is required when checkpointLocation is not set")
-            decision_log = chk.rstrip("/") + "/clickhouse_tx"
+            # The decision log lives at <checkpointLocation>/clickhouse_tx/<txn_id>/
+            # (FileDecisionLog adds the clickhouse_tx/<txn_id> part).
+            decision_log = chk.rstrip("/")
         else:
             decision_log = _batch_log(txn)
 

@@ -88,7 +88,13 @@ class TransactionMode(ModeBase):
         try:
             session.command("BEGIN TRANSACTION")
             if schema is not None:
-                session.insert_arrow_stream(self.target_sql(target), schema, counted)
+                # Block dedup (non_replicated_deduplication_window) is not transactional:
+                # a rolled-back insert leaves its block hashes behind, and the replay's
+                # identical blocks would be dropped as duplicates. A token unique to this
+                # attempt keys the dedup log on the xid instead (insert_deduplicate=0 does
+                # not switch it off for non-replicated tables: measured on 26.9).
+                session.insert_arrow_stream(self.target_sql(target), schema, counted,
+                                            settings={"insert_deduplication_token": xid})
             p = self.prepared(target, ctx, xid, counted.rows, counted.checksum,
                               {"session_timeout_s": target.session_timeout_s})
             markers.insert(p, client=session)

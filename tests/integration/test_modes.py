@@ -433,3 +433,20 @@ def test_transaction_mode_refuses_a_non_merge_tree_or_replicated_table_and_sugge
         _nothing_left_behind(admin, database, {"events"})
     finally:
         admin.command(f"DROP TABLE IF EXISTS {q.qualified(database, 'events')} SYNC")
+
+
+@pytest.mark.parametrize("mode", ["transaction", "staging"])
+def test_a_replay_of_a_rolled_back_partition_is_not_swallowed_by_the_dedup_window(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str) -> None:
+    # The table has a dedup window: a rolled-back insert must not leave a block hash
+    # behind that makes ClickHouse drop the identical block of the replay.
+    target = make_table(admin, database, settings="non_replicated_deduplication_window = 1000")
+    data = rows(2000)
+    first = build_coordinator(target, mode, "q", str(tmp_path))
+    p = first.prepare(WriteContext("q", 7, 0, 0), batches(data))
+    first.abort_batch(7, [p])
+    again = build_coordinator(target, mode, "q", str(tmp_path))
+    p2 = again.prepare(WriteContext("q", 7, 0, 1), batches(data))
+    build_coordinator(target, mode, "q", str(tmp_path)).commit_batch(7, [p2])
+    assert committed_count(admin, target) == 2000
+    assert distinct_ids(admin, target) == 2000

@@ -1,0 +1,272 @@
+"""The streaming job: Kafka (``kafka_py``) → parse JSON → ClickHouse (``clickhouse_tx``).
+
+A Spark driver program, run as its own process (``python -m benchmarks.streaming_job``),
+usually by :mod:`benchmarks.pipeline`, which kills and restarts it. It stops by itself
+once the query has committed everything up to ``--end-offsets`` (or, with
+``--trigger 0``, when ``Trigger.AvailableNow`` has drained the topic).
+
+Output protocol (stdout, one line each, for the parent to parse):
+
+- ``PROGRESS {json}``: one per finished micro-batch: batch id, rows, rates, durations;
+- ``DONE {json}``: the query reached the end offsets and stopped cleanly.
+
+Everything else (Spark's own logging) goes to stderr.
+
+Where code runs: this module is the driver; the data sources' hooks run in Spark's
+Python workers (see :mod:`spark_datasource.writer` and :mod:`spark_datasource.kafka_reader`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Mapping, Sequence
+
+#: The JSON each event carries (see :func:`benchmarks.pipeline.event_json`).
+EVENT_SCHEMA = "event_id LONG, user_id LONG, amount DOUBLE, ts LONG"
+
+#: Columns of the target table, in the order the job writes them.
+TABLE_COLUMNS = (
+    ("event_id", "Int64"),
+    ("user_id", "Int64"),
+    ("amount", "Float64"),
+    ("event_time", "DateTime64(6, 'UTC')"),
+    ("topic", "String"),
+    ("partition", "Int32"),
+    ("offset", "Int64"),
+    ("kafka_ts", "DateTime64(6, 'UTC')"),
+)
+
+
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.streaming_job", description=__doc__.split("\n")[0])
+    ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--url", required=True, help="ClickHouse HTTP url")
+    ap.add_argument("--table", required=True, help="database.table (created by the pipeline)")
+    ap.add_argument("--mode", default="transaction", choices=("transaction", "staging", "dedup", "none"))
+    ap.add_argument("--checkpoint", required=True, help="checkpointLocation")
+    ap.add_argument("--query-name", default="events_to_clickhouse")
+    ap.add_argument("--trigger", type=float, default=1.0,
+                    help="processingTime trigger interval, seconds; 0 = Trigger.AvailableNow")
+    ap.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    ap.add_argument("--end-offsets", default=None,
+                    help='stop once the sink committed up to these offsets: {"topic": {"0": end}}')
+    ap.add_argument("--starting-offsets", default="earliest")
+    ap.add_argument("--fault-step", default=None, help="fault.step of the writer (tests and the demo)")
+    ap.add_argument("--fault-action", default="kill")
+    ap.add_argument("--fault-once-file", default=None)
+    ap.add_argument("--fault-batch", default=None)
+    ap.add_argument("--writer-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra clickhouse_tx option (repeatable)")
+    ap.add_argument("--sink", default="clickhouse_tx", choices=("clickhouse_tx", "foreach_insert"),
+                    help="foreach_insert: a diagnostic at-least-once sink (foreachBatch + plain "
+                         "INSERT over HTTP) that bypasses the clickhouse_tx writer")
+    ap.add_argument("--shuffle-partitions", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
+    return ap.parse_args(argv)
+
+
+def build_session():  # -> SparkSession
+    """``local[2]`` session, UI off, this interpreter on the workers (driver, once)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-pipeline")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.default.parallelism", "2")
+             .config("spark.driver.memory", "1g")
+             .config("spark.pyspark.python", sys.executable)
+             .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def reached(end_offsets: Mapping[str, Mapping[str, int]], committed: Mapping[str, Mapping[str, int]] | None) -> bool:
+    """True when ``committed`` (a source offset JSON) is at or past every end offset."""
+    if not committed:
+        return all(int(v) == 0 for parts in end_offsets.values() for v in parts.values())
+    for topic, parts in end_offsets.items():
+        have = {str(k): int(v) for k, v in (committed.get(topic) or {}).items()}
+        if any(have.get(str(p), -1) < int(end) for p, end in parts.items()):
+            return False
+    return True
+
+
+def _as_dict(p: object) -> dict:
+    """A StreamingQueryProgress (pyspark 4: an object with ``.json``) or a dict, as a dict."""
+    if isinstance(p, dict):
+        return p
+    return json.loads(p.json)  # type: ignore[attr-defined]
+
+
+def _idle(q: object) -> bool:
+    """The query is up and waiting (Spark reports no progress for idle triggers at first)."""
+    try:
+        st = q.status  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not started yet
+        return False
+    return not st.get("isTriggerActive") and str(st.get("message", "")).startswith("Waiting for")
+
+
+def _emit(kind: str, doc: Mapping[str, object]) -> None:
+    sys.stdout.write(f"{kind} {json.dumps(doc, sort_keys=True)}\n")
+    sys.stdout.flush()
+
+
+def progress_line(p: Mapping[str, object]) -> dict:
+    """The fields of a ``StreamingQueryProgress`` the pipeline shows and records."""
+    src = (p.get("sources") or [{}])[0]  # type: ignore[index]
+    dur = p.get("durationMs") or {}
+    end = src.get("endOffset")  # type: ignore[union-attr]
+    if isinstance(end, str):
+        end = json.loads(end)
+    return {
+        "batch": p.get("batchId"),
+        "rows": p.get("numInputRows"),
+        "input_rps": p.get("inputRowsPerSecond"),
+        "processed_rps": p.get("processedRowsPerSecond"),
+        "add_batch_ms": dur.get("addBatch"),  # type: ignore[union-attr]
+        "trigger_ms": dur.get("triggerExecution"),  # type: ignore[union-attr]
+        "wal_commit_ms": dur.get("walCommit"),  # type: ignore[union-attr]
+        "timestamp": p.get("timestamp"),
+        "end_offset": end,
+        "wall": time.time(),
+    }
+
+
+def _clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
+    w = (df.writeStream.format("clickhouse_tx")
+         .queryName(a.query_name)
+         .option("url", a.url)
+         .option("table", a.table)
+         .option("mode", a.mode)
+         # from_json and the Kafka columns are nullable in Spark's schema; the events
+         # always carry every field, so the non-Nullable table columns are kept
+         .option("allow_nullable_into_non_nullable", "true")
+         .option("checkpointLocation", a.checkpoint))
+    if a.fault_step:
+        w = w.option("fault.step", a.fault_step).option("fault.action", a.fault_action)
+        if a.fault_once_file:
+            w = w.option("fault.once_file", a.fault_once_file)
+        if a.fault_batch is not None:
+            w = w.option("fault.batch", str(a.fault_batch))
+    for kv in a.writer_option:
+        k, eq, v = kv.partition("=")
+        if not eq:
+            raise SystemExit(f"--writer-option {kv!r}: expected KEY=VALUE")
+        w = w.option(k, v)
+    return w
+
+
+def _plain_insert(url: str, table: str):
+    """foreachBatch function: INSERT the batch as Arrow over HTTP (driver, once per batch)."""
+    import requests
+    import pyarrow as pa
+
+    from clickhouse_tx.verify import quote_ident, split_table
+
+    db, t = split_table(table)
+    sql = f"INSERT INTO {quote_ident(db)}.{quote_ident(t)} FORMAT ArrowStream"
+
+    def insert(batch_df, batch_id: int) -> None:
+        tbl = batch_df.toArrow()
+        if tbl.num_rows == 0:
+            return
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, tbl.schema) as wr:
+            wr.write_table(tbl)
+        r = requests.post(url.rstrip("/") + "/", params={"query": sql}, data=sink.getvalue().to_pybytes(),
+                          timeout=300)
+        if r.status_code != 200:
+            raise RuntimeError(f"batch {batch_id}: INSERT into {table} failed: {r.text.strip()[:500]}")
+
+    return insert
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Start the query, report progress, stop at the end offsets. Returns the exit code."""
+    a = _args(argv)
+    end_offsets = json.loads(a.end_offsets) if a.end_offsets else None
+    spark = build_session()
+    import spark_datasource
+    from pyspark.sql import functions as F
+
+    spark_datasource.register(spark)
+    reader = (spark.readStream.format("kafka_py")
+              .option("bootstrap.servers", a.bootstrap)
+              .option("subscribe", a.topic)
+              .option("startingOffsets", a.starting_offsets))
+    if a.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(a.max_offsets_per_trigger))
+    raw = reader.load()
+    ev = F.from_json(F.col("value").cast("string"), EVENT_SCHEMA)
+    df = raw.select(
+        ev.event_id.alias("event_id"),
+        ev.user_id.alias("user_id"),
+        ev.amount.alias("amount"),
+        F.timestamp_millis(ev.ts).alias("event_time"),
+        F.col("topic"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("timestamp").alias("kafka_ts"),
+    )
+    if a.sink == "foreach_insert":
+        w = (df.writeStream.queryName(a.query_name).foreachBatch(_plain_insert(a.url, a.table))
+             .option("checkpointLocation", a.checkpoint))
+    else:
+        w = _clickhouse_tx_writer(df, a)
+    w = w.trigger(availableNow=True) if a.trigger <= 0 else w.trigger(processingTime=f"{a.trigger} seconds")
+    started = time.monotonic()
+    q = w.start()
+    seen: set[int] = set()
+    ready = False
+    rc = 0
+    try:
+        while True:
+            done = bool(q.awaitTermination(0.25))
+            recent = [_as_dict(p) for p in q.recentProgress]
+            if not ready and (recent or _idle(q)):
+                ready = True
+                _emit("READY", {"seconds": round(time.monotonic() - started, 3)})
+            for p in recent:
+                # idle triggers repeat the last batch id with no rows: report real batches once
+                if not p.get("numInputRows") or p.get("batchId") in seen:
+                    continue
+                seen.add(p["batchId"])
+                _emit("PROGRESS", progress_line(p))
+            committed = None
+            if recent and recent[-1].get("sources"):
+                committed = recent[-1]["sources"][0].get("endOffset")
+                if isinstance(committed, str):
+                    committed = json.loads(committed)
+            if end_offsets is not None and reached(end_offsets, committed):
+                break
+            if done or not q.isActive:
+                exc = q.exception()
+                if exc is not None:
+                    print(f"query failed: {exc}", file=sys.stderr)
+                    rc = 1
+                break
+            if a.timeout and time.monotonic() - started > a.timeout:
+                print(f"timed out after {a.timeout:.0f} s", file=sys.stderr)
+                rc = 3
+                break
+    finally:
+        if q.isActive:
+            q.stop()
+        spark.stop()
+    if rc == 0:
+        _emit("DONE", {"batches": len(seen), "seconds": round(time.monotonic() - started, 3)})
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(run())

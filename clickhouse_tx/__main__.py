@@ -1,0 +1,210 @@
+"""``python -m clickhouse_tx <command>``: operator tools that need no Spark.
+
+Commands
+--------
+verify
+    Check a target table for exactly-once anomalies (:mod:`clickhouse_tx.verify`).
+    Exit code 0 = clean, 1 = anomalies found, 2 = error (bad options, server down).
+status
+    Open transactions of the registry: counts per state and per query, in-doubt xids
+    (a driver died between COMMITTING and COMMITTED), the oldest open age.
+recover
+    Finish in-doubt xids: roll decided ones forward (with ``--checkpoint``), roll the
+    rest back (:func:`clickhouse_tx.recovery.resolve_in_doubt`).
+gc
+    Roll back prepares older than ``--older-than`` seconds that no decision names
+    (:func:`clickhouse_tx.recovery.gc_stale`).
+
+``recover`` and ``gc`` act on the xids of one ``--mode`` at a time (the registry is
+shared by every mode); exit code 0 = done, 1 = some xids failed (listed), 2 = error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from clickhouse_tx.errors import ClickHouseTxError
+
+EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
+
+
+def _add_connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="ClickHouse HTTP endpoint, e.g. http://127.0.0.1:8123")
+    p.add_argument("--user", default="default")
+    p.add_argument("--password-env", metavar="VAR",
+                   help="name of the environment variable holding the password (never pass it on the command line)")
+
+
+def _password(args: argparse.Namespace) -> str:
+    if not args.password_env:
+        return ""
+    if args.password_env not in os.environ:
+        raise ClickHouseTxError(f"--password-env names {args.password_env!r}, which is not set")
+    return os.environ[args.password_env]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m clickhouse_tx",
+                                 description="clickhouse-tx operator tools")
+    sub = ap.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("verify", help="check a table for duplicate, missing, overlapping offsets",
+                       description="Exit code: 0 clean, 1 anomalies, 2 error.")
+    _add_connection(v)
+    v.add_argument("--table", required=True, help="database.table to check")
+    v.add_argument("--topic-col", default="topic", help="column holding the Kafka topic ('' for none)")
+    v.add_argument("--partition-col", default="partition")
+    v.add_argument("--offset-col", default="offset")
+    v.add_argument("--segment-col", default=None,
+                   help="a column constant per committed insert (e.g. an ingestion time): "
+                        "enables the overlap/backward checks between inserts")
+    v.add_argument("--expected", default=None,
+                   help='JSON (or a JSON file) of end offsets: {"topic": {"0": 1000, "1": [10, 900]}}')
+    v.add_argument("--txn-id", default=None, help="restrict marker/decision checks to this transactional id")
+    v.add_argument("--checkpoint", default=None,
+                   help="the query's checkpointLocation: check its decision logs against the markers")
+    v.add_argument("--no-markers", action="store_true", help="skip the markers table checks")
+    v.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    v.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    for name, helptext in (("status", "open transactions of the registry"),
+                           ("recover", "finish in-doubt transactions left by dead drivers"),
+                           ("gc", "roll back stale prepares that no decision names")):
+        c = sub.add_parser(name, help=helptext)
+        _add_connection(c)
+        c.add_argument("--table", required=True,
+                       help="database.table: the target (the registry lives in its database)")
+        c.add_argument("--registry-table", default=None, help="registry table (default clickhouse_tx_registry)")
+        c.add_argument("--txn-id", default=None, help="only this query's transactions")
+        c.add_argument("--json", action="store_true", help="print the result as JSON")
+        if name != "status":
+            c.add_argument("--mode", required=True, choices=("transaction", "staging", "dedup", "none"),
+                           help="act on the xids of this commit mode")
+            c.add_argument("--checkpoint", default=None,
+                           help="the query's checkpointLocation (its decision logs); without it, "
+                                "xids whose fate depends on a decision are skipped")
+        if name == "gc":
+            c.add_argument("--older-than", type=float, required=True, metavar="SECONDS",
+                           help="only prepares older than this; must exceed the longest batch")
+    return ap
+
+
+class _ModeView:
+    """The registry restricted to one commit mode (recovery must use that mode's I/O)."""
+
+    def __init__(self, inner: object, mode: str) -> None:
+        self.inner = inner
+        self.mode = mode
+
+    def list_open(self, older_than_s: float | None = None) -> list:
+        return [e for e in self.inner.list_open(older_than_s)  # type: ignore[attr-defined]
+                if getattr(e.mode, "value", e.mode) == self.mode]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def _registry_and_target(args: argparse.Namespace):  # -> (registry, Target)
+    from clickhouse_tx.factory import build_registry
+    from clickhouse_tx.interfaces import Target
+    from clickhouse_tx.verify import split_table
+
+    db, t = split_table(args.table)
+    target = Target(url=args.url.rstrip("/"), database=db, table=t, user=args.user, password=_password(args))
+    kwargs = {"table": args.registry_table} if args.registry_table else {}
+    return build_registry(target, **kwargs), target
+
+
+def _status(args: argparse.Namespace) -> int:
+    from clickhouse_tx.recovery import status_summary
+
+    registry, _ = _registry_and_target(args)
+    s = status_summary(registry)
+    doc = {"open_by_state": dict(s.open_by_state), "in_doubt": list(s.in_doubt),
+           "oldest_open_age_s": s.oldest_open_age_s, "by_txn": dict(s.by_txn)}
+    if args.txn_id:
+        doc["by_txn"] = {k: v for k, v in doc["by_txn"].items() if k == args.txn_id}
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+    else:
+        total = sum(doc["open_by_state"].values())
+        print(f"{total} open transactions: " + (", ".join(f"{k}={v}" for k, v in sorted(doc["open_by_state"].items()))
+                                                 or "none"))
+        if doc["oldest_open_age_s"] is not None:
+            print(f"oldest open: {doc['oldest_open_age_s']:.0f} s")
+        for txn, n in sorted(doc["by_txn"].items()):
+            print(f"  query {txn}: {n} open")
+        if doc["in_doubt"]:
+            print("in doubt (run recover): " + ", ".join(doc["in_doubt"]))
+    return EXIT_CLEAN
+
+
+def _recover_or_gc(args: argparse.Namespace) -> int:
+    from clickhouse_tx.decision_log import FileDecisionLog
+    from clickhouse_tx.factory import build_mode_io
+    from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
+
+    registry, target = _registry_and_target(args)
+    view = _ModeView(registry, args.mode)
+    checkpoint = args.checkpoint
+
+    def log_for(txn_id: str):  # -> FileDecisionLog | None
+        return FileDecisionLog(checkpoint, txn_id) if checkpoint else None
+
+    mode_io = build_mode_io(args.mode)
+    if args.command == "recover":
+        rep = resolve_in_doubt(target, mode_io, view, log_for, txn_id=args.txn_id)  # type: ignore[arg-type]
+    else:
+        rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_id=args.txn_id)  # type: ignore[arg-type]
+    doc = {"committed": list(rep.committed), "rolled_back": list(rep.rolled_back),
+           "skipped": list(rep.skipped), "errors": dict(rep.errors)}
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+    else:
+        print(f"{args.command}: committed {len(rep.committed)}, rolled back {len(rep.rolled_back)}, "
+              f"skipped {len(rep.skipped)}, errors {len(rep.errors)}")
+        for xid, err in sorted(rep.errors.items()):
+            print(f"  {xid}: {err}")
+    return EXIT_ANOMALIES if rep.errors else EXIT_CLEAN
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from clickhouse_tx.verify import parse_expected, verify
+
+    report = verify(args.url, args.table, topic_col=args.topic_col or None,
+                    partition_col=args.partition_col, offset_col=args.offset_col,
+                    expected=parse_expected(args.expected), segment_col=args.segment_col,
+                    txn_id=args.txn_id, checkpoint=args.checkpoint,
+                    markers=False if args.no_markers else None,
+                    user=args.user, password=_password(args))
+    if args.json == "-":
+        json.dump(report.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    elif args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report.to_json(), fh, indent=1)
+    if not args.quiet and args.json != "-":
+        print(report.summary())
+    return EXIT_CLEAN if report.clean else EXIT_ANOMALIES
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "verify":
+            return _verify(args)
+        if args.command == "status":
+            return _status(args)
+        if args.command in ("recover", "gc"):
+            return _recover_or_gc(args)
+    except (ClickHouseTxError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

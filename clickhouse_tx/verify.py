@@ -1,0 +1,586 @@
+"""An exactly-once verifier for any ClickHouse table fed from Kafka (eBay's "runtime verifier").
+
+It reads the target table (and, when present, the commit markers and the decision
+logs) and reports, per topic-partition:
+
+- ``duplicate``: an offset stored more than once (runs of consecutive duplicated
+  offsets are reported as one range: a replayed batch committed twice looks like that);
+- ``gap``: offsets missing inside what was stored, or, against ``expected`` end
+  offsets, at its head or tail, or whole partitions missing;
+- ``unexpected``: offsets or partitions beyond the expected ones;
+- with ``segment_col`` (a column constant per insert, e.g. ``ingested_at
+  DateTime64(3) DEFAULT now64(3)``, or a batch id): the offset range of each
+  committed insert, in order, checked like eBay's verifier: the next range must start
+  right after the previous one (``gap`` if later, ``overlap`` if it starts inside the
+  previous range, ``backward`` if it lies wholly before it);
+- with the markers table ``clickhouse_tx_commits`` in the target database:
+  ``double_commit`` (one (txn_id, batch, partition) committed under two xids) and
+  ``marker_count_mismatch`` (marker rows' ``rows`` do not add up to the table's row count);
+- with a checkpoint location (the decision logs): ``decided_not_committed``, a batch
+  whose decision names an xid whose marker is not visible.
+
+Every read of user tables uses ``implicit_transaction=1``: ClickHouse shows the rows of
+running (uncommitted) transactions to queries outside a transaction (DESIGN §4), so a
+plain ``SELECT`` would count rows that may still be rolled back. ``system.*`` tables do
+not support transactions and are read without it.
+
+Everything here runs in the calling process (a CLI, a benchmark, a test); no Spark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import requests
+
+from clickhouse_tx.errors import ConfigurationError, ServerError, parse_clickhouse_error
+
+MARKERS_TABLE = "clickhouse_tx_commits"
+#: At most this many rows of a kind are fetched to describe anomalies (counts stay exact).
+DEFAULT_SAMPLE_LIMIT = 100_000
+
+TP = tuple[str | None, int]
+
+
+def quote_ident(name: str) -> str:
+    """Backtick-quote a ClickHouse identifier, escaping backslashes and backticks."""
+    if not name or "\x00" in name:
+        raise ConfigurationError(f"invalid identifier {name!r}")
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def split_table(table: str) -> tuple[str, str]:
+    """``"db.t"`` → ``("db", "t")``; the table name may contain dots, the database may not."""
+    db, dot, t = table.partition(".")
+    if not dot or not db or not t:
+        raise ConfigurationError(f"table {table!r}: expected database.table")
+    return db, t
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class ClickHouseReader:
+    """A minimal read-only HTTP client: JSON rows, query parameters, read-committed reads.
+
+    The password is sent as a header and never appears in ``repr`` or errors.
+    """
+
+    def __init__(self, url: str, *, user: str = "default", password: str = "",
+                 timeout_s: float = 300.0) -> None:
+        self.url = url.rstrip("/")
+        self.user = user
+        self._password = password
+        self.timeout_s = timeout_s
+        self._http = requests.Session()
+
+    def __repr__(self) -> str:
+        return f"ClickHouseReader(url={self.url!r}, user={self.user!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def rows(self, sql: str, params: Mapping[str, object] | None = None, *,
+             committed: bool = True) -> list[dict[str, Any]]:
+        """Run a SELECT and return its rows as dicts.
+
+        ``committed`` reads with ``implicit_transaction=1`` (only MergeTree-family
+        tables; ``system.*`` needs ``committed=False``).
+        """
+        qp: dict[str, str] = {f"param_{k}": str(v) for k, v in (params or {}).items()}
+        if committed:
+            qp["implicit_transaction"] = "1"
+        headers = {"X-ClickHouse-User": self.user}
+        if self._password:
+            headers["X-ClickHouse-Key"] = self._password
+        # Settings go in the SQL: URL settings next to implicit_transaction make some
+        # servers consult system.settings inside the transaction, which it refuses.
+        body = f"{sql} FORMAT JSONEachRow SETTINGS output_format_json_quote_64bit_integers = 0"
+        try:
+            r = self._http.post(self.url + "/", params=qp, data=body.encode(), headers=headers,
+                                timeout=self.timeout_s)
+        except requests.RequestException as e:
+            raise ServerError(f"cannot reach ClickHouse at {self.url}: {type(e).__name__}") from None
+        if r.status_code != 200:
+            code, name, msg = parse_clickhouse_error(r.text)
+            raise ServerError(f"query failed on {self.url}: {msg}", code=code, name=name)
+        return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+    def columns(self, database: str, table: str) -> dict[str, str]:
+        """Column name → type of ``database.table`` (empty if the table does not exist)."""
+        out = self.rows("SELECT name, type FROM system.columns WHERE database = {d:String} "
+                        "AND table = {t:String} ORDER BY position", {"d": database, "t": table},
+                        committed=False)
+        return {r["name"]: r["type"] for r in out}
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclasses.dataclass(frozen=True)
+class Anomaly:
+    """One finding. ``first``/``last`` bound the offsets concerned (inclusive), when known."""
+
+    kind: str
+    topic: str | None
+    partition: int | None
+    first: int | None
+    last: int | None
+    count: int
+    detail: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionSummary:
+    """What the table holds for one topic-partition."""
+
+    topic: str | None
+    partition: int
+    rows: int
+    distinct: int
+    min_offset: int
+    max_offset: int
+    expected_start: int | None = None
+    expected_end: int | None = None  # exclusive: the next offset to be produced
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """Everything :func:`verify` found; ``clean`` is the verdict."""
+
+    table: str
+    rows: int
+    distinct: int
+    partitions: tuple[PartitionSummary, ...]
+    anomalies: tuple[Anomaly, ...]
+    checks: tuple[str, ...]
+    markers: Mapping[str, object] | None = None
+
+    @property
+    def clean(self) -> bool:
+        return not self.anomalies
+
+    def count(self, kind: str) -> int:
+        """Total ``count`` of anomalies of ``kind`` (e.g. duplicate rows, missing offsets)."""
+        return sum(a.count for a in self.anomalies if a.kind == kind)
+
+    @property
+    def duplicates(self) -> int:
+        """Rows beyond the first of every stored offset."""
+        return self.count("duplicate")
+
+    @property
+    def missing(self) -> int:
+        """Offsets that should be stored and are not."""
+        return self.count("gap")
+
+    def to_json(self) -> dict:
+        kinds = sorted({a.kind for a in self.anomalies})
+        return {
+            "table": self.table,
+            "clean": self.clean,
+            "rows": self.rows,
+            "distinct": self.distinct,
+            "duplicates": self.duplicates,
+            "missing": self.missing,
+            "counts": {k: self.count(k) for k in kinds},
+            "checks": list(self.checks),
+            "partitions": [p.to_json() for p in self.partitions],
+            "anomalies": [a.to_json() for a in self.anomalies],
+            "markers": dict(self.markers) if self.markers is not None else None,
+        }
+
+    def summary(self) -> str:
+        """A few human lines: verdict, counts per kind, the first anomalies."""
+        head = (f"{self.table}: {self.rows} rows, {self.distinct} distinct offsets in "
+                f"{len(self.partitions)} partitions; checks: {', '.join(self.checks)}")
+        if self.clean:
+            return head + "\nCLEAN: no duplicates, gaps, overlaps or uncommitted decisions"
+        lines = [head, "ANOMALIES: " + ", ".join(
+            f"{k}={self.count(k)}" for k in sorted({a.kind for a in self.anomalies}))]
+        for a in self.anomalies[:20]:
+            where = f"{a.topic}[{a.partition}]" if a.partition is not None else "-"
+            rng = f" offsets {a.first}..{a.last}" if a.first is not None else ""
+            lines.append(f"  {a.kind:<22} {where}{rng}: {a.detail}")
+        if len(self.anomalies) > 20:
+            lines.append(f"  ... and {len(self.anomalies) - 20} more")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- expected
+
+
+def parse_expected(spec: str | Mapping[str, Mapping[str, object]] | None) -> dict[TP, tuple[int, int]]:
+    """End offsets per topic-partition → ``{(topic, partition): (start, end)}``.
+
+    Accepts ``{"topic": {"0": end, "1": [start, end]}}`` (end exclusive, as Kafka's
+    end offsets; start defaults to 0), as JSON text, a path to a JSON file, or a dict.
+    """
+    if spec is None:
+        return {}
+    doc: object = spec
+    if isinstance(spec, str):
+        text = spec
+        if not spec.lstrip().startswith("{") and os.path.exists(spec):
+            with open(spec) as fh:
+                text = fh.read()
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise ConfigurationError(f"--expected is not JSON (or a JSON file): {e}") from None
+    if not isinstance(doc, Mapping):
+        raise ConfigurationError('--expected must be {"topic": {"partition": end_offset}}')
+    out: dict[TP, tuple[int, int]] = {}
+    for topic, parts in doc.items():
+        if not isinstance(parts, Mapping):
+            raise ConfigurationError(f"--expected: topic {topic!r} must map partitions to end offsets")
+        for p, v in parts.items():
+            try:
+                if isinstance(v, (list, tuple)) and len(v) == 2:
+                    start, end = int(v[0]), int(v[1])
+                else:
+                    start, end = 0, int(v)  # type: ignore[arg-type]
+                part = int(p)
+            except (TypeError, ValueError):
+                raise ConfigurationError(f"--expected: {topic!r}[{p!r}] = {v!r} is not an offset "
+                                         "or [start, end]") from None
+            if start < 0 or end < start:
+                raise ConfigurationError(f"--expected: {topic!r}[{p}] has start {start} > end {end}")
+            out[(str(topic), part)] = (start, end)
+    return out
+
+
+# --------------------------------------------------------------------------- pure checks
+
+
+def runs(sorted_offsets: Iterable[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of sorted distinct integers as inclusive ``(first, last)`` pairs."""
+    out: list[tuple[int, int]] = []
+    for o in sorted_offsets:
+        if out and o == out[-1][1] + 1:
+            out[-1] = (out[-1][0], o)
+        else:
+            out.append((o, o))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """The offsets one committed insert stored in one topic-partition."""
+
+    key: str  # the segment column's value, ordered as committed
+    first: int
+    last: int
+    rows: int
+
+
+def check_segments(topic: str | None, partition: int, segments: Sequence[Segment]) -> list[Anomaly]:
+    """eBay's checks between consecutive committed ranges of one topic-partition.
+
+    ``segments`` must be in commit order. Next range ``[a, b]`` after ``[p, q]``:
+    ``a == q + 1`` is clean; ``a > q + 1`` a gap; ``b < p`` backward; else overlap.
+    A segment holding fewer rows than its range is reported by the table-wide gap check.
+    """
+    out: list[Anomaly] = []
+    for prev, cur in zip(segments, segments[1:]):
+        if cur.first == prev.last + 1:
+            continue
+        if cur.first > prev.last + 1:
+            out.append(Anomaly("gap", topic, partition, prev.last + 1, cur.first - 1,
+                               cur.first - prev.last - 1,
+                               f"insert {cur.key} starts at {cur.first}, after insert {prev.key} ended at {prev.last}"))
+        elif cur.last < prev.first:
+            out.append(Anomaly("backward", topic, partition, cur.first, cur.last, cur.rows,
+                               f"insert {cur.key} [{cur.first}, {cur.last}] lies before the earlier "
+                               f"insert {prev.key} [{prev.first}, {prev.last}]"))
+        else:
+            lo, hi = max(cur.first, prev.first), min(cur.last, prev.last)
+            out.append(Anomaly("overlap", topic, partition, lo, hi, max(0, hi - lo + 1),
+                               f"insert {cur.key} [{cur.first}, {cur.last}] overlaps the earlier "
+                               f"insert {prev.key} [{prev.first}, {prev.last}]"))
+    return out
+
+
+def check_expected(summaries: Mapping[TP, PartitionSummary],
+                   expected: Mapping[TP, tuple[int, int]]) -> list[Anomaly]:
+    """Head/tail gaps, missing partitions and offsets past the expected end."""
+    out: list[Anomaly] = []
+    for tp, (start, end) in sorted(expected.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        s = summaries.get(tp)
+        if s is None:
+            if end > start:
+                out.append(Anomaly("gap", tp[0], tp[1], start, end - 1, end - start,
+                                   "partition has no rows at all"))
+            continue
+        if s.min_offset > start:
+            out.append(Anomaly("gap", tp[0], tp[1], start, s.min_offset - 1, s.min_offset - start,
+                               f"head missing: first stored offset is {s.min_offset}, expected {start}"))
+        if s.max_offset < end - 1:
+            out.append(Anomaly("gap", tp[0], tp[1], s.max_offset + 1, end - 1, end - 1 - s.max_offset,
+                               f"tail missing: last stored offset is {s.max_offset}, expected {end - 1}"))
+        if s.min_offset < start:
+            out.append(Anomaly("unexpected", tp[0], tp[1], s.min_offset, start - 1, start - s.min_offset,
+                               f"offsets below the expected start {start}"))
+        if s.max_offset >= end:
+            out.append(Anomaly("unexpected", tp[0], tp[1], end, s.max_offset, s.max_offset - end + 1,
+                               f"offsets at or past the expected end {end}"))
+    for tp, s in sorted(summaries.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        if expected and tp not in expected:
+            out.append(Anomaly("unexpected", tp[0], tp[1], s.min_offset, s.max_offset, s.rows,
+                               "partition not in the expected offsets"))
+    return out
+
+
+# --------------------------------------------------------------------------- verify
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cols:
+    topic: str | None
+    partition: str
+    offset: str
+
+    def key_sql(self) -> str:
+        t = quote_ident(self.topic) if self.topic else "''"
+        return f"{t} AS topic, {quote_ident(self.partition)} AS partition, {quote_ident(self.offset)} AS offset"
+
+
+def _tp(cols: _Cols, r: Mapping[str, Any]) -> TP:
+    return (r["topic"] if cols.topic else None, int(r["partition"]))
+
+
+def verify(url: str, table: str, *, topic_col: str | None = "topic", partition_col: str = "partition",
+           offset_col: str = "offset", expected: Mapping[TP, tuple[int, int]] | None = None,
+           segment_col: str | None = None, txn_id: str | None = None,
+           checkpoint: str | None = None, markers: bool | None = None,
+           user: str = "default", password: str = "",
+           sample_limit: int = DEFAULT_SAMPLE_LIMIT) -> VerifyReport:
+    """Check ``table`` for exactly-once anomalies (see the module docstring).
+
+    Parameters
+    ----------
+    url, table:
+        The ClickHouse HTTP endpoint and ``db.table`` to check.
+    topic_col, partition_col, offset_col:
+        Where the Kafka coordinates are stored; ``topic_col=None`` for tables without one.
+    expected:
+        From :func:`parse_expected`: the offsets that must be present, exactly once.
+    segment_col:
+        A column constant within one committed insert (see the module docstring).
+    txn_id:
+        Restrict marker and decision checks to this query's transactional id.
+    checkpoint:
+        The query's ``checkpointLocation``: check its decision logs against the markers.
+    markers:
+        Check the markers table: None = when it exists, True = it must exist.
+
+    Raises
+    ------
+    ConfigurationError
+        The table or a named column does not exist.
+    ServerError
+        ClickHouse refused a query or could not be reached.
+    """
+    db, t = split_table(table)
+    ch = ClickHouseReader(url, user=user, password=password)
+    try:
+        types = ch.columns(db, t)
+        if not types:
+            raise ConfigurationError(f"table {table} does not exist on {url}")
+        for opt, c in (("topic column", topic_col), ("partition column", partition_col),
+                       ("offset column", offset_col), ("segment column", segment_col)):
+            if c and c not in types:
+                raise ConfigurationError(f"{opt} {c!r} is not a column of {table} "
+                                         f"(columns: {', '.join(types)})")
+        cols = _Cols(topic_col or None, partition_col, offset_col)
+        if expected and not cols.topic:
+            # a table without a topic column is checked by partition alone
+            expected = {(None, p): v for (_, p), v in expected.items()}
+        src = f"{quote_ident(db)}.{quote_ident(t)}"
+        key = cols.key_sql()
+        checks = ["duplicates", "gaps"]
+        anomalies: list[Anomaly] = []
+
+        parts = ch.rows(f"SELECT topic, partition, count() AS rows, uniqExact(offset) AS distinct, "
+                        f"min(offset) AS lo, max(offset) AS hi FROM (SELECT {key} FROM {src}) "
+                        f"GROUP BY topic, partition ORDER BY topic, partition")
+        summaries: dict[TP, PartitionSummary] = {}
+        for r in parts:
+            tp = _tp(cols, r)
+            se = (expected or {}).get(tp)
+            summaries[tp] = PartitionSummary(tp[0], tp[1], int(r["rows"]), int(r["distinct"]),
+                                             int(r["lo"]), int(r["hi"]),
+                                             se[0] if se else None, se[1] if se else None)
+        total = sum(s.rows for s in summaries.values())
+        distinct = sum(s.distinct for s in summaries.values())
+
+        # duplicates: exact counts per partition, ranges from a bounded sample
+        if total != distinct:
+            dups = ch.rows(f"SELECT topic, partition, offset, count() AS c FROM (SELECT {key} FROM {src}) "
+                           f"GROUP BY topic, partition, offset HAVING c > 1 "
+                           f"ORDER BY topic, partition, offset LIMIT {int(sample_limit)}")
+            by_tp: dict[TP, list[tuple[int, int]]] = {}
+            for r in dups:
+                by_tp.setdefault(_tp(cols, r), []).append((int(r["offset"]), int(r["c"])))
+            for tp, s in summaries.items():
+                extra = s.rows - s.distinct
+                if not extra:
+                    continue
+                sample = by_tp.get(tp, [])
+                copies = dict(sample)
+                rs = runs(o for o, _ in sample)
+                if not rs:
+                    anomalies.append(Anomaly("duplicate", tp[0], tp[1], None, None, extra,
+                                             f"{extra} duplicate rows (beyond the sample limit)"))
+                    continue
+                shown = 0
+                for a, b in rs:
+                    n = sum(copies[o] - 1 for o in range(a, b + 1))
+                    shown += n
+                    anomalies.append(Anomaly("duplicate", tp[0], tp[1], a, b, n,
+                                             f"{b - a + 1} offsets stored {max(copies[o] for o in range(a, b + 1))}x"
+                                             if b > a else f"offset stored {copies[a]}x"))
+                if shown < extra:
+                    anomalies.append(Anomaly("duplicate", tp[0], tp[1], None, None, extra - shown,
+                                             "more duplicate rows beyond the sample limit"))
+
+        # gaps inside what is stored
+        holes = {tp: s.max_offset - s.min_offset + 1 - s.distinct for tp, s in summaries.items()}
+        if any(holes.values()):
+            gaps = ch.rows(
+                f"SELECT topic, partition, prev + 1 AS first, offset - 1 AS last FROM ("
+                f"SELECT topic, partition, offset, "
+                f"lagInFrame(offset) OVER (PARTITION BY topic, partition ORDER BY offset "
+                f"ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS prev, "
+                f"row_number() OVER (PARTITION BY topic, partition ORDER BY offset) AS rn "
+                f"FROM (SELECT DISTINCT {key} FROM {src})) WHERE rn > 1 AND offset - prev > 1 "
+                f"ORDER BY topic, partition, first LIMIT {int(sample_limit)}")
+            shown_by: dict[TP, int] = {}
+            for r in gaps:
+                tp = _tp(cols, r)
+                n = int(r["last"]) - int(r["first"]) + 1
+                shown_by[tp] = shown_by.get(tp, 0) + n
+                anomalies.append(Anomaly("gap", tp[0], tp[1], int(r["first"]), int(r["last"]), n,
+                                         "offsets missing between stored ones"))
+            for tp, n in holes.items():
+                if n > shown_by.get(tp, 0):
+                    anomalies.append(Anomaly("gap", tp[0], tp[1], None, None, n - shown_by.get(tp, 0),
+                                             "more missing offsets beyond the sample limit"))
+
+        if expected:
+            checks.append("expected offsets")
+            anomalies.extend(check_expected(summaries, expected))
+
+        if segment_col:
+            checks.append(f"segments by {segment_col}")
+            seg = ch.rows(
+                f"SELECT topic, partition, toString(seg) AS seg, min(offset) AS first, max(offset) AS last, "
+                f"count() AS rows FROM (SELECT {key}, {quote_ident(segment_col)} AS seg FROM {src}) "
+                f"GROUP BY topic, partition, seg ORDER BY topic, partition, seg, first "
+                f"LIMIT {int(sample_limit)}")
+            grouped: dict[TP, list[Segment]] = {}
+            for r in seg:
+                grouped.setdefault(_tp(cols, r), []).append(
+                    Segment(r["seg"], int(r["first"]), int(r["last"]), int(r["rows"])))
+            for tp, segs in sorted(grouped.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+                found = check_segments(tp[0], tp[1], segs)
+                # a gap between inserts is already a table gap; keep overlap/backward only
+                anomalies.extend(a for a in found if a.kind != "gap")
+
+        marker_info: dict[str, object] | None = None
+        mtypes = ch.columns(db, MARKERS_TABLE)
+        if markers and not mtypes:
+            raise ConfigurationError(f"the markers table {db}.{MARKERS_TABLE} does not exist")
+        if mtypes and markers is not False:
+            checks.append("markers")
+            marker_info, found = _check_markers(ch, db, t, mtypes, total, txn_id)
+            anomalies.extend(found)
+            if checkpoint:
+                checks.append("decision logs")
+                anomalies.extend(_check_decisions(ch, db, mtypes, checkpoint, txn_id))
+        elif checkpoint:
+            raise ConfigurationError(f"checking the decision logs of {checkpoint} needs the markers "
+                                     f"table {db}.{MARKERS_TABLE}, which does not exist")
+        return VerifyReport(table=table, rows=total, distinct=distinct,
+                            partitions=tuple(summaries[k] for k in sorted(summaries, key=lambda x: (str(x[0]), x[1]))),
+                            anomalies=tuple(anomalies), checks=tuple(checks), markers=marker_info)
+    finally:
+        ch.close()
+
+
+def _marker_filter(db: str, t: str, mtypes: Mapping[str, str], txn_id: str | None) -> tuple[str, dict]:
+    conds, params = [], {}
+    if "table" in mtypes:
+        # markers name the target as "db.table" or as the bare table
+        conds.append("(`table` = {mt_full:String} OR `table` = {mt_bare:String})")
+        params.update(mt_full=f"{db}.{t}", mt_bare=t)
+    if txn_id:
+        conds.append("txn_id = {mt_txn:String}")
+        params["mt_txn"] = txn_id
+    return (" WHERE " + " AND ".join(conds)) if conds else "", params
+
+
+def _check_markers(ch: ClickHouseReader, db: str, t: str, mtypes: Mapping[str, str], table_rows: int,
+                   txn_id: str | None) -> tuple[dict[str, object], list[Anomaly]]:
+    src = f"{quote_ident(db)}.{quote_ident(MARKERS_TABLE)}"
+    where, params = _marker_filter(db, t, mtypes, txn_id)
+    out: list[Anomaly] = []
+    agg = ch.rows(f"SELECT count() AS markers, sum(`rows`) AS rows, uniqExact(txn_id) AS txns "
+                  f"FROM {src}{where}", params)[0]
+    info: dict[str, object] = {"markers": int(agg["markers"]), "rows": int(agg["rows"] or 0),
+                               "txn_ids": int(agg["txns"])}
+    doubles = ch.rows(f"SELECT txn_id, batch, `partition` AS p, groupArray(xid) AS xids FROM {src}{where} "
+                      f"GROUP BY txn_id, batch, p HAVING count() > 1 ORDER BY txn_id, batch, p LIMIT 1000",
+                      params)
+    for r in doubles:
+        out.append(Anomaly("double_commit", None, None, None, None, len(r["xids"]) - 1,
+                           f"txn {r['txn_id']} batch {r['batch']} spark partition {r['p']} committed "
+                           f"by {len(r['xids'])} xids: {', '.join(r['xids'])}"))
+    # Only a table filled by this one query can be compared with its markers' row counts.
+    if int(agg["markers"]) and int(agg["rows"] or 0) != table_rows and (txn_id is None or int(agg["txns"]) == 1):
+        out.append(Anomaly("marker_count_mismatch", None, None, None, None,
+                           abs(int(agg["rows"] or 0) - table_rows),
+                           f"markers account for {int(agg['rows'] or 0)} rows, the table holds {table_rows}"))
+    return info, out
+
+
+def _check_decisions(ch: ClickHouseReader, db: str, mtypes: Mapping[str, str], checkpoint: str,
+                     txn_id: str | None) -> list[Anomaly]:
+    """Every xid a decision log names must have a visible marker (every mode but none)."""
+    import pyarrow.fs as pafs
+
+    from clickhouse_tx.decision_log import FileDecisionLog, _filesystem
+
+    # the writer's logs live at <checkpointLocation>/clickhouse_tx/<txn_id>/
+    fs, root = _filesystem(checkpoint)
+    base = f"{root.rstrip('/')}/clickhouse_tx"
+    if txn_id:
+        txns = [txn_id]
+    else:
+        infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+        txns = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+    src = f"{quote_ident(db)}.{quote_ident(MARKERS_TABLE)}"
+    out: list[Anomaly] = []
+    for txn in txns:
+        lg = FileDecisionLog(checkpoint, txn)
+        seen = {r["xid"] for r in ch.rows(f"SELECT xid FROM {src} WHERE txn_id = {{tx:String}}", {"tx": txn})}
+        for b in sorted(lg.batches()):
+            d = lg.read(b)
+            if d is None:
+                continue
+            missing = [p for p in d.chosen if p.xid not in seen and p.mode.value != "none"]
+            if missing:
+                state = "marked done" if d.done else "not marked done (a replay would roll it forward)"
+                out.append(Anomaly("decided_not_committed", None, None, None, None, len(missing),
+                                   f"txn {txn} batch {b} (decision v{d.version}, {state}): no marker for "
+                                   + ", ".join(f"partition {p.partition} xid {p.xid}" for p in missing)))
+    return out
