@@ -72,14 +72,16 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 T = TypeVar("T")
 
+# Kafka never leaves topic, partition, offset or timestamp empty: declaring them
+# non-nullable lets them land in non-Nullable ClickHouse columns without an override.
 SCHEMA = StructType([
     StructField("key", BinaryType(), True),
     StructField("value", BinaryType(), True),
-    StructField("topic", StringType(), True),
-    StructField("partition", IntegerType(), True),
-    StructField("offset", LongType(), True),
-    StructField("timestamp", TimestampType(), True),
-    StructField("timestampType", IntegerType(), True),
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("offset", LongType(), False),
+    StructField("timestamp", TimestampType(), False),
+    StructField("timestampType", IntegerType(), False),
     StructField("headers", ArrayType(StructType([
         StructField("key", StringType(), True),
         StructField("value", BinaryType(), True),
