@@ -59,6 +59,10 @@ _SELECT = ", ".join(q.quote_identifier(c) for c in _NAMES)
 READ_COMMITTED = " SETTINGS implicit_transaction = 1"
 
 
+# Tables this process has created or seen (Spark reuses Python workers across tasks).
+_CREATED: set[tuple[str, str]] = set()
+
+
 class CommitMarkers:
     """The markers table of one target database.
 
@@ -82,6 +86,9 @@ class CommitMarkers:
 
     def ensure_table(self) -> None:
         """Create the markers table if missing (idempotent; not inside a transaction)."""
+        key = (self.target.url, self.fq)
+        if key in _CREATED:
+            return
         cols = ", ".join(f"{q.quote_identifier(c)} {t}" for c, t in _COLUMNS)
         ddl = (f"CREATE TABLE IF NOT EXISTS {self.fq} ({cols}) ENGINE = MergeTree "
                f"ORDER BY (txn_id, batch, `partition`, xid)")
@@ -90,6 +97,7 @@ class CommitMarkers:
         except ServerError as e:
             if e.code != TABLE_ALREADY_EXISTS:
                 raise
+        _CREATED.add(key)
 
     def insert_sql(self, p: Prepared) -> str:
         """The ``INSERT`` of ``p``'s marker (run it through any client/session)."""

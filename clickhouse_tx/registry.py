@@ -84,6 +84,11 @@ def keeper_path_for(database: str, table: str) -> str:
     return f"/clickhouse_tx/{safe}-{digest}"
 
 
+# Tables this process has created or seen: Spark reuses Python workers, and every
+# task builds a fresh registry, so without this each task repeats the DDL round trip.
+_CREATED: set[tuple[str, str]] = set()
+
+
 class KeeperMapRegistry:
     """Durable, linearizable xid -> state map (implements :class:`RegistryIO`).
 
@@ -152,7 +157,9 @@ class KeeperMapRegistry:
 
     def ensure_table(self) -> None:
         """Create the KeeperMap table if it is missing (idempotent, race-safe)."""
-        if self._ready:
+        key = (self.target.url, self._fq)
+        if self._ready or key in _CREATED:
+            self._ready = True
             return
         cols = ", ".join(f"{q.quote_identifier(c)} {t}" for c, t in _COLUMNS)
         ddl = (f"CREATE TABLE IF NOT EXISTS {self._fq} ({cols}) "
@@ -164,6 +171,7 @@ class KeeperMapRegistry:
             if e.code != TABLE_ALREADY_EXISTS:  # a concurrent creator won: fine
                 raise
         self._ready = True
+        _CREATED.add(key)
 
     # ------------------------------------------------------------------ RegistryIO
 
