@@ -71,14 +71,18 @@ def parse_xid(xid: str) -> XidParts:
 
 
 def default_txn_id(query_name: str | None, checkpoint_location: str | None) -> str:
-    """The txn_id of a query: its ``queryName``, else a hash of its ``checkpointLocation``.
+    """The txn_id of a streaming query: ``<queryName>-<hash>`` or ``chk-<hash>``.
 
-    Runs on the driver when options are parsed. The txn_id must be stable across
-    restarts of the same query, which both of these are.
+    Runs on the driver when options are parsed. The hash is of the checkpoint location,
+    which is stable across restarts of the same query; it keeps a query restarted from
+    scratch (same name, new checkpoint, batch ids from 0 again) from meeting its
+    predecessor's decisions and markers.
     """
+    if not checkpoint_location:
+        raise ConfigurationError(
+            "cannot derive txn_id: set option 'checkpointLocation' (or 'transactional_id')")
+    h = _short_hash(checkpoint_location, 16)
     if query_name:
-        return sanitize_txn(query_name)
-    if checkpoint_location:
-        return "chk_" + _short_hash(checkpoint_location.rstrip("/"), 16)
-    raise ConfigurationError(
-        "cannot derive txn_id: set option 'txn_id', 'queryName' or 'checkpointLocation'")
+        name = re.sub(r"[^A-Za-z0-9_.\-]", "_", query_name)[:96] or "q"
+        return f"{name}-{h}"
+    return f"chk-{h}"

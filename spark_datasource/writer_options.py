@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import math
 import os
 import re
@@ -31,6 +30,7 @@ import uuid
 from typing import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from clickhouse_tx.ids import default_txn_id
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode, Target
 
@@ -115,11 +115,6 @@ def _redact_url(v: str) -> str:
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit((parts.scheme, ("***@" if "@" in parts.netloc else "") + host,
                        parts.path, "", ""))
-
-
-def _sanitise_id(raw: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_.\-]", "_", raw)[:96]
-    return s or "q"
 
 
 def _batch_log(txn: str) -> str:
@@ -283,10 +278,7 @@ class WriterOptions:
                     "a streaming write needs .option('checkpointLocation', ...) on the writer "
                     "(a checkpoint set through spark.sql.streaming.checkpointLocation is not "
                     "passed to data sources), or explicit transactional_id and decision_log")
-            # The checkpoint hash keeps a restarted-from-scratch query (same name, new
-            # checkpoint, batch ids from 0 again) from meeting its predecessor's markers.
-            h = hashlib.sha256(chk.encode()).hexdigest()[:16]
-            txn = f"{_sanitise_id(qname)}-{h}" if qname else f"chk-{h}"
+            txn = default_txn_id(qname, chk)
         else:
             txn = f"batch-{uuid.uuid4().hex}"
 

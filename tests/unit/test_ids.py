@@ -46,10 +46,11 @@ def test_negative_numbers_and_foreign_strings_are_refused() -> None:
         parse_xid("q-b1-p2")
 
 
-def test_default_txn_id_prefers_the_query_name_then_hashes_the_checkpoint() -> None:
-    assert default_txn_id("events", "/chk/a") == "events"
+def test_default_txn_id_is_the_query_name_with_a_hash_of_the_checkpoint() -> None:
+    named = default_txn_id("events", "/chk/a")
+    assert named.startswith("events-") and named != default_txn_id("events", "/chk/b")
     a = default_txn_id(None, "/chk/a")
-    assert a == default_txn_id("", "/chk/a/") and a.startswith("chk_")
-    assert a != default_txn_id(None, "/chk/b")
+    assert a.startswith("chk-") and a != default_txn_id(None, "/chk/b")
+    assert default_txn_id("bad name/1", "/chk/a").startswith("bad_name_1-")
     with pytest.raises(ConfigurationError, match="checkpointLocation"):
-        default_txn_id(None, None)
+        default_txn_id("events", None)
