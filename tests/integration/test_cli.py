@@ -1,0 +1,88 @@
+"""``python -m clickhouse_tx status|gc|recover`` against the real local server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+from clickhouse_tx import sql as q
+from clickhouse_tx.factory import build_coordinator, build_mode_io
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.interfaces import Decision, Target, WriteContext
+from clickhouse_tx.decision_log import FileDecisionLog
+from clickhouse_tx.registry import KeeperMapRegistry
+from clickhouse_tx.state import TxState
+
+TXN = "cli"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clickhouse_tx", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _setup(clickhouse_url: str, database: str) -> tuple[Target, ClickHouseHTTP]:
+    admin = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="events"))
+    admin.command(f"CREATE TABLE {q.qualified(database, 'events')} (id UInt64) ENGINE = MergeTree ORDER BY id")
+    return Target(url=clickhouse_url, database=database, table="events"), admin
+
+
+def _batch(first: int, n: int = 100) -> list[pa.RecordBatch]:
+    return pa.table({"id": pa.array(range(first, first + n), pa.uint64())}).to_batches()
+
+
+def _visible(admin: ClickHouseHTTP, target: Target) -> int:
+    return int(admin.command(f"SELECT count() FROM {q.qualified(target.database, target.table)} "
+                             "SETTINGS implicit_transaction = 1").strip())
+
+
+def test_status_counts_open_prepares_and_gc_rolls_back_the_ones_no_decision_names(
+        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    target, admin = _setup(clickhouse_url, database)
+    coord = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    stale = [coord.prepare(WriteContext(TXN, 3, p, 0), iter(_batch(100 * p))) for p in range(2)]
+    common = ["--url", clickhouse_url, "--table", f"{database}.events"]
+
+    status = _cli("status", *common, "--json")
+    assert status.returncode == 0, status.stderr
+    summary = json.loads(status.stdout)
+    assert summary["open_by_state"] == {TxState.INITIALIZED.value: 2}
+
+    gc = _cli("gc", *common, "--mode", "transaction", "--checkpoint", str(tmp_path),
+              "--older-than", "0", "--json")
+    assert gc.returncode == 0, gc.stderr
+    assert sorted(json.loads(gc.stdout)["rolled_back"]) == sorted(p.xid for p in stale)
+
+    registry = KeeperMapRegistry(target)
+    assert {registry.get(p.xid).state for p in stale} == {TxState.ABORTED.value}
+    assert _visible(admin, target) == 0
+    after = json.loads(_cli("status", *common, "--json").stdout)
+    assert after["open_by_state"] == {}
+
+
+def test_recover_rolls_forward_a_decided_xid_a_dead_driver_left_committing(
+        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    target, admin = _setup(clickhouse_url, database)
+    coord = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    p = coord.prepare(WriteContext(TXN, 5, 0, 0), iter(_batch(0)))
+    # The driver wrote the decision and moved the xid to COMMITTING, then died before COMMIT.
+    FileDecisionLog(str(tmp_path), TXN).write(Decision(txn_id=TXN, batch=5, chosen=(p,)))
+    registry = KeeperMapRegistry(target)
+    assert registry.transition(p.xid, [TxState.INITIALIZED.value], TxState.COMMITTING.value)
+    assert _visible(admin, target) == 0
+
+    rec = _cli("recover", "--url", clickhouse_url, "--table", f"{database}.events", "--mode", "transaction",
+               "--checkpoint", str(tmp_path), "--json")
+    assert rec.returncode == 0, rec.stderr
+    assert json.loads(rec.stdout)["committed"] == [p.xid]
+    assert registry.get(p.xid).state == TxState.COMMITTED.value
+    assert _visible(admin, target) == 100
+    # A second pass finds nothing in doubt and changes nothing.
+    again = json.loads(_cli("recover", "--url", clickhouse_url, "--table", f"{database}.events", "--mode",
+                            "transaction", "--checkpoint", str(tmp_path), "--json").stdout)
+    assert again["committed"] == [] and _visible(admin, target) == 100
+    assert build_mode_io("transaction").lookup(target, p).value == "committed"
