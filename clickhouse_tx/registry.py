@@ -264,6 +264,43 @@ class KeeperMapRegistry:
             # moved it between two expected states. Try again on the fresh version.
         raise OutcomeUnknownError(f"CAS to {new} kept losing races", xid=xid)
 
+    def transition_many(self, xids: Sequence[str], expected: Sequence[str], new: str,
+                        payload: Mapping[str, object] | None = None) -> list[str]:
+        """One compare-and-set over many xids: the ones this call moved to ``new``.
+
+        Driver, once or twice per batch commit. One ``ALTER ... WHERE xid IN (...)``
+        (strict mode: each key's write is version-checked, and the multi-request fails
+        whole on a concurrent change) and one read of the tokens. Xids not returned were
+        not moved by this call (another state, a lost race, a lost reply): the caller
+        decides each of those with :meth:`transition`/:meth:`get`.
+        """
+        xids = list(dict.fromkeys(xids))
+        expected = [str(e) for e in expected]
+        if not xids or not expected:
+            return []
+        self.ensure_table()
+        token = uuid.uuid4().hex
+        sets = [f"{q.quote_identifier('state')} = {q.quote_string(str(new))}",
+                f"{q.quote_identifier('cas_token')} = {q.quote_string(token)}",
+                f"{q.quote_identifier('updated_ms')} = {self._now_ms()}"]
+        if payload is not None:
+            sets.append(f"{q.quote_identifier('payload')} = "
+                        f"{q.quote_string(json.dumps(dict(payload), sort_keys=True))}")
+        sql = (f"ALTER TABLE {self._fq} UPDATE {', '.join(sets)} "
+               f"WHERE {q.quote_identifier('xid')} IN {q.quote_strings(xids)} "
+               f"AND {q.quote_identifier('state')} IN {q.quote_strings(expected)}")
+        try:
+            self.client.command(sql, settings=_STRICT)
+        except ReplyLostError:
+            pass  # the read below tells what landed
+        except ServerError as e:
+            if not (e.code == KEEPER_EXCEPTION and "Bad version" in e.message):
+                raise
+            return []  # a concurrent writer changed one of them: nothing of ours landed
+        rows = self.client.query_json(
+            f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}")
+        return [str(r["xid"]) for r in rows if r["cas_token"] == token]
+
     def get(self, xid: str) -> RegistryEntry | None:
         """The entry of ``xid`` or None."""
         return self._get_with_token(xid)[0]

@@ -210,6 +210,24 @@ class FakeRegistry:
         self._hit("transition", "after")
         return True
 
+    def transition_many(self, xids: Sequence[str], expected: Sequence[str], new: str,
+                        payload: Mapping[str, object] | None = None) -> list[str]:
+        """Atomic over all keys, as KeeperMap's strict multi-request is; faults around it."""
+        self._hit("transition_many", "before")
+        moved = []
+        for xid in dict.fromkeys(xids):
+            e = self.entries.get(xid)
+            if e is None or e.state not in expected:
+                continue
+            next_state(e.state, new, xid=xid)
+            merged = dict(e.payload)
+            merged.update(payload or {})
+            self.entries[xid] = dataclasses.replace(e, state=new, payload=merged,
+                                                    updated_ms=int(self.clock() * 1000))
+            moved.append(xid)
+        self._hit("transition_many", "after")
+        return moved
+
     def get(self, xid: str) -> RegistryEntry | None:
         self._hit("get", "before")
         return self.entries.get(xid)
