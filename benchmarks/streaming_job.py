@@ -74,6 +74,9 @@ def build_session():  # -> SparkSession
     """``local[2]`` session, UI off, this interpreter on the workers (driver, once)."""
     from pyspark.sql import SparkSession
 
+    # fault.action=kill must take the whole driver (Python and JVM), not only the
+    # pyspark worker daemon's own process group (see clickhouse_tx.faults).
+    os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-pipeline")

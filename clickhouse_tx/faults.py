@@ -9,6 +9,11 @@ driver's Python, its JVM and workers when the job was started in its own session
 
 A plan fires at most once per ``once_file``: the file is created just before the action,
 so a restarted query is not killed again at the same step.
+
+``kill`` and Spark: pyspark's worker daemon moves itself and its workers into a process
+group of their own, so the group of the process that hits the fault is not the driver's.
+A job that wants the driver killed exports ``CLICKHOUSE_TX_KILL_PGID`` (its own process
+group) before it starts Spark; the JVM and every Python worker inherit it.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 from typing import Iterator, Mapping
 
 import pyarrow as pa
 
 from .interfaces import CommitModeIO, Decision, DecisionLogIO, Prepared, Target, WriteContext
+
+KILL_PGID_ENV = "CLICKHOUSE_TX_KILL_PGID"
 
 STEPS = ("before_decision", "after_decision", "after_commit", "before_mark_done", "after_prepare")
 ACTIONS = ("kill", "exit", "raise")
@@ -72,6 +80,9 @@ class FaultPlan:
             raise InjectedFault(f"injected fault at {step}:{count} of batch {batch}")
         if self.action == "exit":
             os._exit(137)
+        driver = os.environ.get(KILL_PGID_ENV)
+        if driver and int(driver) != os.getpgrp():
+            os.killpg(int(driver), signal.SIGKILL)  # the driver's Python and JVM first
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
@@ -109,6 +120,9 @@ class FaultyModeIO:
         self.plan = plan
         self.mode = inner.mode
         self._commits: dict[int, int] = {}
+        # COMMITs one at a time under a plan, so ``after_commit:N`` fires with exactly N
+        # done and the others not yet sent, even though the coordinator commits in parallel.
+        self._lock = threading.Lock()
 
     def validate(self, target: Target, schema: pa.Schema) -> None:
         self.inner.validate(target, schema)
@@ -120,9 +134,10 @@ class FaultyModeIO:
         return p
 
     def commit(self, target: Target, p: Prepared) -> None:
-        self.inner.commit(target, p)
-        n = self._commits[p.batch] = self._commits.get(p.batch, 0) + 1
-        self.plan.hit("after_commit", p.batch, n)
+        with self._lock:
+            self.inner.commit(target, p)
+            n = self._commits[p.batch] = self._commits.get(p.batch, 0) + 1
+            self.plan.hit("after_commit", p.batch, n)
 
     def rollback(self, target: Target, p: Prepared) -> None:
         self.inner.rollback(target, p)

@@ -157,3 +157,19 @@ def test_a_hostile_registry_table_name_is_quoted(target: Target) -> None:
     assert reg.get("h").xid == "h"
     c = ClickHouseHTTP(target)
     assert c.query_json(f"SELECT count() AS c FROM {q.qualified(target.database, 'reg`istry; DROP')}") == [{"c": 1}]
+
+
+def test_a_bulk_transition_moves_only_the_xids_in_an_expected_state_and_says_which(
+        clickhouse_url: str, database: str) -> None:
+    from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
+    from clickhouse_tx.registry import KeeperMapRegistry
+
+    reg = KeeperMapRegistry(Target(url=clickhouse_url, database=database, table="events"))
+    for i, state in enumerate(["initialized", "initialized", "committed"]):
+        reg.register(RegistryEntry(xid=f"x{i}", txn_id="t", batch=1, partition=i, attempt=0, mode=Mode.TRANSACTION,
+                                   server=clickhouse_url, table=f"{database}.events", state=state))
+    moved = reg.transition_many(["x0", "x1", "x2", "missing"], ["initialized"], "committing", {"v": 2})
+    assert sorted(moved) == ["x0", "x1"]
+    assert [reg.get(x).state for x in ("x0", "x1", "x2")] == ["committing", "committing", "committed"]
+    assert reg.get("x0").payload == {"v": 2} and reg.get("missing") is None
+    assert reg.transition_many(["x0", "x1"], ["initialized"], "committing") == []  # none expected any more

@@ -1,0 +1,169 @@
+"""Benchmark: the same Spark job into ``clickhouse_tx`` in each mode vs a no-op Python Arrow writer.
+
+The job: ``spark.range(rows)`` with 3 columns (Int64 id, Int32 k, Float64 v), local[2],
+one Spark partition per core, appended to a fresh MergeTree table. The no-op writer is
+a trivial ``DataSourceArrowWriter`` that counts rows: the ceiling of any Python writer
+here. ``none`` is the at-least-once baseline (plain INSERT).
+
+Ratios reported: ``transaction / none`` (target >= 0.9) and ``none / noop``
+(target >= 0.6). Each configuration runs ``--repeat`` times; the best run counts.
+
+    python -m benchmarks.spark_write --rows 20000000        # starts its own stack
+    python -m benchmarks.spark_write --url http://127.0.0.1:8123 --rows 1000000
+
+Writes ``benchmarks/results/spark_write.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import pyarrow as pa  # noqa: E402
+import requests  # noqa: E402
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "spark_write.json"
+MODES = ("none", "transaction", "staging", "dedup")
+
+
+class _Count(WriterCommitMessage):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+
+class NoopArrowWriter(DataSourceArrowWriter):
+    """Executor: consume the Arrow batches and count rows; driver: nothing."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> _Count:
+        return _Count(sum(b.num_rows for b in iterator))
+
+    def commit(self, messages) -> None:  # type: ignore[override]
+        pass
+
+    def abort(self, messages) -> None:  # type: ignore[override]
+        pass
+
+
+class NoopDataSource(DataSource):
+    """``format("noop_arrow")``: the ceiling of a Python Arrow writer."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "noop_arrow"
+
+    def writer(self, schema, overwrite: bool) -> NoopArrowWriter:
+        return NoopArrowWriter()
+
+
+def _sql(url: str, text: str) -> str:
+    r = requests.post(url, data=text.encode(), timeout=600)
+    if r.status_code != 200:
+        raise RuntimeError(f"{text!r}: {r.text.strip()}")
+    return r.text
+
+
+def _frame(spark, rows: int):
+    return spark.range(0, rows, 1, 2).selectExpr("id", "cast(id % 1000 as int) as k",
+                                                   "cast(id as double) * 0.5 as v")
+
+
+def run(url: str, rows: int, repeat: int) -> dict:
+    from pyspark.sql import SparkSession
+
+    import spark_datasource
+
+    spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_datasource.register(spark)
+    spark.dataSource.register(NoopDataSource)
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    _sql(url, f"CREATE DATABASE {db}")
+    results: dict[str, dict] = {}
+    try:
+        _frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
+        best = None
+        for _ in range(repeat):
+            t = time.perf_counter()
+            _frame(spark, rows).write.format("noop_arrow").mode("append").save()
+            best = min(best or 1e9, time.perf_counter() - t)
+        results["noop"] = {"seconds": best, "rows_per_s": rows / best}
+        print(f"noop: {rows / best:,.0f} rows/s", flush=True)
+        for mode in MODES:
+            best = None
+            for i in range(repeat):
+                table = f"{mode}_{i}"
+                settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""
+                _sql(url, f"CREATE TABLE {db}.{table} (id Int64, k Int32, v Float64) "
+                          f"ENGINE = MergeTree ORDER BY id{settings}")
+                t = time.perf_counter()
+                (_frame(spark, rows).write.format("clickhouse_tx").option("url", url)
+                 .option("database", db).option("table", table).option("mode", mode)
+                 .option("allow_nullable_into_non_nullable", "true").mode("append").save())
+                elapsed = time.perf_counter() - t
+                got = int(_sql(url, f"SELECT count() FROM {db}.{table} SETTINGS implicit_transaction = 1").strip())
+                if got != rows:
+                    raise RuntimeError(f"mode {mode}: {got} rows in the table, expected {rows}")
+                _sql(url, f"DROP TABLE {db}.{table} SYNC")
+                best = min(best or 1e9, elapsed)
+            results[mode] = {"seconds": best, "rows_per_s": rows / best}
+            print(f"{mode}: {rows / best:,.0f} rows/s", flush=True)
+    finally:
+        _sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
+        spark.stop()
+    ratios = {
+        "transaction_over_none": results["transaction"]["rows_per_s"] / results["none"]["rows_per_s"],
+        "staging_over_none": results["staging"]["rows_per_s"] / results["none"]["rows_per_s"],
+        "dedup_over_none": results["dedup"]["rows_per_s"] / results["none"]["rows_per_s"],
+        "none_over_noop": results["none"]["rows_per_s"] / results["noop"]["rows_per_s"],
+    }
+    return {
+        "benchmark": "spark_write",
+        "rows": rows, "columns": 3, "master": "local[2]", "spark_partitions": 2, "repeat": repeat,
+        "results": results, "ratios": ratios,
+        "targets": {"transaction_over_none": 0.9, "none_over_noop": 0.6},
+        "targets_met": {"transaction_over_none": ratios["transaction_over_none"] >= 0.9,
+                        "none_over_noop": ratios["none_over_noop"] >= 0.6},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=20_000_000)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--url", help="ClickHouse HTTP url (default: start a private stack)")
+    ap.add_argument("--out", default=str(RESULT))
+    a = ap.parse_args(argv)
+    if a.url:
+        report = run(a.url, a.rows, a.repeat)
+    else:
+        from server_patches.stack import start_stack, stop_stack
+
+        d = Path(tempfile.mkdtemp(prefix="bench_stack_"))
+        try:
+            report = run(start_stack(d).clickhouse_url, a.rows, a.repeat)
+        finally:
+            stop_stack(d, purge=True)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["ratios"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
