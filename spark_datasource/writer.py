@@ -195,6 +195,11 @@ def reject_unsupported(opts: WriterOptions) -> None:
             "by the clickhouse_tx writer; write one DataFrame per table (filter on the column) instead")
 
 
+# Streaming targets checked by this process: key -> monotonic time of the check.
+_CHECKED: dict[tuple[str, str], float] = {}
+_RECHECK_S = 60.0
+
+
 class ClickHouseTxDataSource(DataSource):
     """``format("clickhouse_tx")``: exactly-once writes into ClickHouse.
 
@@ -212,7 +217,15 @@ class ClickHouseTxDataSource(DataSource):
         txn_id = txn_id or opts.txn_id()
         from .writer_setup import prepare_target
 
-        prepare_target(opts, schema)
+        # Spark calls streamWriter before every commit, in a reused Python worker: a
+        # target checked moments ago for the same options and schema is not checked
+        # again (a few round trips per micro-batch otherwise). Batch jobs always check.
+        key = (repr(sorted((k.lower(), v) for k, v in dict(self.options).items())), schema.json())
+        now = time.monotonic()
+        if not streaming or now - _CHECKED.get(key, -_RECHECK_S) >= _RECHECK_S:
+            prepare_target(opts, schema)
+            if streaming:
+                _CHECKED[key] = now
         return opts, txn_id
 
     def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
