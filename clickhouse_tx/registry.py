@@ -234,15 +234,7 @@ class KeeperMapRegistry:
             return False
         self.ensure_table()
         token = uuid.uuid4().hex
-        sets = [f"{q.quote_identifier('state')} = {q.quote_string(str(new))}",
-                f"{q.quote_identifier('cas_token')} = {q.quote_string(token)}",
-                f"{q.quote_identifier('updated_ms')} = {self._now_ms()}"]
-        if payload is not None:
-            sets.append(f"{q.quote_identifier('payload')} = "
-                        f"{q.quote_string(json.dumps(dict(payload), sort_keys=True))}")
-        sql = (f"ALTER TABLE {self._fq} UPDATE {', '.join(sets)} "
-               f"WHERE {q.quote_identifier('xid')} = {q.quote_string(xid)} "
-               f"AND {q.quote_identifier('state')} IN {q.quote_strings(expected)}")
+        sql = self._cas_sql(f"= {q.quote_string(xid)}", expected, new, payload, token)
         for _ in range(_CAS_ROUNDS):
             try:
                 self.client.command(sql, settings=_STRICT)
@@ -264,6 +256,19 @@ class KeeperMapRegistry:
             # moved it between two expected states. Try again on the fresh version.
         raise OutcomeUnknownError(f"CAS to {new} kept losing races", xid=xid)
 
+    def _cas_sql(self, xid_condition: str, expected: Sequence[str], new: str,
+                 payload: Mapping[str, object] | None, token: str) -> str:
+        """``ALTER ... UPDATE state, cas_token WHERE xid <condition> AND state IN expected``."""
+        sets = [f"{q.quote_identifier('state')} = {q.quote_string(str(new))}",
+                f"{q.quote_identifier('cas_token')} = {q.quote_string(token)}",
+                f"{q.quote_identifier('updated_ms')} = {self._now_ms()}"]
+        if payload is not None:
+            sets.append(f"{q.quote_identifier('payload')} = "
+                        f"{q.quote_string(json.dumps(dict(payload), sort_keys=True))}")
+        return (f"ALTER TABLE {self._fq} UPDATE {', '.join(sets)} "
+                f"WHERE {q.quote_identifier('xid')} {xid_condition} "
+                f"AND {q.quote_identifier('state')} IN {q.quote_strings(expected)}")
+
     def transition_many(self, xids: Sequence[str], expected: Sequence[str], new: str,
                         payload: Mapping[str, object] | None = None) -> list[str]:
         """One compare-and-set over many xids: the ones this call moved to ``new``.
@@ -280,15 +285,7 @@ class KeeperMapRegistry:
             return []
         self.ensure_table()
         token = uuid.uuid4().hex
-        sets = [f"{q.quote_identifier('state')} = {q.quote_string(str(new))}",
-                f"{q.quote_identifier('cas_token')} = {q.quote_string(token)}",
-                f"{q.quote_identifier('updated_ms')} = {self._now_ms()}"]
-        if payload is not None:
-            sets.append(f"{q.quote_identifier('payload')} = "
-                        f"{q.quote_string(json.dumps(dict(payload), sort_keys=True))}")
-        sql = (f"ALTER TABLE {self._fq} UPDATE {', '.join(sets)} "
-               f"WHERE {q.quote_identifier('xid')} IN {q.quote_strings(xids)} "
-               f"AND {q.quote_identifier('state')} IN {q.quote_strings(expected)}")
+        sql = self._cas_sql(f"IN {q.quote_strings(xids)}", expected, new, payload, token)
         try:
             self.client.command(sql, settings=_STRICT)
         except ReplyLostError:
