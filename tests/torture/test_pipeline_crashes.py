@@ -24,11 +24,11 @@ EXACTLY_ONCE_MODES = ("transaction", "staging", "dedup")
 
 
 def _run(stack: StackInfo, tmp_path, *, mode: str, crash_points: str, crashes: int = 1,
-         events: int = 4000, partitions: int = 4, seed: int = 7) -> dict:
+         events: int = 4000, partitions: int = 4, seed: int = 7, per_batch: int | None = None) -> dict:
     assert stack.kafka_bootstrap, "these tests need the dev Kafka broker"
     cfg = PipelineConfig(events=events, partitions=partitions, mode=mode, trigger=0.5,
                          crashes=crashes, crash_points=crash_points,
-                         max_offsets_per_trigger=max(400, events // 5), seed=seed,
+                         max_offsets_per_trigger=per_batch or max(400, events // 5), seed=seed,
                          url=stack.clickhouse_url, bootstrap=stack.kafka_bootstrap,
                          kafka_control=stack.kafka_control, work_dir=str(tmp_path), quiet=True,
                          job_timeout_s=400)
@@ -76,7 +76,8 @@ def test_a_kill_at_each_protocol_step_leaves_no_duplicates_and_no_losses(stack: 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", EXACTLY_ONCE_MODES)
 def test_repeated_random_kills_leave_no_duplicates_and_no_losses(stack: StackInfo, tmp_path, mode: str) -> None:
-    r = _run(stack, tmp_path, mode=mode, crash_points="random", crashes=3, events=8000, seed=11)
+    # 20 micro-batches, so three kills at random times land before the source is drained.
+    r = _run(stack, tmp_path, mode=mode, crash_points="random", crashes=3, events=8000, seed=11, per_batch=400)
     assert r["crashes"] >= 2, r["crash_log"]
     assert r["duplicates"] == 0 and r["lost"] == 0 and r["lost_event_ids"] == 0, r["anomalies"]
     assert r["rows_in_clickhouse"] == r["events"]
