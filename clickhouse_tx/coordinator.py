@@ -592,7 +592,8 @@ class Coordinator:
 
         t = self.clock()
         keep = {p.xid for p in chosen.values()}
-        rolled += self._rollback_all(plan_rollback(keep, msgs, self._entries(batch)))
+        registered = self._entries(batch)
+        rolled += self._rollback_all(plan_rollback(keep, msgs, registered))
         durations["rollback"] = self.clock() - t
         if lost:
             raise LostTransactionError(
@@ -602,11 +603,27 @@ class Coordinator:
         t = self.clock()
         self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
         durations["mark_done"] = self.clock() - t
+        self._forget(keep | set(rolled) | {e.xid for e in registered})
         durations["total"] = self.clock() - t0
         return CommitReport(batch=batch, committed=tuple(p.xid for _, p in sorted(chosen.items())),
                             rolled_back=tuple(rolled), rows=sum(p.rows for p in chosen.values()),
                             replaced=tuple(replaced), durations=durations, replay=plan.replay,
                             decision_version=decision.version)
+
+    def _forget(self, xids: Iterable[str]) -> None:
+        """Drop a done batch's finished entries from the registry (best effort).
+
+        Nothing reads them again: the decision is immutable and done, lookups go
+        through the markers, and a late attempt of the batch can never be chosen (GC
+        rolls it back). Keeping them would make every batch-wide registry scan slower.
+        """
+        forget = getattr(self.registry, "forget", None)
+        if forget is None:
+            return
+        try:
+            forget(sorted(xids))
+        except Exception as exc:  # noqa: BLE001 - housekeeping never fails a commit
+            log.info("could not drop finished registry entries: %s", exc)
 
     def _commit_all(self, chosen: Mapping[int, Prepared], version: int) -> dict[int, bool]:
         """First COMMIT of every decided partition.

@@ -322,6 +322,20 @@ class KeeperMapRegistry:
             params["cut"] = max(0, self._now_ms() - int(older_than_s * 1000))
         return self._select(where, params)
 
+    def forget(self, xids: Sequence[str]) -> None:
+        """Delete the finished (committed/aborted) entries among ``xids`` (by key).
+
+        Driver, once per batch after it is marked done: a KeeperMap filter on anything
+        but the key reads every key, so the registry is kept to the xids in flight.
+        """
+        xids = list(dict.fromkeys(xids))
+        if not xids:
+            return
+        self.ensure_table()
+        self.client.command(
+            f"ALTER TABLE {self._fq} DELETE WHERE {q.quote_identifier('xid')} IN {q.quote_strings(xids)} "
+            f"AND state IN {q.quote_strings(FINISHED_STATES)}", settings=_STRICT)
+
     def purge_finished(self, older_than_s: float) -> None:
         """Delete committed/aborted entries not updated for ``older_than_s`` (housekeeping).
 

@@ -183,6 +183,7 @@ class FakeRegistry:
         self.faults = faults or FaultPlan()
         self.clock = clock
         self.entries: dict[str, RegistryEntry] = {}
+        self.forgotten: dict[str, RegistryEntry] = {}
 
     def _hit(self, op: str, phase: str) -> None:
         self.faults.hit(f"registry.{op}", phase)
@@ -227,6 +228,24 @@ class FakeRegistry:
             moved.append(xid)
         self._hit("transition_many", "after")
         return moved
+
+    @property
+    def everything(self) -> dict[str, RegistryEntry]:
+        """Live and forgotten entries: what the checks judge (forgetting is housekeeping)."""
+        return {**self.forgotten, **self.entries}
+
+    def history(self, txn_id: str, batch: int) -> list[RegistryEntry]:
+        return sorted((e for e in self.everything.values() if e.txn_id == txn_id and e.batch == batch),
+                      key=lambda e: (e.partition, e.attempt, e.xid))
+
+    def forget(self, xids: Sequence[str]) -> None:
+        """Drop finished entries (as the KeeperMap registry does); kept aside for the checks."""
+        self._hit("forget", "before")
+        for xid in xids:
+            e = self.entries.get(xid)
+            if e is not None and e.state in (TxState.COMMITTED.value, TxState.ABORTED.value):
+                self.forgotten[xid] = self.entries.pop(xid)
+        self._hit("forget", "after")
 
     def get(self, xid: str) -> RegistryEntry | None:
         self._hit("get", "before")

@@ -109,7 +109,7 @@ def test_commit_makes_each_partition_visible_once_and_rolls_back_duplicates_and_
     assert_exactly_once(w)
     assert report.rows == PARTS * ROWS and len(report.committed) == PARTS
     assert set(report.rolled_back) == {ms[-1].xid, zombie.xid}
-    assert {e.state for e in w.registry.entries.values()} == {"committed", "aborted"}
+    assert {e.state for e in w.registry.everything.values()} == {"committed", "aborted"}
     assert w.log.read(0).done
 
 
@@ -223,7 +223,7 @@ def test_abort_before_a_decision_rolls_back_every_message_and_zombie() -> None:
     zombie = prepare(c, 0, 4)
     report = w.coordinator().abort_batch(0, ms + [None])
     assert set(report.rolled_back) == {m.xid for m in ms} | {zombie.xid} and report.kept == ()
-    assert w.keys_of(0) == {} and {e.state for e in w.registry.entries.values()} == {"aborted"}
+    assert w.keys_of(0) == {} and {e.state for e in w.registry.everything.values()} == {"aborted"}
     w.coordinator().commit_batch(0, [prepare(c, p, 1) for p in range(PARTS)])
     assert_exactly_once(w)
 
@@ -263,7 +263,7 @@ def test_a_failed_prepare_rolls_back_marks_aborted_and_raises_not_committed() ->
     with pytest.raises(NotCommittedError, match="upstream failed") as info:
         c.prepare(WriteContext("q1", 0, 0, 0), bad_batches())
     assert isinstance(info.value.__cause__, RuntimeError)
-    assert w.registry.entries[info.value.xid].state == "aborted"
+    assert w.registry.everything[info.value.xid].state == "aborted"
 
 
 def test_an_attempt_fenced_while_writing_rolls_itself_back() -> None:
@@ -287,7 +287,7 @@ def test_a_failed_registration_writes_nothing() -> None:
     w.faults.arm(0, "error", lambda op, ph: op == "registry.register" and ph == "after")
     with pytest.raises(NotCommittedError, match="register") as info:
         prepare(w.coordinator(), 0, 0)
-    assert w.ch.tx == {} and w.registry.entries[info.value.xid].state == "aborted"
+    assert w.ch.tx == {} and w.registry.everything[info.value.xid].state == "aborted"
 
 
 def test_messages_of_another_batch_or_query_are_refused() -> None:
@@ -354,10 +354,10 @@ def _restart_and_replay(w: World, recover: bool) -> None:
     assert_exactly_once(w)
     assert w.ch.visible_rows() == PARTS * ROWS
     states = {}
-    for e in w.registry.list_batch("q1", 0):
+    for e in w.registry.history("q1", 0):
         states.setdefault(e.partition, []).append(e.state)
     assert all(set(s) <= {"committed", "aborted"} and s.count("committed") == 1 for s in states.values()), states
-    assert set(report.committed) == {e.xid for e in w.registry.entries.values() if e.state == "committed"}
+    assert set(report.committed) == {e.xid for e in w.registry.everything.values() if e.state == "committed"}
     again = w.coordinator().commit_batch(0, [prepare(c, p, 200) for p in range(PARTS)])
     assert again.already_done
     assert_exactly_once(w)

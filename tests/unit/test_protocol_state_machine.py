@@ -155,7 +155,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             msgs = [self._prepare(b, p) for p in range(PARTITIONS[b])]
             self._coord().commit_batch(b, msgs)
             self._assert_exactly_once(b)
-            for e in self.w.registry.list_batch("q1", b):
+            for e in self.w.registry.history("q1", b):
                 assert e.state in ("committed", "aborted"), e
         SCHEDULES["finished"] += 1
 

@@ -22,7 +22,7 @@ def crash_commit_at(w: World, msgs: list[Prepared], op: str, phase: str, nth: in
 
 
 def states(w: World) -> dict[str, str]:
-    return {x: e.state for x, e in w.registry.entries.items()}
+    return {x: e.state for x, e in w.registry.everything.items()}
 
 
 def test_a_committing_xid_that_did_commit_is_recorded_committed() -> None:
