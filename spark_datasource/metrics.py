@@ -86,8 +86,12 @@ def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 def metrics_path(decision_log_uri: str) -> str:
-    """``<decision_log_uri>/metrics.jsonl`` (as given: a path or a URI)."""
-    return decision_log_uri.rstrip("/") + "/" + METRICS_FILE
+    """``<decision_log_uri>/clickhouse_tx/metrics.jsonl``, beside the decision logs.
+
+    The decision log root is the checkpoint location itself for streaming queries, so
+    the file goes in the library's own subdirectory, not among Spark's files.
+    """
+    return f"{decision_log_uri.rstrip('/')}/{_CHECKPOINT_SUBDIR}/{METRICS_FILE}"
 
 
 def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
@@ -103,8 +107,8 @@ def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
     log.info("clickhouse_tx batch metrics: %s", line.strip())
     try:
         fs, root = _fs(decision_log_uri)
-        fs.create_dir(root, recursive=True)
         path = metrics_path(root)
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         if isinstance(fs, pafs.LocalFileSystem):
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
