@@ -30,6 +30,11 @@ class Target:
     """Where rows go: a ClickHouse server and one table.
 
     ``password`` never appears in ``repr`` or in errors.
+
+    With ``route_column`` set (multi-table routing, mode ``transaction`` only), each
+    row goes to the table its ``route_column`` value names, which must be one of
+    ``route_tables`` (``(database, table)`` pairs); ``database``/``table`` then only
+    say where the registry and markers live and what ``Prepared.table`` shows.
     """
 
     url: str
@@ -41,6 +46,8 @@ class Target:
     connect_timeout_s: float = 10.0
     request_timeout_s: float = 300.0
     session_timeout_s: int = 3600
+    route_column: str | None = None
+    route_tables: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -180,19 +180,21 @@ class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         self._abort(messages, batchId)
 
 
-def reject_unsupported(opts: WriterOptions) -> None:
-    """Driver, when the writer is built: refuse options that are parsed but not implemented.
+def reject_unsupported(opts: WriterOptions, overwrite: bool = False) -> None:
+    """Driver, when the writer is built: refuse option combinations not implemented.
 
-    ``table_column`` (multi-table routing) needs one prepared transaction to span
-    several tables (one session, one INSERT and one marker per table); the commit
-    modes prepare one table per xid today, so it is refused before any task writes.
+    Multi-table routing (``table_column``) works for appends in mode ``transaction``
+    (one session spans every table of a partition; :meth:`WriterOptions.check_routing`
+    refuses the other modes and a missing ``tables``). An overwrite swaps one stage table into one target, so
+    routing with ``.mode("overwrite")`` is refused before any task writes.
     """
     from clickhouse_tx.errors import ConfigurationError
 
-    if opts.table_column:
+    opts.check_routing()
+    if opts.table_column and overwrite:
         raise ConfigurationError(
-            f"option table_column={opts.table_column!r}: multi-table routing is not supported yet "
-            "by the clickhouse_tx writer; write one DataFrame per table (filter on the column) instead")
+            f"option table_column={opts.table_column!r} with .mode('overwrite'): multi-table "
+            "routing is append-only; overwrite each table with its own DataFrame instead")
 
 
 # Streaming targets checked by this process: key -> monotonic time of the check.
@@ -234,7 +236,7 @@ class ClickHouseTxDataSource(DataSource):
             from .overwrite import OverwriteWriter
 
             opts = WriterOptions.parse(self.options, streaming=False)
-            reject_unsupported(opts)
+            reject_unsupported(opts, overwrite=True)
             return OverwriteWriter(opts, schema)
         opts, txn_id = self._validated(schema, streaming=False, txn_id=None)
         if txn_id is None or not txn_id:

@@ -41,7 +41,7 @@ KNOWN_OPTIONS = (
     "url", "user", "password", "database", "table", "path", "mode", "transactional_id",
     "checkpointlocation", "queryname", "decision_log", "batch_size", "batch_bytes",
     "connect_timeout", "request_timeout", "session_timeout", "create_table", "order_by",
-    "partition_by", "engine", "table_column", "allow_nullable_into_non_nullable",
+    "partition_by", "engine", "table_column", "tables", "allow_nullable_into_non_nullable",
     "retry.attempts", "retry.max_seconds",
 )
 _PREFIXES = ("setting.", "fault.")
@@ -123,6 +123,24 @@ def _batch_log(txn: str) -> str:
     return os.path.join(tempfile.gettempdir(), "clickhouse_tx_batch")
 
 
+def _route_tables(raw: str | None, database: str) -> tuple[tuple[str, str], ...]:
+    """``tables``: comma-separated ``db.table`` or ``table`` (in ``database``), deduplicated."""
+    if raw is None:
+        return ()
+    out: list[tuple[str, str]] = []
+    for item in raw.split(","):
+        name = item.strip()
+        if not name:
+            raise _bad("tables", raw, "a comma-separated list of db.table or table names "
+                       "(no empty entries)")
+        db, t = name.split(".", 1) if "." in name else (database, name)
+        if not db or not t:
+            raise _bad("tables", raw, f"db.table or table names ({name!r} is neither)")
+        if (db, t) not in out:
+            out.append((db, t))
+    return tuple(out)
+
+
 def _no_semicolon(option: str, value: str) -> str:
     # order_by/partition_by/engine are SQL expressions by nature (user-trusted), but a
     # ';' can only be a mistake or an injection: refuse it.
@@ -163,6 +181,8 @@ class WriterOptions:
     partition_by: str | None = None
     engine: str = "MergeTree"
     table_column: str | None = None
+    #: Routing targets (``tables`` option) as ``(database, table)`` pairs, in given order.
+    tables: tuple[tuple[str, str], ...] = ()
     allow_nullable_into_non_nullable: bool = False
     retry_attempts: int = 5
     retry_max_seconds: float = 60.0
@@ -196,7 +216,44 @@ class WriterOptions:
             password=self.password, settings=dict(self.settings),
             connect_timeout_s=self.connect_timeout_s, request_timeout_s=self.request_timeout_s,
             session_timeout_s=self.session_timeout_s,
+            route_column=self.table_column, route_tables=self.tables,
         )
+
+    def check_routing(self) -> None:
+        """Driver, when the writer is built: the routing options must go together.
+
+        Kept out of :meth:`parse` (which checks each value alone) so that every option
+        can be parsed and shown; the writer calls this before any task writes.
+
+        Raises
+        ------
+        ConfigurationError
+            ``tables`` without ``table_column`` or the reverse, or routing in a mode
+            other than ``transaction``.
+        """
+        if self.table_column is None:
+            if self.tables:
+                raise ConfigurationError(
+                    "option tables is only used with option table_column (the column naming "
+                    "each row's table); give both, or neither")
+            return
+        if not self.tables:
+            raise ConfigurationError(
+                f"option table_column={self.table_column!r} needs the option tables: the "
+                "comma-separated list of tables rows may be routed to (db.table or table), "
+                "all checked on the driver before any task writes")
+        if self.mode is not Mode.TRANSACTION:
+            raise ConfigurationError(
+                f"option table_column={self.table_column!r} with mode={self.mode.value!r}: "
+                "multi-table routing is supported in mode 'transaction' only (one transaction "
+                "spans every table of a partition); use mode transaction, or write one "
+                "DataFrame per table (filter on the column)")
+
+    def route_targets(self) -> list[Target]:
+        """One plain (non-routing) :class:`Target` per table of the ``tables`` option."""
+        base = self.target()
+        return [dataclasses.replace(base, database=db, table=t, route_column=None, route_tables=())
+                for db, t in self.tables]
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> "WriterOptions":
@@ -314,6 +371,7 @@ class WriterOptions:
         table_column = opts.get("table_column", "").strip() or None
         if "table_column" in opts and table_column is None:
             raise _bad("table_column", opts["table_column"], "a column name")
+        tables = _route_tables(opts.get("tables"), database)
 
         attempts_raw = opts.get("retry.attempts")
         retry_attempts = 5 if attempts_raw is None else _positive_int("retry.attempts", attempts_raw)
@@ -330,7 +388,7 @@ class WriterOptions:
             session_timeout_s=get("session_timeout", _positive_int, 3600),  # type: ignore[arg-type]
             create_table=get("create_table", _bool, False),  # type: ignore[arg-type]
             order_by=order_by, partition_by=partition_by, engine=engine,  # type: ignore[arg-type]
-            table_column=table_column,
+            table_column=table_column, tables=tables,
             allow_nullable_into_non_nullable=get(  # type: ignore[arg-type]
                 "allow_nullable_into_non_nullable", _bool, False),
             retry_attempts=retry_attempts,

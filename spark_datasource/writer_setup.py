@@ -9,6 +9,8 @@ from __future__ import annotations
 from pyspark.sql.types import StructType
 
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, ServerError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.interfaces import Target
 
 from .table_ddl import create_table_sql
 from .type_mapping import check_compatible, spark_schema_to_arrow
@@ -32,9 +34,6 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> None:
     schema
         The Spark schema of the rows to write.
     """
-    from clickhouse_tx.factory import build_mode_io
-    from clickhouse_tx.http_client import ClickHouseHTTP
-
     target = opts.target()
     client = ClickHouseHTTP(target)
     where = f"ClickHouse at {opts.url} as user {opts.user!r}"
@@ -49,21 +48,45 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> None:
     except ClickHouseTxError as exc:
         raise ConfigurationError(f"cannot reach {where} (option url): {exc.message}") from None
 
-    params = {"db": opts.database, "t": opts.table}
+    if opts.table_column:
+        # Routing: every listed table is checked before any task writes (the `table`
+        # option's table only anchors the registry and markers and need not exist).
+        if opts.table_column not in schema.fieldNames():
+            raise ConfigurationError(
+                f"option table_column={opts.table_column!r}: the data has no such column "
+                f"(columns: {', '.join(schema.fieldNames())})")
+        routing_type = schema[opts.table_column].dataType.simpleString()
+        if routing_type != "string":
+            raise ConfigurationError(
+                f"option table_column={opts.table_column!r}: the column must be a string "
+                f"(db.table or table), not {routing_type}")
+        for routed in opts.route_targets():
+            _check_table(client, opts, routed, schema)
+        return
+    _check_table(client, opts, target, schema)
+
+
+def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
+                 schema: StructType) -> None:
+    """One table: exists (or is created), accepts ``schema`` minus the routing column."""
+    from clickhouse_tx.factory import build_mode_io
+
+    display = f"{target.database}.{target.table}"
+    params = {"db": target.database, "t": target.table}
     cols = client.query_json(_COLUMNS_SQL, params=params)
     if not cols:
         if not opts.create_table:
             raise ConfigurationError(
-                f"table {opts.qualified_table} does not exist: create it, or set the option "
+                f"table {display} does not exist: create it, or set the option "
                 "create_table=true (with order_by / partition_by) to create it from the data's schema")
         data_schema = _without(schema, opts.table_column)
-        client.command(create_table_sql(opts.database, opts.table, data_schema, opts.order_by,
+        client.command(create_table_sql(target.database, target.table, data_schema, opts.order_by,
                                         opts.partition_by, opts.engine))
         cols = client.query_json(_COLUMNS_SQL, params=params)
     check_compatible(
         schema,
         [(c["name"], c["type"], c["default_kind"]) for c in cols],
-        table=opts.qualified_table,
+        table=display,
         exclude=[opts.table_column] if opts.table_column else (),
         allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
     )

@@ -17,6 +17,16 @@ lookup (driver)
     marker visible (read-committed) -> COMMITTED; else the session still holds a
     running transaction -> PENDING; else NOT_COMMITTED.
 
+Multi-table routing (``target.route_column``): prepare splits every Arrow batch by
+that column with ``pyarrow.compute`` (one filter per table present in the batch, no
+Python per row), drops the column and buffers the pieces per table, so **the whole
+partition is held in memory** in this case. A value that names no table of
+``target.route_tables`` (or a null) raises :class:`ConfigurationError` before
+anything is sent. Then the one session does BEGIN, one INSERT per table that got
+rows (dedup token ``<xid>:<db>.<table>``), one marker row for the xid (``rows`` =
+the partition's total) and no COMMIT: commit, rollback and lookup act on the
+session and the xid, so they are the same as for one table.
+
 When the executor dies the session expires after ``session_timeout`` and the server
 rolls the transaction back; a server restart loses every prepared transaction.
 Needs a non-replicated ``*MergeTree`` target and a server with transactions on.
@@ -29,13 +39,15 @@ import uuid
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from clickhouse_tx.errors import (ConfigurationError, NotCommittedError, OutcomeUnknownError,
                                   ServerError)
 from clickhouse_tx.http_client import (INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND,
                                        ClickHouseHTTP, ReplyLostError)
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CountingBatches
+from clickhouse_tx.markers import CommitMarkers, CountingBatches, batch_checksum, combine, finish
+from clickhouse_tx import sql as q
 from clickhouse_tx.modes import peek_schema
 from clickhouse_tx.modes.base import ModeBase
 
@@ -82,6 +94,8 @@ class TransactionMode(ModeBase):
         """Executor, once per partition attempt: write inside an open transaction."""
         markers = self.markers(target)
         markers.ensure_table()  # DDL is refused inside a transaction: do it first
+        if target.route_column:
+            return self._prepare_routed(target, ctx, xid, batches, markers)
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
         session = self.client(target, session_id=xid, session_timeout=target.session_timeout_s)
@@ -97,6 +111,34 @@ class TransactionMode(ModeBase):
                                             settings={"insert_deduplication_token": xid})
             p = self.prepared(target, ctx, xid, counted.rows, counted.checksum,
                               {"session_timeout_s": target.session_timeout_s})
+            markers.insert(p, client=session)
+            return p
+        except BaseException:
+            try:
+                session.command("ROLLBACK", session_check=True, session_timeout=_RELEASE_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - the session expires anyway
+                log.info("rollback after failed prepare of %s: %s", xid, exc)
+            raise
+        finally:
+            session.close()
+
+    def _prepare_routed(self, target: Target, ctx: WriteContext, xid: str,
+                        batches: Iterator[pa.RecordBatch], markers: CommitMarkers) -> Prepared:
+        """Executor: split the partition by ``route_column``, then one transaction for all."""
+        routed = RoutedBatches(target)
+        for b in batches:
+            routed.add(b)  # raises on an unknown table before the session is opened
+        session = self.client(target, session_id=xid, session_timeout=target.session_timeout_s)
+        try:
+            session.command("BEGIN TRANSACTION")
+            for (db, table), parts in routed.parts.items():
+                # Same reason as for one table (see prepare), per table of the xid.
+                session.insert_arrow_stream(q.qualified(db, table), parts[0].schema, iter(parts),
+                                            settings={"insert_deduplication_token":
+                                                      f"{xid}:{db}.{table}"})
+            p = self.prepared(target, ctx, xid, routed.rows, finish(routed.checksum_total),
+                              {"session_timeout_s": target.session_timeout_s,
+                               "routed_rows": routed.rows_per_table()})
             markers.insert(p, client=session)
             return p
         except BaseException:
@@ -176,6 +218,66 @@ class TransactionMode(ModeBase):
             _release(self.client(target, session_id=p.xid))
             return CommitOutcome.NOT_COMMITTED
         return CommitOutcome.PENDING
+
+
+class RoutedBatches:
+    """One partition's batches split per routed table (executor; holds them in memory).
+
+    Parameters
+    ----------
+    target
+        A routing target: ``route_column`` names the column, ``route_tables`` the
+        allowed ``(database, table)`` pairs; a value is ``db.table`` or ``table``
+        (then in ``target.database``).
+    """
+
+    def __init__(self, target: Target) -> None:
+        if not target.route_column:
+            raise ValueError("RoutedBatches needs a target with route_column")
+        self.column = target.route_column
+        self.allowed = [f"{db}.{t}" for db, t in target.route_tables]
+        self.spellings: dict[str, tuple[str, str]] = {}
+        for db, t in target.route_tables:
+            self.spellings[f"{db}.{t}"] = (db, t)
+            if db == target.database:
+                self.spellings.setdefault(t, (db, t))
+        self.parts: dict[tuple[str, str], list[pa.RecordBatch]] = {}
+        self.rows = 0
+        self.checksum_total = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Split ``batch`` by the routing column and buffer the pieces (column dropped)."""
+        if batch.num_rows == 0:
+            return
+        idx = batch.schema.get_field_index(self.column)
+        if idx < 0:
+            raise ConfigurationError(
+                f"option table_column={self.column!r}: the data has no such column "
+                f"(columns: {', '.join(batch.schema.names)})")
+        col = batch.column(idx)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        if col.null_count:
+            raise ConfigurationError(
+                f"column {self.column!r} (option table_column) is null in {col.null_count} row(s): "
+                f"every row must name one of the tables {', '.join(self.allowed)} (option tables)")
+        data = batch.remove_column(idx)
+        for value in pc.unique(col).to_pylist():
+            key = self.spellings.get(value)
+            if key is None:
+                shown = value if len(value) <= 200 else value[:200] + "..."
+                raise ConfigurationError(
+                    f"column {self.column!r} (option table_column) names table {shown!r}, which "
+                    f"is not in the option tables ({', '.join(self.allowed)}); nothing of this "
+                    "partition is written")
+            piece = data.filter(pc.equal(col, pa.scalar(value, col.type)))
+            self.parts.setdefault(key, []).append(piece)
+            self.rows += piece.num_rows
+            self.checksum_total = combine(self.checksum_total, batch_checksum(piece))
+
+    def rows_per_table(self) -> dict[str, int]:
+        """``{"db.table": rows}`` of the tables that got rows (plain data for ``details``)."""
+        return {f"{db}.{t}": sum(p.num_rows for p in parts) for (db, t), parts in self.parts.items()}
 
 
 def _release(session: ClickHouseHTTP) -> None:

@@ -56,7 +56,7 @@ def events_table(clickhouse_url: str, database: str) -> str:
     ("mode", "exactly_once", "option mode='exactly_once'"),
     ("batch_size", "-3", "option batch_size='-3'"),
     ("session_timeout", "soon", "option session_timeout='soon'"),
-    ("table_column", "dest", "table_column='dest': multi-table routing is not supported yet"),
+    ("table_column", "dest", "table_column='dest' needs the option tables"),
 ])
 def test_a_bad_option_is_named_and_nothing_is_written(sp, clickhouse_url: str, database: str,
                                                       events_table: str, option: str, value: str,

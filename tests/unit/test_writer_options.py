@@ -254,3 +254,46 @@ def test_txn_id_and_decision_log_uri_serve_the_writer():
     assert b.decision_log_uri() == b.decision_log
     assert b.decision_log_uri("job-1") == b.decision_log  # the log adds clickhouse_tx/<job> itself
     assert parse(decision_log="/x").decision_log_uri("job-1") == "/x"
+
+
+# ------------------------------------------------------------------ table_column routing
+
+def routing_error_of(**extra: str) -> str:
+    with pytest.raises(ConfigurationError) as e:
+        parse(**extra).check_routing()
+    return str(e.value)
+
+
+def test_table_column_without_tables_is_refused_naming_both_options():
+    msg = routing_error_of(table_column="dest")
+    assert "table_column='dest'" in msg and "option tables" in msg
+
+
+def test_tables_without_table_column_is_refused():
+    assert "option tables is only used with option table_column" in routing_error_of(tables="a,b")
+
+
+@pytest.mark.parametrize("mode", ["staging", "dedup", "none"])
+def test_table_column_outside_transaction_mode_is_refused_as_transaction_only(mode: str):
+    msg = routing_error_of(table_column="dest", tables="a", mode=mode)
+    assert f"mode={mode!r}" in msg and "mode 'transaction' only" in msg
+
+
+def test_routing_in_transaction_mode_and_no_routing_at_all_pass_the_routing_check():
+    parse(table_column="dest", tables="a").check_routing()
+    parse().check_routing()
+
+
+def test_an_empty_entry_in_tables_is_named():
+    assert "option tables='a,,b'" in error_of({**BASE, "table_column": "dest", "tables": "a,,b"})
+
+
+def test_tables_resolve_bare_names_in_the_database_and_reach_the_target_deduplicated():
+    o = parse(table_column="dest", tables=" a , other.b ,db.a", password=SECRET)
+    assert o.tables == (("db", "a"), ("other", "b"))
+    t = o.target()
+    assert (t.route_column, t.route_tables) == ("dest", (("db", "a"), ("other", "b")))
+    assert (t.database, t.table) == ("db", "events")  # registry and markers stay here
+    assert SECRET not in repr(t) and pickle.loads(pickle.dumps(t)) == t
+    assert [(r.database, r.table, r.route_column) for r in o.route_targets()] == [
+        ("db", "a", None), ("other", "b", None)]
