@@ -313,11 +313,11 @@ def test_a_task_that_fails_once_and_a_speculative_straggler_leave_no_duplicates(
         (m,) = read_metrics(str(tmp_path / mode))
         assert m["retried_attempts"] >= 1, m
         assert m["committed_partitions"] == 4 and m["rows"] == RETRY_N
-        # the failed first attempt of partition 1 had registered, and ended ABORTED
+        # the failed first attempt of partition 1 ended ABORTED, and once the job's batch
+        # was done its finished entries were dropped: the registry keeps xids in flight only
         states = run_sql(clickhouse_url, f"SELECT lower(state) FROM `{database}`.clickhouse_tx_registry "
-                                         f"WHERE txn_id = 'retry-{mode}' AND `partition` = 1 AND attempt = 0 "
-                                         "FORMAT TSV").split()
-        assert states == ["aborted"], (mode, states)
+                                         f"WHERE txn_id = 'retry-{mode}' FORMAT TSV").split()
+        assert states == [], (mode, states)
     assert open_registry_entries(clickhouse_url, database) == 0
 
 
