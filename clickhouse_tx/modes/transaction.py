@@ -34,6 +34,7 @@ Needs a non-replicated ``*MergeTree`` target and a server with transactions on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from typing import Iterator
@@ -63,6 +64,91 @@ class TransactionMode(ModeBase):
     """Exactly-once per partition via one open transaction per xid (the default mode)."""
 
     mode = Mode.TRANSACTION
+
+    # -- driver --------------------------------------------------------------------------
+    def validate(self, target: Target, schema: pa.Schema) -> None:
+        """Driver, once per query: table, schema, engine, transactions enabled, markers table."""
+        info = self.describe_and_check(target, schema)
+        if info.is_replicated or not info.is_merge_tree:
+            raise ConfigurationError(
+                f"table {info.display} has engine {info.engine}: mode 'transaction' needs a "
+                "non-replicated *MergeTree table (ClickHouse transactions support nothing else); "
+                "use mode 'staging' (exactly-once on any MergeTree, incl. Replicated) or 'dedup'")
+        probe = ClickHouseHTTP(target, session_id=f"clickhouse_tx_probe_{uuid.uuid4().hex}",
+                               session_timeout=60)
+        try:
+            probe.command("BEGIN TRANSACTION")
+            probe.command("ROLLBACK")
+        except ServerError as e:
+            raise ConfigurationError(
+                f"the server at {probe.server} refused BEGIN TRANSACTION ({e.message}): mode "
+                "'transaction' needs allow_experimental_transactions and Keeper, see "
+                "server_patches/config.d/transactions.xml; or use mode 'staging'",
+                code=e.code, name=e.name) from None
+        finally:
+            _release(probe)
+        self.markers(target).ensure_table()
+
+    # -- executor ------------------------------------------------------------------------
+    def prepare(self, target: Target, ctx: WriteContext, xid: str,
+                batches: Iterator[pa.RecordBatch]) -> Prepared:
+        """Executor, once per partition attempt: write inside an open transaction."""
+        markers = self.markers(target)
+        markers.ensure_table()  # DDL is refused inside a transaction: do it first
+        if target.route_column:
+            return self._prepare_routed(target, ctx, xid, batches, markers)
+        schema, batches = peek_schema(batches)
+        counted = CountingBatches(batches)
+        with self._open_transaction(target, xid) as session:
+            if schema is not None:
+                # Block dedup (non_replicated_deduplication_window) is not transactional:
+                # a rolled-back insert leaves its block hashes behind, and the replay's
+                # identical blocks would be dropped as duplicates. A token unique to this
+                # attempt keys the dedup log on the xid instead (insert_deduplicate=0 does
+                # not switch it off for non-replicated tables: measured on 26.9).
+                session.insert_arrow_stream(self.target_sql(target), schema, counted,
+                                            settings={"insert_deduplication_token": xid})
+            p = self.prepared(target, ctx, xid, counted.rows, counted.checksum,
+                              {"session_timeout_s": target.session_timeout_s})
+            markers.insert(p, client=session)
+            return p
+
+    def _prepare_routed(self, target: Target, ctx: WriteContext, xid: str,
+                        batches: Iterator[pa.RecordBatch], markers: CommitMarkers) -> Prepared:
+        """Executor: split the partition by ``route_column``, then one transaction for all."""
+        routed = RoutedBatches(target)
+        for b in batches:
+            routed.add(b)  # raises on an unknown table before the session is opened
+        with self._open_transaction(target, xid) as session:
+            for (db, table), parts in routed.parts.items():
+                # Same reason as for one table (see prepare), per table of the xid.
+                session.insert_arrow_stream(q.qualified(db, table), parts[0].schema, iter(parts),
+                                            settings={"insert_deduplication_token":
+                                                      f"{xid}:{db}.{table}"})
+            p = self.prepared(target, ctx, xid, routed.rows, finish(routed.checksum_total),
+                              {"session_timeout_s": target.session_timeout_s,
+                               "routed_rows": routed.rows_per_table()})
+            markers.insert(p, client=session)
+            return p
+
+    @contextlib.contextmanager
+    def _open_transaction(self, target: Target, xid: str) -> Iterator[ClickHouseHTTP]:
+        """The xid's session with ``BEGIN TRANSACTION`` done; ROLLBACK if the block fails.
+
+        On success the transaction stays open (prepared): the driver commits it.
+        """
+        session = self.client(target, session_id=xid, session_timeout=target.session_timeout_s)
+        try:
+            session.command("BEGIN TRANSACTION")
+            yield session
+        except BaseException:
+            try:
+                session.command("ROLLBACK", session_check=True, session_timeout=_RELEASE_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - the session expires anyway
+                log.info("rollback after failed prepare of %s: %s", xid, exc)
+            raise
+        finally:
+            session.close()
 
     # -- driver --------------------------------------------------------------------------
     def validate(self, target: Target, schema: pa.Schema) -> None:
