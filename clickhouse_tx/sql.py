@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+from clickhouse_tx.errors import ConfigurationError
+
 _IDENT_ESCAPES = {"\\": "\\\\", "`": "\\`", "\0": "\\0", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _STRING_ESCAPES = {"\\": "\\\\", "'": "\\'", "\0": "\\0", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Query parameters travel in ClickHouse's "escaped" text format (as in TabSeparated).
@@ -37,6 +39,19 @@ def quote_identifier(name: str) -> str:
     if name == "":
         raise ValueError("identifier must not be empty")
     return "`" + _escape(name, _IDENT_ESCAPES) + "`"
+
+
+def quote_option_identifier(name: str) -> str:
+    """:func:`quote_identifier` for names that came from the user (options, CLI arguments).
+
+    Raises
+    ------
+    ConfigurationError
+        For an empty name, a NUL byte or a non-string, naming the value.
+    """
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ConfigurationError(f"invalid identifier {name!r}")
+    return quote_identifier(name)
 
 
 def qualified(database: str, table: str) -> str:

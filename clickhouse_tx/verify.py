@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import requests
 
+from clickhouse_tx.sql import quote_option_identifier
 from clickhouse_tx.errors import ConfigurationError, ServerError, parse_clickhouse_error
 
 MARKERS_TABLE = "clickhouse_tx_commits"
@@ -45,11 +46,7 @@ DEFAULT_SAMPLE_LIMIT = 100_000
 TP = tuple[str | None, int]
 
 
-def quote_ident(name: str) -> str:
-    """Backtick-quote a ClickHouse identifier, escaping backslashes and backticks."""
-    if not name or "\x00" in name:
-        raise ConfigurationError(f"invalid identifier {name!r}")
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+quote_ident = quote_option_identifier  # table and column names come from the CLI
 
 
 def split_table(table: str) -> tuple[str, str]:

@@ -9,22 +9,14 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.sql import quote_option_identifier
 from spark_datasource.type_mapping import arrow_to_clickhouse, spark_to_clickhouse
 
 __all__ = ["create_table_sql", "quote_identifier"]
 
 
-def quote_identifier(name: str) -> str:
-    """Backtick-quote a ClickHouse identifier, escaping backslashes and backticks.
-
-    Raises
-    ------
-    ConfigurationError
-        For an empty name or one containing a NUL byte.
-    """
-    if not isinstance(name, str) or not name or "\x00" in name:
-        raise ConfigurationError(f"invalid identifier {name!r}")
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+# Names come from options: an empty or NUL name is a ConfigurationError.
+quote_identifier = quote_option_identifier
 
 
 def create_table_sql(
