@@ -142,10 +142,7 @@ class TransactionMode(ModeBase):
             session.command("BEGIN TRANSACTION")
             yield session
         except BaseException:
-            try:
-                session.command("ROLLBACK", session_check=True, session_timeout=_RELEASE_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - the session expires anyway
-                log.info("rollback after failed prepare of %s: %s", xid, exc)
+            _quiet_rollback(session)  # best effort: the session expires anyway
             raise
         finally:
             session.close()
