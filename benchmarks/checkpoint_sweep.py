@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.pipeline import PipelineConfig, run_pipeline
+from benchmarks.results_file import write_result
 
 INTERVALS = (1.0, 5.0, 10.0, 30.0, 60.0)
 QUICK_INTERVALS = (1.0, 10.0)
@@ -189,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0, 1),
     }
     jpath.parent.mkdir(parents=True, exist_ok=True)
-    jpath.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    write_result(jpath, doc)
     if any("error" not in r for r in runs):
         plot(doc, ppath)
     print(f"wrote {jpath} and {ppath}")

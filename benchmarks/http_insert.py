@@ -25,6 +25,7 @@ import pyarrow as pa
 import requests
 
 import chdb
+from benchmarks.results_file import write_result
 
 DDL = "CREATE TABLE IF NOT EXISTS bench (id UInt64, ts DateTime64(3), payload String) ENGINE = MergeTree ORDER BY id"
 
@@ -120,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.rows, args.repeat)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_seconds")}, indent=2))
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_result(args.json, result)
     return 0
 
 

@@ -29,6 +29,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches.stack import running_stack
+from benchmarks.results_file import write_result
 
 MODES = ("none", "transaction", "staging", "dedup")
 DDL = ("CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, ts DateTime64(3), payload String) "
@@ -130,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             result = bench(stack.clickhouse_url, args.rows, args.repeat, args.commits)
     print(json.dumps(result, indent=2))
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_result(args.json, result)
     return 0
 
 

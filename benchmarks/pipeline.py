@@ -43,6 +43,7 @@ import requests
 
 from benchmarks.streaming_job import TABLE_COLUMNS
 from clickhouse_tx.verify import ClickHouseReader, quote_ident, split_table, verify
+from benchmarks.results_file import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("transaction", "staging", "dedup", "none")
@@ -715,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(summary_table(result))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        write_result(a.json, result)
     return 0 if result["ok"] else 1
 
 

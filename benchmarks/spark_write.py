@@ -32,6 +32,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 import pyarrow as pa  # noqa: E402
 import requests  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage  # noqa: E402
+from benchmarks.results_file import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "spark_write.json"
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_stack(d, purge=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_result(a.out, report)
     print(json.dumps(report["ratios"], indent=2))
     return 0
 
