@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import errno
 import os
 import pathlib
 import threading
 
+import pyarrow.fs as pafs
 import pytest
 
-from clickhouse_tx.decision_log import FileDecisionLog
-from clickhouse_tx.errors import DecisionConflictError
+from clickhouse_tx.decision_log import FileDecisionLog, TornDecisionError
+from clickhouse_tx.errors import ConfigurationError, DecisionConflictError
 from clickhouse_tx.interfaces import Decision, Mode, Prepared
 
 
@@ -42,11 +46,10 @@ def test_a_version_is_written_once(tmp_path: pathlib.Path) -> None:
 
 def test_read_returns_the_highest_version_with_the_done_flag(tmp_path: pathlib.Path) -> None:
     log = FileDecisionLog(f"file://{tmp_path}", "q")
-    log.write(decision(1, xids=("a", "b")))
-    log.write(decision(2, xids=("a", "c")))
-    log.write(decision(10, xids=("a", "d")))  # numeric, not lexical, ordering
+    for v in range(1, 11):  # numeric, not lexical, ordering; more versions than one probe
+        log.write(decision(v, xids=("a", f"d{v}")))
     d = log.read(3)
-    assert d.version == 10 and [p.xid for p in d.chosen] == ["a", "d"] and not d.done
+    assert d.version == 10 and [p.xid for p in d.chosen] == ["a", "d10"] and not d.done
     log.mark_done(3)
     log.mark_done(3)  # idempotent
     assert log.read(3).done
@@ -122,16 +125,183 @@ def test_prepared_details_survive_the_round_trip(tmp_path: pathlib.Path) -> None
     assert p.mode is Mode.STAGING and p.details == {"stage": "stage_a", "partition_ids": ["all"]}
 
 
-def test_a_filesystem_without_hard_links_publishes_by_checked_move(tmp_path: pathlib.Path) -> None:
-    import pyarrow.fs as pafs
-
+def test_a_version_is_refused_before_its_predecessor(tmp_path: pathlib.Path) -> None:
     log = FileDecisionLog(str(tmp_path), "q")
-    # a non-local pyarrow filesystem (as HDFS would be) takes the generic temp + move path
-    log._fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    log.directory = "clickhouse_tx/q"
-    log.write(decision(1))
-    with pytest.raises(DecisionConflictError):
-        log.write(decision(1))
+    with pytest.raises(ValueError, match="v2 of batch 3 written before v1"):
+        log.write(decision(2))
+
+
+class CountingHandler(pafs.FileSystemHandler):
+    """A local filesystem that counts calls and the file infos it hands out."""
+
+    def __init__(self) -> None:
+        self.fs = pafs.LocalFileSystem()
+        self.calls: collections.Counter = collections.Counter()
+        self.infos = 0
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.infos = 0
+
+    def get_type_name(self) -> str:
+        return "counting"
+
+    def get_file_info(self, paths):  # noqa: ANN001, ANN201 - pyarrow's handler interface
+        self.calls["get_file_info"] += 1
+        self.infos += len(paths)
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):  # noqa: ANN001, ANN201
+        self.calls["list_directory"] += 1
+        out = self.fs.get_file_info(selector)
+        self.infos += len(out)
+        return out
+
+    def open_input_stream(self, path):  # noqa: ANN001, ANN201
+        self.calls["open"] += 1
+        return self.fs.open_input_stream(path)
+
+    def open_input_file(self, path):  # noqa: ANN001, ANN201
+        self.calls["open"] += 1
+        return self.fs.open_input_file(path)
+
+    def normalize_path(self, path):  # noqa: ANN001, ANN201
+        return path
+
+    def equals(self, other):  # noqa: ANN001, ANN201
+        return other is self
+
+    def _no(self, *args):  # noqa: ANN002, ANN202
+        raise NotImplementedError("read-only in this test")
+
+    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = _no
+    delete_file = move = copy_file = open_output_stream = open_append_stream = _no
+
+
+def _counted_read(tmp_path: pathlib.Path, batch: int) -> tuple[Decision | None, CountingHandler]:
+    handler = CountingHandler()
+    log = FileDecisionLog("unused", "q", filesystem=(pafs.PyFileSystem(handler), str(tmp_path)))
+    handler.reset()
+    return log.read(batch), handler
+
+
+def test_reading_a_batch_decision_costs_the_same_few_filesystem_calls_for_10_or_600_batches(
+        tmp_path: pathlib.Path) -> None:
+    log = FileDecisionLog(str(tmp_path), "q", compact_every=10_000)
+    costs = []
+    for upto in (10, 600):
+        for b in range(len(costs) and 10, upto):
+            log.write(decision(batch=b))
+            log.mark_done(b)
+        d, counted = _counted_read(tmp_path, 5)
+        assert d is not None and d.done and d.batch == 5
+        new, counted_new = _counted_read(tmp_path, upto)  # the first read of a new batch
+        assert new is None
+        costs.append((dict(counted.calls), counted.infos, dict(counted_new.calls), counted_new.infos))
+    assert costs[0] == costs[1]
+    read_calls, read_infos, new_calls, new_infos = costs[1]
+    assert "list_directory" not in read_calls and sum(read_calls.values()) <= 2 and read_infos <= 5
+    assert sum(new_calls.values()) <= 2 and new_infos <= 6
+
+
+def test_compaction_keeps_the_newest_done_batches_and_every_batch_not_done(tmp_path: pathlib.Path) -> None:
+    log = FileDecisionLog(str(tmp_path), "q", retain_batches=10, compact_every=10_000)
+    for b in range(30):
+        log.write(decision(batch=b))
+        if b not in (3, 25):
+            log.mark_done(b)
+    deleted = log.compact()
+    newest_done = [29, 28, 27, 26, 24, 23, 22, 21, 20, 19]
+    assert deleted == [b for b in range(19) if b != 3]
+    assert list(log.batches()) == [3] + sorted(newest_done + [25])
+    for b in newest_done:
+        assert log.read(b) == dataclasses.replace(decision(batch=b), done=True)
+    for b in (3, 25):  # not done: kept whole, a replay rolls them forward
+        assert log.read(b) == decision(batch=b)
+    # a compacted batch reads as done with nothing to commit, and is never decided again
+    assert log.read(7) == Decision(txn_id="q", batch=7, chosen=(), version=0, done=True)
+    with pytest.raises(DecisionConflictError, match="batch 7 is done and compacted"):
+        log.write(decision(batch=7))
+    assert log.read(30) is None
+    assert log.compact() == []  # nothing more to drop until new batches are done
+
+
+def test_marking_done_compacts_every_few_batches_keeping_the_retained_ones(tmp_path: pathlib.Path) -> None:
+    log = FileDecisionLog(str(tmp_path), "q", retain_batches=3, compact_every=5)
+    for b in range(11):
+        log.write(decision(batch=b))
+        log.mark_done(b)
+    assert list(log.batches()) == [8, 9, 10]  # compacted when batch 10 was done
+    files = sorted(os.listdir(tmp_path / "clickhouse_tx" / "q"))
+    assert files == ["10.done", "10.v1.json", "8.done", "8.v1.json", "9.done", "9.v1.json", "_compacted"]
+    assert os.listdir(tmp_path / "clickhouse_tx" / "q" / "_compacted") == ["7"]
+    assert log.read(0).done and log.read(0).chosen == ()
+
+
+def test_a_retention_below_one_batch_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="retain_batches"):
+        FileDecisionLog("/tmp/x", "q", retain_batches=0)
+
+
+def _no_hard_links(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    tried: list[str] = []
+
+    def refuse(src: str, dst: str) -> None:
+        tried.append(dst)
+        raise PermissionError(errno.EPERM, "Operation not permitted", dst)
+
+    monkeypatch.setattr(os, "link", refuse)
+    return tried
+
+
+def test_where_hard_links_fail_a_publish_still_refuses_a_second_writer(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = _no_hard_links(monkeypatch)
+    log = FileDecisionLog(str(tmp_path), "q")
+    log.write(decision(1, xids=("a",)))
+    with pytest.raises(DecisionConflictError, match="v1 of batch 3"):
+        log.write(decision(1, xids=("z",)))
     log.mark_done(3)
-    assert log.read(3).done and log.read(3).version == 1
+    assert tried  # the link was attempted and failed
+    assert [p.xid for p in log.read(3).chosen] == ["a"] and log.read(3).done
     assert sorted(os.listdir(tmp_path / "clickhouse_tx" / "q")) == ["3.done", "3.v1.json"]
+
+
+def test_where_hard_links_fail_of_racing_writers_exactly_one_wins(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_hard_links(monkeypatch)
+    winners: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        barrier.wait()
+        try:
+            FileDecisionLog(str(tmp_path), "q").write(decision(1, xids=(f"x{i}",)))
+            winners.append(f"x{i}")
+        except DecisionConflictError:
+            pass
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1
+    assert [p.xid for p in FileDecisionLog(str(tmp_path), "q").read(3).chosen] == winners
+
+
+def test_a_decision_torn_by_a_killed_writer_is_reported_not_taken_as_absent(tmp_path: pathlib.Path) -> None:
+    d = tmp_path / "clickhouse_tx" / "q"
+    d.mkdir(parents=True)
+    (d / "3.v1.json").write_bytes(decision().to_bytes()[:40])
+    with pytest.raises(TornDecisionError, match="3.v1.json is incomplete"):
+        FileDecisionLog(str(tmp_path), "q").read(3)
+
+
+def test_an_object_store_log_without_an_arbiter_refuses_to_write_and_says_why(tmp_path: pathlib.Path) -> None:
+    fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())  # no exclusive create
+    log = FileDecisionLog("unused", "q", filesystem=(fs, ""))
+    assert log.semantics == "registry-cas"
+    with pytest.raises(ConfigurationError, match="needs an arbiter"):
+        log.write(decision())
+    assert not (tmp_path / "clickhouse_tx" / "q" / "3.v1.json").exists()
