@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from clickhouse_tx.decision_log import DEFAULT_RETAIN_BATCHES
 from clickhouse_tx.interfaces import CommitModeIO, Mode, Target
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.coordinator import Coordinator
+    from clickhouse_tx.decision_log import FileDecisionLog
     from clickhouse_tx.retry import RetryPolicy
 
 
@@ -24,9 +26,16 @@ if TYPE_CHECKING:  # pragma: no cover
 COMMIT_PARALLELISM = 8
 
 
-def build_mode_io(mode: "Mode | str") -> CommitModeIO:
-    """The commit mode's I/O (raises ConfigurationError naming an unknown mode)."""
-    return mode_io_for(mode)
+def build_mode_io(mode: "Mode | str", registry: KeeperMapRegistry | None = None) -> CommitModeIO:
+    """The commit mode's I/O (raises ConfigurationError naming an unknown mode).
+
+    ``registry``: where mode ``dedup`` checks, before each chunk it inserts, that its
+    xid is still INITIALIZED (the fence of a zombie attempt); default the target's.
+    """
+    io = mode_io_for(mode)
+    if registry is not None and io.mode is Mode.DEDUP:
+        io.registry = registry  # type: ignore[attr-defined]
+    return io
 
 
 def build_registry(target: Target, *, table: str = DEFAULT_TABLE,
@@ -35,9 +44,28 @@ def build_registry(target: Target, *, table: str = DEFAULT_TABLE,
     return KeeperMapRegistry(target, table=table, database=database)
 
 
+def build_decision_log(target: Target, txn_id: str, decision_log_uri: str, *,
+                       registry_database: str | None = None,
+                       retain_batches: int = DEFAULT_RETAIN_BATCHES) -> "FileDecisionLog":
+    """The decision log of ``txn_id`` under ``decision_log_uri``, atomic on its store.
+
+    Driver, wherever a coordinator commits. On a store without an exclusive create
+    (S3, GCS) it arbitrates versions by the registry's compare-and-set, in the
+    KeeperMap table ``clickhouse_tx_decisions`` beside the registry.
+    """
+    from clickhouse_tx.decision_log import FileDecisionLog, RegistryArbiter
+
+    log = FileDecisionLog(decision_log_uri, txn_id, retain_batches=retain_batches)
+    if log.semantics == "registry-cas":
+        log.arbiter = RegistryArbiter(build_registry(target, table=RegistryArbiter.TABLE,
+                                                     database=registry_database))
+    return log
+
+
 def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_log_uri: str, *,
                       registry_table: str = DEFAULT_TABLE, registry_database: str | None = None,
-                      retry: "RetryPolicy | None" = None) -> "Coordinator":
+                      retry: "RetryPolicy | None" = None,
+                      retain_batches: int = DEFAULT_RETAIN_BATCHES) -> "Coordinator":
     """A :class:`~clickhouse_tx.coordinator.Coordinator` for one query into one target.
 
     Parameters
@@ -50,10 +78,14 @@ def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_
         Stable id of the query (same across restarts).
     decision_log_uri
         Root of the decision log (the checkpoint location; any ``pyarrow.fs`` URI).
+    retain_batches
+        Done batches the decision log keeps (Spark's ``minBatchesToRetain``, default 100).
     """
     from clickhouse_tx.coordinator import Coordinator
-    from clickhouse_tx.decision_log import FileDecisionLog
 
-    return Coordinator(txn_id, target, build_mode_io(mode),
-                       build_registry(target, table=registry_table, database=registry_database),
-                       FileDecisionLog(decision_log_uri, txn_id), retry=retry, parallelism=COMMIT_PARALLELISM)
+    registry = build_registry(target, table=registry_table, database=registry_database)
+    return Coordinator(txn_id, target, build_mode_io(mode, registry), registry,
+                       build_decision_log(target, txn_id, decision_log_uri,
+                                          registry_database=registry_database,
+                                          retain_batches=retain_batches),
+                       retry=retry, parallelism=COMMIT_PARALLELISM)
