@@ -1,21 +1,25 @@
-"""Mode ``dedup``: idempotent at-least-once with deterministic deduplication tokens.
+"""Mode ``dedup``: idempotent at-least-once with content-derived deduplication tokens.
 
 prepare (executor, once per partition attempt)
-    Cut the rows into chunks of a fixed number of rows (:data:`CHUNK_ROWS`; the cut
-    depends only on the order of the rows, not on how they arrive in record
-    batches) and INSERT each chunk straight into the target with
-    ``insert_deduplication_token = "<txn_id>:<batch>:<partition>:<chunk_no>"``.
-    The token has no attempt number: a retried or replayed attempt of the same
-    partition produces the same tokens and ClickHouse drops the duplicate blocks.
-    Each chunk is sent as ONE Arrow record batch (the server makes a block of each
-    batch it reads, and the dedup hash is per block), with squashing pinned to the
-    chunk size, so a chunk becomes the same block(s) every time. Memory: one chunk.
+    Cut the partition's rows into chunks of :data:`CHUNK_ROWS` rows, counted from the
+    partition's first row (the cut depends only on the rows and their order, not on
+    how they arrive in record batches), and INSERT each chunk straight into the
+    target with ``insert_deduplication_token = <txn_id>:<batch>:<partition>:<h>:<k>``
+    where ``h`` is a SHA-256 of the chunk's Arrow IPC bytes and ``k`` counts earlier
+    chunks of the partition with the same ``h``. The token has no attempt number and
+    no chunk number: a retried or replayed attempt that sends the same rows sends the
+    same tokens (ClickHouse drops the duplicate blocks), and one that sends other
+    rows sends other tokens (ClickHouse inserts them: a token never hides rows that
+    were never inserted, which a positional ``partition:chunk_no`` token did).
+    Before each chunk it checks, in one registry read and one ``system.parts``
+    read, that its xid is still INITIALIZED (a fenced zombie inserts nothing more)
+    and that fewer blocks than the dedup window were inserted into the table since
+    its first chunk (else the first chunks' tokens may have left the window).
 commit (driver)
-    Write the marker (rows are visible since prepare).
+    Check the window again (blocks inserted since the partition's first chunk), then
+    write the marker (rows are visible since prepare).
 rollback
-    Cannot undo: rows already inserted stay. This mode is at-least-once made
-    idempotent by the tokens; it is exactly-once only when a replay re-sends the
-    same rows in the same partitions and order, within the dedup window.
+    Cannot undo: rows already inserted stay.
 lookup
     marker -> COMMITTED, otherwise PENDING (committing only writes the marker).
 
@@ -26,26 +30,88 @@ Replicated tables; :meth:`DedupMode.validate` refuses a table without one.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import logging
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
 
-from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx import sql as q
+from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes import peek_schema
 from clickhouse_tx.modes.base import ModeBase
+from clickhouse_tx.schema import describe_table
+from clickhouse_tx.state import TxState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.registry import KeeperMapRegistry
 
 log = logging.getLogger(__name__)
 
-#: Rows per INSERT (and per deduplication token).
+#: Rows per INSERT (and per deduplication token). Part of the protocol: a run and
+#: its replay must cut at the same size, so it is not an option.
 CHUNK_ROWS = 250_000
 
 
-def dedup_token(txn_id: str, batch: int, partition: int, chunk_no: int) -> str:
-    """The deterministic ``insert_deduplication_token`` of one chunk."""
-    return f"{txn_id}:{batch}:{partition}:{chunk_no}"
+class DedupWindowError(ClickHouseTxError):
+    """More blocks went into the table since a partition's first chunk than the dedup
+    window holds: a replay could duplicate rows. Raise the window (docs/modes.md)."""
+
+
+def chunk_digest(chunk: pa.RecordBatch) -> str:
+    """SHA-256 of the chunk's Arrow IPC message: equal rows give equal digests.
+
+    The IPC writer drops the validity bitmap of a column without nulls and truncates
+    sliced buffers, so the bytes depend on the values, not on how the record batches
+    that made the chunk were cut.
+    """
+    return hashlib.sha256(chunk.serialize()).hexdigest()[:32]
+
+
+def dedup_token(txn_id: str, batch: int, partition: int, digest: str, occurrence: int = 0) -> str:
+    """The ``insert_deduplication_token`` of one chunk: its content, not its position.
+
+    ``occurrence`` counts earlier chunks of the partition with the same digest, so
+    two equal chunks of one partition are both inserted.
+    """
+    return f"{txn_id}:{batch}:{partition}:{digest}:{occurrence}"
+
+
+def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
+    """The table's highest block number: one more for every part an INSERT writes.
+
+    Every part written (one per table partition an insert block touches) is one
+    entry of the dedup window, so the difference of two readings bounds how many
+    entries were added in between.
+    """
+    rows = client.query_json(
+        "SELECT max(max_block_number) AS b FROM system.parts WHERE database = {d:String} "
+        "AND table = {t:String}", params={"d": target.database, "t": target.table})
+    return int(rows[0]["b"] or 0) if rows else 0
+
+
+def dedup_window(client: ClickHouseHTTP, target: Target) -> int:
+    """The table's dedup window (replicated or not), in parts."""
+    info = describe_table(client, target.database, target.table)
+    return info.replicated_dedup_window if info.is_replicated else info.non_replicated_dedup_window
+
+
+def check_window(first_block: int, current_block: int, window: int, target: Target, xid: str) -> None:
+    """Raise :class:`DedupWindowError` if the parts since ``first_block`` fill ``window``."""
+    since = current_block - first_block
+    if since >= window:
+        raise DedupWindowError(
+            f"{since} parts were inserted into {target.database}.{target.table} since this "
+            f"partition's first chunk, and its dedup window holds {window}: the tokens of its "
+            f"first chunks may have left the window, so a replay could duplicate rows. Raise it "
+            f"(ALTER TABLE {q.qualified(target.database, target.table)} MODIFY SETTING "
+            f"non_replicated_deduplication_window = {max(1000, 4 * since)}, or "
+            "replicated_deduplication_window for a Replicated table) or write smaller batches",
+            xid=xid)
 
 
 class Rechunker:
@@ -97,10 +163,11 @@ class DedupMode(ModeBase):
 
     mode = Mode.DEDUP
 
-    def __init__(self, chunk_rows: int = CHUNK_ROWS) -> None:
+    def __init__(self, chunk_rows: int = CHUNK_ROWS, registry: "KeeperMapRegistry | None" = None) -> None:
         self.chunk_rows = chunk_rows
+        self.registry = registry
 
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object) -> bool:  # the registry is where, not what: not compared
         return isinstance(other, DedupMode) and other.chunk_rows == self.chunk_rows
 
     def __hash__(self) -> int:
@@ -127,39 +194,84 @@ class DedupMode(ModeBase):
                 f"ALTER TABLE {fq} MODIFY SETTING non_replicated_deduplication_window = 1000")
         self.markers(target).ensure_table()
 
+    def _registry(self, target: Target) -> "KeeperMapRegistry":
+        if self.registry is None:
+            from clickhouse_tx.registry import KeeperMapRegistry
+
+            self.registry = KeeperMapRegistry(target)
+        return self.registry
+
+    def _fence(self, target: Target, xid: str) -> None:
+        """Refuse to insert once the xid left INITIALIZED (fenced by the driver or GC)."""
+        entry = self._registry(target).get(xid)
+        if entry is None or entry.state != TxState.INITIALIZED.value:
+            state = "not registered" if entry is None else entry.state
+            raise NotCommittedError(
+                f"dedup insert refused: the registry says this attempt is {state}, so it was "
+                "fenced (a newer attempt or the driver's abort replaced it)", xid=xid)
+
     def prepare(self, target: Target, ctx: WriteContext, xid: str,
                 batches: Iterator[pa.RecordBatch]) -> Prepared:
-        """Executor: INSERT chunk by chunk with deterministic tokens (visible at once)."""
+        """Executor, once per partition attempt: INSERT chunk by chunk (visible at once).
+
+        Per chunk: one registry read (the fence), one ``system.parts`` read (the
+        window), one INSERT. Memory: one chunk.
+        """
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
-        chunks = 0
+        seen: collections.Counter = collections.Counter()
+        first_block: int | None = None
         if schema is not None:
             cutter = Rechunker(counted, self.chunk_rows)
             with self.client(target) as c:
+                window = dedup_window(c, target)
                 while cutter.has_more():
-                    token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, chunks)
                     # One record batch per INSERT: the server makes one block of each
                     # Arrow batch, so the blocks (and their dedup hashes) must not depend
-                    # on how the rows arrived. Memory: one chunk.
+                    # on how the rows arrived.
                     one = pa.concat_batches(list(cutter.chunk()))
-                    c.insert_arrow_stream(self.target_sql(target), schema, iter([one]), settings={
-                        "insert_deduplicate": "1",
-                        "insert_deduplication_token": token,
-                        "min_insert_block_size_rows": str(self.chunk_rows),
-                        "min_insert_block_size_bytes": "0",
-                        "max_insert_block_size": str(self.chunk_rows),
-                    })
-                    chunks += 1
+                    digest = chunk_digest(one)
+                    token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
+                    seen[digest] += 1
+                    self._fence(target, xid)
+                    block = max_block_number(c, target)
+                    first_block = block if first_block is None else first_block
+                    check_window(first_block, block, window, target, xid)
+                    self._insert(c, target, schema, one, token)
         return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
-                             {"chunks": chunks, "chunk_rows": self.chunk_rows,
-                              "token_prefix": f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:"})
+                             {"chunks": sum(seen.values()), "chunk_rows": self.chunk_rows,
+                              "first_block": first_block})
+
+    def _insert(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, one: pa.RecordBatch,
+                token: str) -> None:
+        c.insert_arrow_stream(self.target_sql(target), schema, iter([one]), settings={
+            "insert_deduplicate": "1",
+            "insert_deduplication_token": token,
+            "min_insert_block_size_rows": str(self.chunk_rows),
+            "min_insert_block_size_bytes": "0",
+            "max_insert_block_size": str(self.chunk_rows),
+        })
 
     def commit(self, target: Target, p: Prepared) -> None:
-        """Driver: write the marker once (rows are already in)."""
+        """Driver, once per decided xid: check the window, then write the marker once.
+
+        Raises
+        ------
+        DedupWindowError
+            The table took as many parts as its dedup window since the partition's
+            first chunk: the batch is not committed (no marker) and the error says
+            how to raise the window.
+        """
         markers = self.markers(target)
-        if markers.lookup(p.xid) is None:
-            markers.ensure_table()
-            markers.insert(p)
+        if markers.lookup(p.xid) is not None:
+            return
+        first = p.details.get("first_block")
+        if first is not None:
+            with self.client(target) as c:
+                check_window(int(first), max_block_number(c, target), dedup_window(c, target),
+                             target, p.xid)
+        markers.ensure_table()
+        markers.insert(p)
 
     def rollback(self, target: Target, p: Prepared) -> None:
         """Cannot undo inserted rows: a replay re-sends the same tokens and is deduplicated."""

@@ -61,8 +61,8 @@ def test_rechunker_of_no_batches_has_no_chunk() -> None:
     assert not Rechunker(iter(()), 5).has_more()
 
 
-def test_dedup_token_names_txn_batch_partition_and_chunk_but_not_the_attempt() -> None:
-    assert dedup_token("q", 3, 2, 7) == "q:3:2:7"
+def test_dedup_token_names_txn_batch_partition_and_content_but_not_the_attempt_or_chunk_number() -> None:
+    assert dedup_token("q", 3, 2, "ab12", 1) == "q:3:2:ab12:1"
 
 
 def test_parse_type_splits_nested_arguments() -> None:

@@ -1,0 +1,129 @@
+"""Mode dedup against the embedded stack: content tokens, the zombie fence, the window check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pytest
+
+from clickhouse_tx import sql as q
+from clickhouse_tx.errors import NotCommittedError
+from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.interfaces import WriteContext
+from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
+from clickhouse_tx.registry import KeeperMapRegistry
+from tests.integration.test_modes import (  # noqa: F401 - the admin fixture
+    admin, batches, committed_count, distinct_ids, make_table, markers, rows)
+
+TXN = "dq"
+
+
+class SimulatedCrash(Exception):
+    """The executor dies here."""
+
+
+def crashing_after(t: pa.Table, n_rows: int, size: int) -> Iterator[pa.RecordBatch]:
+    sent = 0
+    for b in t.to_batches(max_chunksize=size):
+        if sent >= n_rows:
+            raise SimulatedCrash(f"executor killed after {sent} rows")
+        sent += b.num_rows
+        yield b
+
+
+def coordinator(target, tmp_path: Path, chunk_rows: int = 300, xid: str | None = None):  # noqa: ANN001, ANN201
+    co = build_coordinator(target, "dedup", TXN, str(tmp_path))
+    co.mode_io = co.ops.mode_io = DedupMode(chunk_rows=chunk_rows, registry=co.registry)
+    if xid is not None:
+        co.xid_factory = lambda *_: xid
+    return co
+
+
+def ids(admin: ClickHouseHTTP, target) -> list[int]:  # noqa: ANN001
+    fq = q.qualified(target.database, target.table)
+    return [r["id"] for r in admin.query_json(f"SELECT id FROM {fq} ORDER BY id SETTINGS implicit_transaction = 1")]
+
+
+def test_a_dedup_replay_with_other_record_batch_sizes_after_a_partial_attempt_inserts_nothing_twice(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    target = make_table(admin, database)
+    data = rows(1000)
+    with pytest.raises(NotCommittedError, match="executor killed after 700 rows"):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), crashing_after(data, 700, 70))
+    assert committed_count(admin, target) == 600  # two chunks of 300 went in, visible at once
+    replay = coordinator(target, tmp_path)
+    p = replay.prepare(WriteContext(TXN, 0, 0, 1), batches(data, 999))
+    replay.commit_batch(0, [p])
+    assert committed_count(admin, target) == 1000 and distinct_ids(admin, target) == 1000
+
+
+def test_a_replay_whose_partition_holds_other_rows_is_inserted_not_swallowed_by_the_first_tokens(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    # The first attempt of partition 0 wrote rows 0..299 and died; the replay (after a
+    # repartitioning upstream) gives partition 0 the rows 5000..5299. A positional token
+    # ("partition 0, chunk 0") made ClickHouse drop them as a duplicate: rows lost.
+    target = make_table(admin, database)
+    with pytest.raises(NotCommittedError):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), crashing_after(rows(400), 300, 300))
+    replay = coordinator(target, tmp_path)
+    p = replay.prepare(WriteContext(TXN, 0, 0, 1), batches(rows(300, start=5000)))
+    replay.commit_batch(0, [p])
+    assert set(range(5000, 5300)) <= set(ids(admin, target))
+
+
+def test_equal_chunks_of_one_partition_are_both_inserted(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    target = make_table(admin, database)
+    twice = pa.concat_tables([rows(300), rows(300)])
+    co = coordinator(target, tmp_path)
+    co.commit_batch(0, [co.prepare(WriteContext(TXN, 0, 0, 0), batches(twice))])
+    assert committed_count(admin, target) == 600
+
+
+def fencing_after(t: pa.Table, n_rows: int, fence: Callable[[], None]) -> Iterator[pa.RecordBatch]:
+    for i, b in enumerate(t.to_batches(max_chunksize=n_rows)):
+        if i == 1:
+            fence()  # the driver aborts the attempt while its executor still streams
+        yield b
+
+
+def test_a_fenced_zombie_dedup_insert_is_refused(admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    target = make_table(admin, database)
+    co = coordinator(target, tmp_path, xid="zombie-0")
+    registry = KeeperMapRegistry(target)
+
+    def fence() -> None:
+        assert registry.transition("zombie-0", ["initialized"], "aborting")
+
+    with pytest.raises(NotCommittedError, match="fenced"):
+        co.prepare(WriteContext(TXN, 0, 0, 0), fencing_after(rows(1200), 300, fence))
+    # the chunk sent before the fence is in (dedup cannot undo it); nothing after it
+    assert committed_count(admin, target) == 300
+
+
+def test_a_dedup_prepare_stops_before_the_window_fills_and_names_the_fix(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    # 4 table partitions: a 300-row chunk writes 4 parts; a window of 10 holds 2 chunks
+    target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
+    with pytest.raises(NotCommittedError, match=r"12 parts .* dedup window holds 10.*MODIFY SETTING"):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), batches(rows(1200)))
+    assert committed_count(admin, target) == 900
+
+
+def test_a_dedup_commit_is_refused_when_the_window_filled_since_the_first_chunk(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
+    co = coordinator(target, tmp_path)
+    p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(600)))  # 8 parts
+    other = DedupMode(chunk_rows=300, registry=co.registry)
+    other._insert(admin, target, rows(4, start=9000).schema, rows(4, start=9000).to_batches()[0], "elsewhere")
+    with pytest.raises(DedupWindowError, match="12 parts .* dedup window holds 10"):
+        co.commit_batch(0, [p])
+    assert markers(admin, database) == []
+    admin.command(f"ALTER TABLE {q.qualified(database, 'events')} MODIFY SETTING "
+                  "non_replicated_deduplication_window = 1000")
+    coordinator(target, tmp_path).commit_batch(0, [p])
+    assert [m["xid"] for m in markers(admin, database)] == [p.xid]
