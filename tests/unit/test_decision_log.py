@@ -305,3 +305,26 @@ def test_an_object_store_log_without_an_arbiter_refuses_to_write_and_says_why(tm
     with pytest.raises(ConfigurationError, match="needs an arbiter"):
         log.write(decision())
     assert not (tmp_path / "clickhouse_tx" / "q" / "3.v1.json").exists()
+
+
+def test_a_coordinator_over_a_compacting_log_replays_the_newest_and_a_compacted_batch_as_done(
+        tmp_path: pathlib.Path) -> None:
+    from tests.unit.fakes import World, arrow_batches
+    from clickhouse_tx.interfaces import WriteContext
+
+    w = World()
+    w.log = FileDecisionLog(str(tmp_path), w.txn_id, retain_batches=2, compact_every=1)
+
+    def run(batch: int, attempt: int):  # noqa: ANN202
+        co = w.coordinator()
+        msgs = [co.prepare(WriteContext(w.txn_id, batch, p, attempt), arrow_batches(5, p)) for p in range(2)]
+        return co.commit_batch(batch, msgs)
+
+    for b in range(8):
+        assert not run(b, 0).already_done
+    assert list(w.log.batches()) == [6, 7]
+    newest, compacted = run(7, 1), run(3, 1)  # Spark replays its last batch; a stray replay
+    assert newest.already_done and compacted.already_done
+    assert len(newest.rolled_back) == len(compacted.rolled_back) == 2
+    for b in range(8):  # every (batch, partition) visible exactly once
+        assert w.keys_of(b) == {(w.txn_id, b, 0): 1, (w.txn_id, b, 1): 1}
