@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
 import time
 from typing import Iterator
 
@@ -17,6 +16,7 @@ from clickhouse_tx.errors import DecisionConflictError
 from clickhouse_tx.factory import build_decision_log
 from clickhouse_tx.interfaces import Decision, Mode, Prepared, Target
 from clickhouse_tx.registry import KeeperMapRegistry
+from tests.unit.test_decision_log import race
 
 BUCKET = "chk"
 
@@ -66,7 +66,7 @@ def _log(endpoint: str, target: Target, prefix: str) -> FileDecisionLog:
     return FileDecisionLog("unused", "q", arbiter=arbiter, filesystem=(_s3(endpoint), f"{BUCKET}/{prefix}"))
 
 
-def decision(xid: str, batch: int = 3, version: int = 1) -> Decision:
+def decision(xid: str, batch: int = 3, version: int = 1) -> Decision:  # one chosen xid
     p = Prepared(xid=xid, txn_id="q", batch=batch, partition=0, attempt=0, mode=Mode.DEDUP,
                  server="http://h", table="db.t", rows=1, checksum=1)
     return Decision(txn_id="q", batch=batch, version=version, chosen=(p,))
@@ -76,23 +76,7 @@ def test_concurrent_writers_of_one_batch_on_an_object_store_produce_exactly_one_
         s3_endpoint: str, target: Target, database: str) -> None:
     prefix = f"race-{database}"
     _log(s3_endpoint, target, prefix).arbiter.registry.ensure_table()
-    winners: list[str] = []
-    barrier = threading.Barrier(6)
-
-    def writer(i: int) -> None:
-        log = _log(s3_endpoint, target, prefix)
-        barrier.wait()
-        try:
-            log.write(decision(f"x{i}"))
-            winners.append(f"x{i}")
-        except DecisionConflictError:
-            pass
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    winners = race(lambda: _log(s3_endpoint, target, prefix), writers=6)
     log = _log(s3_endpoint, target, prefix)
     assert log.semantics == "registry-cas"
     assert len(winners) == 1

@@ -8,6 +8,7 @@ import errno
 import os
 import pathlib
 import threading
+from typing import Callable
 
 import pyarrow.fs as pafs
 import pytest
@@ -83,26 +84,32 @@ def test_no_temp_files_remain_after_writes(tmp_path: pathlib.Path) -> None:
     assert sorted(os.listdir(tmp_path / "clickhouse_tx" / "q")) == ["3.done", "3.v1.json"]
 
 
-def test_of_two_racing_writers_of_one_version_exactly_one_wins(tmp_path: pathlib.Path) -> None:
-    results: list[str] = []
-    barrier = threading.Barrier(8)
+def race(make_log: Callable[[], FileDecisionLog], writers: int = 8) -> list[str]:
+    """``writers`` threads, each with its own log, write version 1 of batch 3 at once: the winners."""
+    winners: list[str] = []
+    barrier = threading.Barrier(writers)
 
     def writer(i: int) -> None:
-        log = FileDecisionLog(str(tmp_path), "q")
+        log = make_log()
         barrier.wait()
         try:
             log.write(decision(1, xids=(f"x{i}",)))
-            results.append(f"x{i}")
+            winners.append(f"x{i}")
         except DecisionConflictError:
             pass
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(results) == 1
-    assert [p.xid for p in FileDecisionLog(str(tmp_path), "q").read(3).chosen] == results
+    return winners
+
+
+def test_of_racing_writers_of_one_version_exactly_one_wins(tmp_path: pathlib.Path) -> None:
+    winners = race(lambda: FileDecisionLog(str(tmp_path), "q"))
+    assert len(winners) == 1
+    assert [p.xid for p in FileDecisionLog(str(tmp_path), "q").read(3).chosen] == winners
 
 
 def test_a_log_for_another_txn_or_a_foreign_file_is_refused(tmp_path: pathlib.Path) -> None:
@@ -270,22 +277,7 @@ def test_where_hard_links_fail_a_publish_still_refuses_a_second_writer(
 def test_where_hard_links_fail_of_racing_writers_exactly_one_wins(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _no_hard_links(monkeypatch)
-    winners: list[str] = []
-    barrier = threading.Barrier(8)
-
-    def writer(i: int) -> None:
-        barrier.wait()
-        try:
-            FileDecisionLog(str(tmp_path), "q").write(decision(1, xids=(f"x{i}",)))
-            winners.append(f"x{i}")
-        except DecisionConflictError:
-            pass
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    winners = race(lambda: FileDecisionLog(str(tmp_path), "q"))
     assert len(winners) == 1
     assert [p.xid for p in FileDecisionLog(str(tmp_path), "q").read(3).chosen] == winners
 
