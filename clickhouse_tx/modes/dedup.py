@@ -210,13 +210,30 @@ class DedupMode(ModeBase):
                 f"dedup insert refused: the registry says this attempt is {state}, so it was "
                 "fenced (a newer attempt or the driver's abort replaced it)", xid=xid)
 
+    def _committed_by(self, target: Target, ctx: WriteContext) -> str | None:
+        """The xid whose marker says (txn, batch, partition) is committed, or None."""
+        for m in self.markers(target).list(ctx.txn_id, ctx.batch):
+            if int(m["partition"]) == ctx.partition:
+                return str(m["xid"])
+        return None
+
     def prepare(self, target: Target, ctx: WriteContext, xid: str,
                 batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor, once per partition attempt: INSERT chunk by chunk (visible at once).
 
-        Per chunk: one registry read (the fence), one ``system.parts`` read (the
-        window), one INSERT. Memory: one chunk.
+        First one read of the markers: a partition already committed (a replay of a
+        done batch, a late zombie) inserts nothing. Then per chunk: one registry read
+        (the fence), one ``system.parts`` read (the window), one INSERT. Memory: one
+        chunk.
         """
+        done = self._committed_by(target, ctx)
+        if done is not None:
+            # A replay or zombie of a partition some attempt already committed: its
+            # rows are in, and re-sending them would rely on the window still
+            # holding their tokens. The committed xid wins, as in every mode.
+            log.info("batch %d partition %d is committed by xid %s; xid %s inserts nothing",
+                     ctx.batch, ctx.partition, done, xid)
+            return self.prepared(target, ctx, xid, 0, 0, {"chunks": 0, "committed_by": done})
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
         seen: collections.Counter = collections.Counter()

@@ -127,3 +127,16 @@ def test_a_dedup_commit_is_refused_when_the_window_filled_since_the_first_chunk(
                   "non_replicated_deduplication_window = 1000")
     coordinator(target, tmp_path).commit_batch(0, [p])
     assert [m["xid"] for m in markers(admin, database)] == [p.xid]
+
+
+def test_a_late_attempt_of_a_committed_partition_inserts_nothing_even_after_the_window_moved_on(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
+    data = rows(300)
+    co = coordinator(target, tmp_path)
+    co.commit_batch(0, [co.prepare(WriteContext(TXN, 0, 0, 0), batches(data))])
+    for i in range(3):  # another writer: 12 parts, the batch's tokens leave the window
+        co.mode_io._insert(admin, target, data.schema, rows(4, start=9000 + 4 * i).to_batches()[0], f"w{i}")
+    late = coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(data, 7))
+    assert distinct_ids(admin, target) == committed_count(admin, target) == 312
+    assert late.rows == 0 and late.details["committed_by"]
