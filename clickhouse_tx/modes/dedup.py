@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import time
 from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
@@ -94,10 +95,34 @@ def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
     return int(rows[0]["b"] or 0) if rows else 0
 
 
-def dedup_window(client: ClickHouseHTTP, target: Target) -> int:
-    """The table's dedup window (replicated or not), in parts."""
+#: (url, database, table) -> (window, monotonic time read). Spark reuses Python
+#: workers, so most prepares skip the three queries of describe_table (~70 ms here).
+_WINDOWS: dict[tuple[str, str, str], tuple[int, float]] = {}
+#: How long a window read stays good: an ALTER of the window is seen within this.
+WINDOW_CACHE_S = 30.0
+
+
+def dedup_window(client: ClickHouseHTTP, target: Target, *, fresh: bool = False) -> int:
+    """The table's dedup window (replicated or not), in parts; read at most every 30 s."""
+    key = (target.url, target.database, target.table)
+    hit = _WINDOWS.get(key)
+    if hit is not None and not fresh and time.monotonic() - hit[1] < WINDOW_CACHE_S:
+        return hit[0]
     info = describe_table(client, target.database, target.table)
-    return info.replicated_dedup_window if info.is_replicated else info.non_replicated_dedup_window
+    window = info.replicated_dedup_window if info.is_replicated else info.non_replicated_dedup_window
+    _WINDOWS[key] = (window, time.monotonic())
+    return window
+
+
+def ensure_window(client: ClickHouseHTTP, target: Target, first_block: int, xid: str) -> int:
+    """Raise :class:`DedupWindowError` if the table's parts since ``first_block`` fill its
+    window (a refusal is confirmed with a fresh read of the window); the current block."""
+    block = max_block_number(client, target)
+    try:
+        check_window(first_block, block, dedup_window(client, target), target, xid)
+    except DedupWindowError:
+        check_window(first_block, block, dedup_window(client, target, fresh=True), target, xid)
+    return block
 
 
 def check_window(first_block: int, current_block: int, window: int, target: Target, xid: str) -> None:
@@ -241,7 +266,6 @@ class DedupMode(ModeBase):
         if schema is not None:
             cutter = Rechunker(counted, self.chunk_rows)
             with self.client(target) as c:
-                window = dedup_window(c, target)
                 while cutter.has_more():
                     # One record batch per INSERT: the server makes one block of each
                     # Arrow batch, so the blocks (and their dedup hashes) must not depend
@@ -251,9 +275,10 @@ class DedupMode(ModeBase):
                     token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
                     seen[digest] += 1
                     self._fence(target, xid)
-                    block = max_block_number(c, target)
-                    first_block = block if first_block is None else first_block
-                    check_window(first_block, block, window, target, xid)
+                    if first_block is None:
+                        first_block = max_block_number(c, target)
+                    else:
+                        ensure_window(c, target, first_block, xid)
                     self._insert(c, target, schema, one, token)
         return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
                              {"chunks": sum(seen.values()), "chunk_rows": self.chunk_rows,
@@ -285,8 +310,7 @@ class DedupMode(ModeBase):
         first = p.details.get("first_block")
         if first is not None:
             with self.client(target) as c:
-                check_window(int(first), max_block_number(c, target), dedup_window(c, target),
-                             target, p.xid)
+                ensure_window(c, target, int(first), p.xid)
         markers.ensure_table()
         markers.insert(p)
 
