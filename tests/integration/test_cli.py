@@ -44,6 +44,7 @@ def test_status_counts_open_prepares_and_gc_rolls_back_the_ones_no_decision_name
         clickhouse_url: str, database: str, tmp_path: Path) -> None:
     target, admin = _setup(clickhouse_url, database)
     coord = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    coord.commit_batch(0, [coord.prepare(WriteContext(TXN, 0, 0, 0), iter(_batch(1000)))])
     stale = [coord.prepare(WriteContext(TXN, 3, p, 0), iter(_batch(100 * p))) for p in range(2)]
     common = ["--url", clickhouse_url, "--table", f"{database}.events"]
 
@@ -59,7 +60,7 @@ def test_status_counts_open_prepares_and_gc_rolls_back_the_ones_no_decision_name
 
     registry = KeeperMapRegistry(target)
     assert {registry.get(p.xid).state for p in stale} == {TxState.ABORTED.value}
-    assert _visible(admin, target) == 0
+    assert _visible(admin, target) == 100  # batch 0 only
     after = json.loads(_cli("status", *common, "--json").stdout)
     assert after["open_by_state"] == {}
 
@@ -86,3 +87,58 @@ def test_recover_rolls_forward_a_decided_xid_a_dead_driver_left_committing(
                             "transaction", "--checkpoint", str(tmp_path), "--json").stdout)
     assert again["committed"] == [] and _visible(admin, target) == 100
     assert build_mode_io("transaction").lookup(target, p).value == "committed"
+
+
+def _commit_until_first_commit(target: Target, chk: Path, txn: str, partitions: int,
+                               rows: int) -> list:
+    """A job that decided a batch and COMMITTED one partition, then died (as after_commit:1)."""
+    coord = build_coordinator(target, "transaction", txn, str(chk))
+    msgs = [coord.prepare(WriteContext(txn, 0, p, 0), iter(_batch(p * rows, rows))) for p in range(partitions)]
+    FileDecisionLog(str(chk), txn).write(Decision(txn_id=txn, batch=0, chosen=tuple(msgs)))
+    registry = KeeperMapRegistry(target)
+    for m in msgs:
+        assert registry.transition(m.xid, [TxState.INITIALIZED.value], TxState.COMMITTING.value)
+    build_mode_io("transaction").commit(target, msgs[0])
+    return msgs
+
+
+def test_recover_with_another_querys_checkpoint_never_rolls_back_the_decided_xids_of_a_query_it_was_not_given(
+        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    target, admin = _setup(clickhouse_url, database)
+    chk_a, chk_b = tmp_path / "a", tmp_path / "b"
+    msgs_a = _commit_until_first_commit(target, chk_a, "query-a", 3, 1000)
+    # Query B shares the registry: it has a decision log of its own and an open prepare.
+    coord_b = build_coordinator(target, "transaction", "query-b", str(chk_b))
+    coord_b.commit_batch(0, [coord_b.prepare(WriteContext("query-b", 0, 0, 0), iter(_batch(10_000, 10)))])
+    b_open = coord_b.prepare(WriteContext("query-b", 1, 0, 0), iter(_batch(20_000, 10)))
+    assert _visible(admin, target) == 1010
+
+    common = ["--url", clickhouse_url, "--table", f"{database}.events", "--mode", "transaction", "--json"]
+    rec = _cli("recover", *common, "--checkpoint", str(chk_b))
+    assert rec.returncode == 0, rec.stderr
+    assert json.loads(rec.stdout)["rolled_back"] == []
+    gc = _cli("gc", *common, "--checkpoint", str(chk_b), "--older-than", "0")
+    assert gc.returncode == 0, gc.stderr
+    assert json.loads(gc.stdout)["rolled_back"] == [b_open.xid]  # B's own stale prepare only
+
+    registry = KeeperMapRegistry(target)
+    assert [registry.get(m.xid).state for m in msgs_a[1:]] == [TxState.COMMITTING.value] * 2
+    # A's replay (its own decision's roll-forward) finishes the batch: all 3,000 rows of A.
+    build_coordinator(target, "transaction", "query-a", str(chk_a)).commit_batch(0, msgs_a)
+    assert _visible(admin, target) == 3010
+
+
+def test_recover_and_gc_without_a_txn_id_or_a_checkpoint_refuse_to_act_on_every_query(
+        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    target, admin = _setup(clickhouse_url, database)
+    msgs = _commit_until_first_commit(target, tmp_path / "a", "query-a", 2, 10)
+    common = ["--url", clickhouse_url, "--table", f"{database}.events", "--mode", "transaction"]
+    for cmd in (["recover"], ["gc", "--older-than", "0"]):
+        out = _cli(*cmd, *common)
+        assert out.returncode == 2 and "--txn-id" in out.stderr and "--checkpoint" in out.stderr, out.stderr
+    wrong = _cli("recover", *common, "--txn-id", "query-a", "--checkpoint", str(tmp_path / "elsewhere"))
+    assert wrong.returncode == 2 and "query-a" in wrong.stderr, wrong.stderr
+    registry = KeeperMapRegistry(target)
+    assert registry.get(msgs[1].xid).state == TxState.COMMITTING.value
+    assert _visible(admin, target) == 10
+    build_mode_io("transaction").rollback(target, msgs[1])  # an open transaction blocks DROP DATABASE

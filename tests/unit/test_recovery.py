@@ -89,8 +89,8 @@ def test_gc_filters_by_txn_id() -> None:
     w = World()
     m = prepare(w, 0)
     w.now[0] += 600
-    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_id="other").rolled_back == ()
-    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_id="q1").rolled_back == (m.xid,)
+    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"other"}).rolled_back == ()
+    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"q1"}).rolled_back == (m.xid,)
 
 
 def test_status_counts_open_xids_and_names_the_in_doubt_ones() -> None:
