@@ -12,8 +12,9 @@ recover
     Finish in-doubt xids: roll decided ones forward (with ``--checkpoint``), roll the
     rest back (:func:`clickhouse_tx.recovery.resolve_in_doubt`).
 gc
-    Roll back prepares older than ``--older-than`` seconds that no decision names
-    (:func:`clickhouse_tx.recovery.gc_stale`).
+    Remove what is older than ``--older-than`` seconds and nothing will use: prepares
+    that no decision names (open transactions, stage tables), finished registry
+    entries, leftover stage tables (:func:`clickhouse_tx.recovery.gc_stale`).
 
 ``recover`` and ``gc`` act on the xids of one ``--mode`` at a time, and only on the
 queries they are given: ``--txn-id``, or else every query with a decision log under
@@ -105,6 +106,10 @@ class _ModeView:
         return [e for e in self.inner.list_open(older_than_s)  # type: ignore[attr-defined]
                 if getattr(e.mode, "value", e.mode) == self.mode]
 
+    def list_txn(self, txn_id: str) -> list:
+        return [e for e in self.inner.list_txn(txn_id)  # type: ignore[attr-defined]
+                if getattr(e.mode, "value", e.mode) == self.mode]
+
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
@@ -189,12 +194,14 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
     else:
         rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_ids=txn_ids)  # type: ignore[arg-type]
     doc = {"committed": list(rep.committed), "rolled_back": list(rep.rolled_back),
-           "skipped": list(rep.skipped), "errors": dict(rep.errors)}
+           "skipped": list(rep.skipped), "errors": dict(rep.errors),
+           "forgotten": list(rep.forgotten), "dropped_stages": list(rep.dropped)}
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
     else:
         print(f"{args.command}: committed {len(rep.committed)}, rolled back {len(rep.rolled_back)}, "
-              f"skipped {len(rep.skipped)}, errors {len(rep.errors)}")
+              f"skipped {len(rep.skipped)}, forgotten {len(rep.forgotten)}, "
+              f"stages dropped {len(rep.dropped)}, errors {len(rep.errors)}")
         for xid, err in sorted(rep.errors.items()):
             print(f"  {xid}: {err}")
     return EXIT_ANOMALIES if rep.errors else EXIT_CLEAN

@@ -15,14 +15,16 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Callable, Collection, Iterable, Mapping
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx.coordinator import TxOps, prepared_from_entry
+from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
     CommitModeIO,
     CommitOutcome,
     Decision,
     DecisionLogIO,
+    Prepared,
     RegistryEntry,
     RegistryIO,
     Target,
@@ -43,6 +45,8 @@ class RecoveryReport:
     rolled_back: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()  # left alone: decided, or its decision log unreachable
     errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    forgotten: tuple[str, ...] = ()  # finished registry entries nothing reads again (gc)
+    dropped: tuple[str, ...] = ()  # leftover stage tables dropped (gc, mode staging)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,15 +140,24 @@ def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO
 def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_for: LogFor,
              older_than_s: float, *, txn_ids: Collection[str] | None = None, retry: RetryPolicy | None = None,
              clock: Callable[[], float] = time.time) -> RecoveryReport:
-    """Roll back INITIALIZED xids older than ``older_than_s`` that no decision names.
+    """Remove what dead executors, zombies and crashed drivers left behind.
 
-    Runs on an operator's machine (``python -m clickhouse_tx gc``), once per call.
-    These are prepares of dead executors, zombies and batches Spark never
-    committed. ``older_than_s`` must exceed the longest batch (prepare to commit):
-    an xid fenced here while its batch is being decided cannot commit, and that
-    batch then needs a replay (safe, but lost work). ``txn_ids`` as in
-    :func:`resolve_in_doubt`. Decided xids, and xids whose decision log is
-    unreachable, are skipped: a replay rolls them forward.
+    Runs on an operator's machine (``python -m clickhouse_tx gc``), once per call;
+    only what is older than ``older_than_s`` (which must exceed the longest batch,
+    prepare to commit: an xid fenced while its batch is being decided cannot commit,
+    and the batch then needs a replay) and belongs to ``txn_ids`` (as in
+    :func:`resolve_in_doubt`). Three passes:
+
+    1. INITIALIZED xids no decision names: rolled back (open transaction or stage
+       dropped), ABORTED, then forgotten.
+    2. Finished entries (with ``txn_ids``): forgotten when nothing reads them
+       again, i.e. undecided ABORTED ones (rolled back once more first: a stage a
+       failed prepare could not drop goes with it) and any of a done batch.
+    3. Stage tables (modes that have them) whose xid has no entry or an ABORTED
+       one: dropped (or, when their marker exists, finished: all moved).
+
+    Decided xids of a batch not done, and anything whose decision log is
+    unreachable, are left alone: their query's replay rolls them forward.
     """
     ops = _ops(target, mode_io, registry, retry, clock)
     rolled, skipped, errors = [], [], {}
@@ -161,7 +174,83 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
                 rolled.append(e.xid)
         except Exception as exc:  # noqa: BLE001
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
-    return RecoveryReport(rolled_back=tuple(rolled), skipped=tuple(skipped), errors=errors)
+    forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors)
+    _forget(registry, rolled, errors)
+    dropped = _drop_leftover_stages(target, mode_io, registry, txn_ids, older_than_s, errors)
+    return RecoveryReport(rolled_back=tuple(rolled), skipped=tuple(skipped), errors=errors,
+                          forgotten=tuple(sorted(set(forgotten) | set(rolled))), dropped=tuple(dropped))
+
+
+def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -> None:
+    forget = getattr(registry, "forget", None)
+    if forget is None or not xids:
+        return
+    try:
+        forget(list(xids))
+    except Exception as exc:  # noqa: BLE001 - reported, the next gc tries again
+        errors.update({x: f"forget: {type(exc).__name__}: {exc}" for x in xids})
+
+
+def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: dict,
+                     txn_ids: Collection[str] | None, older_than_s: float, clock: Callable[[], float],
+                     errors: dict[str, str]) -> list[str]:
+    """Pass 2 of :func:`gc_stale`: the finished entries no replay will read; forgets them."""
+    list_txn = getattr(registry, "list_txn", None)
+    if txn_ids is None or list_txn is None:
+        return []
+    cut_ms = (clock() - older_than_s) * 1000
+    out = []
+    for txn in sorted(txn_ids):
+        for e in list_txn(txn):
+            if e.updated_ms > cut_ms or as_state(e.state) not in (TxState.COMMITTED, TxState.ABORTED):
+                continue
+            reachable, decision = _decision_of(log_for, cache, e)
+            decided = decision is not None and e.xid in {c.xid for c in decision.chosen}
+            if not reachable or (decided and not decision.done):  # type: ignore[union-attr]
+                continue
+            if as_state(e.state) is TxState.COMMITTED and not (decision is not None and decision.done):
+                continue
+            try:
+                if as_state(e.state) is TxState.ABORTED:
+                    ops.rollback(prepared_from_entry(e))  # idempotent: drops what a failed prepare left
+                out.append(e.xid)
+            except Exception as exc:  # noqa: BLE001
+                errors[e.xid] = f"{type(exc).__name__}: {exc}"
+    _forget(registry, out, errors)
+    return out
+
+
+def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: RegistryIO,
+                          txn_ids: Collection[str] | None, older_than_s: float,
+                          errors: dict[str, str]) -> list[str]:
+    """Pass 3 of :func:`gc_stale`: stage tables of the given queries that no live xid owns."""
+    leftover_stages = getattr(mode_io, "leftover_stages", None)
+    if leftover_stages is None:
+        return []
+    owners = None if txn_ids is None else {sanitize_txn(t) for t in txn_ids}
+    dropped = []
+    for xid, age_s in leftover_stages(target):
+        try:
+            parts = parse_xid(xid)
+        except ValueError:
+            continue  # not one of ours
+        if age_s < older_than_s or (owners is not None and parts.txn not in owners):
+            continue
+        entry = registry.get(xid)
+        if entry is not None and as_state(entry.state) is not TxState.ABORTED:
+            continue  # a live or decided xid: the passes above or its replay settle it
+        p = Prepared(xid=xid, txn_id=parts.txn, batch=parts.batch, partition=parts.partition,
+                     attempt=parts.attempt, mode=mode_io.mode, server=target.url,
+                     table=f"{target.database}.{target.table}", rows=0, checksum=0)
+        try:
+            if mode_io.lookup(target, p) is CommitOutcome.COMMITTED:
+                mode_io.commit(target, p)  # all moved, marker written: only the drop was missing
+            else:
+                mode_io.rollback(target, p)
+            dropped.append(xid)
+        except Exception as exc:  # noqa: BLE001
+            errors[xid] = f"{type(exc).__name__}: {exc}"
+    return dropped
 
 
 def decision_log_txn_ids(checkpoint: str) -> list[str]:

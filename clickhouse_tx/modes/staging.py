@@ -149,6 +149,18 @@ class StagingMode(ModeBase):
             return CommitOutcome.COMMITTED
         return CommitOutcome.NOT_COMMITTED
 
+    def leftover_stages(self, target: Target) -> list[tuple[str, float]]:
+        """(xid, age in seconds) of every stage table in the target's database.
+
+        Operator side, once per ``gc``: the candidates it matches against the registry.
+        """
+        with self.client(target) as c:
+            rows = c.query_json(
+                "SELECT name, dateDiff('second', metadata_modification_time, now()) AS age "
+                "FROM system.tables WHERE database = {d:String} AND startsWith(name, {p:String}) "
+                "ORDER BY name", params={"d": target.database, "p": STAGE_PREFIX})
+        return [(str(r["name"])[len(STAGE_PREFIX):], float(r["age"])) for r in rows]
+
     # -- helpers -------------------------------------------------------------------------
     @staticmethod
     def _stage_exists(c: ClickHouseHTTP, target: Target, xid: str) -> bool:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.factory import build_coordinator, build_mode_io
@@ -59,7 +61,7 @@ def test_status_counts_open_prepares_and_gc_rolls_back_the_ones_no_decision_name
     assert sorted(json.loads(gc.stdout)["rolled_back"]) == sorted(p.xid for p in stale)
 
     registry = KeeperMapRegistry(target)
-    assert {registry.get(p.xid).state for p in stale} == {TxState.ABORTED.value}
+    assert [registry.get(p.xid) for p in stale] == [None, None]  # rolled back, then forgotten
     assert _visible(admin, target) == 100  # batch 0 only
     after = json.loads(_cli("status", *common, "--json").stdout)
     assert after["open_by_state"] == {}
@@ -122,7 +124,11 @@ def test_recover_with_another_querys_checkpoint_never_rolls_back_the_decided_xid
     assert json.loads(gc.stdout)["rolled_back"] == [b_open.xid]  # B's own stale prepare only
 
     registry = KeeperMapRegistry(target)
-    assert [registry.get(m.xid).state for m in msgs_a[1:]] == [TxState.COMMITTING.value] * 2
+    assert registry.transition(msgs_a[0].xid, [TxState.COMMITTING.value], TxState.COMMITTED.value)
+    # gc given A's own checkpoint leaves a decided batch that is not done alone, finished entries too.
+    own = _cli("gc", *common, "--checkpoint", str(chk_a), "--older-than", "0")
+    assert own.returncode == 0 and json.loads(own.stdout)["forgotten"] == [], own.stdout + own.stderr
+    assert [registry.get(m.xid).state for m in msgs_a] == [TxState.COMMITTED.value] + [TxState.COMMITTING.value] * 2
     # A's replay (its own decision's roll-forward) finishes the batch: all 3,000 rows of A.
     build_coordinator(target, "transaction", "query-a", str(chk_a)).commit_batch(0, msgs_a)
     assert _visible(admin, target) == 3010
@@ -142,3 +148,67 @@ def test_recover_and_gc_without_a_txn_id_or_a_checkpoint_refuse_to_act_on_every_
     assert registry.get(msgs[1].xid).state == TxState.COMMITTING.value
     assert _visible(admin, target) == 10
     build_mode_io("transaction").rollback(target, msgs[1])  # an open transaction blocks DROP DATABASE
+
+
+# A writer process: commits batch 0, leaves two attempts of batch 1 prepared (a zombie
+# and a retried task), then is SIGKILLed in the middle of a third attempt's INSERT.
+_CRASHING_WRITER = r'''
+import os, signal, sys
+import pyarrow as pa
+from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.interfaces import Target, WriteContext
+
+url, db, table, mode, txn, chk = sys.argv[1:7]
+target = Target(url=url, database=db, table=table)
+
+def rows(first, n=500):
+    return iter(pa.table({"id": pa.array(range(first, first + n), pa.uint64())}).to_batches(max_chunksize=100))
+
+def dying(first):
+    yield from rows(first)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+coord = build_coordinator(target, mode, txn, chk)
+coord.commit_batch(0, [coord.prepare(WriteContext(txn, 0, p, 0), rows(1000 * p)) for p in range(2)])
+for attempt in range(2):
+    coord.prepare(WriteContext(txn, 1, 0, attempt), rows(5000))
+coord.prepare(WriteContext(txn, 1, 1, 0), dying(6000))
+'''
+
+
+def _leftovers(admin: ClickHouseHTTP, target: Target, txn: str) -> dict[str, int]:
+    """Every kind of leftover a crashed writer can leave, counted."""
+    stages = admin.query_json("SELECT count() AS n FROM system.tables WHERE database = {d:String} "
+                              "AND startsWith(name, '_ctx_stage_')", params={"d": target.database})
+    open_tx = admin.query_json("SELECT count() AS n FROM system.transactions WHERE state = 'RUNNING'")
+    return {"registry entries": len(KeeperMapRegistry(target).list_txn(txn)),
+            "stage tables": int(stages[0]["n"]), "open transactions": int(open_tx[0]["n"])}
+
+
+@pytest.mark.parametrize("mode", ["transaction", "staging"])
+def test_gc_after_a_writer_is_sigkilled_leaves_zero_leftovers_of_every_kind(
+        mode: str, stack_factory, tmp_path: Path) -> None:
+    url = stack_factory().clickhouse_url  # a private server: it counts every open transaction
+    database = "gc_after_crash"
+    admin = ClickHouseHTTP(Target(url=url, database="default", table="x"))
+    admin.command(f"CREATE DATABASE {q.quote_identifier(database)}")
+    target, admin = _setup(url, database)
+    txn, chk = f"crash-{mode}", str(tmp_path / "chk")
+    run = subprocess.run([sys.executable, "-c", _CRASHING_WRITER, url, database, "events", mode, txn, chk],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    if mode == "staging":
+        # A failed prepare whose DROP of the stage failed: ABORTED, stage still there.
+        p = build_coordinator(target, mode, txn, chk).prepare(WriteContext(txn, 1, 2, 0), iter(_batch(9000)))
+        registry = KeeperMapRegistry(target)
+        for state in (TxState.ABORTING, TxState.ABORTED):
+            assert registry.transition(p.xid, [TxState.INITIALIZED.value, TxState.ABORTING.value], state.value)
+    before = _leftovers(admin, target, txn)
+    assert before["registry entries"] >= 3 and _visible(admin, target) == 1000
+    assert before["stage tables" if mode == "staging" else "open transactions"] >= 2, before
+
+    gc = _cli("gc", "--url", url, "--table", f"{database}.events", "--mode", mode, "--checkpoint", chk,
+              "--older-than", "0", "--json")
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert _leftovers(admin, target, txn) == {"registry entries": 0, "stage tables": 0, "open transactions": 0}
+    assert _visible(admin, target) == 1000  # batch 0, untouched
