@@ -18,6 +18,8 @@ import time
 from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx.coordinator import TxOps, prepared_from_entry
+from clickhouse_tx import sql as q
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
     CommitModeIO,
@@ -29,6 +31,7 @@ from clickhouse_tx.interfaces import (
     RegistryIO,
     Target,
 )
+from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, is_overwrite_stage_of, tables_named
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState, as_state
 
@@ -146,7 +149,7 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
     only what is older than ``older_than_s`` (which must exceed the longest batch,
     prepare to commit: an xid fenced while its batch is being decided cannot commit,
     and the batch then needs a replay) and belongs to ``txn_ids`` (as in
-    :func:`resolve_in_doubt`). Three passes:
+    :func:`resolve_in_doubt`). Four passes:
 
     1. INITIALIZED xids no decision names: rolled back (open transaction or stage
        dropped), ABORTED, then forgotten.
@@ -155,6 +158,7 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
        failed prepare could not drop goes with it) and any of a done batch.
     3. Stage tables (modes that have them) whose xid has no entry or an ABORTED
        one: dropped (or, when their marker exists, finished: all moved).
+    4. Stage tables of overwrite jobs (with ``txn_ids``) that no open xid writes into.
 
     Decided xids of a batch not done, and anything whose decision log is
     unreachable, are left alone: their query's replay rolls them forward.
@@ -177,6 +181,7 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
     forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors)
     _forget(registry, rolled, errors)
     dropped = _drop_leftover_stages(target, mode_io, registry, txn_ids, older_than_s, errors)
+    dropped += _drop_overwrite_stages(target, registry, txn_ids, older_than_s, errors)
     return RecoveryReport(rolled_back=tuple(rolled), skipped=tuple(skipped), errors=errors,
                           forgotten=tuple(sorted(set(forgotten) | set(rolled))), dropped=tuple(dropped))
 
@@ -250,6 +255,33 @@ def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: Regis
             dropped.append(xid)
         except Exception as exc:  # noqa: BLE001
             errors[xid] = f"{type(exc).__name__}: {exc}"
+    return dropped
+
+
+def _drop_overwrite_stages(target: Target, registry: RegistryIO, txn_ids: Collection[str] | None,
+                           older_than_s: float, errors: dict[str, str]) -> list[str]:
+    """Pass 4 of :func:`gc_stale`: stage tables of overwrite jobs of the given queries.
+
+    An overwrite job whose driver died before its swap leaves ``_ctx_ow_<txn>_<hex>``
+    (the target kept its old rows; the job failed). Dropped unless an xid prepared
+    into it is still open (``recover`` first): every mode's, so the registry behind
+    the CLI's one-mode view is asked.
+    """
+    if not txn_ids:
+        return []
+    everyone = getattr(registry, "inner", registry)
+    busy = {e.table for e in everyone.list_open(None)}
+    dropped = []
+    for name, age_s in tables_named(target, OVERWRITE_STAGE_PREFIX):
+        if (age_s < older_than_s or f"{target.database}.{name}" in busy
+                or not any(is_overwrite_stage_of(name, t) for t in txn_ids)):
+            continue
+        try:
+            with ClickHouseHTTP(target) as c:
+                c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
+            dropped.append(name)
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = f"{type(exc).__name__}: {exc}"
     return dropped
 
 

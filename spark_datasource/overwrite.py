@@ -23,7 +23,8 @@
 A concurrent reader sees the old table or the new one, never an empty or partial one
 (with ``EXCHANGE`` or the transaction; with partition-by-partition replacement it can
 see some partitions new and others old). If the driver dies between the stage commit and the swap, the
-target keeps its old contents and the stage ``_ctx_ow_*`` is left behind (drop it).
+target keeps its old contents and the stage ``_ctx_ow_<txn>_<hex>`` is left behind:
+``python -m clickhouse_tx gc --checkpoint <decision_log root> --txn-id <job's txn>`` drops it.
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ from pyspark.sql.types import StructType
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.interfaces import Target
+from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, overwrite_stage_name
 
 from .writer import ClickHouseTxBatchWriter, _coordinator, _prepared
 from .writer_options import WriterOptions
 
 log = logging.getLogger("clickhouse_tx.spark")
 
-#: Stage tables of overwrite jobs start with this (then a job-unique hex id).
-OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
+
 #: Database engines where ``EXCHANGE TABLES`` is one atomic rename (renameat2).
 EXCHANGE_ENGINES = frozenset({"Atomic", "Replicated"})
 
@@ -226,7 +227,7 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
 
         prepare_target(opts, schema)
         txn_id = opts.txn_id() or f"job-{uuid.uuid4().hex[:12]}"
-        stage = f"{OVERWRITE_STAGE_PREFIX}{uuid.uuid4().hex}"
+        stage = overwrite_stage_name(txn_id)  # names the job: gc can tell whose a leftover is
         self.final_opts = opts
         target = opts.target()
         with _client(target) as c:

@@ -212,3 +212,25 @@ def test_gc_after_a_writer_is_sigkilled_leaves_zero_leftovers_of_every_kind(
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert _leftovers(admin, target, txn) == {"registry entries": 0, "stage tables": 0, "open transactions": 0}
     assert _visible(admin, target) == 1000  # batch 0, untouched
+
+
+def test_gc_drops_the_stage_a_dead_overwrite_job_left_and_no_other_jobs_stage(
+        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    from clickhouse_tx.modes.staging import overwrite_stage_name
+
+    target, admin = _setup(clickhouse_url, database)
+    stages = {job: overwrite_stage_name(job) for job in ("ow-job", "other-job")}
+    for stage in stages.values():
+        admin.command(f"CREATE TABLE {q.qualified(database, stage)} AS {q.qualified(database, 'events')}")
+    # The overwrite job committed into its stage, then its driver died before the swap.
+    staged = Target(url=clickhouse_url, database=database, table=stages["ow-job"])
+    coord = build_coordinator(staged, "transaction", "ow-job", str(tmp_path))
+    coord.commit_batch(0, [coord.prepare(WriteContext("ow-job", 0, 0, 0), iter(_batch(0)))])
+
+    gc = _cli("gc", "--url", clickhouse_url, "--table", f"{database}.events", "--mode", "transaction",
+              "--checkpoint", str(tmp_path), "--older-than", "0", "--json")
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert json.loads(gc.stdout)["dropped_stages"] == [stages["ow-job"]]
+    left = admin.query_json("SELECT name FROM system.tables WHERE database = {d:String} AND "
+                            "startsWith(name, '_ctx_ow_')", params={"d": database})
+    assert [r["name"] for r in left] == [stages["other-job"]]
