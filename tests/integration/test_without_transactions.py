@@ -78,3 +78,20 @@ def test_transaction_mode_is_refused_before_any_write_naming_the_missing_setting
     target, _ = _table(url, "events_tx")
     with pytest.raises(ConfigurationError, match="allow_experimental_transactions"):
         build_mode_io("transaction").validate(target, pa.schema([("id", pa.uint64())]))
+
+
+def test_verify_checks_a_staging_table_on_a_server_without_transactions(url: str, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    target, admin = _table(url, "events_verify")
+    admin.command(f"ALTER TABLE {q.qualified(DB, 'events_verify')} ADD COLUMN topic String DEFAULT 't', "
+                  "ADD COLUMN partition Int32 DEFAULT 0, ADD COLUMN offset Int64 MATERIALIZED id")
+    coord = build_coordinator(target, "staging", "q-verify", str(tmp_path))
+    coord.commit_batch(0, [coord.prepare(WriteContext("q-verify", 0, 0, 0), _rows(0)())])
+    out = subprocess.run([sys.executable, "-m", "clickhouse_tx", "verify", "--url", url, "--table",
+                          f"{DB}.events_verify", "--checkpoint", str(tmp_path), "--json", "-"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["clean"] is True
