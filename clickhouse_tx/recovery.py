@@ -142,7 +142,7 @@ def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO
 
 def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_for: LogFor,
              older_than_s: float, *, txn_ids: Collection[str] | None = None, retry: RetryPolicy | None = None,
-             clock: Callable[[], float] = time.time) -> RecoveryReport:
+             clock: Callable[[], float] = time.time, overwrite_stages: bool = True) -> RecoveryReport:
     """Remove what dead executors, zombies and crashed drivers left behind.
 
     Runs on an operator's machine (``python -m clickhouse_tx gc``), once per call;
@@ -158,7 +158,8 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
        failed prepare could not drop goes with it) and any of a done batch.
     3. Stage tables (modes that have them) whose xid has no entry or an ABORTED
        one: dropped (or, when their marker exists, finished: all moved).
-    4. Stage tables of overwrite jobs (with ``txn_ids``) that no open xid writes into.
+    4. Stage tables of overwrite jobs (with ``txn_ids`` and ``overwrite_stages``)
+       that no open xid writes into.
 
     Decided xids of a batch not done, and anything whose decision log is
     unreachable, are left alone: their query's replay rolls them forward.
@@ -181,7 +182,8 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
     forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors)
     _forget(registry, rolled, errors)
     dropped = _drop_leftover_stages(target, mode_io, registry, txn_ids, older_than_s, errors)
-    dropped += _drop_overwrite_stages(target, registry, txn_ids, older_than_s, errors)
+    if overwrite_stages:
+        dropped += _drop_overwrite_stages(target, registry, txn_ids, older_than_s, errors)
     return RecoveryReport(rolled_back=tuple(rolled), skipped=tuple(skipped), errors=errors,
                           forgotten=tuple(sorted(set(forgotten) | set(rolled))), dropped=tuple(dropped))
 
