@@ -12,11 +12,14 @@ recover
     Finish in-doubt xids: roll decided ones forward (with ``--checkpoint``), roll the
     rest back (:func:`clickhouse_tx.recovery.resolve_in_doubt`).
 gc
-    Roll back prepares older than ``--older-than`` seconds that no decision names
-    (:func:`clickhouse_tx.recovery.gc_stale`).
+    Remove what is older than ``--older-than`` seconds and nothing will use: prepares
+    that no decision names (open transactions, stage tables), finished registry
+    entries, leftover stage tables (:func:`clickhouse_tx.recovery.gc_stale`).
 
-``recover`` and ``gc`` act on the xids of one ``--mode`` at a time (the registry is
-shared by every mode); exit code 0 = done, 1 = some xids failed (listed), 2 = error.
+``recover`` and ``gc`` act on the xids of one ``--mode`` at a time, and only on the
+queries they are given: ``--txn-id``, or else every query with a decision log under
+``--checkpoint``. With neither they refuse (the registry is shared by every query of
+the database). Exit code 0 = done, 1 = some xids failed (listed), 2 = error.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--table", required=True,
                        help="database.table: the target (the registry lives in its database)")
         c.add_argument("--registry-table", default=None, help="registry table (default clickhouse_tx_registry)")
-        c.add_argument("--txn-id", default=None, help="only this query's transactions")
+        c.add_argument("--txn-id", default=None, help="only this query's transactions (recover/gc: default "
+                       "every query with a decision log under --checkpoint)")
         c.add_argument("--json", action="store_true", help="print the result as JSON")
         if name != "status":
             c.add_argument("--mode", required=True, choices=("transaction", "staging", "dedup", "none"),
@@ -100,6 +104,10 @@ class _ModeView:
 
     def list_open(self, older_than_s: float | None = None) -> list:
         return [e for e in self.inner.list_open(older_than_s)  # type: ignore[attr-defined]
+                if getattr(e.mode, "value", e.mode) == self.mode]
+
+    def list_txn(self, txn_id: str) -> list:
+        return [e for e in self.inner.list_txn(txn_id)  # type: ignore[attr-defined]
                 if getattr(e.mode, "value", e.mode) == self.mode]
 
     def __getattr__(self, name: str) -> object:
@@ -141,30 +149,59 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
+def _txn_ids_to_touch(args: argparse.Namespace) -> list[str]:
+    """The queries ``recover``/``gc`` may act on: named, or found in the given checkpoint.
+
+    Refuses (ClickHouseTxError) rather than act on every query of a shared registry:
+    another query's decided xids must never be judged against this checkpoint.
+    """
+    from clickhouse_tx.recovery import decision_log_txn_ids
+
+    found = decision_log_txn_ids(args.checkpoint) if args.checkpoint else []
+    if args.txn_id and args.checkpoint and args.txn_id not in found:
+        raise ClickHouseTxError(
+            f"--checkpoint {args.checkpoint} holds no decision log of txn id {args.txn_id!r} "
+            f"(it holds: {', '.join(found) or 'none'}); pass that query's own checkpointLocation")
+    if args.txn_id:
+        return [args.txn_id]
+    if not args.checkpoint:
+        raise ClickHouseTxError(
+            f"{args.command} needs --txn-id ID and/or --checkpoint CHK: the registry is shared by every "
+            "query of the database, and without them it would act on all of them")
+    if not found:
+        raise ClickHouseTxError(f"--checkpoint {args.checkpoint} holds no decision log "
+                                "(<checkpoint>/clickhouse_tx/<txn id>/): nothing to act on; name the query "
+                                "with --txn-id")
+    return found
+
+
 def _recover_or_gc(args: argparse.Namespace) -> int:
     from clickhouse_tx.decision_log import FileDecisionLog
     from clickhouse_tx.factory import build_mode_io
     from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 
+    txn_ids = _txn_ids_to_touch(args)
     registry, target = _registry_and_target(args)
     view = _ModeView(registry, args.mode)
     checkpoint = args.checkpoint
 
     def log_for(txn_id: str):  # -> FileDecisionLog | None
-        return FileDecisionLog(checkpoint, txn_id) if checkpoint else None
+        return FileDecisionLog(checkpoint, txn_id) if checkpoint and txn_id in txn_ids else None
 
     mode_io = build_mode_io(args.mode)
     if args.command == "recover":
-        rep = resolve_in_doubt(target, mode_io, view, log_for, txn_id=args.txn_id)  # type: ignore[arg-type]
+        rep = resolve_in_doubt(target, mode_io, view, log_for, txn_ids=txn_ids)  # type: ignore[arg-type]
     else:
-        rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_id=args.txn_id)  # type: ignore[arg-type]
+        rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_ids=txn_ids)  # type: ignore[arg-type]
     doc = {"committed": list(rep.committed), "rolled_back": list(rep.rolled_back),
-           "skipped": list(rep.skipped), "errors": dict(rep.errors)}
+           "skipped": list(rep.skipped), "errors": dict(rep.errors),
+           "forgotten": list(rep.forgotten), "dropped_stages": list(rep.dropped)}
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
     else:
         print(f"{args.command}: committed {len(rep.committed)}, rolled back {len(rep.rolled_back)}, "
-              f"skipped {len(rep.skipped)}, errors {len(rep.errors)}")
+              f"skipped {len(rep.skipped)}, forgotten {len(rep.forgotten)}, "
+              f"stages dropped {len(rep.dropped)}, errors {len(rep.errors)}")
         for xid, err in sorted(rep.errors.items()):
             print(f"  {xid}: {err}")
     return EXIT_ANOMALIES if rep.errors else EXIT_CLEAN

@@ -8,7 +8,10 @@ looking for its marker, never by committing again blindly.
 
 Every read uses ``implicit_transaction=1``: outside a transaction ClickHouse 26.9
 shows rows of transactions that are still open (DESIGN §4), which would make an
-uncommitted marker look committed.
+uncommitted marker look committed. A server without experimental transactions
+refuses that setting ("Transactions are not supported"); there no marker can be
+uncommitted, so the read is repeated without it (modes ``staging`` and ``dedup``
+need no transactions).
 
 The checksum
 ------------
@@ -57,6 +60,8 @@ _SELECT = ", ".join(q.quote_identifier(c) for c in _NAMES)
 #: not in URL settings: it must apply to the SELECT alone, never to what a server
 #: front may run on the connection before it (e.g. a ``USE``).
 READ_COMMITTED = " SETTINGS implicit_transaction = 1"
+#: ClickHouse's error code for a feature the server does not have (here: transactions).
+NOT_IMPLEMENTED = 48
 
 
 # Tables this process has created or seen (Spark reuses Python workers across tasks).
@@ -83,6 +88,7 @@ class CommitMarkers:
         self.target = target
         self.client = client or ClickHouseHTTP(target)
         self.fq = q.qualified(target.database, MARKERS_TABLE)
+        self._transactions = True  # until the server refuses implicit_transaction
 
     def ensure_table(self) -> None:
         """Create the markers table if missing (idempotent; not inside a transaction)."""
@@ -110,12 +116,26 @@ class CommitMarkers:
         """Insert ``p``'s marker through ``client`` (e.g. the xid's session) or our own."""
         (client or self.client).command(self.insert_sql(p))
 
+    def _read(self, sql: str, params: dict[str, object]) -> list[dict]:
+        """``sql`` read-committed: with ``implicit_transaction=1`` where the server has transactions.
+
+        Without them (refused once, remembered by this object) no transaction can be
+        open, so the plain read sees committed markers only.
+        """
+        if self._transactions:
+            try:
+                return self.client.query_json(sql + READ_COMMITTED, params=params)
+            except ServerError as e:
+                if not transactions_unsupported(e):
+                    raise
+                self._transactions = False
+        return self.client.query_json(sql, params=params)
+
     def lookup(self, xid: str) -> dict | None:
         """The committed marker row of ``xid`` or None (read-committed; no table = None)."""
         try:
-            rows = self.client.query_json(
-                f"SELECT {_SELECT} FROM {self.fq} WHERE xid = {{x:String}} LIMIT 1{READ_COMMITTED}",
-                params={"x": xid})
+            rows = self._read(f"SELECT {_SELECT} FROM {self.fq} WHERE xid = {{x:String}} LIMIT 1",
+                              {"x": xid})
         except ServerError as e:
             if e.code == UNKNOWN_TABLE:  # nothing was ever committed here
                 return None
@@ -130,13 +150,17 @@ class CommitMarkers:
             where += " AND batch = {b:UInt64}"
             params["b"] = int(batch)
         try:
-            return self.client.query_json(
-                f"SELECT {_SELECT} FROM {self.fq} WHERE {where} ORDER BY batch, `partition`, xid"
-                f"{READ_COMMITTED}", params=params)
+            return self._read(f"SELECT {_SELECT} FROM {self.fq} WHERE {where} ORDER BY batch, `partition`, xid",
+                              params)
         except ServerError as e:
             if e.code == UNKNOWN_TABLE:
                 return []
             raise
+
+
+def transactions_unsupported(e: ServerError) -> bool:
+    """True if ``e`` is a server refusing transactions (no ``allow_experimental_transactions``)."""
+    return e.code == NOT_IMPLEMENTED and "Transactions are not supported" in e.message
 
 
 # ---------------------------------------------------------------------- checksum
@@ -232,4 +256,4 @@ def marker_exists(markers: CommitMarkers, xid: str) -> bool:
 
 
 __all__ = ["MARKERS_TABLE", "CommitMarkers", "CountingBatches", "arrow_checksum", "batch_checksum",
-           "READ_COMMITTED", "marker_exists"]
+           "READ_COMMITTED", "marker_exists", "transactions_unsupported"]

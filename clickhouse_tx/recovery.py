@@ -15,18 +15,23 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Callable, Mapping
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx.coordinator import TxOps, prepared_from_entry
+from clickhouse_tx import sql as q
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
     CommitModeIO,
     CommitOutcome,
     Decision,
     DecisionLogIO,
+    Prepared,
     RegistryEntry,
     RegistryIO,
     Target,
 )
+from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, is_overwrite_stage_of, tables_named
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState, as_state
 
@@ -43,6 +48,8 @@ class RecoveryReport:
     rolled_back: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()  # left alone: decided, or its decision log unreachable
     errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    forgotten: tuple[str, ...] = ()  # finished registry entries nothing reads again (gc)
+    dropped: tuple[str, ...] = ()  # leftover stage tables dropped (gc, mode staging)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,70 +76,99 @@ def _ops(target: Target, mode_io: CommitModeIO, registry: RegistryIO,
     return TxOps(target, mode_io, registry, retry=retry, clock=clock)
 
 
+def _theirs(entries: Iterable[RegistryEntry], txn_ids: Collection[str] | None) -> list[RegistryEntry]:
+    """The entries of the queries an operator named (all of them when ``txn_ids`` is None)."""
+    return [e for e in entries if txn_ids is None or e.txn_id in txn_ids]
+
+
+def _finish_committing(ops: TxOps, e: RegistryEntry, log_for: LogFor, cache: dict) -> str:
+    """Settle one COMMITTING xid; returns "committed", "rolled_back" or "skipped".
+
+    COMMITTING means the xid's query decided it: only that decision may roll it back
+    (when a later version replaced it, or when it definitely cannot commit and the
+    replay replaces it). Without the decision (log unreachable, or no decision for the
+    batch: the log of another query) it is left alone whatever the lookup says.
+    """
+    p = prepared_from_entry(e)
+    outcome = ops.lookup(p)
+    if outcome is CommitOutcome.COMMITTED:
+        ops.move(e.xid, TxState.COMMITTED)
+        return "committed"
+    reachable, decision = _decision_of(log_for, cache, e)
+    if not reachable or decision is None:
+        if reachable:
+            log.warning("xid %s is COMMITTING but the decision log has no decision for batch %d of %s: "
+                        "left alone (is this the query's checkpoint?)", e.xid, e.batch, e.txn_id)
+        return "skipped"
+    chosen = next((c for c in decision.chosen if c.xid == e.xid), None)
+    if chosen is None:  # replaced by a later decision version
+        ops.abort(p, known_dead=outcome is CommitOutcome.NOT_COMMITTED)
+        return "rolled_back"
+    if outcome is CommitOutcome.PENDING and ops.ensure_committed(chosen):
+        return "committed"
+    ops.abort(chosen, known_dead=True)  # definitely cannot commit: the replay replaces it
+    return "rolled_back"
+
+
 def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_for: LogFor, *,
-                     txn_id: str | None = None, retry: RetryPolicy | None = None,
+                     txn_ids: Collection[str] | None = None, retry: RetryPolicy | None = None,
                      clock: Callable[[], float] = time.time) -> RecoveryReport:
     """Finish xids a dead driver left COMMITTING or ABORTING.
 
-    COMMITTING: lookup; COMMITTED -> record it; PENDING and still in the batch's
-    latest decision -> COMMIT it (roll forward); otherwise (NOT_COMMITTED, or
-    pending but no longer decided) -> roll back, ABORTED. A decided xid rolled back
-    here is replaced by the batch's replay, exactly as the coordinator would.
-    ABORTING: finish the rollback, ABORTED.
+    Runs on an operator's machine (``python -m clickhouse_tx recover``), once per call.
+    ``txn_ids``: act only on these queries' xids (None: every query in the registry,
+    which is safe only when ``log_for`` reaches every query's decision log).
+
+    COMMITTING: committed per lookup -> record it; otherwise settled by the batch's
+    decision (:func:`_finish_committing`), and skipped without it. ABORTING: its
+    driver chose to roll it back; finish that, ABORTED.
     """
     ops = _ops(target, mode_io, registry, retry, clock)
-    committed, rolled, skipped, errors = [], [], [], {}
+    done: dict[str, list[str]] = {"committed": [], "rolled_back": [], "skipped": []}
+    errors: dict[str, str] = {}
     cache: dict = {}
-    for e in registry.list_open(None):
-        if txn_id is not None and e.txn_id != txn_id:
-            continue
-        state = as_state(e.state)
-        p = prepared_from_entry(e)
+    for e in _theirs(registry.list_open(None), txn_ids):
         try:
+            state = as_state(e.state)
             if state is TxState.ABORTING:
-                ops.abort(p, known_dead=True)
-                rolled.append(e.xid)
+                ops.abort(prepared_from_entry(e), known_dead=True)
+                done["rolled_back"].append(e.xid)
             elif state is TxState.COMMITTING:
-                outcome = ops.lookup(p)
-                if outcome is CommitOutcome.COMMITTED:
-                    ops.move(e.xid, TxState.COMMITTED)
-                    committed.append(e.xid)
-                    continue
-                reachable, decision = _decision_of(log_for, cache, e)
-                decided = decision is not None and e.xid in {c.xid for c in decision.chosen}
-                if outcome is CommitOutcome.PENDING and not reachable:
-                    skipped.append(e.xid)
-                elif outcome is CommitOutcome.PENDING and decided:
-                    chosen = next(c for c in decision.chosen if c.xid == e.xid)  # type: ignore[union-attr]
-                    if ops.ensure_committed(chosen):
-                        committed.append(e.xid)
-                    else:
-                        ops.abort(chosen, known_dead=True)
-                        rolled.append(e.xid)
-                else:
-                    ops.abort(p, known_dead=outcome is CommitOutcome.NOT_COMMITTED)
-                    rolled.append(e.xid)
+                done[_finish_committing(ops, e, log_for, cache)].append(e.xid)
         except Exception as exc:  # noqa: BLE001 - one bad xid must not stop the pass
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
-    return RecoveryReport(tuple(committed), tuple(rolled), tuple(skipped), errors)
+    return RecoveryReport(tuple(done["committed"]), tuple(done["rolled_back"]), tuple(done["skipped"]), errors)
 
 
 def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_for: LogFor,
-             older_than_s: float, *, txn_id: str | None = None, retry: RetryPolicy | None = None,
-             clock: Callable[[], float] = time.time) -> RecoveryReport:
-    """Roll back INITIALIZED xids older than ``older_than_s`` that no decision names.
+             older_than_s: float, *, txn_ids: Collection[str] | None = None, retry: RetryPolicy | None = None,
+             clock: Callable[[], float] = time.time, overwrite_stages: bool = True) -> RecoveryReport:
+    """Remove what dead executors, zombies and crashed drivers left behind.
 
-    These are prepares of dead executors, zombies and batches Spark never
-    committed. ``older_than_s`` must exceed the longest batch (prepare to commit):
-    an xid fenced here while its batch is being decided cannot commit, and that
-    batch then needs a replay (safe, but lost work).
-    Decided xids are skipped: a replay rolls them forward.
+    Runs on an operator's machine (``python -m clickhouse_tx gc``), once per call;
+    only what is older than ``older_than_s`` (which must exceed the longest batch,
+    prepare to commit: an xid fenced while its batch is being decided cannot commit,
+    and the batch then needs a replay) and belongs to ``txn_ids`` (as in
+    :func:`resolve_in_doubt`). Four passes:
+
+    1. INITIALIZED xids no decision names: rolled back (open transaction or stage
+       dropped), ABORTED, then forgotten.
+    2. Finished entries (with ``txn_ids``): forgotten when nothing reads them
+       again, i.e. undecided ABORTED ones (rolled back once more first: a stage a
+       failed prepare could not drop goes with it) and any of a done batch.
+    3. Stage tables (modes that have them) whose xid has no entry or an ABORTED
+       one: dropped (or, when their marker exists, finished: all moved).
+    4. Stage tables of overwrite jobs (with ``txn_ids`` and ``overwrite_stages``)
+       that no open xid writes into.
+
+    Decided xids of a batch not done, and anything whose decision log is
+    unreachable, are left alone: their query's replay rolls them forward.
     """
     ops = _ops(target, mode_io, registry, retry, clock)
     rolled, skipped, errors = [], [], {}
     cache: dict = {}
-    for e in registry.list_open(older_than_s):
-        if (txn_id is not None and e.txn_id != txn_id) or as_state(e.state) is not TxState.INITIALIZED:
+    for e in _theirs(registry.list_open(older_than_s), txn_ids):
+        if as_state(e.state) is not TxState.INITIALIZED:
             continue
         try:
             reachable, decision = _decision_of(log_for, cache, e)
@@ -143,7 +179,128 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
                 rolled.append(e.xid)
         except Exception as exc:  # noqa: BLE001
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
-    return RecoveryReport(rolled_back=tuple(rolled), skipped=tuple(skipped), errors=errors)
+    forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors)
+    _forget(registry, rolled, errors)
+    dropped = _drop_leftover_stages(target, mode_io, registry, txn_ids, older_than_s, errors)
+    if overwrite_stages:
+        dropped += _drop_overwrite_stages(target, registry, txn_ids, older_than_s, errors)
+    return RecoveryReport(rolled_back=tuple(rolled), skipped=tuple(skipped), errors=errors,
+                          forgotten=tuple(sorted(set(forgotten) | set(rolled))), dropped=tuple(dropped))
+
+
+def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -> None:
+    forget = getattr(registry, "forget", None)
+    if forget is None or not xids:
+        return
+    try:
+        forget(list(xids))
+    except Exception as exc:  # noqa: BLE001 - reported, the next gc tries again
+        errors.update({x: f"forget: {type(exc).__name__}: {exc}" for x in xids})
+
+
+def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: dict,
+                     txn_ids: Collection[str] | None, older_than_s: float, clock: Callable[[], float],
+                     errors: dict[str, str]) -> list[str]:
+    """Pass 2 of :func:`gc_stale`: the finished entries no replay will read; forgets them."""
+    list_txn = getattr(registry, "list_txn", None)
+    if txn_ids is None or list_txn is None:
+        return []
+    cut_ms = (clock() - older_than_s) * 1000
+    out = []
+    for txn in sorted(txn_ids):
+        for e in list_txn(txn):
+            if e.updated_ms > cut_ms or as_state(e.state) not in (TxState.COMMITTED, TxState.ABORTED):
+                continue
+            reachable, decision = _decision_of(log_for, cache, e)
+            decided = decision is not None and e.xid in {c.xid for c in decision.chosen}
+            if not reachable or (decided and not decision.done):  # type: ignore[union-attr]
+                continue
+            if as_state(e.state) is TxState.COMMITTED and not (decision is not None and decision.done):
+                continue
+            try:
+                if as_state(e.state) is TxState.ABORTED:
+                    ops.rollback(prepared_from_entry(e))  # idempotent: drops what a failed prepare left
+                out.append(e.xid)
+            except Exception as exc:  # noqa: BLE001
+                errors[e.xid] = f"{type(exc).__name__}: {exc}"
+    _forget(registry, out, errors)
+    return out
+
+
+def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: RegistryIO,
+                          txn_ids: Collection[str] | None, older_than_s: float,
+                          errors: dict[str, str]) -> list[str]:
+    """Pass 3 of :func:`gc_stale`: stage tables of the given queries that no live xid owns."""
+    leftover_stages = getattr(mode_io, "leftover_stages", None)
+    if leftover_stages is None:
+        return []
+    owners = None if txn_ids is None else {sanitize_txn(t) for t in txn_ids}
+    dropped = []
+    for xid, age_s in leftover_stages(target):
+        try:
+            parts = parse_xid(xid)
+        except ValueError:
+            continue  # not one of ours
+        if age_s < older_than_s or (owners is not None and parts.txn not in owners):
+            continue
+        entry = registry.get(xid)
+        if entry is not None and as_state(entry.state) is not TxState.ABORTED:
+            continue  # a live or decided xid: the passes above or its replay settle it
+        p = Prepared(xid=xid, txn_id=parts.txn, batch=parts.batch, partition=parts.partition,
+                     attempt=parts.attempt, mode=mode_io.mode, server=target.url,
+                     table=f"{target.database}.{target.table}", rows=0, checksum=0)
+        try:
+            if mode_io.lookup(target, p) is CommitOutcome.COMMITTED:
+                mode_io.commit(target, p)  # all moved, marker written: only the drop was missing
+            else:
+                mode_io.rollback(target, p)
+            dropped.append(xid)
+        except Exception as exc:  # noqa: BLE001
+            errors[xid] = f"{type(exc).__name__}: {exc}"
+    return dropped
+
+
+def _drop_overwrite_stages(target: Target, registry: RegistryIO, txn_ids: Collection[str] | None,
+                           older_than_s: float, errors: dict[str, str]) -> list[str]:
+    """Pass 4 of :func:`gc_stale`: stage tables of overwrite jobs of the given queries.
+
+    An overwrite job whose driver died before its swap leaves ``_ctx_ow_<txn>_<hex>``
+    (the target kept its old rows; the job failed). Dropped unless an xid prepared
+    into it is still open (``recover`` first): every mode's, so the registry behind
+    the CLI's one-mode view is asked.
+    """
+    if not txn_ids:
+        return []
+    everyone = getattr(registry, "inner", registry)
+    busy = {e.table for e in everyone.list_open(None)}
+    dropped = []
+    for name, age_s in tables_named(target, OVERWRITE_STAGE_PREFIX):
+        if (age_s < older_than_s or f"{target.database}.{name}" in busy
+                or not any(is_overwrite_stage_of(name, t) for t in txn_ids)):
+            continue
+        try:
+            with ClickHouseHTTP(target) as c:
+                c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
+            dropped.append(name)
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    return dropped
+
+
+def decision_log_txn_ids(checkpoint: str) -> list[str]:
+    """The txn_ids that have at least one decision under ``checkpoint`` (sorted).
+
+    Operator side, once per ``recover``/``gc`` call: these are the queries whose
+    xids the command may touch when it is given a checkpoint and no ``--txn-id``.
+    """
+    import pyarrow.fs as pafs
+
+    from clickhouse_tx.decision_log import FileDecisionLog, _filesystem
+
+    fs, root = _filesystem(checkpoint)
+    infos = fs.get_file_info(pafs.FileSelector(f"{root.rstrip('/')}/clickhouse_tx", allow_not_found=True))
+    names = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+    return [n for n in names if list(FileDecisionLog(checkpoint, n).batches())]
 
 
 def status_summary(registry: RegistryIO, *, clock: Callable[[], float] = time.time) -> StatusSummary:

@@ -38,6 +38,7 @@ import requests
 
 from clickhouse_tx.sql import quote_option_identifier
 from clickhouse_tx.errors import ConfigurationError, ServerError, parse_clickhouse_error
+from clickhouse_tx.markers import transactions_unsupported
 
 MARKERS_TABLE = "clickhouse_tx_commits"
 #: At most this many rows of a kind are fetched to describe anomalies (counts stay exact).
@@ -73,6 +74,7 @@ class ClickHouseReader:
         self._password = password
         self.timeout_s = timeout_s
         self._http = requests.Session()
+        self._transactions = True  # until the server refuses implicit_transaction
 
     def __repr__(self) -> str:
         return f"ClickHouseReader(url={self.url!r}, user={self.user!r})"
@@ -88,7 +90,7 @@ class ClickHouseReader:
         tables; ``system.*`` needs ``committed=False``).
         """
         qp: dict[str, str] = {f"param_{k}": str(v) for k, v in (params or {}).items()}
-        if committed:
+        if committed and self._transactions:
             qp["implicit_transaction"] = "1"
         headers = {"X-ClickHouse-User": self.user}
         if self._password:
@@ -103,7 +105,12 @@ class ClickHouseReader:
             raise ServerError(f"cannot reach ClickHouse at {self.url}: {type(e).__name__}") from None
         if r.status_code != 200:
             code, name, msg = parse_clickhouse_error(r.text)
-            raise ServerError(f"query failed on {self.url}: {msg}", code=code, name=name)
+            error = ServerError(f"query failed on {self.url}: {msg}", code=code, name=name)
+            if committed and self._transactions and transactions_unsupported(error):
+                # No transactions on this server: none can be open, a plain read is committed.
+                self._transactions = False
+                return self.rows(sql, params, committed=committed)
+            raise error
         return [json.loads(line) for line in r.text.splitlines() if line.strip()]
 
     def columns(self, database: str, table: str) -> dict[str, str]:

@@ -94,7 +94,8 @@ def _set(root: ET.Element, path: str, value: str) -> None:
 
 
 def render(*, zookeeper: Sequence[tuple[str, int]], name: str,
-           config_d: Path = CONFIG_D, session_timeout_s: int | None = None) -> str:
+           config_d: Path = CONFIG_D, session_timeout_s: int | None = None,
+           transactions: bool = True) -> str:
     """The full config text for one embedded stack.
 
     Parameters
@@ -106,6 +107,9 @@ def render(*, zookeeper: Sequence[tuple[str, int]], name: str,
         ``/clickhouse_tx_stack/<name>/``.
     session_timeout_s
         Overrides ``max_session_timeout`` from ``sessions.xml`` when given.
+    transactions
+        False leaves out ``transactions.xml``'s settings: a server as users run it
+        without experimental transactions (modes ``staging``, ``dedup``, ``none``).
     """
     if not zookeeper:
         raise ValueError("at least one ZooKeeper node is needed")
@@ -121,8 +125,13 @@ def render(*, zookeeper: Sequence[tuple[str, int]], name: str,
         ET.SubElement(node, "port").text = str(int(port))
     ET.SubElement(zk, "session_timeout_ms").text = "30000"
     prefix = f"{STACK_ZK_ROOT}/{name}"
-    # ClickHouse creates missing ancestors of both paths itself (checked on 26.9).
-    _set(root, "transaction_log/zookeeper_path", f"{prefix}/txn")
+    if transactions:
+        # ClickHouse creates missing ancestors of both paths itself (checked on 26.9).
+        _set(root, "transaction_log/zookeeper_path", f"{prefix}/txn")
+    else:
+        for tag in ("allow_experimental_transactions", "transaction_log"):
+            for old in root.findall(tag):
+                root.remove(old)
     _set(root, "keeper_map_path_prefix", f"{prefix}/keeper_map")
     if session_timeout_s is not None:
         _set(root, "max_session_timeout", str(int(session_timeout_s)))

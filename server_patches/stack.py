@@ -208,7 +208,7 @@ def ping(url: str, timeout_s: float = 2.0) -> bool:
 
 def _start_clickhouse(stack_dir: Path, *, port: int, zk: str, user: str | None,
                       password_env: str | None, max_session_timeout: int | None,
-                      timeout_s: float) -> tuple[ProcessRef, dict[str, str], str, int]:
+                      timeout_s: float, transactions: bool = True) -> tuple[ProcessRef, dict[str, str], str, int]:
     """Render the config and start the HTTP server on chdb; wait for its ready file and /ping.
 
     ``max_session_timeout`` None keeps the value of ``config.d/sessions.xml``.
@@ -226,7 +226,8 @@ def _start_clickhouse(stack_dir: Path, *, port: int, zk: str, user: str | None,
     zk_host, zk_port = zk.rsplit(":", 1)
     config_file = chdb_config.write(
         ch_dir / "config.xml", zookeeper=[(zk_host, int(zk_port))],
-        name=chdb_config.stack_name(stack_dir), session_timeout_s=max_session_timeout)
+        name=chdb_config.stack_name(stack_dir), session_timeout_s=max_session_timeout,
+        transactions=transactions)
     # The HTTP server enforces the cap itself: hand it the value the config holds.
     effective_max = int(chdb_config.server_setting(config_file, "max_session_timeout") or 3600)
     ready = ch_dir / "ready.json"
@@ -307,7 +308,7 @@ def _start_kafka(stack_dir: Path, *, port: int,
 def start_stack(stack_dir: Path | str, *, kafka: bool = False, port: int | None = None,
                 zk_port: int | None = None, user: str | None = None,
                 password_env: str | None = None, max_session_timeout: int | None = None,
-                timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StackInfo:
+                timeout_s: float = DEFAULT_START_TIMEOUT_S, transactions: bool = True) -> StackInfo:
     """Start (or complete) the stack in ``stack_dir`` and return what runs.
 
     Idempotent: components already running are kept. ZooKeeper and ClickHouse data
@@ -326,6 +327,9 @@ def start_stack(stack_dir: Path | str, *, kafka: bool = False, port: int | None 
     max_session_timeout
         Longest ``session_timeout`` clients may ask for; None keeps the value of
         ``config.d/sessions.xml``.
+    transactions
+        False starts ClickHouse without experimental transactions (as most servers
+        run); only when it starts here, a restart turns them on again.
 
     Raises
     ------
@@ -376,7 +380,8 @@ def start_stack(stack_dir: Path | str, *, kafka: bool = False, port: int | None 
                 ch_p = _pick_port("ClickHouse", port, ports.get("clickhouse"))
                 ref, ch_logs, config_file, effective_max = _start_clickhouse(
                     stack_dir, port=ch_p, zk=zk_addr, user=user, password_env=password_env,
-                    max_session_timeout=max_session_timeout, timeout_s=timeout_s)
+                    max_session_timeout=max_session_timeout, timeout_s=timeout_s,
+                    transactions=transactions)
                 started.append(ref)
                 procs["clickhouse"] = ref
                 ports["clickhouse"] = ch_p

@@ -43,6 +43,8 @@ _FORBIDDEN_KAFKA = {
     "consumer_timeout_ms": "use kafkaConsumer.pollTimeoutMs",
 }
 
+_ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+
 _KNOWN = {
     "bootstrap.servers", "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign",
     "startingoffsets", "endingoffsets", "maxoffsetspertrigger", "minpartitions",
@@ -122,6 +124,10 @@ class KafkaOptions:
             "request_timeout_ms": 30_000,
             "max_poll_records": self.max_records_per_batch,
             "client_id": "kafka_py",
+            # As Spark's Kafka source: records of aborted (or still open) producer
+            # transactions are never delivered, and end offsets stop at the last stable
+            # offset. ``kafka.isolation.level=read_uncommitted`` opts out.
+            "isolation_level": "read_committed",
         }
         cfg.update(dict(self.kafka_params))
         return cfg
@@ -223,6 +229,8 @@ def _coerce_kafka_value(option: str, key: str, raw: str, default: object) -> obj
             return float(text)
         except ValueError:
             raise _fail(option, f"expected a number, got {raw!r}") from None
+    if key == "isolation_level" and text not in _ISOLATION_LEVELS:
+        raise _fail(option, f"expected one of {', '.join(_ISOLATION_LEVELS)}, got {raw!r}")
     if default is None or isinstance(default, str):
         return text
     raise _fail(option, f"kafka-python setting {key!r} takes a "

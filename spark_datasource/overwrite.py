@@ -12,14 +12,19 @@
    ``EXCHANGE TABLES <target> AND <stage>`` where the database engine does it
    atomically (Atomic, Replicated), else per partition ``ALTER TABLE <target> REPLACE
    PARTITION ID ... FROM <stage>`` plus ``DROP PARTITION`` for partitions of the
-   target absent from the stage (each step atomic, the whole not); then drop the
-   stage, which then holds the old rows.
+   target absent from the stage, all in one ClickHouse transaction (atomic for
+   read-committed readers). Where the server refuses that transaction (no
+   experimental transactions, or an ``Ordinary`` database) the same statements run
+   one by one: each partition is replaced atomically, the whole is not, and a
+   WARNING says so when the job starts and when it swaps. Then drop the stage.
 4. Driver ``abort`` (a failed job): roll back what was prepared, drop the stage. The
    target was never touched.
 
 A concurrent reader sees the old table or the new one, never an empty or partial one
-(with ``EXCHANGE``). If the driver dies between the stage commit and the swap, the
-target keeps its old contents and the stage ``_ctx_ow_*`` is left behind (drop it).
+(with ``EXCHANGE`` or the transaction; with partition-by-partition replacement it can
+see some partitions new and others old). If the driver dies between the stage commit and the swap, the
+target keeps its old contents and the stage ``_ctx_ow_<txn>_<hex>`` is left behind:
+``python -m clickhouse_tx gc --checkpoint <decision_log root> --txn-id <job's txn>`` drops it.
 """
 
 from __future__ import annotations
@@ -34,18 +39,18 @@ from pyspark.sql.types import StructType
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.interfaces import Target
+from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, overwrite_stage_name
 
 from .writer import ClickHouseTxBatchWriter, _coordinator, _prepared
 from .writer_options import WriterOptions
 
 log = logging.getLogger("clickhouse_tx.spark")
 
-#: Stage tables of overwrite jobs start with this (then a job-unique hex id).
-OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
+
 #: Database engines where ``EXCHANGE TABLES`` is one atomic rename (renameat2).
 EXCHANGE_ENGINES = frozenset({"Atomic", "Replicated"})
 
-__all__ = ["OverwriteWriter", "OVERWRITE_STAGE_PREFIX", "swap_in", "swap_method"]
+__all__ = ["OverwriteWriter", "OVERWRITE_STAGE_PREFIX", "NOT_ATOMIC_WARNING", "swap_in", "swap_method"]
 
 
 def _client(target: Target):
@@ -54,13 +59,56 @@ def _client(target: Target):
     return ClickHouseHTTP(target)
 
 
+#: Logged when an overwrite cannot be atomic: what a reader may see, and what to do.
+NOT_ATOMIC_WARNING = (
+    "overwrite of %s is NOT atomic: database engine %s cannot EXCHANGE TABLES and the server "
+    "refuses a transaction around REPLACE PARTITION (%s). Partitions are replaced one by one: "
+    "a concurrent reader can see some partitions new and others old, and a driver that dies "
+    "mid-swap leaves the table mixed (run the overwrite again). For an atomic overwrite use an "
+    "Atomic database, or a server with allow_experimental_transactions.")
+
+
 def swap_method(target: Target) -> str:
-    """``exchange`` if the target's database engine swaps tables atomically, else ``replace_partition``."""
+    """How :func:`swap_in` will swap (driver, once per overwrite job, before any task writes).
+
+    ``exchange`` where the database engine swaps tables atomically; else
+    ``replace_partition`` (in one transaction) when the server accepts a transaction;
+    else ``replace_partition_each`` (not atomic: logs :data:`NOT_ATOMIC_WARNING`).
+    """
+    engine = _database_engine(target)
+    if engine in EXCHANGE_ENGINES:
+        return "exchange"
+    refused = _transaction_refused(target) if engine != "Ordinary" else "Ordinary databases have no transactions"
+    if refused is None:
+        return "replace_partition"
+    log.warning(NOT_ATOMIC_WARNING, f"{target.database}.{target.table}", engine, refused)
+    return "replace_partition_each"
+
+
+def _database_engine(target: Target) -> str:
     with _client(target) as c:
         rows = c.query_json("SELECT engine FROM system.databases WHERE name = {d:String}",
                             params={"d": target.database})
-    engine = str(rows[0]["engine"]) if rows else ""
-    return "exchange" if engine in EXCHANGE_ENGINES else "replace_partition"
+    return str(rows[0]["engine"]) if rows else ""
+
+
+def _session(target: Target):
+    from clickhouse_tx.http_client import ClickHouseHTTP
+
+    return ClickHouseHTTP(target, session_id=f"clickhouse_tx_ow_{uuid.uuid4().hex}", session_timeout=60)
+
+
+def _transaction_refused(target: Target) -> str | None:
+    """None if the server runs ``BEGIN TRANSACTION``, else its refusal."""
+    from clickhouse_tx.errors import ServerError
+
+    with _session(target) as s:
+        try:
+            s.command("BEGIN TRANSACTION")
+            s.command("ROLLBACK")
+        except ServerError as e:
+            return e.message
+    return None
 
 
 def _partition_ids(c, database: str, table: str) -> list[str]:
@@ -69,6 +117,43 @@ def _partition_ids(c, database: str, table: str) -> list[str]:
         "AND table = {t:String} AND active AND rows > 0 ORDER BY partition_id",
         params={"d": database, "t": table})
     return [str(r["partition_id"]) for r in rows]
+
+
+def _replace_statements(c, target: Target, stage: str) -> list[str]:
+    """``REPLACE PARTITION`` for every partition of the stage, ``DROP`` for the target's others."""
+    fq_target = q.qualified(target.database, target.table)
+    new = _partition_ids(c, target.database, stage)
+    old = _partition_ids(c, target.database, target.table)
+    return ([f"ALTER TABLE {fq_target} REPLACE PARTITION ID {q.quote_string(pid)} FROM "
+             f"{q.qualified(target.database, stage)}" for pid in new]
+            + [f"ALTER TABLE {fq_target} DROP PARTITION ID {q.quote_string(pid)}"
+               for pid in sorted(set(old) - set(new))])
+
+
+def _replace_in_transaction(target: Target, statements: list[str]) -> str | None:
+    """Run ``statements`` in one transaction; None when committed, the refusal when not.
+
+    A refusal (no transactions, an Ordinary database) is only possible before COMMIT,
+    so nothing changed then; any other error is raised.
+    """
+    from clickhouse_tx.errors import ServerError
+    from clickhouse_tx.markers import NOT_IMPLEMENTED
+
+    with _session(target) as s:
+        try:
+            s.command("BEGIN TRANSACTION")
+            for sql in statements:
+                s.command(sql)
+        except ServerError as e:
+            try:
+                s.command("ROLLBACK")
+            except ServerError:
+                pass  # the transaction never began
+            if e.code == NOT_IMPLEMENTED:
+                return e.message
+            raise
+        s.command("COMMIT")
+    return None
 
 
 def swap_in(target: Target, stage: str, method: str | None = None) -> str:
@@ -81,32 +166,36 @@ def swap_in(target: Target, stage: str, method: str | None = None) -> str:
     stage
         Name of the stage table in the target's database (same structure).
     method
-        ``exchange`` or ``replace_partition``; default: :func:`swap_method`.
+        ``exchange``, ``replace_partition`` (one transaction; falls back to
+        ``replace_partition_each`` with a WARNING if the server refuses it) or
+        ``replace_partition_each``; default: :func:`swap_method`.
 
     Returns
     -------
     str
-        The method used. After ``exchange`` the stage holds the old rows; after
-        ``replace_partition`` it still holds the new ones (copied, not moved). The
-        caller drops it either way.
+        The method used. After ``exchange`` the stage holds the old rows; after the
+        others it still holds the new ones (copied, not moved). The caller drops it
+        either way.
     """
     method = method or swap_method(target)
-    fq_target = q.qualified(target.database, target.table)
-    fq_stage = q.qualified(target.database, stage)
+    if method == "exchange":
+        with _client(target) as c:
+            c.command(f"EXCHANGE TABLES {q.qualified(target.database, target.table)} AND "
+                      f"{q.qualified(target.database, stage)}")
+        return method
+    if method not in ("replace_partition", "replace_partition_each"):
+        raise ValueError(f"unknown swap method {method!r}")
     with _client(target) as c:
-        if method == "exchange":
-            c.command(f"EXCHANGE TABLES {fq_target} AND {fq_stage}")
-        elif method == "replace_partition":
-            new = _partition_ids(c, target.database, stage)
-            old = _partition_ids(c, target.database, target.table)
-            for pid in new:
-                c.command(f"ALTER TABLE {fq_target} REPLACE PARTITION ID {q.quote_string(pid)} "
-                          f"FROM {fq_stage}")
-            for pid in sorted(set(old) - set(new)):
-                c.command(f"ALTER TABLE {fq_target} DROP PARTITION ID {q.quote_string(pid)}")
-        else:
-            raise ValueError(f"unknown swap method {method!r}")
-    return method
+        statements = _replace_statements(c, target, stage)
+        if method == "replace_partition":
+            refused = _replace_in_transaction(target, statements)
+            if refused is None:
+                return method
+            log.warning(NOT_ATOMIC_WARNING, f"{target.database}.{target.table}",
+                        _database_engine(target), refused)
+        for sql in statements:
+            c.command(sql)
+    return "replace_partition_each"
 
 
 def drop_stage(target: Target, stage: str) -> None:
@@ -138,7 +227,7 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
 
         prepare_target(opts, schema)
         txn_id = opts.txn_id() or f"job-{uuid.uuid4().hex[:12]}"
-        stage = f"{OVERWRITE_STAGE_PREFIX}{uuid.uuid4().hex}"
+        stage = overwrite_stage_name(txn_id)  # names the job: gc can tell whose a leftover is
         self.final_opts = opts
         target = opts.target()
         with _client(target) as c:
@@ -147,6 +236,7 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
         stage_opts = dataclasses.replace(opts, table=stage, create_table=False)
         try:
             build_mode_io(opts.mode).validate(stage_opts.target(), spark_schema_to_arrow(schema))
+            self.swap = swap_method(target)  # warns now, before any task writes, if not atomic
         except BaseException:
             drop_stage(target, stage)
             raise
@@ -164,7 +254,7 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
         started = time.monotonic()
         report = _coordinator(self.opts, self.txn_id).commit_batch(0, _prepared(messages))
         target = self.final_opts.target()
-        method = swap_in(target, self.stage)
+        method = swap_in(target, self.stage, self.swap)
         drop_stage(target, self.stage)
         log.info("clickhouse_tx overwrite of %s committed (%s, %d rows): %s",
                  self.display_table, method, report.rows, report)

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import uuid
 from typing import Iterator
 
 import pyarrow as pa
@@ -38,6 +40,7 @@ from clickhouse_tx import sql as q
 from clickhouse_tx.errors import (ConfigurationError, IllegalTransitionError, NotCommittedError,
                                   OutcomeUnknownError)
 from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
+from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes import peek_schema
@@ -46,11 +49,26 @@ from clickhouse_tx.modes.base import ModeBase
 log = logging.getLogger(__name__)
 
 STAGE_PREFIX = "_ctx_stage_"
+#: Stage tables of batch overwrite jobs (``spark_datasource.overwrite``).
+OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
 
 
 def stage_name(xid: str) -> str:
     """Name of the stage table of ``xid`` (in the target's database)."""
     return STAGE_PREFIX + xid
+
+
+def overwrite_stage_name(txn_id: str) -> str:
+    """A fresh name for the stage table of an overwrite job: ``_ctx_ow_<txn>_<32 hex>``.
+
+    The job's (sanitised) txn id in the name lets ``gc`` tell whose a leftover is.
+    """
+    return f"{OVERWRITE_STAGE_PREFIX}{sanitize_txn(txn_id)}_{uuid.uuid4().hex}"
+
+
+def is_overwrite_stage_of(name: str, txn_id: str) -> bool:
+    """True if ``name`` was made by :func:`overwrite_stage_name` for ``txn_id``."""
+    return re.fullmatch(re.escape(OVERWRITE_STAGE_PREFIX + sanitize_txn(txn_id)) + "_[0-9a-f]{32}", name) is not None
 
 
 class StagingMode(ModeBase):
@@ -149,6 +167,13 @@ class StagingMode(ModeBase):
             return CommitOutcome.COMMITTED
         return CommitOutcome.NOT_COMMITTED
 
+    def leftover_stages(self, target: Target) -> list[tuple[str, float]]:
+        """(xid, age in seconds) of every stage table in the target's database.
+
+        Operator side, once per ``gc``: the candidates it matches against the registry.
+        """
+        return [(name[len(STAGE_PREFIX):], age) for name, age in tables_named(target, STAGE_PREFIX)]
+
     # -- helpers -------------------------------------------------------------------------
     @staticmethod
     def _stage_exists(c: ClickHouseHTTP, target: Target, xid: str) -> bool:
@@ -170,6 +195,16 @@ class StagingMode(ModeBase):
         return [str(r["partition_id"]) for r in rows]
 
 
+def tables_named(target: Target, prefix: str) -> list[tuple[str, float]]:
+    """(name, age in seconds) of the tables of the target's database whose names start with ``prefix``."""
+    with ClickHouseHTTP(target) as c:
+        rows = c.query_json(
+            "SELECT name, dateDiff('second', metadata_modification_time, now()) AS age "
+            "FROM system.tables WHERE database = {d:String} AND startsWith(name, {p:String}) "
+            "ORDER BY name", params={"d": target.database, "p": prefix})
+    return [(str(r["name"]), float(r["age"])) for r in rows]
+
+
 def _planned_partitions(comment: str) -> list[str] | None:
     try:
         d = json.loads(comment)
@@ -179,4 +214,5 @@ def _planned_partitions(comment: str) -> list[str] | None:
     return [str(x) for x in parts] if isinstance(parts, list) else None
 
 
-__all__ = ["StagingMode", "stage_name", "STAGE_PREFIX"]
+__all__ = ["StagingMode", "stage_name", "STAGE_PREFIX", "OVERWRITE_STAGE_PREFIX", "overwrite_stage_name",
+           "is_overwrite_stage_of", "tables_named"]

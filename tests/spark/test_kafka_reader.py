@@ -29,7 +29,9 @@ from spark_datasource.kafka_reader import (
     KafkaOffsetRange,
     KafkaStreamReader,
     KafkaUnavailableError,
+    _new_consumer,
     arrow_schema,
+    deleted_part,
     limit_offsets,
     plan_end_offsets,
     plan_ranges,
@@ -74,6 +76,31 @@ def test_a_new_partition_enters_at_its_earliest_offset_with_an_empty_first_range
     # Next trigger: the new partition is read from its earliest offset.
     end2 = plan_end_offsets(end, latest, {}, None, True)
     assert plan_ranges(end, end2, None, True) == [KafkaOffsetRange("t", 1, 0, 4)]
+
+
+def test_an_added_partition_whose_first_records_were_deleted_is_data_loss_like_spark() -> None:
+    start = {("t", 0): 5}
+    latest = {("t", 0): 9, ("t", 1): 40}
+    with pytest.raises(KafkaDataLossError, match=r"t\[1\] starts at 12.*failOnDataLoss"):
+        plan_end_offsets(start, latest, {("t", 1): 12}, None, True)
+    assert plan_end_offsets(start, latest, {("t", 1): 12}, None, False) == {("t", 0): 9, ("t", 1): 12}
+
+
+def test_a_gap_of_invisible_records_is_skipped_but_a_gap_below_the_log_start_is_data_loss() -> None:
+    # Compacted-away records, aborted transactions and markers: the offsets still exist.
+    assert deleted_part(pos=10, resume=15, log_start=0) is None
+    assert deleted_part(pos=10, resume=15, log_start=10) is None
+    # Retention deleted [10, 13) while the reader was between two fetches.
+    assert deleted_part(pos=10, resume=15, log_start=13) == (10, 13)
+    assert deleted_part(pos=10, resume=15, log_start=40) == (10, 15)
+
+
+def test_the_source_reads_read_committed_by_default_like_sparks_kafka_source() -> None:
+    assert parse_kafka_options(BASE).consumer_config()["isolation_level"] == "read_committed"
+    opted_out = parse_kafka_options({**BASE, "kafka.isolation.level": "read_uncommitted"})
+    assert opted_out.consumer_config()["isolation_level"] == "read_uncommitted"
+    with pytest.raises(ConfigurationError, match="'kafka.isolation.level'.*read_committed"):
+        parse_kafka_options({**BASE, "kafka.isolation.level": "committed"})
 
 
 def test_a_vanished_partition_is_data_loss_unless_failondataloss_is_false() -> None:
@@ -263,6 +290,45 @@ def test_records_deleted_before_they_are_read_fail_the_read_unless_failondatalos
                                    "failOnDataLoss": "false"})
     rows = _rows_of(list(read_range(lenient, rng)))
     assert [o for _, o, _ in rows] == list(range(8, 20))
+
+
+def _produce_transactions(bootstrap: str, topic: str, outcomes: list[bool], n: int = 3) -> list[bytes]:
+    """One transaction of ``n`` records per outcome (True commit, False abort); the committed values."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
+    p.init_transactions(10)
+    committed = []
+    for i, commit in enumerate(outcomes):
+        p.begin_transaction()
+        values = [b"%s-%d-%d" % (b"c" if commit else b"a", i, j) for j in range(n)]
+        for v in values:
+            p.produce(topic, v, partition=0)
+        p.flush()
+        (p.commit_transaction if commit else p.abort_transaction)(10)
+        committed += values if commit else []
+    return committed
+
+
+def test_a_default_read_is_read_committed_at_the_broker_and_reads_past_transaction_markers(
+        broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 1)
+    committed = _produce_transactions(bootstrap, topic, [True, True, True])
+    # The mock broker writes transaction markers with CRC 0, which a real broker never does.
+    opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic, "kafka.check.crcs": "false"})
+    consumer = _new_consumer(opts)
+    try:
+        assert consumer.config["isolation_level"] == "read_committed"
+        tp = __import__("kafka").TopicPartition(topic, 0)
+        end = consumer.end_offsets([tp])[tp]  # ListOffsets v2 with READ_COMMITTED: accepted
+    finally:
+        consumer.close()
+    assert end == 12  # 9 records and 3 markers (at offsets 3, 7, 11)
+    rows = _rows_of(list(read_range(opts, KafkaOffsetRange(topic, 0, 0, end))))
+    # The markers' offsets are gaps of invisible records, not data loss (failOnDataLoss=true).
+    assert [v for _, _, v in rows] == committed
+    assert [o for _, o, _ in rows] == [0, 1, 2, 4, 5, 6, 8, 9, 10]
 
 
 @pytest.mark.timeout(90)

@@ -326,3 +326,63 @@ if __name__ == "__main__":
         _retry_job(sys.argv[2], sys.argv[3])
     else:
         raise SystemExit(f"unknown command {sys.argv[1]!r}")
+
+
+def _partitioned(url: str, fq: str, value: int, partitions: int = 40) -> None:
+    run_sql(url, f"CREATE TABLE {fq} (p UInt8, v UInt32) ENGINE = MergeTree PARTITION BY p ORDER BY v")
+    run_sql(url, f"INSERT INTO {fq} SELECT number % {partitions}, {value} FROM numbers({partitions * 10})")
+
+
+def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_never_see_old_and_new_mixed(
+        clickhouse_url: str, database: str) -> None:
+    from spark_datasource.overwrite import swap_in
+
+    for name, value in (("t", 0), ("st1", 1), ("st2", 2)):
+        _partitioned(clickhouse_url, f"`{database}`.{name}", value)
+    target = Target(url=clickhouse_url, database=database, table="t")
+    seen: list[list[str]] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        with requests.Session() as s:
+            while not stop.is_set():
+                r = s.post(clickhouse_url, data=f"SELECT groupUniqArray(v), count() FROM `{database}`.t "
+                                                "SETTINGS implicit_transaction = 1", timeout=30)
+                seen.append(r.text.split())
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for round_ in range(6):
+            assert swap_in(target, f"st{1 + round_ % 2}", method="replace_partition") == "replace_partition"
+    finally:
+        stop.set()
+        thread.join()
+    mixed = [s for s in seen if s[0].count(",") > 0 or s[1] != "400"]
+    print(f"partition-by-partition swap: {len(seen)} reads, {len(mixed)} saw old and new mixed")
+    assert len(seen) > 20 and mixed == []
+    assert read_committed(clickhouse_url, f"SELECT groupUniqArray(v), count() FROM `{database}`.t") == [["[2]", "400"]]
+
+
+def test_an_overwrite_that_cannot_be_atomic_warns_naming_what_readers_can_see(
+        clickhouse_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    from clickhouse_tx.http_client import ClickHouseHTTP
+    from spark_datasource.overwrite import swap_in, swap_method
+
+    db = f"ord_{uuid.uuid4().hex[:8]}"
+    admin = ClickHouseHTTP(Target(url=clickhouse_url, database="default", table="x"))
+    admin.command(f"CREATE DATABASE `{db}` ENGINE = Ordinary", settings={"allow_deprecated_database_ordinary": 1})
+    try:
+        _partitioned(clickhouse_url, f"`{db}`.t", 0)
+        _partitioned(clickhouse_url, f"`{db}`.st", 1, partitions=3)
+        target = Target(url=clickhouse_url, database=db, table="t")
+        with caplog.at_level("WARNING", logger="clickhouse_tx.spark"):
+            assert swap_method(target) == "replace_partition_each"
+            # Asked for the transactional swap anyway: refused, it falls back and says so again.
+            assert swap_in(target, "st", method="replace_partition") == "replace_partition_each"
+        warnings = [r.getMessage() for r in caplog.records if "NOT atomic" in r.getMessage()]
+        assert len(warnings) == 2 and all(f"{db}.t" in w and "some partitions new and others old" in w
+                                          for w in warnings), warnings
+        assert read_committed(clickhouse_url, f"SELECT groupUniqArray(v), count() FROM `{db}`.t") == [["[1]", "30"]]
+    finally:
+        admin.command(f"DROP DATABASE IF EXISTS `{db}` SYNC")

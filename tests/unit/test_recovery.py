@@ -7,7 +7,7 @@ import pytest
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.recovery import gc_stale, resolve_in_doubt, status_summary
 
-from tests.unit.fakes import TARGET, Crash, World, arrow_batches
+from tests.unit.fakes import TARGET, Crash, FakeDecisionLog, World, arrow_batches
 
 
 def prepare(w: World, partition: int, attempt: int = 0, batch: int = 0) -> Prepared:
@@ -89,8 +89,10 @@ def test_gc_filters_by_txn_id() -> None:
     w = World()
     m = prepare(w, 0)
     w.now[0] += 600
-    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_id="other").rolled_back == ()
-    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_id="q1").rolled_back == (m.xid,)
+    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"other"},
+                    overwrite_stages=False).rolled_back == ()
+    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"q1"},
+                    overwrite_stages=False).rolled_back == (m.xid,)
 
 
 def test_status_counts_open_xids_and_names_the_in_doubt_ones() -> None:
@@ -104,3 +106,25 @@ def test_status_counts_open_xids_and_names_the_in_doubt_ones() -> None:
     assert s.open_by_state == {"committing": 2}
     assert s.in_doubt == tuple(sorted((a.xid, b.xid))) and s.by_txn == {"q1": 2}
     assert s.oldest_open_age_s == pytest.approx(30)
+
+
+def test_a_committing_xid_is_never_rolled_back_by_a_decision_log_that_does_not_hold_its_decision() -> None:
+    w = World()
+    m = prepare(w, 0)
+    crash_commit_at(w, [m], "ch.commit", "before")
+    w.ch.kill_sessions()  # even when the lookup says it can no longer commit
+    report = resolve_in_doubt(TARGET, w.ch, w.registry, lambda t: FakeDecisionLog(t))
+    assert report.skipped == (m.xid,) and report.rolled_back == () and states(w)[m.xid] == "committing"
+
+
+def test_recovery_and_gc_act_only_on_the_queries_they_are_given() -> None:
+    w = World()
+    m = prepare(w, 0)
+    crash_commit_at(w, [m], "ch.commit", "before")
+    stale = prepare(w, 1, batch=1)
+    w.now[0] += 600
+    report = resolve_in_doubt(TARGET, w.ch, w.registry, lambda t: w.log, txn_ids={"other"})
+    assert (report.committed, report.rolled_back, report.skipped) == ((), (), ())
+    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"other"},
+                    overwrite_stages=False).rolled_back == ()
+    assert states(w) == {m.xid: "committing", stale.xid: "initialized"}
