@@ -152,6 +152,14 @@ class FakeClickHouse:
             t.status = "rolled_back"
         self._hit("rollback", "after")
 
+    def renew(self, target: Target, p: Prepared) -> bool:
+        """Is the xid's transaction still open (its session alive)? Renewing is implicit."""
+        self._hit("renew", "before")
+        t = self.tx.get(p.xid)
+        out = t is not None and t.status == "open"
+        self._hit("renew", "after")
+        return out
+
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         self._hit("lookup", "before")
         t = self.tx.get(p.xid)

@@ -153,18 +153,37 @@ def test_a_decided_xid_whose_session_died_is_replaced_by_the_replay_of_its_parti
     w = World()
     c = w.coordinator()
     first = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "crash", lambda op, ph: op == "ch.commit" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)  # partition 0 committed, then the driver died
+    w.faults.disarm()
+    w.ch.kill_sessions()  # ClickHouse restarted: the other prepared transactions are gone
+    replay = [prepare(c, p, 1) for p in range(PARTS)]
+    report = w.coordinator().commit_batch(0, replay)
+    assert {a for a, _ in report.replaced} == {m.xid for m in first[1:]}
+    assert set(report.committed) == {first[0].xid} | {m.xid for m in replay[1:]}
+    d = w.log.read(0)
+    assert d.version == 1 + PARTS - 1 and d.done and {p.xid for p in d.chosen} == set(report.committed)
+    assert_exactly_once(w)
+
+
+def test_a_replay_after_every_decided_xid_died_decides_again_under_its_own_partitioning() -> None:
+    w = World()
+    c = w.coordinator()
+    first = [prepare(c, p, 0) for p in range(PARTS)]
     w.faults.arm(0, "crash", lambda op, ph: op == "log.write" and ph == "after")
     with pytest.raises(Crash):
         w.coordinator().commit_batch(0, first)  # the decision is logged, nothing committed
     w.faults.disarm()
-    w.ch.kill_sessions()  # ClickHouse restarted: prepared transactions are gone
-    replay = [prepare(c, p, 1) for p in range(PARTS)]
+    w.ch.kill_sessions()  # ClickHouse restarted: nothing of the batch is visible
+    # the restarted query slices the same batch into 5 partitions
+    replay = [c.prepare(WriteContext("q1", 0, p, 1), arrow_batches(3, 10 + p)) for p in range(5)]
     report = w.coordinator().commit_batch(0, replay)
-    assert {a for a, _ in report.replaced} == {m.xid for m in first}
-    assert set(report.committed) == {m.xid for m in replay}
     d = w.log.read(0)
-    assert d.version == 1 + PARTS and d.done and {p.xid for p in d.chosen} == set(report.committed)
-    assert_exactly_once(w)
+    assert d.version == 2 and d.done and [p.xid for p in d.chosen] == [m.xid for m in replay]
+    assert set(report.committed) == {m.xid for m in replay}
+    assert w.keys_of(0) == {("q1", 0, p): 1 for p in range(5)} and w.ch.visible_rows() == 15
+    assert {w.registry.everything[m.xid].state for m in first} == {"aborted"}
 
 
 def test_a_dead_decided_xid_without_a_replacement_fails_naming_it_and_a_later_replay_heals() -> None:
