@@ -764,7 +764,7 @@ class Coordinator:
         parts = sorted(chosen)
         ready = self.ops.bulk_move([chosen[p].xid for p in parts] if len(parts) > 1 else [],
                                    (TxState.INITIALIZED, TxState.COMMITTING), TxState.COMMITTING, payload)
-        doubt: dict[int, OutcomeUnknownError] = {}
+        doubt: dict[int, Exception] = {}
 
         def commit_one(part: int) -> bool:
             p = chosen[part]
@@ -772,7 +772,7 @@ class Coordinator:
                 if p.xid in ready:
                     return self.ops.commit_committing(p)
                 return self.ops.ensure_committed(p, payload=payload)
-            except OutcomeUnknownError as exc:
+            except Exception as exc:  # noqa: BLE001 - the others still commit; raised below
                 doubt[part] = exc
                 return False
 
@@ -783,15 +783,17 @@ class Coordinator:
             if xid not in done:
                 self.ops.move(xid, TxState.COMMITTED)
         if doubt:
-            first = doubt[min(doubt)]
+            part = min(doubt)
+            first = doubt[part]
             raise OutcomeUnknownError(
-                f"batch {run.decision.batch}: partitions {sorted(doubt)} are in doubt after "
-                f"{self.retry.max_attempts} attempts ({first.message}); partitions "
-                f"{sorted(p for p in parts if results[p])} are committed and visible. The batch is "
-                f"not done: restart the query (or run the job again with transactional_id "
-                f"'{self.txn_id}'), or finish it with `{self._way_out()}`; running the job again "
-                "under a new transactional_id would write the visible partitions twice",
-                xid=first.xid, code=first.code, name=first.name)
+                f"batch {run.decision.batch}: partitions {sorted(doubt)} are in doubt "
+                f"({type(first).__name__}: {first}; retry.attempts={self.retry.max_attempts}); "
+                f"partitions {sorted(p for p in parts if results[p])} are committed and visible. "
+                f"The batch is not done: restart the query (or run the job again with "
+                f"transactional_id '{self.txn_id}'), or finish it with `{self._way_out()}`; "
+                "running the job again under a new transactional_id would write the visible "
+                "partitions twice", xid=chosen[part].xid,
+                code=getattr(first, "code", None), name=getattr(first, "name", None)) from first
         return results
 
     def _forget(self, xids: Iterable[str]) -> None:
