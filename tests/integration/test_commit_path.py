@@ -142,3 +142,29 @@ def test_unknown_status_of_transaction_from_commit_is_settled_by_lookup_never_by
     # landed: the marker shows it committed, no second COMMIT; not run: the session
     # still holds the transaction (PENDING), so it is committed once more.
     assert len(commits) == (1 if landed else 2)
+
+
+def test_abort_does_not_raise_when_a_straggler_holds_its_session_and_recover_finishes_it_later(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    from clickhouse_tx.recovery import resolve_in_doubt
+    from clickhouse_tx.registry import KeeperMapRegistry
+
+    target = make_table(admin, database)
+    co = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
+    KEEP_ALIVE.unwatch(p.xid)
+    straggler = ClickHouseHTTP(target, session_id=p.xid, session_timeout=target.session_timeout_s)
+    holder = threading.Thread(target=lambda: straggler.command(
+        "SELECT sleepEachRow(0.5) FROM numbers(24) SETTINGS max_block_size = 1 FORMAT Null",
+        session_check=True))
+    holder.start()
+    time.sleep(0.5)
+    report = co.abort_batch(0, [p])  # SESSION_IS_LOCKED through every retry: no exception
+    assert report.left == (p.xid,) and report.rolled_back == ()
+    registry = KeeperMapRegistry(target)
+    assert registry.get(p.xid).state == "aborting"  # fenced: it can never commit
+    holder.join()
+    straggler.close()
+    done = resolve_in_doubt(target, TransactionMode(), registry, lambda t: None)
+    assert p.xid in done.rolled_back and registry.get(p.xid).state == "aborted"
+    assert committed_count(admin, target) == 0
