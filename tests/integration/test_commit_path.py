@@ -20,6 +20,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import SESSION_IS_LOCKED, SESSION_NOT_FOUND, ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
+from clickhouse_tx.retry import RetryPolicy
 
 from tests.integration.test_modes import TXN, admin, batches, committed_count, make_table, rows  # noqa: F401
 
@@ -93,7 +94,9 @@ def test_renew_says_a_session_that_expired_is_gone(admin: ClickHouseHTTP, databa
 def test_a_commit_refused_because_the_session_is_busy_did_not_run_and_is_retried(
         admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
     target = make_table(admin, database)
-    co = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    # every sleep between attempts 0-0.5 s: the retries outlast the 1 s hold below
+    retry = RetryPolicy(max_attempts=30, max_total_s=30.0, base_delay_s=0.5, max_delay_s=0.5)
+    co = build_coordinator(target, "transaction", TXN, str(tmp_path), retry=retry)
     p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
     KEEP_ALIVE.unwatch(p.xid)
     busy = ClickHouseHTTP(target, session_id=p.xid, session_timeout=target.session_timeout_s)
