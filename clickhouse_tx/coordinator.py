@@ -35,6 +35,7 @@ from clickhouse_tx.errors import (
     NotCommittedError,
     OutcomeUnknownError,
 )
+from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.ids import new_xid
 from clickhouse_tx.interfaces import (
     CommitModeIO,
@@ -71,6 +72,14 @@ def prepared_from_entry(e: RegistryEntry) -> Prepared:
     return Prepared(xid=e.xid, txn_id=e.txn_id, batch=e.batch, partition=e.partition,
                     attempt=e.attempt, mode=e.mode, server=e.server, table=e.table,
                     rows=0, checksum=0, details=dict(e.payload or {}))
+
+
+def same_rows(a: Prepared, b: Prepared) -> bool:
+    """True if ``a`` and ``b`` carry the same rows (row count and order-free checksum).
+
+    The one test a replacement of a decided xid must pass (:func:`plan_commit`).
+    """
+    return a.rows == b.rows and a.checksum == b.checksum
 
 
 def choose_per_partition(messages: Iterable[Prepared],
@@ -142,13 +151,15 @@ def plan_commit(decision: Decision | None, messages: Sequence[Prepared],
     if decision is not None and decision.done:
         return CommitPlan(decision=decision, write_decision=False, spares={}, already_done=True)
     if decision is not None:
-        # on a replay every committable message of a decided partition is a spare
+        # On a replay a spare must carry the decided rows: same partition number, rows
+        # and checksum. A replay under another partitioning (repartition(n), minPartitions,
+        # Kafka partitions) has the same numbers over other slices of the batch.
         decided = {p.xid for p in decision.chosen}
         spares_all: dict[int, tuple[Prepared, ...]] = {}
-        for part in {p.partition for p in decision.chosen}:
-            ms = [m for m in messages if m.partition == part and m.xid not in decided
-                  and states.get(m.xid) is TxState.INITIALIZED]
-            spares_all[part] = tuple(sorted({m.xid: m for m in ms}.values(), key=_attempt_order))
+        for d in decision.chosen:
+            ms = [m for m in messages if m.partition == d.partition and m.xid not in decided
+                  and same_rows(m, d) and states.get(m.xid) is TxState.INITIALIZED]
+            spares_all[d.partition] = tuple(sorted({m.xid: m for m in ms}.values(), key=_attempt_order))
         return CommitPlan(decision=decision, write_decision=False, spares=spares_all)
     chosen, spares = choose_per_partition(messages, states)
     missing = sorted({m.partition for m in messages} - set(chosen))
@@ -210,6 +221,7 @@ class AbortReport:
     batch: int
     rolled_back: tuple[str, ...]
     kept: tuple[str, ...]
+    left: tuple[str, ...] = ()  # fenced, not rolled back (session busy): GC finishes them
 
 
 # ----------------------------------------------------------------------------------------
@@ -516,11 +528,24 @@ class Coordinator:
                 return  # our own write, whose reply was lost
             raise
 
-    def _rollback_all(self, ps: Iterable[Prepared]) -> list[str]:
+    def _rollback_all(self, ps: Iterable[Prepared], *, quiet: bool = False) -> list[str]:
+        """Abort each of ``ps``; the xids rolled back.
+
+        ``quiet``: an xid whose abort fails (a straggler still holds its session:
+        SESSION_IS_LOCKED) is logged and left to GC and session expiry instead of
+        failing the caller. Safe once the batch's fate is decided: an xid not chosen
+        can never commit, whatever state the failed abort left it in.
+        """
         done = []
         for p in ps:
-            if self.ops.abort(p):
-                done.append(p.xid)
+            try:
+                if self.ops.abort(p):
+                    done.append(p.xid)
+            except Exception as exc:  # noqa: BLE001 - only when quiet, see below
+                if not quiet:
+                    raise
+                log.warning("batch %d: rollback of xid %s (partition %d) failed, left to GC and "
+                            "session expiry: %s", p.batch, p.xid, p.partition, exc)
         return done
 
     def commit_batch(self, batch: int, messages: Sequence[Prepared | None]) -> CommitReport:
@@ -528,87 +553,248 @@ class Coordinator:
 
         Raises
         ------
+        NotCommittedError
+            Before any decision: a chosen partition's prepared transaction is gone
+            (session expired, ClickHouse restarted). Everything is rolled back.
         LostTransactionError
-            A decided xid cannot commit and no message of its partition can replace
-            it; the other partitions are committed, the batch is not marked done.
+            A decided xid cannot commit, some partitions of the batch are already
+            visible, and no message of this run carries the same rows; the message
+            names what is visible and the way out. The batch is not marked done.
         OutcomeUnknownError
-            An xid stayed in doubt; the batch is not done and a replay resolves it.
+            An xid stayed in doubt; the batch is not done and a replay (or
+            ``python -m clickhouse_tx recover``, which the message spells out) resolves it.
         """
         t0 = self.clock()
         msgs = self._check_messages(batch, messages)
-        decision = self._read(batch)
-        entries = self._entries(batch)
-        plan = plan_commit(decision, msgs, entries, txn_id=self.txn_id, batch=batch)
+        plan = plan_commit(self._read(batch), msgs, self._entries(batch), txn_id=self.txn_id, batch=batch)
         durations: dict[str, float] = {"plan": self.clock() - t0}
         assert plan.decision is not None
-        decision = plan.decision
         if plan.already_done:
-            t = self.clock()
-            keep = {p.xid for p in decision.chosen}
-            rolled = self._rollback_all(plan_rollback(keep, msgs, self._entries(batch)))
-            durations["rollback"] = self.clock() - t
-            durations["total"] = self.clock() - t0
-            return CommitReport(batch=batch, committed=tuple(sorted(keep)), rolled_back=tuple(rolled),
-                                rows=sum(p.rows for p in decision.chosen), durations=durations,
-                                replay=True, already_done=True, decision_version=decision.version)
+            return self._replay_of_done(plan.decision, msgs, t0, durations)
+        run = _Run(plan.decision, dict(plan.spares))
         if plan.write_decision:
             t = self.clock()
-            self._write(decision)
+            self._check_sessions(run, msgs)
+            durations["session_check"] = self.clock() - t
+            t = self.clock()
+            self._write(run.decision)
             durations["decision_write"] = self.clock() - t
 
         t = self.clock()
-        chosen = {p.partition: p for p in decision.chosen}
-        replaced: list[tuple[str, str]] = []
-        lost: list[str] = []
-        rolled: list[str] = []
-        first_pass = self._commit_all(chosen, decision.version)
-        for part in sorted(chosen):
-            current = chosen[part]
-            spares = list(plan.spares.get(part, ()))
-            committed = first_pass[part]
-            while not committed:
-                # definitely not committed: fence it so nothing can commit it later
-                self.ops.abort(current, known_dead=True)
-                rolled.append(current.xid)
-                nxt = None
-                while spares:
-                    cand = spares.pop(0)
-                    if self.ops.state(cand.xid) is TxState.INITIALIZED:
-                        nxt = cand
-                        break
-                if nxt is None:
-                    lost.append(current.xid)
-                    break
-                chosen[part] = nxt
-                decision = Decision(txn_id=self.txn_id, batch=batch, version=decision.version + 1,
-                                    chosen=tuple(chosen[p] for p in sorted(chosen)))
-                self._write(decision)  # before the replacement's COMMIT, as for v1
-                replaced.append((current.xid, nxt.xid))
-                log.warning("batch %d partition %d: xid %s cannot commit, replaced by %s (decision v%d)",
-                            batch, part, current.xid, nxt.xid, decision.version)
-                current = nxt
-                committed = self.ops.ensure_committed(current, payload={"decision_version": decision.version})
+        first_pass = self._commit_all(run)
+        if plan.replay and run.chosen and msgs and not any(first_pass.values()):
+            first_pass = self._redecide(run, msgs) or first_pass
+        self._replace_dead(run, first_pass)
         durations["commit"] = self.clock() - t
 
         t = self.clock()
-        keep = {p.xid for p in chosen.values()}
+        keep = {p.xid for p in run.chosen.values()}
         registered = self._entries(batch)
-        rolled += self._rollback_all(plan_rollback(keep, msgs, registered))
+        run.rolled += self._rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
         durations["rollback"] = self.clock() - t
-        if lost:
-            raise LostTransactionError(
-                f"batch {batch}: decided xids {lost} can no longer commit and no message of "
-                f"their partitions can replace them; replay the batch with the same partitioning",
-                xid=lost[0])
+        if run.lost:
+            raise LostTransactionError(self._lost_message(run, msgs), xid=run.lost[0].xid)
         t = self.clock()
         self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
         durations["mark_done"] = self.clock() - t
-        self._forget(keep | set(rolled) | {e.xid for e in registered})
+        self._forget(keep | set(run.rolled) | {e.xid for e in registered})
         durations["total"] = self.clock() - t0
+        chosen = run.chosen
         return CommitReport(batch=batch, committed=tuple(p.xid for _, p in sorted(chosen.items())),
-                            rolled_back=tuple(rolled), rows=sum(p.rows for p in chosen.values()),
-                            replaced=tuple(replaced), durations=durations, replay=plan.replay,
-                            decision_version=decision.version)
+                            rolled_back=tuple(run.rolled), rows=sum(p.rows for p in chosen.values()),
+                            replaced=tuple(run.replaced), durations=durations, replay=plan.replay,
+                            decision_version=run.decision.version)
+
+    def _replay_of_done(self, decision: Decision, msgs: Sequence[Prepared], t0: float,
+                        durations: dict[str, float]) -> CommitReport:
+        """A done batch again (Spark replays it after a crash past mark_done): roll back only."""
+        t = self.clock()
+        keep = {p.xid for p in decision.chosen}
+        rolled = self._rollback_all(plan_rollback(keep, msgs, self._entries(decision.batch)), quiet=True)
+        durations["rollback"] = self.clock() - t
+        durations["total"] = self.clock() - t0
+        return CommitReport(batch=decision.batch, committed=tuple(sorted(keep)), rolled_back=tuple(rolled),
+                            rows=sum(p.rows for p in decision.chosen), durations=durations,
+                            replay=True, already_done=True, decision_version=decision.version)
+
+    def _renew(self, p: Prepared) -> bool:
+        """True if ``p``'s prepared work is still there (and its session renewed)."""
+        renew = getattr(self.mode_io, "renew", None)
+        if renew is None:
+            return True  # modes without sessions keep prepared work until rolled back
+        return bool(self.ops.call(lambda: renew(self.target, p), is_transient_or_unknown))
+
+    def _check_sessions(self, run: "_Run", msgs: Sequence[Prepared]) -> None:
+        """Before a decision is written: every chosen xid must still be committable.
+
+        Renews each chosen session (so none expires between here and its COMMIT);
+        a dead one is swapped for a live spare of its partition. If a partition has
+        none, nothing is decided: every xid of the batch is rolled back and
+        :class:`NotCommittedError` says why. Without this check a batch job whose
+        early sessions expired committed the rest and failed half-visible.
+        """
+        parts = sorted(run.chosen)
+        alive = self._each(parts, lambda part: self._renew(run.chosen[part]))
+        dead: list[Prepared] = []
+        for part in parts:
+            if alive[part]:
+                continue
+            spare = next((s for s in run.spares.get(part, ()) if self._renew(s)), None)
+            if spare is None:
+                dead.append(run.chosen[part])
+                continue
+            run.spares[part] = tuple(s for s in run.spares[part] if s.xid != spare.xid)
+            run.chosen[part] = spare
+        if dead:
+            self._rollback_all(plan_rollback((), msgs, self._entries(run.decision.batch)), quiet=True)
+            raise NotCommittedError(
+                f"batch {run.decision.batch}: the prepared transactions of partitions "
+                f"{[p.partition for p in dead]} are gone before the commit (their sessions expired "
+                f"after session_timeout={self.target.session_timeout_s} s idle, or ClickHouse "
+                "restarted). Nothing of the batch was committed and every prepared partition is "
+                "rolled back, so running the job again (or restarting the query) writes it once. "
+                "Tasks that wait longer than session_timeout for the commit need a larger "
+                "session_timeout option (the server caps it at max_session_timeout)",
+                xid=dead[0].xid)
+        run.decision = dataclasses.replace(run.decision, chosen=tuple(run.chosen[p] for p in parts))
+
+    def _redecide(self, run: "_Run", msgs: Sequence[Prepared]) -> dict[int, bool] | None:
+        """Replay where no decided xid committed: decide again from this run's messages.
+
+        Nothing of the batch is visible, and Spark replays a batch with every task
+        done, so this run's messages hold the whole batch, under whatever
+        partitioning it now has. The dead xids are fenced ABORTED first, so nothing
+        can commit them after the new version is written. None if this run cannot
+        replace the decision (a partition without a committable message).
+        """
+        batch = run.decision.batch
+        try:
+            fresh = plan_commit(None, msgs, self._entries(batch), txn_id=self.txn_id, batch=batch)
+        except NotCommittedError as exc:
+            log.warning("batch %d: cannot decide again from this run: %s", batch, exc)
+            return None
+        assert fresh.decision is not None
+        old = dict(run.chosen)
+        for p in old.values():
+            self.ops.abort(p, known_dead=True)
+            run.rolled.append(p.xid)
+        new = _Run(dataclasses.replace(fresh.decision, version=run.decision.version + 1),
+                   dict(fresh.spares))
+        self._check_sessions(new, msgs)
+        self._write(new.decision)
+        run.decision, run.chosen, run.spares = new.decision, new.chosen, new.spares
+        run.replaced += [(p.xid, run.chosen[part].xid) for part, p in sorted(old.items())
+                         if part in run.chosen]
+        log.warning("batch %d: no decided xid could commit; decided again from this run's %d "
+                    "partitions (decision v%d, was %d partitions)", batch, len(run.chosen),
+                    run.decision.version, len(old))
+        return self._commit_all(run)
+
+    def _replace_dead(self, run: "_Run", committed: Mapping[int, bool]) -> None:
+        """Fence each decided xid that cannot commit; replace it by a spare with its rows.
+
+        Each replacement is a new decision version, written before its COMMIT. A
+        partition without such a spare is recorded in ``run.lost``.
+        """
+        batch = run.decision.batch
+        for part in sorted(run.chosen):
+            current, ok = run.chosen[part], committed[part]
+            spares = list(run.spares.get(part, ()))
+            while not ok:
+                # definitely not committed: fence it so nothing can commit it later
+                self.ops.abort(current, known_dead=True)
+                run.rolled.append(current.xid)
+                nxt = next((s for s in spares if self.ops.state(s.xid) is TxState.INITIALIZED), None)
+                if nxt is None:
+                    run.lost.append(current)
+                    break
+                spares = spares[spares.index(nxt) + 1:]
+                run.chosen[part] = nxt
+                run.decision = Decision(txn_id=self.txn_id, batch=batch, version=run.decision.version + 1,
+                                        chosen=tuple(run.chosen[p] for p in sorted(run.chosen)))
+                self._write(run.decision)  # before the replacement's COMMIT, as for v1
+                run.replaced.append((current.xid, nxt.xid))
+                log.warning("batch %d partition %d: xid %s cannot commit, replaced by %s (decision v%d)",
+                            batch, part, current.xid, nxt.xid, run.decision.version)
+                current = nxt
+                ok = self.ops.ensure_committed(current, payload={"decision_version": run.decision.version})
+
+    def _way_out(self) -> str:
+        root = getattr(self.log, "root_uri", None) or "<decision_log>"
+        return (f"python -m clickhouse_tx recover --url {safe_url(self.target.url)} "
+                f"--table {self.target.database}.{self.target.table} --mode {self.mode_io.mode.value} "
+                f"--txn-id {self.txn_id} --checkpoint {root}")
+
+    def _lost_message(self, run: "_Run", msgs: Sequence[Prepared]) -> str:
+        lost = {p.partition for p in run.lost}
+        visible = sorted(set(run.chosen) - lost)
+        now = len({m.partition for m in msgs})
+        return (
+            f"batch {run.decision.batch} of {self.txn_id}: partitions {sorted(lost)} (xids "
+            f"{[p.xid for p in run.lost]}) can no longer commit: their prepared transactions are "
+            "gone (ClickHouse restarted or their sessions expired) and no task of this run wrote "
+            "the same rows (a replacement must match the decided partition's rows and checksum; "
+            f"this run has {now} partitions, the decision {len(run.chosen)}). Partitions {visible} "
+            f"are committed and visible ({sum(run.chosen[p].rows for p in visible)} rows): running "
+            "the job again under a new transactional_id would write them twice. Way out: run again "
+            f"with transactional_id '{self.txn_id}' (a streaming query: restart it on the same "
+            f"checkpoint) and the original partitioning ({len(run.chosen)} partitions: the same "
+            "repartition(n), minPartitions and Kafka partitions), which re-writes and matches the "
+            "missing partitions and keeps the visible ones")
+
+    def _commit_all(self, run: "_Run") -> dict[int, bool]:
+        """First COMMIT of every decided partition.
+
+        Safe in any order and concurrently: the decision is durable before this runs,
+        and each xid's COMMIT touches only its own session and registry entry. The
+        registry moves go in bulk where the registry can (one CAS to COMMITTING for
+        every xid, one to COMMITTED for the committed ones: 16 partitions took 82
+        requests xid by xid); an xid the bulk CAS did not move takes the one-by-one path,
+        which reads its state and decides. What cannot commit is handled afterwards,
+        one partition at a time, because a replacement writes a new decision version.
+
+        Raises
+        ------
+        OutcomeUnknownError
+            Some xids stayed in doubt through every retry; the message names the
+            visible partitions and the recover command. The others are committed.
+        """
+        chosen, version = run.chosen, run.decision.version
+        payload = {"decision_version": version}
+        parts = sorted(chosen)
+        ready = self.ops.bulk_move([chosen[p].xid for p in parts] if len(parts) > 1 else [],
+                                   (TxState.INITIALIZED, TxState.COMMITTING), TxState.COMMITTING, payload)
+        doubt: dict[int, Exception] = {}
+
+        def commit_one(part: int) -> bool:
+            p = chosen[part]
+            try:
+                if p.xid in ready:
+                    return self.ops.commit_committing(p)
+                return self.ops.ensure_committed(p, payload=payload)
+            except Exception as exc:  # noqa: BLE001 - the others still commit; raised below
+                doubt[part] = exc
+                return False
+
+        results = self._each(parts, commit_one)
+        finish = [chosen[p].xid for p in parts if results[p] and chosen[p].xid in ready]
+        done = self.ops.bulk_move(finish, (TxState.COMMITTING,), TxState.COMMITTED)
+        for xid in finish:
+            if xid not in done:
+                self.ops.move(xid, TxState.COMMITTED)
+        if doubt:
+            part = min(doubt)
+            first = doubt[part]
+            raise OutcomeUnknownError(
+                f"batch {run.decision.batch}: partitions {sorted(doubt)} are in doubt "
+                f"({type(first).__name__}: {first}; retry.attempts={self.retry.max_attempts}); "
+                f"partitions {sorted(p for p in parts if results[p])} are committed and visible. "
+                f"The batch is not done: restart the query (or run the job again with "
+                f"transactional_id '{self.txn_id}'), or finish it with `{self._way_out()}`; "
+                "running the job again under a new transactional_id would write the visible "
+                "partitions twice", xid=chosen[part].xid,
+                code=getattr(first, "code", None), name=getattr(first, "name", None)) from first
+        return results
 
     def _forget(self, xids: Iterable[str]) -> None:
         """Drop a done batch's finished entries from the registry (best effort).
@@ -624,36 +810,6 @@ class Coordinator:
             forget(sorted(xids))
         except Exception as exc:  # noqa: BLE001 - housekeeping never fails a commit
             log.info("could not drop finished registry entries: %s", exc)
-
-    def _commit_all(self, chosen: Mapping[int, Prepared], version: int) -> dict[int, bool]:
-        """First COMMIT of every decided partition.
-
-        Safe in any order and concurrently: the decision is durable before this runs,
-        and each xid's COMMIT touches only its own session and registry entry. The
-        registry moves go in bulk where the registry can (one CAS to COMMITTING for
-        every xid, one to COMMITTED for the committed ones: 16 partitions took 82
-        requests xid by xid); an xid the bulk CAS did not move takes the one-by-one path,
-        which reads its state and decides. What cannot commit is handled afterwards,
-        one partition at a time, because a replacement writes a new decision version.
-        """
-        payload = {"decision_version": version}
-        parts = sorted(chosen)
-        ready = self.ops.bulk_move([chosen[p].xid for p in parts] if len(parts) > 1 else [],
-                                   (TxState.INITIALIZED, TxState.COMMITTING), TxState.COMMITTING, payload)
-
-        def commit_one(part: int) -> bool:
-            p = chosen[part]
-            if p.xid in ready:
-                return self.ops.commit_committing(p)
-            return self.ops.ensure_committed(p, payload=payload)
-
-        results = self._each(parts, commit_one)
-        finish = [chosen[p].xid for p in parts if results[p] and chosen[p].xid in ready]
-        done = self.ops.bulk_move(finish, (TxState.COMMITTING,), TxState.COMMITTED)
-        for xid in finish:
-            if xid not in done:
-                self.ops.move(xid, TxState.COMMITTED)
-        return results
 
     def _each(self, parts: Sequence[int], fn: Callable[[int], bool]) -> dict[int, bool]:
         """``fn`` over the partitions, ``parallelism`` at a time; the first error is raised."""
@@ -677,10 +833,32 @@ class Coordinator:
         """Driver, when Spark aborts a batch: roll back everything not decided.
 
         Decided xids are left alone: a decision means some may already be
-        committed, and the replay of the batch rolls the rest forward.
+        committed, and the replay of the batch rolls the rest forward. Never raises
+        for one xid that cannot be rolled back now (a straggler task still holds its
+        session: SESSION_IS_LOCKED): it is fenced, so it can never commit, and is
+        listed in ``left`` for GC and session expiry; Spark's own error stays the one
+        the user sees.
         """
         msgs = self._check_messages(batch, messages)
         decision = self._read(batch)
         keep = {p.xid for p in decision.chosen} if decision is not None else set()
-        rolled = self._rollback_all(plan_rollback(keep, msgs, self._entries(batch)))
-        return AbortReport(batch=batch, rolled_back=tuple(rolled), kept=tuple(sorted(keep)))
+        todo = plan_rollback(keep, msgs, self._entries(batch))
+        rolled = self._rollback_all(todo, quiet=True)
+        left = tuple(p.xid for p in todo if p.xid not in rolled)
+        return AbortReport(batch=batch, rolled_back=tuple(rolled), kept=tuple(sorted(keep)), left=left)
+
+
+@dataclasses.dataclass
+class _Run:
+    """The mutable state of one :meth:`Coordinator.commit_batch` call (driver, in memory)."""
+
+    decision: Decision
+    spares: dict[int, tuple[Prepared, ...]]
+    chosen: dict[int, Prepared] = dataclasses.field(default_factory=dict)
+    replaced: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    rolled: list[str] = dataclasses.field(default_factory=list)
+    lost: list[Prepared] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.chosen:
+            self.chosen = {p.partition: p for p in self.decision.chosen}

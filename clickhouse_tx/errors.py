@@ -69,7 +69,12 @@ class DecisionConflictError(ClickHouseTxError):
 class LostTransactionError(ClickHouseTxError):
     """A decided xid can no longer commit and no replayed partition can replace it.
 
-    The batch cannot be proven complete; the xids are named so an operator can look.
+    Raised only when part of the batch is already visible and no message of the
+    replay carries the lost partition's rows (same row count and checksum), e.g. a
+    replay under another partitioning. The message names the lost partitions and
+    xids, the visible ones, and the way out (the same transactional_id and the
+    original partitioning); the batch is not marked done and nothing of the replay
+    is committed.
     """
 
 

@@ -367,7 +367,10 @@ class Engine:
         with self._sessions_lock:
             s = self._sessions.get(sid)
             if s is not None and not s.closed:
-                s.timeout = timeout
+                # As ClickHouse's NamedSessionsStorage: the timeout is fixed when the
+                # session is created; a later request's session_timeout is checked
+                # against max_session_timeout but does not change it. Each request
+                # restarts the idle timer (last_used).
                 return s
             if check:
                 raise HTTPError(SESSION_NOT_FOUND, f"Session {sid} not found")

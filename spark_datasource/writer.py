@@ -148,8 +148,9 @@ class _WriterBase:
         started = time.monotonic()
         prepared = _prepared(messages)
         report = _coordinator(self.opts, self.txn_id).abort_batch(batch, prepared)
-        log.warning("clickhouse_tx %s batch %d aborted (%d prepared partitions, %d xids rolled back)",
-                    self.txn_id, batch, len(prepared), len(report.rolled_back))
+        log.warning("clickhouse_tx %s batch %d aborted (%d prepared partitions, %d xids rolled back, "
+                    "%d fenced and left to GC: %s)", self.txn_id, batch, len(prepared),
+                    len(report.rolled_back), len(report.left), ", ".join(report.left) or "none")
         self._metrics(batch, "aborted", messages, committed_partitions=0, rows=0,
                       commit_seconds=time.monotonic() - started, rolled_back=len(report.rolled_back))
 

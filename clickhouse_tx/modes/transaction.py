@@ -34,8 +34,12 @@ Needs a non-replicated ``*MergeTree`` target and a server with transactions on.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
 import logging
+import threading
+import time
 import uuid
 from typing import Iterator
 
@@ -43,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clickhouse_tx.errors import (ConfigurationError, NotCommittedError, OutcomeUnknownError,
-                                  ServerError)
+                                  ServerError, TransientError)
 from clickhouse_tx.http_client import (INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND,
                                        ClickHouseHTTP, ReplyLostError)
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
@@ -56,8 +60,6 @@ log = logging.getLogger(__name__)
 
 #: ``transactionID()`` outside a transaction.
 _NO_TID = "(0,0,'00000000-0000-0000-0000-000000000000')"
-#: After COMMIT/ROLLBACK the session is useless: ask the server to drop it soon.
-_RELEASE_TIMEOUT_S = 1
 
 
 class TransactionMode(ModeBase):
@@ -86,7 +88,7 @@ class TransactionMode(ModeBase):
                 "server_patches/config.d/transactions.xml; or use mode 'staging'",
                 code=e.code, name=e.name) from None
         finally:
-            _release(probe)
+            probe.close()
         self.markers(target).ensure_table()
 
     # -- executor ------------------------------------------------------------------------
@@ -146,13 +148,34 @@ class TransactionMode(ModeBase):
             raise
         finally:
             session.close()
+        KEEP_ALIVE.watch(target, xid)
 
     # -- driver --------------------------------------------------------------------------
+    def renew(self, target: Target, p: Prepared) -> bool:
+        """Driver, before a batch's decision is written: is ``p``'s transaction still open?
+
+        One request in the xid's session (``session_check=1``, so a gone session is
+        not re-created); like every request it restarts the session's idle timer, so
+        the session cannot expire between this check and the COMMIT that follows.
+        False if the session or its transaction is gone (expired, server restarted).
+        """
+        session = self.client(target, session_id=p.xid, session_timeout=target.session_timeout_s)
+        try:
+            tid = session.command("SELECT transactionID()", session_check=True).strip()
+        except ServerError as e:
+            if e.code in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
+                return False
+            if e.code == SESSION_IS_LOCKED:
+                raise _busy(e, p.xid) from None
+            raise
+        finally:
+            session.close()
+        return tid != _NO_TID
+
     def commit(self, target: Target, p: Prepared) -> None:
         """Driver: COMMIT in the xid's session; idempotent for a committed xid."""
-        # The COMMIT itself shortens the session's timeout so the server frees it soon
-        # after; a lost reply is resolved by the marker first, which needs no session.
-        session = self.client(target, session_id=p.xid, session_timeout=_RELEASE_TIMEOUT_S)
+        # A lost reply is resolved by the marker first, which needs no session.
+        session = self.client(target, session_id=p.xid, session_timeout=target.session_timeout_s)
         try:
             session.command("COMMIT", session_check=True)
         except ReplyLostError as e:
@@ -160,10 +183,12 @@ class TransactionMode(ModeBase):
                                       xid=p.xid) from None
         except ServerError as e:
             if e.code == SESSION_IS_LOCKED:
-                raise OutcomeUnknownError("session busy with another query; look up again",
-                                          xid=p.xid, code=e.code, name=e.name) from None
+                # The executor's keep-alive (or a late lookup) holds the session for a
+                # moment; the server refused the COMMIT before running it.
+                raise _busy(e, p.xid) from None
             if e.code not in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
-                # e.g. UNKNOWN_STATUS_OF_TRANSACTION: the marker decides later
+                # e.g. UNKNOWN_STATUS_OF_TRANSACTION (the server lost touch with Keeper
+                # mid-COMMIT): it may have committed; the caller looks it up.
                 raise OutcomeUnknownError(f"COMMIT failed: {e.message}", xid=p.xid,
                                           code=e.code, name=e.name) from None
             if self.markers(target).lookup(p.xid) is not None:
@@ -177,7 +202,7 @@ class TransactionMode(ModeBase):
 
     def rollback(self, target: Target, p: Prepared) -> None:
         """Driver or GC: ROLLBACK in the session; a no-op if session or transaction is gone."""
-        session = self.client(target, session_id=p.xid, session_timeout=_RELEASE_TIMEOUT_S)
+        session = self.client(target, session_id=p.xid, session_timeout=target.session_timeout_s)
         try:
             session.command("ROLLBACK", session_check=True)
         except ServerError as e:
@@ -212,7 +237,6 @@ class TransactionMode(ModeBase):
             # landed between the two reads: look once more.
             if self.markers(target).lookup(p.xid) is not None:
                 return CommitOutcome.COMMITTED
-            _release(self.client(target, session_id=p.xid))
             return CommitOutcome.NOT_COMMITTED
         return CommitOutcome.PENDING
 
@@ -277,16 +301,121 @@ class RoutedBatches:
         return {f"{db}.{t}": sum(p.num_rows for p in parts) for (db, t), parts in self.parts.items()}
 
 
-def _release(session: ClickHouseHTTP) -> None:
-    """Shorten the session's timeout so the server frees it soon (best effort)."""
-    try:
-        session.command("SELECT 1", session_check=True, session_timeout=_RELEASE_TIMEOUT_S)
-    except Exception as exc:  # noqa: BLE001
-        log.debug("could not release session %s: %s", session.session_id, exc)
+def _busy(e: ServerError, xid: str) -> TransientError:
+    """SESSION_IS_LOCKED: the server refused the request before running it; try again."""
+    return TransientError(f"session busy with another request, which this one waited for: "
+                          f"{e.message}", xid=xid, code=e.code, name=e.name)
 
 
 def _quiet_rollback(session: ClickHouseHTTP) -> None:
     try:
-        session.command("ROLLBACK", session_check=True, session_timeout=_RELEASE_TIMEOUT_S)
+        session.command("ROLLBACK", session_check=True)
     except Exception as exc:  # noqa: BLE001
         log.debug("rollback of failed transaction %s: %s", session.session_id, exc)
+
+
+class SessionKeepAlive:
+    """Executor side: keeps prepared sessions from expiring until the driver finishes them.
+
+    A prepared transaction waits in its HTTP session for the driver's COMMIT, and the
+    server drops a session idle for ``session_timeout``. A batch job with more tasks
+    than slots, or a slow stage, reaches its commit long after its first tasks
+    prepared. One daemon thread per Python worker process touches every session it
+    watches (``SELECT transactionID()`` with ``session_check=1``; any request restarts
+    the idle timer) every ``session_timeout / 4`` seconds, up to 8 at once, and stops
+    watching one when its transaction is over (committed or rolled back), the session
+    is gone, or no touch has succeeded for ``session_timeout`` (it has expired anyway).
+
+    A touch can meet the driver's COMMIT in the session: one of the two gets
+    SESSION_IS_LOCKED, which the server raises before running the request, and
+    the COMMIT is retried (:func:`_busy`). The thread dies with the worker process;
+    the driver renews every session again before it writes a decision
+    (:meth:`TransactionMode.renew`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        # xid -> (target, last successful touch (or the watch), last attempt): monotonic
+        self._watched: dict[str, tuple[Target, float, float]] = {}
+        self._thread: threading.Thread | None = None
+        self.touches = 0
+
+    def watch(self, target: Target, xid: str) -> None:
+        """Executor, once per prepared xid: touch its session until it is finished."""
+        with self._lock:
+            now = time.monotonic()
+            self._watched[xid] = (target, now, now)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="clickhouse-tx-keepalive",
+                                                daemon=True)
+                self._thread.start()
+        self._wake.set()  # a shorter session_timeout than the others may need an earlier touch
+
+    def unwatch(self, xid: str) -> None:
+        """Stop touching ``xid``'s session (tests: an executor that died)."""
+        with self._lock:
+            self._watched.pop(xid, None)
+
+    def watching(self) -> list[str]:
+        with self._lock:
+            return sorted(self._watched)
+
+    def _run(self) -> None:
+        # Each session is touched a quarter of its own timeout after its last touch
+        # (jobs with different session_timeout options share a worker process), up to
+        # 8 at once so that one slow reply cannot delay the others past their timeout.
+        with concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="clickhouse-tx-touch") as pool:
+            while True:
+                with self._lock:
+                    if not self._watched:
+                        self._thread = None
+                        return
+                    now = time.monotonic()
+                    due = [(x, t, ok_at) for x, (t, ok_at, tried) in self._watched.items()
+                           if now - tried >= t.session_timeout_s / 4]
+                    wait = min(tried + t.session_timeout_s / 4 - now
+                               for t, _, tried in self._watched.values())
+                if not due:
+                    self._wake.wait(max(0.05, wait))
+                    self._wake.clear()
+                    continue
+                touched = pool.map(lambda d: self._touch(d[1], d[0]), due)
+                for (xid, target, last_ok), (keep, ok) in zip(due, touched):
+                    self._settle(xid, target, last_ok, keep, ok)
+
+    def _settle(self, xid: str, target: Target, last_ok: float, keep: bool, ok: bool) -> None:
+        with self._lock:
+            if xid not in self._watched:
+                return
+            now = time.monotonic()
+            if not keep or (not ok and now - last_ok > target.session_timeout_s):
+                if keep:
+                    log.warning("keep-alive of session %s gave up: no touch succeeded for %d s",
+                                xid, target.session_timeout_s)
+                del self._watched[xid]
+            else:
+                self._watched[xid] = (target, now if ok else last_ok, now)
+
+    def _touch(self, target: Target, xid: str) -> tuple[bool, bool]:
+        """(keep watching, touched): one request in the session."""
+        session = ClickHouseHTTP(dataclasses.replace(target, request_timeout_s=min(
+            target.request_timeout_s, max(1.0, target.session_timeout_s / 2))),
+            session_id=xid, session_timeout=target.session_timeout_s)
+        try:
+            tid = session.command("SELECT transactionID()", session_check=True).strip()
+            self.touches += 1
+            return tid != _NO_TID, True
+        except ServerError as e:
+            if e.code == SESSION_IS_LOCKED:
+                return True, False  # the driver is committing it right now
+            return e.code not in (SESSION_NOT_FOUND, INVALID_TRANSACTION), False
+        except Exception as exc:  # noqa: BLE001 - server down: try again next round
+            log.info("keep-alive of session %s failed: %s", xid, exc)
+            return True, False
+        finally:
+            session.close()
+
+
+#: The one keep-alive of this process (each Python worker has its own).
+KEEP_ALIVE = SessionKeepAlive()

@@ -22,7 +22,7 @@ from clickhouse_tx.markers import MARKERS_TABLE, arrow_checksum
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.modes.staging import STAGE_PREFIX, StagingMode, stage_name
-from clickhouse_tx.modes.transaction import TransactionMode
+from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
 
 TXN = "q1"
@@ -242,6 +242,7 @@ def test_the_rows_of_an_expired_session_never_become_visible(admin: ClickHouseHT
     mode = TransactionMode()
     p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "expiring-xid-1", batches(rows(500)))
     assert mode.lookup(target, p) is CommitOutcome.PENDING
+    KEEP_ALIVE.unwatch(p.xid)  # the executor died, and its keep-alive thread with it
     # The executor "died": nobody touches the session (a lookup would keep it alive),
     # so the server expires it after 1 s idle and rolls the transaction back.
     deadline = time.monotonic() + 60

@@ -95,6 +95,7 @@ class _Tx:
     key: tuple[str, int, int]
     rows: int
     status: str = "open"  # open | committed | rolled_back | dead
+    ids: tuple = ()  # the "id" column's values, to check rows under any partitioning
 
 
 class FakeClickHouse:
@@ -124,10 +125,13 @@ class FakeClickHouse:
         self._hit("prepare", "before")
         rows = 0
         checksum = hashlib.sha256()
+        ids: list = []
         for b in batches:
             rows += b.num_rows
             checksum.update(str(b.to_pydict()).encode())
-        self.tx[xid] = _Tx(key=(ctx.txn_id, ctx.batch, ctx.partition), rows=rows)
+            if "id" in b.schema.names:
+                ids.extend(b.column("id").to_pylist())
+        self.tx[xid] = _Tx(key=(ctx.txn_id, ctx.batch, ctx.partition), rows=rows, ids=tuple(ids))
         self._hit("prepare", "after")
         return Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
                         attempt=ctx.attempt, mode=self.mode, server=target.url,
@@ -152,6 +156,14 @@ class FakeClickHouse:
             t.status = "rolled_back"
         self._hit("rollback", "after")
 
+    def renew(self, target: Target, p: Prepared) -> bool:
+        """Is the xid's transaction still open (its session alive)? Renewing is implicit."""
+        self._hit("renew", "before")
+        t = self.tx.get(p.xid)
+        out = t is not None and t.status == "open"
+        self._hit("renew", "after")
+        return out
+
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         self._hit("lookup", "before")
         t = self.tx.get(p.xid)
@@ -171,6 +183,11 @@ class FakeClickHouse:
     def visible(self) -> collections.Counter:
         """How many committed xids hold each logical (txn_id, batch, partition)."""
         return collections.Counter(t.key for t in self.tx.values() if t.status == "committed")
+
+    def visible_ids(self, txn_id: str, batch: int) -> collections.Counter:
+        """How many times each id of (txn_id, batch) is visible (any partitioning)."""
+        return collections.Counter(i for t in self.tx.values() if t.status == "committed"
+                                   and t.key[:2] == (txn_id, batch) for i in t.ids)
 
     def visible_rows(self) -> int:
         return sum(t.rows for t in self.tx.values() if t.status == "committed")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 import pytest
 
@@ -17,7 +19,7 @@ from clickhouse_tx.errors import (
     NotCommittedError,
     OutcomeUnknownError,
 )
-from clickhouse_tx.interfaces import Decision, Mode, Prepared, RegistryEntry, WriteContext
+from clickhouse_tx.interfaces import CommitOutcome, Decision, Mode, Prepared, RegistryEntry, WriteContext
 from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.state import TxState
 
@@ -153,18 +155,37 @@ def test_a_decided_xid_whose_session_died_is_replaced_by_the_replay_of_its_parti
     w = World()
     c = w.coordinator()
     first = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "crash", lambda op, ph: op == "ch.commit" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)  # partition 0 committed, then the driver died
+    w.faults.disarm()
+    w.ch.kill_sessions()  # ClickHouse restarted: the other prepared transactions are gone
+    replay = [prepare(c, p, 1) for p in range(PARTS)]
+    report = w.coordinator().commit_batch(0, replay)
+    assert {a for a, _ in report.replaced} == {m.xid for m in first[1:]}
+    assert set(report.committed) == {first[0].xid} | {m.xid for m in replay[1:]}
+    d = w.log.read(0)
+    assert d.version == 1 + PARTS - 1 and d.done and {p.xid for p in d.chosen} == set(report.committed)
+    assert_exactly_once(w)
+
+
+def test_a_replay_after_every_decided_xid_died_decides_again_under_its_own_partitioning() -> None:
+    w = World()
+    c = w.coordinator()
+    first = [prepare(c, p, 0) for p in range(PARTS)]
     w.faults.arm(0, "crash", lambda op, ph: op == "log.write" and ph == "after")
     with pytest.raises(Crash):
         w.coordinator().commit_batch(0, first)  # the decision is logged, nothing committed
     w.faults.disarm()
-    w.ch.kill_sessions()  # ClickHouse restarted: prepared transactions are gone
-    replay = [prepare(c, p, 1) for p in range(PARTS)]
+    w.ch.kill_sessions()  # ClickHouse restarted: nothing of the batch is visible
+    # the restarted query slices the same batch into 5 partitions
+    replay = [c.prepare(WriteContext("q1", 0, p, 1), arrow_batches(3, 10 + p)) for p in range(5)]
     report = w.coordinator().commit_batch(0, replay)
-    assert {a for a, _ in report.replaced} == {m.xid for m in first}
-    assert set(report.committed) == {m.xid for m in replay}
     d = w.log.read(0)
-    assert d.version == 1 + PARTS and d.done and {p.xid for p in d.chosen} == set(report.committed)
-    assert_exactly_once(w)
+    assert d.version == 2 and d.done and [p.xid for p in d.chosen] == [m.xid for m in replay]
+    assert set(report.committed) == {m.xid for m in replay}
+    assert w.keys_of(0) == {("q1", 0, p): 1 for p in range(5)} and w.ch.visible_rows() == 15
+    assert {w.registry.everything[m.xid].state for m in first} == {"aborted"}
 
 
 def test_a_dead_decided_xid_without_a_replacement_fails_naming_it_and_a_later_replay_heals() -> None:
@@ -392,3 +413,162 @@ def test_a_fault_at_every_step_then_a_replay_leaves_every_partition_visible_exac
     assert sum(outcomes.values()) == steps
     if kind == "crash":
         assert outcomes.get("crash", 0) > steps // 2  # crashes in the commit, not only in tasks
+
+
+# ----------------------------------------------------------------------------------------
+# replays under another partitioning (a decided xid is dead, the slices differ)
+# ----------------------------------------------------------------------------------------
+
+def _sliced(c: Coordinator, parts: int, attempt: int, total: int = 12) -> list[Prepared]:
+    """The same batch of ``total`` ids cut into ``parts`` partitions (id % parts)."""
+    out = []
+    for p in range(parts):
+        ids = [i for i in range(total) if i % parts == p]
+        data = iter([pa.RecordBatch.from_pydict({"id": ids, "tag": [0] * len(ids)})])
+        out.append(c.prepare(WriteContext(c.txn_id, 0, p, attempt), data))
+    return out
+
+
+def _partly_committed_then_restarted(w: World) -> list[Prepared]:
+    """Batch 0 decided over 3 partitions, partition 0 committed, the rest lost with ClickHouse."""
+    c = w.coordinator()
+    first = _sliced(c, 3, 0)
+    w.faults.arm(0, "crash", lambda op, ph: op == "ch.commit" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)
+    w.faults.disarm()
+    w.ch.kill_sessions()
+    return first
+
+
+def test_a_replay_plan_offers_only_spares_with_the_decided_rows_and_checksum() -> None:
+    decided = [dataclasses.replace(msg("a", 0), rows=4, checksum=7), dataclasses.replace(msg("b", 1), rows=4, checksum=8)]
+    old = Decision("q1", 0, tuple(decided))
+    new = [dataclasses.replace(msg("c", 0, 5), rows=4, checksum=7),   # the same slice
+           dataclasses.replace(msg("d", 1, 5), rows=3, checksum=8),   # another slice, same number
+           dataclasses.replace(msg("e", 1, 6), rows=4, checksum=9)]
+    plan = plan_commit(old, new, [entry(m, TxState.INITIALIZED) for m in new], txn_id="q1", batch=0)
+    assert {k: [p.xid for p in v] for k, v in plan.spares.items()} == {0: ["c"], 1: []}
+
+
+@pytest.mark.parametrize("parts", [2, 5])
+def test_a_replay_under_another_partitioning_after_a_partial_commit_is_refused_and_heals_with_the_original(
+        parts: int) -> None:
+    w = World()
+    first = _partly_committed_then_restarted(w)
+    c = w.coordinator()
+    for attempt in (1, 2):  # refused every time, and nothing of the wrong slices lands
+        with pytest.raises(LostTransactionError) as info:
+            w.coordinator().commit_batch(0, _sliced(c, parts, attempt))
+        text = str(info.value)
+        assert "partitions [1, 2]" in text and "Partitions [0] are committed and visible (4 rows)" in text
+        assert f"this run has {parts} partitions, the decision 3" in text
+        assert "transactional_id 'q1'" in text and "write them twice" in text
+        assert w.keys_of(0) == {("q1", 0, 0): 1} and w.ch.visible_rows() == 4
+        assert not w.log.read(0).done
+    report = w.coordinator().commit_batch(0, _sliced(c, 3, 3))  # the advised way out
+    assert first[0].xid in report.committed and len(report.replaced) == 2
+    assert_exactly_once(w) and w.ch.visible_rows() == 12
+
+
+@pytest.mark.parametrize("parts", [2, 5])
+def test_a_replay_under_another_partitioning_with_nothing_committed_writes_the_batch_once(parts: int) -> None:
+    w = World()
+    c = w.coordinator()
+    first = _sliced(c, 3, 0)
+    w.faults.arm(0, "crash", lambda op, ph: op == "log.write" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)
+    w.faults.disarm()
+    w.ch.kill_sessions()
+    report = w.coordinator().commit_batch(0, _sliced(c, parts, 1))
+    assert len(report.committed) == parts and w.ch.visible_rows() == 12
+    assert w.keys_of(0) == {("q1", 0, p): 1 for p in range(parts)}
+    again = w.coordinator().commit_batch(0, _sliced(c, 3, 2))  # and once more: already done
+    assert again.already_done and w.ch.visible_rows() == 12
+
+
+def test_a_replay_whose_decided_xids_all_live_commits_them_and_rolls_back_other_partitions() -> None:
+    w = World()
+    c = w.coordinator()
+    first = _sliced(c, 3, 0)
+    w.faults.arm(0, "crash", lambda op, ph: op == "log.write" and ph == "after")
+    with pytest.raises(Crash):
+        w.coordinator().commit_batch(0, first)
+    w.faults.disarm()
+    replay = _sliced(c, 5, 1)  # the decided 3 cover the whole batch: the 5 are duplicates of it
+    report = w.coordinator().commit_batch(0, replay)
+    assert set(report.committed) == {m.xid for m in first}
+    assert set(report.rolled_back) == {m.xid for m in replay} and w.ch.visible_rows() == 12
+
+
+# ----------------------------------------------------------------------------------------
+# sessions checked before the decision; in-doubt and busy sessions
+# ----------------------------------------------------------------------------------------
+
+def test_a_session_dead_before_the_decision_rolls_back_the_whole_batch_and_commits_nothing() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    w.ch.tx[ms[2].xid].status = "dead"  # its session expired while later tasks ran
+    with pytest.raises(NotCommittedError, match=r"partitions \[2\] are gone before the commit") as info:
+        w.coordinator().commit_batch(0, ms)
+    assert "Nothing of the batch was committed" in str(info.value)
+    assert w.log.read(0) is None and w.keys_of(0) == {} and w.ch.commit_calls == []
+    assert {w.registry.everything[m.xid].state for m in ms} == {"aborted"}
+    w.coordinator().commit_batch(0, [prepare(c, p, 1) for p in range(PARTS)])  # re-run: once
+    assert_exactly_once(w)
+
+
+def test_a_chosen_session_dead_before_the_decision_is_swapped_for_a_live_duplicate() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    speculative = prepare(c, 1, 1)
+    w.ch.tx[ms[1].xid].status = "dead"
+    report = w.coordinator().commit_batch(0, ms + [speculative])
+    assert speculative.xid in report.committed and [p.xid for p in w.log.read(0).chosen][1] == speculative.xid
+    assert_exactly_once(w)
+
+
+def test_an_in_doubt_commit_names_the_visible_partitions_and_the_recover_command() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    real_commit = w.ch.commit
+
+    def commit(target, p):
+        if p.partition == 2:
+            raise OutcomeUnknownError("UNKNOWN_STATUS_OF_TRANSACTION", xid=p.xid)
+        real_commit(target, p)
+    w.ch.commit = commit  # type: ignore[method-assign]
+    w.ch.lookup = lambda target, p: (CommitOutcome.COMMITTED if w.ch.tx[p.xid].status == "committed"
+                                     else CommitOutcome.PENDING)  # type: ignore[method-assign]
+    with pytest.raises(OutcomeUnknownError) as info:
+        w.coordinator().commit_batch(0, ms)
+    text = str(info.value)
+    assert "partitions [2] are in doubt" in text and "partitions [0, 1] are committed and visible" in text
+    assert "python -m clickhouse_tx recover --url http://fake:8123 --table db.events --mode transaction --txn-id q1" in text
+    assert "s3cret" not in text and not w.log.read(0).done
+
+
+def test_abort_and_commit_never_raise_when_a_straggler_holds_its_session() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    straggler = prepare(c, 1, 1)  # a speculative attempt still inserting: its session is locked
+    real_rollback = w.ch.rollback
+
+    def rollback(target, p):
+        if p.xid == straggler.xid:
+            raise OutcomeUnknownError("session busy; roll back again later", xid=p.xid, code=373)
+        real_rollback(target, p)
+    w.ch.rollback = rollback  # type: ignore[method-assign]
+    report = w.coordinator().abort_batch(0, ms + [straggler])
+    assert report.left == (straggler.xid,) and set(report.rolled_back) == {m.xid for m in ms}
+    assert w.registry.everything[straggler.xid].state == "aborting"  # fenced: it can never commit
+    ms2 = [prepare(c, p, 2) for p in range(PARTS)]
+    straggler2 = prepare(c, 1, 3)
+    straggler = straggler2
+    w.coordinator().commit_batch(0, ms2 + [straggler2])  # committed; the straggler left to GC
+    assert_exactly_once(w)
