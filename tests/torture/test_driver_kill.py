@@ -54,10 +54,12 @@ def _child(args: dict) -> None:
               .option("subscribe", args["topic"]).option("startingOffsets", "earliest")
               .option("maxOffsetsPerTrigger", str(MAX_OFFSETS)).load()
               .selectExpr("partition as p", "offset as o", "cast(value as string) as v")
-              .writeStream.format("clickhouse_tx").queryName(args["name"])
+              .writeStream.format("clickhouse_tx")
               .option("url", args["url"]).option("database", args["database"]).option("table", "events")
               .option("allow_nullable_into_non_nullable", "true")
               .option("checkpointLocation", args["chk"]).trigger(availableNow=True))
+    if args.get("name"):
+        writer = writer.queryName(args["name"])
     for k, v in (args.get("fault") or {}).items():
         writer = writer.option(k, v)
     q = writer.start()
@@ -65,10 +67,12 @@ def _child(args: dict) -> None:
     spark.stop()
 
 
-def _run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 300) -> int:
+def _run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 300,
+               cwd: Path = ROOT) -> int:
+    """Run the job in its own session (``cwd``: where a relative checkpoint resolves)."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "tests.torture.test_driver_kill", "run", json.dumps(args)],
-                            cwd=ROOT, env=env, start_new_session=True,
+                            cwd=cwd, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         if kill_after_s is not None:
