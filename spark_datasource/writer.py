@@ -6,7 +6,8 @@ Where each hook runs (Spark's Python Data Source protocol):
   of the driver), when the query is planned, and again for *every* streaming commit
   (Spark unpickles the data source and calls ``streamWriter`` in a fresh worker), so
   the writer keeps no state in memory between ``write`` and ``commit``: the
-  transactional id is derived from the options alone.
+  transactional id is read from the checkpoint each time (streaming; stored there on
+  first use) or fixed in the pickled writer (batch, fresh per job).
 - ``write``: executors, once per partition and task attempt. It prepares one
   transaction and returns a picklable :class:`ClickHouseTxCommitMessage`.
 - ``commit`` / ``abort``: driver, once per batch (per job for batch writes).

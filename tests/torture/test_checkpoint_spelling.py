@@ -40,7 +40,7 @@ def _respelled(variant: str, chk: Path) -> tuple[str, str | None, Path]:
 VARIANTS = ["trailing_slash", "relative", "file_uri", "query_name_added"]
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)
 @pytest.mark.parametrize("variant", [pytest.param(v, marks=() if v == "relative" else pytest.mark.slow)
                                      for v in VARIANTS])
 def test_a_restart_with_the_checkpoint_spelled_otherwise_rolls_the_killed_batch_forward_not_again(
@@ -51,13 +51,13 @@ def test_a_restart_with_the_checkpoint_spelled_otherwise_rolls_the_killed_batch_
     base = {"bootstrap": kafka_bootstrap, "topic": topic, "url": clickhouse_url, "database": database}
     fault = {"fault.step": "before_mark_done", "fault.action": "kill", "fault.batch": "1",
              "fault.once_file": str(tmp_path / "fault.once")}
-    codes = [_run_child({**base, "chk": str(chk), "name": None, "fault": fault}, cwd=tmp_path)]
+    codes = [_run_child({**base, "chk": str(chk), "name": None, "fault": fault}, cwd=tmp_path, timeout_s=600)]
     assert codes[0] == -signal.SIGKILL and (tmp_path / "fault.once").exists()
     assert not (chk / "commits" / "1").exists(), "Spark logged batch 1: the kill came too late"
 
     spelling, name, cwd = _respelled(variant, chk)
     for _ in range(3):
-        codes.append(_run_child({**base, "chk": spelling, "name": name}, cwd=cwd))
+        codes.append(_run_child({**base, "chk": spelling, "name": name}, cwd=cwd, timeout_s=600))
         if codes[-1] == 0:
             break
     assert codes[-1] == 0, f"the restarted job did not drain the topic: exit codes {codes}"
