@@ -43,9 +43,15 @@ def _child(args: dict) -> None:
     from pyspark.sql import SparkSession
 
     import spark_datasource
+    from clickhouse_tx.faults import KILL_PGID_ENV
 
+    if args.get("daemon"):
+        # Workers forked by pyspark's daemon sit in groups of their own: a fault kills
+        # this group (driver, JVM) by id first. Forking is quicker than starting a
+        # worker, which Spark allows 10 s to connect back (too short on a loaded machine).
+        os.environ[KILL_PGID_ENV] = str(os.getpgrp())
     spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-driver-kill")
-             .config("spark.python.use.daemon", "false")
+             .config("spark.python.use.daemon", "true" if args.get("daemon") else "false")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
