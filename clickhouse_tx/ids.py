@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import posixpath
 import re
 import secrets
+import uuid
+from typing import Sequence
 
 from clickhouse_tx.errors import ConfigurationError
 
@@ -70,19 +74,182 @@ def parse_xid(xid: str) -> XidParts:
     return XidParts(m["txn"], int(m["batch"]), int(m["partition"]), int(m["attempt"]), m["rand"])
 
 
-def default_txn_id(query_name: str | None, checkpoint_location: str | None) -> str:
-    """The txn_id of a streaming query: ``<queryName>-<hash>`` or ``chk-<hash>``.
+def legacy_txn_id(query_name: str | None, checkpoint_location: str) -> str:
+    """The streaming default of earlier versions: ``<queryName>-<hash>`` or ``chk-<hash>``.
 
-    Runs on the driver when options are parsed. The hash is of the checkpoint location,
-    which is stable across restarts of the same query; it keeps a query restarted from
-    scratch (same name, new checkpoint, batch ids from 0 again) from meeting its
-    predecessor's decisions and markers.
+    It hashed the checkpoint location *as spelled*, so ``/chk/x`` and ``/chk/x/``, or
+    adding a query name, gave another id. Kept only so that a query that ran under it
+    adopts its decision log (:func:`choose_stream_txn_id`) instead of re-writing a batch
+    committed under it. Pure; runs on the driver when the stream writer is built.
     """
-    if not checkpoint_location:
-        raise ConfigurationError(
-            "cannot derive txn_id: set option 'checkpointLocation' (or 'transactional_id')")
     h = _short_hash(checkpoint_location, 16)
     if query_name:
         name = re.sub(r"[^A-Za-z0-9_.\-]", "_", query_name)[:96] or "q"
         return f"{name}-{h}"
     return f"chk-{h}"
+
+
+def txn_id_for_spark_query(spark_query_id: str) -> str:
+    """The default txn_id of a streaming query: ``q_<Spark's query id, hex>``.
+
+    Spark keeps the query id in ``<checkpointLocation>/metadata`` for the checkpoint's
+    whole life, so the id is the same on every restart, whatever the spelling of the
+    location or the query name, and new when the checkpoint is started afresh (batch
+    ids from 0 again must not meet the old decisions). Only ``[A-Za-z0-9_]``, 34
+    characters: xids carry it verbatim.
+    """
+    try:
+        return "q_" + uuid.UUID(spark_query_id.strip()).hex
+    except (ValueError, AttributeError):
+        raise ConfigurationError(
+            f"Spark's query id {spark_query_id!r} (checkpoint metadata) is not a UUID") from None
+
+
+_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]+):(?P<rest>.*)$", re.S)
+# Hadoop's S3 connectors name the same objects as pyarrow's s3://.
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
+
+
+def canonical_location(raw: str, cwd: str) -> str:
+    """One spelling of a checkpoint location, for ``pyarrow.fs``; pure.
+
+    A local path (or ``file:/p``, ``file:///p``, ``file://localhost/p``) becomes an
+    absolute, normalised path (relative ones are joined to ``cwd``: the driver's Python
+    worker runs in the JVM's working directory, against which Spark resolves them).
+    Other URIs keep scheme and authority with a normalised path (``s3a``/``s3n``
+    become ``s3``). Trailing and doubled slashes and ``.`` segments go.
+
+    Raises
+    ------
+    ConfigurationError
+        An empty location, a relative ``file:`` URI, or ``file://`` naming a host.
+    """
+    text = raw.strip()
+    if not text:
+        raise ConfigurationError("option checkpointLocation is empty")
+    m = _SCHEME.match(text)
+    if m is None:
+        return _normal_path(posixpath.join(cwd, text))
+    scheme, rest = m["scheme"].lower(), m["rest"]
+    authority = ""
+    if rest.startswith("//"):
+        authority, _, path = rest[2:].partition("/")
+        path = "/" + path
+    else:
+        path = rest
+    if scheme == "file":
+        if authority not in ("", "localhost") or not path.startswith("/"):
+            raise ConfigurationError(
+                f"option checkpointLocation={raw!r}: a file: URI must be absolute and local "
+                "(file:///path or file:/path)")
+        return _normal_path(path)
+    return f"{_SCHEME_ALIASES.get(scheme, scheme)}://{authority}{_normal_path(path)}"
+
+
+def _normal_path(path: str) -> str:
+    # normpath keeps a leading '//' (POSIX leaves it implementation-defined); Hadoop does not.
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredQueryId:
+    """The id record kept in ``<checkpointLocation>/clickhouse_tx/query.json``."""
+
+    transactional_id: str
+    spark_query_id: str
+
+    def to_json(self) -> bytes:
+        return json.dumps({"transactional_id": self.transactional_id,
+                           "spark_query_id": self.spark_query_id}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> "StoredQueryId":
+        try:
+            doc = json.loads(data)
+            return cls(str(doc["transactional_id"]), str(doc["spark_query_id"]))
+        except (ValueError, KeyError, TypeError):
+            raise ConfigurationError(
+                f"{where} is not a clickhouse_tx query id record (expected JSON with "
+                "transactional_id and spark_query_id); restore it from a backup, or remove it "
+                "together with the checkpoint to start the query afresh") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class IdChoice:
+    """What :func:`choose_stream_txn_id` decided: the id, whether to store it, and why."""
+
+    txn_id: str
+    store: bool
+    reason: str
+
+
+def choose_stream_txn_id(*, explicit: str | None, stored: StoredQueryId | None,
+                         spark_query_id: str, legacy_dirs: Sequence[str],
+                         legacy_id: str | None, where: str) -> IdChoice:
+    """The transactional id of a streaming query, from what its checkpoint holds; pure.
+
+    Runs on the driver each time the stream writer is built (query start and every
+    commit). In order: the stored id wins (an explicit id must equal it); else an
+    explicit id; else the decision-log directory of an earlier version's default id
+    (``legacy_dirs``: the txn directories that hold decisions) is adopted; else the id
+    derives from Spark's query id. Anything else is refused rather than guessed.
+
+    Parameters
+    ----------
+    explicit
+        The ``transactional_id`` option, or None.
+    stored
+        The record in the checkpoint, or None on first use.
+    spark_query_id
+        The ``id`` of ``<checkpointLocation>/metadata``.
+    legacy_dirs
+        Names of txn directories with decisions under the decision log root.
+    legacy_id
+        What the earlier default would be for the options as spelled now.
+    where
+        The checkpoint location, for messages.
+
+    Raises
+    ------
+    ConfigurationError
+        The checkpoint's Spark query id changed since the id was stored, an explicit id
+        differs from the stored one (or from the only one with decisions), or several
+        earlier ids have decisions and none is named.
+    """
+    if stored is not None:
+        if stored.spark_query_id != spark_query_id:
+            raise ConfigurationError(
+                f"checkpoint {where}: Spark's query id is {spark_query_id} but clickhouse_tx "
+                f"stored {stored.spark_query_id} with transactional_id {stored.transactional_id!r}. "
+                "Spark's metadata was recreated while clickhouse_tx/ was kept, so batch ids "
+                "restart at 0 and would meet old decisions (rows silently skipped). Use a new "
+                "checkpointLocation, or delete the whole checkpoint directory")
+        if explicit and explicit != stored.transactional_id:
+            raise ConfigurationError(
+                f"option transactional_id={explicit!r} differs from {stored.transactional_id!r}, "
+                f"the id this query's checkpoint {where} was written under. Changing it would "
+                "re-write batches committed under the old id. Remove the option (or set it to "
+                f"{stored.transactional_id!r}); a different id needs a new checkpointLocation")
+        return IdChoice(stored.transactional_id, False, "stored in the checkpoint")
+    if explicit:
+        others = sorted(set(legacy_dirs) - {explicit})
+        if others and explicit not in legacy_dirs:
+            raise ConfigurationError(
+                f"option transactional_id={explicit!r}: checkpoint {where} already holds "
+                f"decisions under {', '.join(map(repr, others))}. Changing the id would re-write "
+                "batches committed under the old one. Remove the option (or set it to the old "
+                "id); a different id needs a new checkpointLocation")
+        return IdChoice(explicit, True, "the transactional_id option")
+    others = sorted(legacy_dirs)
+    if legacy_id in legacy_dirs:
+        return IdChoice(legacy_id, True, "adopted: the decision log of the earlier default id")  # type: ignore[arg-type]
+    if len(others) == 1:
+        return IdChoice(others[0], True,
+                        "adopted: the only decision log in the checkpoint (earlier default id)")
+    if others:
+        raise ConfigurationError(
+            f"checkpoint {where} holds decision logs of several transactional ids "
+            f"({', '.join(map(repr, others))}), written by earlier versions under different "
+            "spellings of the location or query name. Set the option transactional_id to the "
+            "one holding the highest batch number (the latest run); it is then stored")
+    return IdChoice(txn_id_for_spark_query(spark_query_id), True, "derived from Spark's query id")

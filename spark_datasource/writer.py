@@ -6,7 +6,8 @@ Where each hook runs (Spark's Python Data Source protocol):
   of the driver), when the query is planned, and again for *every* streaming commit
   (Spark unpickles the data source and calls ``streamWriter`` in a fresh worker), so
   the writer keeps no state in memory between ``write`` and ``commit``: the
-  transactional id is derived from the options alone.
+  transactional id is read from the checkpoint each time (streaming; stored there on
+  first use) or fixed in the pickled writer (batch, fresh per job).
 - ``write``: executors, once per partition and task attempt. It prepares one
   transaction and returns a picklable :class:`ClickHouseTxCommitMessage`.
 - ``commit`` / ``abort``: driver, once per batch (per job for batch writes).
@@ -17,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 from typing import Iterator, Sequence
 
 import pyarrow as pa
@@ -214,10 +214,13 @@ class ClickHouseTxDataSource(DataSource):
     def name(cls) -> str:
         return "clickhouse_tx"
 
-    def _validated(self, schema: StructType, streaming: bool, txn_id: str | None = None):
+    def _validated(self, schema: StructType, streaming: bool) -> tuple[WriterOptions, str]:
         opts = WriterOptions.parse(self.options, streaming=streaming)
         reject_unsupported(opts)
-        txn_id = txn_id or opts.txn_id()
+        # Streaming: the id is read from (or first stored in) the checkpoint, before any
+        # task writes; an explicit id that differs from the stored one is refused here.
+        opts = opts.with_query_identity()
+        txn_id = opts.txn_id()
         from .writer_setup import prepare_target
 
         # Spark calls streamWriter before every commit, in a reused Python worker: a
@@ -239,9 +242,9 @@ class ClickHouseTxDataSource(DataSource):
             opts = WriterOptions.parse(self.options, streaming=False)
             reject_unsupported(opts, overwrite=True)
             return OverwriteWriter(opts, schema)
-        opts, txn_id = self._validated(schema, streaming=False, txn_id=None)
-        if txn_id is None or not txn_id:
-            txn_id = f"job-{uuid.uuid4().hex[:12]}"
+        opts, txn_id = self._validated(schema, streaming=False)
+        log.info("clickhouse_tx batch job into %s: transactional_id %r (fresh per job)",
+                 opts.qualified_table, txn_id)
         return ClickHouseTxBatchWriter(opts, schema, txn_id)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:  # noqa: N802

@@ -13,9 +13,13 @@ itself adds, measured with pyspark 4.3 (see ``docs/options.md``):
 :meth:`WriterOptions.parse` runs wherever the data source builds its writer: on the
 driver's Python worker, once per batch job, and again for every streaming commit
 (Spark builds a fresh stream writer per commit), so every default it derives is a pure
-function of the options, except the batch ``transactional_id`` (fresh per job; the
-batch writer instance, options included, is pickled to the executors and to the
-commit, so it stays the same for the whole job). The value is frozen and picklable.
+function of the options (and the working directory, against which a relative
+checkpoint location is resolved), except the batch ``transactional_id`` (fresh per job,
+prefixed by the option when given; the batch writer instance, options included, is
+pickled to the executors and to the commit, so it stays the same for the whole job).
+The streaming ``transactional_id`` is settled afterwards by
+:meth:`WriterOptions.with_query_identity`, which reads the checkpoint. The value is
+frozen and picklable.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import uuid
 from typing import Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from clickhouse_tx.ids import default_txn_id
+from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode, Target
 
@@ -117,6 +121,26 @@ def _redact_url(v: str) -> str:
                        parts.path, "", ""))
 
 
+def _explicit_txn_id(opts: Mapping[str, str]) -> str | None:
+    if "transactional_id" not in opts:
+        return None
+    txn = opts["transactional_id"].strip()
+    if not _ID.match(txn):
+        raise _bad("transactional_id", opts["transactional_id"], "1-128 characters of A-Z a-z 0-9 _ . -")
+    return txn
+
+
+def _batch_job_id(explicit: str | None) -> str:
+    """A batch job's id: fresh per job, with the ``transactional_id`` option as prefix.
+
+    Batch ids start at 0 in every job, so a reused id would meet an earlier job's
+    decision for batch 0 and write nothing. Keying each job apart makes two jobs with
+    the same option write their rows and never see each other's registry entries.
+    """
+    job = uuid.uuid4().hex
+    return f"{explicit}.job-{job[:12]}" if explicit else f"batch-{job}"
+
+
 def _batch_log(txn: str) -> str:
     # Batch commit runs in a Python worker on the driver host: a local dir works. The
     # decision log adds clickhouse_tx/<txn_id> below this root itself.
@@ -196,8 +220,44 @@ class WriterOptions:
         return f"{self.database}.{self.table}"
 
     def txn_id(self) -> str:
-        """The transactional id (alias of ``transactional_id``, used by ``writer.py``)."""
+        """The transactional id (alias of ``transactional_id``, used by ``writer.py``).
+
+        Raises
+        ------
+        RuntimeError
+            A streaming id not yet read from the checkpoint (:meth:`with_query_identity`).
+        """
+        if not self.transactional_id:
+            raise RuntimeError("the streaming transactional_id is read from the checkpoint: "
+                               "call WriterOptions.with_query_identity() first")
         return self.transactional_id
+
+    def with_query_identity(self) -> "WriterOptions":
+        """These options with the streaming query's transactional id settled (driver).
+
+        Runs in ``streamWriter``, before any task writes, and again before each commit.
+        With a ``checkpointLocation`` the id comes from the checkpoint
+        (:func:`clickhouse_tx.query_identity.resolve_stream_txn_id`): stored there on
+        first use, derived from Spark's query id, so no spelling of the location and no
+        query name changes it; an explicit ``transactional_id`` must match it. Without
+        a checkpoint (explicit id and ``decision_log``) the options are returned as is.
+        Batch options are returned as is.
+
+        Raises
+        ------
+        ConfigurationError
+            The explicit id differs from the stored one, or Spark's metadata is not
+            where the checkpoint location points.
+        """
+        if not self.streaming or self.checkpoint_location is None:
+            return self
+        from clickhouse_tx.query_identity import resolve_stream_txn_id
+
+        txn = resolve_stream_txn_id(
+            checkpoint=canonical_location(self.checkpoint_location, os.getcwd()),
+            raw_checkpoint=self.checkpoint_location, query_name=self.query_name,
+            explicit=self.transactional_id or None, decision_root=self.decision_log)
+        return dataclasses.replace(self, transactional_id=txn)
 
     def decision_log_uri(self, txn_id: str | None = None) -> str:
         """Where the decision log lives.
@@ -324,32 +384,27 @@ class WriterOptions:
 
         chk = opts.get("checkpointlocation", "").strip() or None
         qname = opts.get("queryname", "").strip() or None
-        if "transactional_id" in opts:
-            txn = opts["transactional_id"].strip()
-            if not _ID.match(txn):
-                raise _bad("transactional_id", opts["transactional_id"],
-                           "1-128 characters of A-Z a-z 0-9 _ . -")
-        elif streaming:
-            if chk is None:
-                raise ConfigurationError(
-                    "a streaming write needs .option('checkpointLocation', ...) on the writer "
-                    "(a checkpoint set through spark.sql.streaming.checkpointLocation is not "
-                    "passed to data sources), or explicit transactional_id and decision_log")
-            txn = default_txn_id(qname, chk)
+        txn = _explicit_txn_id(opts)
+        if streaming and chk is None and ("transactional_id" not in opts or "decision_log" not in opts):
+            raise ConfigurationError(
+                "a streaming write needs .option('checkpointLocation', ...) on the writer "
+                "(a checkpoint set through spark.sql.streaming.checkpointLocation is not "
+                "passed to data sources), or explicit transactional_id and decision_log")
+        if streaming:
+            # Empty until with_query_identity() reads it from the checkpoint (or checks
+            # the explicit one against it).
+            txn = txn or ""
         else:
-            txn = f"batch-{uuid.uuid4().hex}"
+            txn = _batch_job_id(txn)
 
         if "decision_log" in opts:
             decision_log = opts["decision_log"].strip()
             if not decision_log:
                 raise _bad("decision_log", opts["decision_log"], "a path or URI")
         elif streaming:
-            if chk is None:
-                raise ConfigurationError(
-                    "option decision_log is required when checkpointLocation is not set")
             # The decision log lives at <checkpointLocation>/clickhouse_tx/<txn_id>/
-            # (FileDecisionLog adds the clickhouse_tx/<txn_id> part).
-            decision_log = chk.rstrip("/")
+            # (FileDecisionLog adds the clickhouse_tx/<txn_id> part), spelled one way.
+            decision_log = canonical_location(chk, os.getcwd())  # type: ignore[arg-type]
         else:
             decision_log = _batch_log(txn)
 

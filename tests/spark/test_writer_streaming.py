@@ -125,7 +125,7 @@ def test_a_commit_interrupted_between_two_commits_is_rolled_forward_on_restart(
     from spark_datasource.writer_options import WriterOptions
 
     opts = WriterOptions.parse({"url": clickhouse_url, "table": "x.y", "checkpointLocation": str(chk),
-                                "queryName": common["name"]}, streaming=True)
+                                "queryName": common["name"]}, streaming=True).with_query_identity()
     decision = FileDecisionLog(opts.decision_log_uri(), opts.txn_id()).read(0)
     assert decision is not None and not decision.done and len(decision.chosen) == 2
     rows = target_rows(clickhouse_url, database)

@@ -43,9 +43,15 @@ def _child(args: dict) -> None:
     from pyspark.sql import SparkSession
 
     import spark_datasource
+    from clickhouse_tx.faults import KILL_PGID_ENV
 
+    if args.get("daemon"):
+        # Workers forked by pyspark's daemon sit in groups of their own: a fault kills
+        # this group (driver, JVM) by id first. Forking is quicker than starting a
+        # worker, which Spark allows 10 s to connect back (too short on a loaded machine).
+        os.environ[KILL_PGID_ENV] = str(os.getpgrp())
     spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-driver-kill")
-             .config("spark.python.use.daemon", "false")
+             .config("spark.python.use.daemon", "true" if args.get("daemon") else "false")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -56,10 +62,12 @@ def _child(args: dict) -> None:
           .selectExpr("partition as p", "offset as o", "cast(value as string) as v"))
     if args.get("repartition"):  # another partitioning than the Kafka partitions
         df = df.repartition(int(args["repartition"]))
-    writer = (df.writeStream.format("clickhouse_tx").queryName(args["name"])
+    writer = (df.writeStream.format("clickhouse_tx")
               .option("url", args["url"]).option("database", args["database"]).option("table", "events")
               .option("allow_nullable_into_non_nullable", "true")
               .option("checkpointLocation", args["chk"]).trigger(availableNow=True))
+    if args.get("name"):
+        writer = writer.queryName(args["name"])
     for k, v in (args.get("fault") or {}).items():
         writer = writer.option(k, v)
     q = writer.start()
@@ -67,10 +75,12 @@ def _child(args: dict) -> None:
     spark.stop()
 
 
-def _run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 300) -> int:
+def _run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 300,
+               cwd: Path = ROOT) -> int:
+    """Run the job in its own session (``cwd``: where a relative checkpoint resolves)."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "tests.torture.test_driver_kill", "run", json.dumps(args)],
-                            cwd=ROOT, env=env, start_new_session=True,
+                            cwd=cwd, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         if kill_after_s is not None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
+import json
 import pickle
+import uuid
+from pathlib import Path
 
 import pytest
 
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Mode, Target
 from spark_datasource.writer_options import KNOWN_OPTIONS, WriterOptions
 
@@ -53,7 +56,7 @@ def test_every_option_is_read_and_keys_are_case_insensitive():
     }, streaming=False)
     assert o.url == "https://ch.example:8443"
     assert (o.user, o.password, o.database, o.table) == ("alice", SECRET, "analytics", "events.v2")
-    assert o.mode is Mode.STAGING and o.transactional_id == "job-1.a_b"
+    assert o.mode is Mode.STAGING and o.transactional_id.startswith("job-1.a_b.job-")
     assert o.decision_log == "s3://bucket/log"
     assert (o.batch_size, o.batch_bytes, o.connect_timeout_s, o.request_timeout_s,
             o.session_timeout_s) == (1000, 2048, 1.5, 30.0, 120)
@@ -104,20 +107,81 @@ def test_every_mode_parses(mode):
     assert parse(mode=mode).mode is Mode(mode.lower())
 
 
-def test_a_streaming_write_derives_ids_from_query_name_and_checkpoint():
-    o = parse(streaming=True, checkpointlocation="/chk/events/", queryname="my query")
-    h = hashlib.sha256(b"/chk/events/").hexdigest()[:16]
-    assert o.transactional_id == f"my_query-{h}"
-    assert o.decision_log == "/chk/events"
-    assert (o.checkpoint_location, o.query_name, o.streaming) == ("/chk/events/", "my query", True)
+QID = "428ab10a-d7f3-4ae3-8ebe-651c8978a8c3"
 
 
-def test_a_streaming_id_is_stable_across_parses_and_differs_per_checkpoint():
-    a = parse(streaming=True, checkpointLocation="s3://b/chk1")
-    assert a.transactional_id == parse(streaming=True, checkpointLocation="s3://b/chk1").transactional_id
-    assert a.transactional_id != parse(streaming=True, checkpointLocation="s3://b/chk2").transactional_id
-    assert a.transactional_id.startswith("chk-")
-    assert a.decision_log == "s3://b/chk1"
+def spark_checkpoint(path: Path, query_id: str = QID) -> Path:
+    """A checkpoint as Spark leaves it when the query is created: ``metadata`` only."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    return path
+
+
+def resolved(**extra: str) -> WriterOptions:
+    return parse(streaming=True, **extra).with_query_identity()
+
+
+def test_a_streaming_id_comes_from_sparks_query_id_whatever_the_spelling_or_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    chk = spark_checkpoint(tmp_path / "chk")
+    first = resolved(checkpointLocation=str(chk))
+    assert first.transactional_id == "q_" + QID.replace("-", "")
+    assert first.decision_log == str(chk)
+    monkeypatch.chdir(tmp_path)
+    for spelling in (f"{chk}/", "chk", "./chk/", f"file://{chk}", f"file:{chk}"):
+        again = resolved(checkpointLocation=spelling)
+        assert (again.transactional_id, again.decision_log) == (first.transactional_id, str(chk)), spelling
+        assert again.checkpoint_location == spelling  # the option itself is kept as given
+    assert resolved(checkpointLocation="chk", queryName="now named").transactional_id == first.transactional_id
+    assert json.loads((chk / "clickhouse_tx" / "query.json").read_text()) == {
+        "spark_query_id": QID, "transactional_id": first.transactional_id}
+
+
+def test_a_streaming_id_differs_per_checkpoint(tmp_path: Path) -> None:
+    a = resolved(checkpointLocation=str(spark_checkpoint(tmp_path / "a")))
+    b = resolved(checkpointLocation=str(spark_checkpoint(tmp_path / "b", str(uuid.uuid4()))))
+    assert a.transactional_id != b.transactional_id
+
+
+def test_an_explicit_id_different_from_the_stored_one_is_refused(tmp_path: Path) -> None:
+    chk = str(spark_checkpoint(tmp_path / "chk"))
+    stored = resolved(checkpointLocation=chk).transactional_id
+    assert resolved(checkpointLocation=chk, transactional_id=stored).transactional_id == stored
+    with pytest.raises(ConfigurationError) as e:
+        resolved(checkpointLocation=chk, transactional_id="other")
+    assert "transactional_id='other'" in str(e.value) and repr(stored) in str(e.value)
+
+
+def test_a_first_explicit_id_is_stored_and_then_kept_without_the_option(tmp_path: Path) -> None:
+    chk = str(spark_checkpoint(tmp_path / "chk"))
+    assert resolved(checkpointLocation=chk, transactional_id="events.v1").transactional_id == "events.v1"
+    assert resolved(checkpointLocation=chk).transactional_id == "events.v1"
+
+
+def test_an_earlier_versions_decision_log_is_adopted_on_upgrade(tmp_path: Path) -> None:
+    from clickhouse_tx.decision_log import FileDecisionLog
+    from clickhouse_tx.ids import legacy_txn_id
+    from clickhouse_tx.interfaces import Decision
+
+    chk = spark_checkpoint(tmp_path / "chk")
+    old = legacy_txn_id("q1", f"{chk}/")
+    FileDecisionLog(str(chk), old).write(Decision(txn_id=old, batch=0, chosen=(), version=1))
+    (chk / "clickhouse_tx" / "metrics.jsonl").write_text("{}\n")  # files are not id directories
+    assert resolved(checkpointLocation=str(chk), queryName="renamed").transactional_id == old
+    assert resolved(checkpointLocation=str(chk)).transactional_id == old  # stored since
+
+
+def test_a_checkpoint_without_sparks_metadata_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as e:
+        resolved(checkpointLocation=str(tmp_path / "nothing"))
+    assert "metadata" in str(e.value) and "absolute URI" in str(e.value)
+
+
+def test_an_unresolved_streaming_id_is_never_used_silently() -> None:
+    o = parse(streaming=True, checkpointLocation="/chk")
+    assert o.transactional_id == ""
+    with pytest.raises(RuntimeError, match="with_query_identity"):
+        o.txn_id()
 
 
 def test_a_streaming_write_without_checkpoint_location_is_refused_with_the_reason():
@@ -139,6 +203,14 @@ def test_each_batch_job_gets_a_fresh_id_and_a_temp_decision_log():
     assert a.transactional_id != b.transactional_id
     assert a.transactional_id.startswith("batch-")
     assert a.decision_log == b.decision_log  # one temp root; each job's log is clickhouse_tx/<id> below it
+    assert a.with_query_identity() is a
+
+
+def test_batch_jobs_with_the_same_transactional_id_are_still_keyed_apart():
+    a, b = parse(transactional_id="nightly"), parse(transactional_id="nightly")
+    assert a.transactional_id != b.transactional_id
+    assert a.transactional_id.startswith("nightly.job-") and b.transactional_id.startswith("nightly.job-")
+    assert sanitize_txn(a.txn_id()) != sanitize_txn(b.txn_id())  # xids and registry entries apart
 
 
 def test_options_survive_pickling_unchanged():
@@ -247,7 +319,7 @@ def test_the_known_options_list_is_lower_case_as_spark_delivers_keys():
 
 
 def test_txn_id_and_decision_log_uri_serve_the_writer():
-    s = parse(streaming=True, checkpointLocation="/chk")
+    s = parse(streaming=True, checkpointLocation="/chk/", transactional_id="t")
     assert s.txn_id() == s.transactional_id
     assert s.decision_log_uri("other") == "/chk"
     b = parse()
