@@ -15,6 +15,7 @@ from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.convert import ConversionPlan
     from clickhouse_tx.coordinator import Coordinator
     from clickhouse_tx.retry import RetryPolicy
 
@@ -37,7 +38,8 @@ def build_registry(target: Target, *, table: str = DEFAULT_TABLE,
 
 def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_log_uri: str, *,
                       registry_table: str = DEFAULT_TABLE, registry_database: str | None = None,
-                      retry: "RetryPolicy | None" = None) -> "Coordinator":
+                      retry: "RetryPolicy | None" = None,
+                      conversion: "ConversionPlan | None" = None) -> "Coordinator":
     """A :class:`~clickhouse_tx.coordinator.Coordinator` for one query into one target.
 
     Parameters
@@ -50,10 +52,15 @@ def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_
         Stable id of the query (same across restarts).
     decision_log_uri
         Root of the decision log (the checkpoint location; any ``pyarrow.fs`` URI).
+    retry
+        Policy for transient errors (default :class:`~clickhouse_tx.retry.RetryPolicy`).
+    conversion
+        The table's column types; executors convert and check values before sending.
     """
     from clickhouse_tx.coordinator import Coordinator
     from clickhouse_tx.decision_log import FileDecisionLog
 
     return Coordinator(txn_id, target, build_mode_io(mode),
                        build_registry(target, table=registry_table, database=registry_database),
-                       FileDecisionLog(decision_log_uri, txn_id), retry=retry, parallelism=COMMIT_PARALLELISM)
+                       FileDecisionLog(decision_log_uri, txn_id), retry=retry, parallelism=COMMIT_PARALLELISM,
+                       conversion=conversion)

@@ -42,7 +42,7 @@ KNOWN_OPTIONS = (
     "checkpointlocation", "queryname", "decision_log", "batch_size", "batch_bytes",
     "connect_timeout", "request_timeout", "session_timeout", "create_table", "order_by",
     "partition_by", "engine", "table_column", "tables", "allow_nullable_into_non_nullable",
-    "retry.attempts", "retry.max_seconds",
+    "retry.attempts", "retry.max_seconds", "strict_precision",
 )
 _PREFIXES = ("setting.", "fault.")
 
@@ -184,6 +184,9 @@ class WriterOptions:
     #: Routing targets (``tables`` option) as ``(database, table)`` pairs, in given order.
     tables: tuple[tuple[str, str], ...] = ()
     allow_nullable_into_non_nullable: bool = False
+    #: Sub-second digits a DateTime/DateTime64 column cannot hold fail the task
+    #: instead of being truncated toward the past.
+    strict_precision: bool = False
     retry_attempts: int = 5
     retry_max_seconds: float = 60.0
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
@@ -391,6 +394,7 @@ class WriterOptions:
             table_column=table_column, tables=tables,
             allow_nullable_into_non_nullable=get(  # type: ignore[arg-type]
                 "allow_nullable_into_non_nullable", _bool, False),
+            strict_precision=get("strict_precision", _bool, False),  # type: ignore[arg-type]
             retry_attempts=retry_attempts,
             retry_max_seconds=get("retry.max_seconds", _positive_float, 60.0),  # type: ignore[arg-type]
             settings=settings, faults=faults,
