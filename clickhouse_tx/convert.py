@@ -459,12 +459,17 @@ class ConversionPlan:
         column's default) instead of failing.
     strict_precision
         Sub-second digits the column cannot hold fail instead of being truncated.
+    batch_rows, batch_bytes
+        Upper bounds of each record batch sent (one ArrowStream message each): larger
+        batches are cut into zero-copy slices (None: as they come).
     """
 
     table: str
     columns: tuple[tuple[str, str], ...]
     allow_nullable_into_non_nullable: bool = False
     strict_precision: bool = False
+    batch_rows: int | None = None
+    batch_bytes: int | None = None
 
     def convert(self, batch: pa.RecordBatch, first_row: int = 0) -> pa.RecordBatch:
         """Executor, once per Arrow batch: every planned column converted and checked.
@@ -508,5 +513,21 @@ class ConversionPlan:
     def _lazy(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         first_row = 0
         for b in batches:
-            yield self.convert(b, first_row)
+            yield from self.bounded(self.convert(b, first_row))
             first_row += b.num_rows
+
+    def bounded(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """``batch`` in zero-copy slices of at most ``batch_rows`` rows and ~``batch_bytes`` bytes.
+
+        The byte bound uses the batch's average row size (a single row larger than
+        ``batch_bytes`` still goes as one slice).
+        """
+        rows = batch.num_rows
+        step = rows if self.batch_rows is None else self.batch_rows
+        if self.batch_bytes is not None and rows and batch.nbytes > self.batch_bytes:
+            step = min(step, max(1, self.batch_bytes * rows // batch.nbytes))
+        if step >= rows:
+            yield batch
+            return
+        for start in range(0, rows, step):
+            yield batch.slice(start, step)

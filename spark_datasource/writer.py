@@ -87,7 +87,7 @@ def _coordinator(opts: WriterOptions, txn_id: str, conversion: "ConversionPlan |
     from clickhouse_tx.factory import build_coordinator
 
     coordinator = build_coordinator(opts.target(), opts.mode, txn_id, opts.decision_log_uri(txn_id),
-                                    conversion=conversion)
+                                    retry=opts.retry_policy(), conversion=conversion)
     plan = FaultPlan.parse(opts.faults) if opts.faults else None
     return with_faults(coordinator, plan) if plan else coordinator
 

@@ -27,12 +27,15 @@ import os
 import re
 import tempfile
 import uuid
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from clickhouse_tx.ids import default_txn_id
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode, Target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.retry import RetryPolicy
 
 __all__ = ["WriterOptions", "KNOWN_OPTIONS"]
 
@@ -211,6 +214,12 @@ class WriterOptions:
         if txn_id and not self.streaming and self.decision_log == _batch_log(self.transactional_id):
             return _batch_log(txn_id)
         return self.decision_log
+
+    def retry_policy(self) -> "RetryPolicy":
+        """The coordinator's :class:`~clickhouse_tx.retry.RetryPolicy` (``retry.*`` options)."""
+        from clickhouse_tx.retry import RetryPolicy
+
+        return RetryPolicy(max_attempts=self.retry_attempts, max_total_s=self.retry_max_seconds)
 
     def target(self) -> Target:
         """The :class:`clickhouse_tx.interfaces.Target` these options describe."""

@@ -85,7 +85,8 @@ def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
     build_mode_io(opts.mode).validate(target, arrow)
     return ConversionPlan(info.display, conversion_columns(info, arrow),
                           allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
-                          strict_precision=opts.strict_precision)
+                          strict_precision=opts.strict_precision,
+                          batch_rows=opts.batch_size, batch_bytes=opts.batch_bytes)
 
 
 def _describe_or_create(client: ClickHouseHTTP, opts: WriterOptions, target: Target,

@@ -153,3 +153,45 @@ def test_a_value_that_does_not_fit_fails_naming_the_column_and_leaves_the_table_
         assert f"ClickHouse type {ch_type}" in msg and e.value.xid, mode
         assert stored(admin, target) == [], mode
         assert leftovers(admin, database) == [], mode
+
+
+def _spark_schema(*fields: tuple[str, object, bool]):
+    from pyspark.sql import types as T
+
+    return T.StructType([T.StructField(n, dt, nullable) for n, dt, nullable in fields])
+
+
+def test_the_writer_builds_its_plan_on_the_driver_from_the_tables_own_types(
+        admin, clickhouse_url: str, database: str) -> None:
+    from pyspark.sql import types as T
+
+    from spark_datasource.writer_options import WriterOptions
+    from spark_datasource.writer_setup import prepare_target
+
+    typed_table(admin, database, "DateTime", "events")
+    opts = WriterOptions.parse({"url": clickhouse_url, "database": database, "table": "events",
+                                "batch_size": "1000", "batch_bytes": "4096",
+                                "strict_precision": "true"}, streaming=False)
+    plan = prepare_target(opts, _spark_schema(("id", T.LongType(), False), ("v", T.TimestampType(), True)))
+    assert plan == ConversionPlan(f"{database}.events", (("id", "UInt64"), ("v", "DateTime")),
+                                  strict_precision=True, batch_rows=1000, batch_bytes=4096)
+
+
+def test_routing_into_tables_whose_column_types_differ_is_refused_on_the_driver(
+        admin, clickhouse_url: str, database: str) -> None:
+    from pyspark.sql import types as T
+
+    from clickhouse_tx.errors import ConfigurationError
+    from spark_datasource.writer_options import WriterOptions
+    from spark_datasource.writer_setup import prepare_target
+
+    typed_table(admin, database, "UInt8", "a")
+    typed_table(admin, database, "UInt16", "b")
+    typed_table(admin, database, "UInt8", "c")
+    schema = _spark_schema(("id", T.LongType(), False), ("v", T.LongType(), True),
+                           ("dest", T.StringType(), False))
+    base = {"url": clickhouse_url, "database": database, "table": "a", "table_column": "dest"}
+    same = prepare_target(WriterOptions.parse({**base, "tables": "a,c"}, streaming=False), schema)
+    assert same.columns == (("id", "UInt64"), ("v", "UInt8"))
+    with pytest.raises(ConfigurationError, match="routed tables have different column types"):
+        prepare_target(WriterOptions.parse({**base, "tables": "a,b"}, streaming=False), schema)

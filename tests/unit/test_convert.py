@@ -186,3 +186,15 @@ def test_columns_the_plan_does_not_list_pass_through_and_sliced_nested_arrays_co
 def test_a_plan_is_plain_picklable_data():
     plan = ConversionPlan("db.t", (("a", "UInt64"),), strict_precision=True)
     assert pickle.loads(pickle.dumps(plan)) == plan
+
+
+def test_batch_rows_and_batch_bytes_bound_every_batch_sent_as_zero_copy_slices():
+    batch = pa.record_batch([pa.array(range(1000), pa.int64())], names=["v"])  # 8000 bytes
+    by_rows = ConversionPlan("db.t", (("v", "UInt64"),), batch_rows=300)
+    assert [b.num_rows for b in by_rows.apply(iter([batch]))] == [300, 300, 300, 100]
+    by_bytes = ConversionPlan("db.t", (("v", "Int64"),), batch_bytes=800)
+    sizes = [b.num_rows for b in by_bytes.apply(iter([batch]))]
+    assert sizes == [100] * 10
+    both = list(ConversionPlan("db.t", (), batch_rows=50, batch_bytes=800).apply(iter([batch])))
+    assert [b.num_rows for b in both] == [50] * 20
+    assert pa.Table.from_batches(both).column("v").to_pylist() == list(range(1000))
