@@ -27,16 +27,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Callable, Iterable, Iterator
+import json
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from clickhouse_tx import sql as q
 from clickhouse_tx.chtypes import CHType, parse_clickhouse_type, strip_wrappers
 from clickhouse_tx.errors import ValueDoesNotFitError
 
-__all__ = ["ConversionPlan", "fit_problem", "KAFKA_COLUMNS"]
+if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.http_client import ClickHouseHTTP
+
+__all__ = ["ConversionPlan", "ConvertedBatches", "DEAD_LETTER_COLUMNS", "KAFKA_COLUMNS",
+           "dead_letter_ddl", "fit_problem", "write_dead_letters"]
 
 #: Columns that, when the data has them, locate a bad row in its Kafka source.
 KAFKA_COLUMNS = ("topic", "partition", "offset")
@@ -206,10 +212,13 @@ class _Where:
             topic, part, off = (self.batch.column(k)[row].as_py() for k in KAFKA_COLUMNS)
             kafka = f" (Kafka topic {topic!r} partition {part} offset {off})"
         where = f"`{self.column}{self.path}`"
-        return ValueDoesNotFitError(
+        err = ValueDoesNotFitError(
             f"{self.plan.table}: value {shown} of column {where} at row {self.first_row + row} "
             f"of this partition{kafka} does not fit ClickHouse type {self.ch_type}: {reason}; "
             "nothing of this partition was written")
+        # Plain data for dead letters: where the bad row is and why.
+        err.row, err.column, err.ch_type, err.reason = row, self.column + self.path, self.ch_type, reason
+        return err
 
 
 def _not_in(arr: pa.Array, values: pa.Array) -> pa.Array:
@@ -462,6 +471,10 @@ class ConversionPlan:
     batch_rows, batch_bytes
         Upper bounds of each record batch sent (one ArrowStream message each): larger
         batches are cut into zero-copy slices (None: as they come).
+    dead_letter_table
+        ``(database, table)``: a row with a value that does not fit is taken out of
+        the data and kept as a dead letter (see :class:`ConvertedBatches`) instead of
+        failing the task (option ``bad_rows=dead_letter``).
     """
 
     table: str
@@ -470,6 +483,7 @@ class ConversionPlan:
     strict_precision: bool = False
     batch_rows: int | None = None
     batch_bytes: int | None = None
+    dead_letter_table: tuple[str, str] | None = None
 
     def convert(self, batch: pa.RecordBatch, first_row: int = 0) -> pa.RecordBatch:
         """Executor, once per Arrow batch: every planned column converted and checked.
@@ -497,7 +511,7 @@ class ConversionPlan:
             fields.append(pa.field(f.name, arr.type, nullable=True))
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
-    def apply(self, batches: Iterable[pa.RecordBatch], *, eager: bool = False) -> Iterator[pa.RecordBatch]:
+    def apply(self, batches: Iterable[pa.RecordBatch], *, eager: bool = False) -> "ConvertedBatches":
         """Executor, once per partition: the converted batches, lazily or all up front.
 
         ``eager`` converts (and checks) the whole partition before the first batch is
@@ -505,16 +519,7 @@ class ConversionPlan:
         ``none``): a bad value then fails before anything is sent. It holds the
         converted partition in memory.
         """
-        converted = self._lazy(batches)
-        if eager:
-            return iter(list(converted))
-        return converted
-
-    def _lazy(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        first_row = 0
-        for b in batches:
-            yield from self.bounded(self.convert(b, first_row))
-            first_row += b.num_rows
+        return ConvertedBatches(self, batches, eager=eager)
 
     def bounded(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         """``batch`` in zero-copy slices of at most ``batch_rows`` rows and ~``batch_bytes`` bytes.
@@ -531,3 +536,106 @@ class ConversionPlan:
             return
         for start in range(0, rows, step):
             yield batch.slice(start, step)
+
+
+# --------------------------------------------------------------------------- dead letters
+
+#: Columns of a dead-letter table (created by the writer on the driver when missing).
+DEAD_LETTER_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("table", "String"), ("txn_id", "String"), ("batch", "Int64"), ("partition", "Int64"),
+    ("xid", "String"), ("row", "UInt64"), ("column", "String"), ("clickhouse_type", "String"),
+    ("reason", "String"), ("row_json", "String"),
+)
+
+
+class ConvertedBatches(Iterator[pa.RecordBatch]):
+    """One partition's batches, converted (what :meth:`ConversionPlan.apply` returns).
+
+    With ``plan.dead_letter_table``, a row holding a value that does not fit is taken
+    out of its batch and kept in :attr:`dead_letters` (the batch is converted again
+    without it: the cost grows with the bad rows of a batch, which are expected to be
+    few); the mode writes them with :func:`write_dead_letters` in the same transaction
+    as the good rows, once every batch has been read.
+    """
+
+    def __init__(self, plan: ConversionPlan, batches: Iterable[pa.RecordBatch], *, eager: bool) -> None:
+        self.plan = plan
+        self.dead_letters: list[dict] = []
+        self._it: Iterator[pa.RecordBatch] = self._lazy(batches)
+        if eager:
+            self._it = iter(list(self._it))
+
+    def __next__(self) -> pa.RecordBatch:
+        return next(self._it)
+
+    def _lazy(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        first_row = 0
+        for b in batches:
+            converted = self._convert(b, first_row)
+            if converted.num_rows:
+                yield from self.plan.bounded(converted)
+            first_row += b.num_rows
+
+    def _convert(self, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
+        if self.plan.dead_letter_table is None:
+            return self.plan.convert(batch, first_row)
+        keep = np.arange(batch.num_rows)
+        current = batch
+        while True:
+            try:
+                return self.plan.convert(current, first_row)
+            except ValueDoesNotFitError as e:
+                original = int(keep[e.row])
+                self.dead_letters.append({
+                    "row": first_row + original, "column": e.column, "clickhouse_type": e.ch_type,
+                    "reason": e.reason, "row_json": _row_json(batch, original)})
+                keep = np.delete(keep, e.row)
+                current = batch.take(pa.array(keep, pa.int64()))
+
+
+def _row_json(batch: pa.RecordBatch, i: int) -> str:
+    """The whole row as JSON (bytes as latin-1 text, other values by ``str``)."""
+    def plain(v: object) -> object:
+        if isinstance(v, bytes):
+            return v.decode("latin-1")
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    row = {k: plain(v) for k, v in batch.slice(i, 1).to_pylist()[0].items()}
+    return json.dumps(row, default=str, ensure_ascii=False, sort_keys=True)
+
+
+def write_dead_letters(session: "ClickHouseHTTP", batches: object, *, table: str, txn_id: str,
+                       batch: int, partition: int, xid: str) -> int:
+    """Executor: insert the partition's dead letters through ``session``; their count.
+
+    Called by a mode's prepare after the good rows went in, in the same transaction
+    (so a replay of the batch rolls both back or commits both). ``batches`` is what
+    the mode received; anything but a :class:`ConvertedBatches` with a dead-letter
+    table has none.
+    """
+    if not isinstance(batches, ConvertedBatches) or batches.plan.dead_letter_table is None:
+        return 0
+    letters = batches.dead_letters
+    if letters:
+        n = len(letters)
+        data = pa.record_batch({
+            "table": pa.array([table] * n), "txn_id": pa.array([txn_id] * n),
+            "batch": pa.array([batch] * n, pa.int64()), "partition": pa.array([partition] * n, pa.int64()),
+            "xid": pa.array([xid] * n), "row": pa.array([d["row"] for d in letters], pa.uint64()),
+            **{k: pa.array([d[k] for d in letters]) for k in ("column", "clickhouse_type", "reason", "row_json")},
+        })
+        db, t = batches.plan.dead_letter_table
+        session.insert_arrow_stream(q.qualified(db, t), data.schema, iter([data]),
+                                    settings={"insert_deduplication_token": f"{xid}:dead_letters"})
+    return len(letters)
+
+
+def dead_letter_ddl(database: str, table: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of a dead-letter table (driver, once per query)."""
+    cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in DEAD_LETTER_COLUMNS)
+    return (f"CREATE TABLE IF NOT EXISTS {q.qualified(database, table)} ({cols}) "
+            "ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`)")

@@ -51,7 +51,8 @@ class ClickHouseTxCommitMessage(WriterCommitMessage):
         """What :mod:`spark_datasource.metrics` needs of this message (plain data)."""
         return {"rows": int(self.prepared.get("rows", 0)), "bytes": self.bytes,
                 "prepare_seconds": self.prepare_seconds,
-                "attempt": int(self.prepared.get("attempt", 0))}
+                "attempt": int(self.prepared.get("attempt", 0)),
+                "dead_letters": int((self.prepared.get("details") or {}).get("dead_letters", 0))}
 
     def to_prepared(self) -> Prepared:
         return Prepared.from_json(self.prepared)

@@ -12,7 +12,7 @@ import dataclasses
 
 from pyspark.sql.types import StructType
 
-from clickhouse_tx.convert import ConversionPlan
+from clickhouse_tx.convert import DEAD_LETTER_COLUMNS, ConversionPlan, dead_letter_ddl
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, ServerError
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
@@ -83,10 +83,29 @@ def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
     check_schema(info, arrow, source_types={f.name: f"Spark type {f.dataType.simpleString()}"
                                             for f in data.fields})
     build_mode_io(opts.mode).validate(target, arrow)
+    if opts.dead_letter_table:
+        _prepare_dead_letter_table(client, *opts.dead_letter_table)
     return ConversionPlan(info.display, conversion_columns(info, arrow),
                           allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
                           strict_precision=opts.strict_precision,
-                          batch_rows=opts.batch_size, batch_bytes=opts.batch_bytes)
+                          batch_rows=opts.batch_size, batch_bytes=opts.batch_bytes,
+                          dead_letter_table=opts.dead_letter_table)
+
+
+def _prepare_dead_letter_table(client: ClickHouseHTTP, database: str, table: str) -> None:
+    """Create the dead-letter table when missing; an existing one must have its columns."""
+    client.command(dead_letter_ddl(database, table))
+    info = describe_table(client, database, table)
+    have = {c.name: c.type for c in info.columns}
+    missing = [f"{n} {t}" for n, t in DEAD_LETTER_COLUMNS if have.get(n) != t]
+    if missing:
+        raise ConfigurationError(
+            f"option dead_letter_table: {info.display} exists without the columns {', '.join(missing)}; "
+            "drop it or name another table (it is created when missing)")
+    if info.is_replicated or not info.is_merge_tree:
+        raise ConfigurationError(
+            f"option dead_letter_table: {info.display} has engine {info.engine}; dead letters are "
+            "written in the partition's transaction, which needs a non-replicated *MergeTree")
 
 
 def _describe_or_create(client: ClickHouseHTTP, opts: WriterOptions, target: Target,

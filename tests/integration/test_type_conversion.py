@@ -195,3 +195,41 @@ def test_routing_into_tables_whose_column_types_differ_is_refused_on_the_driver(
     assert same.columns == (("id", "UInt64"), ("v", "UInt8"))
     with pytest.raises(ConfigurationError, match="routed tables have different column types"):
         prepare_target(WriterOptions.parse({**base, "tables": "a,b"}, streaming=False), schema)
+
+
+# ------------------------------------------------------------------ dead letters (transaction)
+
+def _dead_letters(admin: ClickHouseHTTP, database: str) -> list[dict]:
+    return admin.query_json(
+        f"SELECT txn_id, batch, `partition`, xid, `row`, `column`, reason, row_json, `table` "
+        f"FROM {q.qualified(database, 'dlq')} ORDER BY `row` SETTINGS implicit_transaction = 1")
+
+
+def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted_attempt(
+        admin, database: str, tmp_path: Path) -> None:
+    from clickhouse_tx.convert import dead_letter_ddl
+
+    target = typed_table(admin, database, "UInt8", "typed")
+    admin.command(dead_letter_ddl(database, "dlq"))
+    batch = spark_batch(pa.array([1, 300, 2, -1, 3], I64))
+    plan = plan_for(admin, target, batch.schema)
+    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
+
+    def coordinator():
+        return build_coordinator(target, "transaction", "q", str(tmp_path), conversion=plan)
+
+    # Attempt 0 prepares (rows and dead letters in its open transaction), then the batch aborts.
+    first = coordinator().prepare(WriteContext("q", 5, 0, 0), iter([batch]))
+    assert first.details["dead_letters"] == 2 and first.rows == 3
+    assert _dead_letters(admin, database) == [] and stored(admin, target) == []
+    coordinator().abort_batch(5, [first])
+    # The replay commits: good rows and dead letters together, once.
+    again = coordinator().prepare(WriteContext("q", 5, 0, 1), iter([batch]))
+    coordinator().commit_batch(5, [again])
+    coordinator().commit_batch(5, [again])  # a replayed commit changes nothing
+    assert stored(admin, target) == ["1", "2", "3"]
+    letters = _dead_letters(admin, database)
+    assert [(d["row"], d["column"], d["xid"], d["batch"], d["partition"]) for d in letters] == [
+        (1, "v", again.xid, 5, 0), (3, "v", again.xid, 5, 0)]
+    assert letters[0]["row_json"] == '{"id": 1, "v": 300}' and "outside the range of UInt8" in letters[0]["reason"]
+    assert {d["table"] for d in letters} == {f"{database}.typed"} and {d["txn_id"] for d in letters} == {"q"}

@@ -76,3 +76,20 @@ def test_strict_precision_refuses_sub_second_digits_a_datetime_cannot_hold(
          .mode("append").save())
     assert "column `ts`" in str(info.value) and "strict_precision=true" in str(info.value)
     assert read_committed(clickhouse_url, f"SELECT count() FROM `{database}`.events") == [["0"]]
+
+
+def test_bad_rows_dead_letter_writes_the_rows_that_do_not_fit_aside_and_counts_them(
+        sp, clickhouse_url: str, database: str, tmp_path) -> None:
+    from spark_datasource.metrics import read_metrics
+
+    run_sql(clickhouse_url, f"CREATE TABLE `{database}`.events {README_TABLE}")
+    (_frame(sp, first_id=-3).write.format("clickhouse_tx").option("url", clickhouse_url)
+     .option("database", database).option("table", "events").option("bad_rows", "dead_letter")
+     .option("dead_letter_table", "events_dlq").option("decision_log", str(tmp_path / "log"))
+     .mode("append").save())
+    assert read_committed(clickhouse_url, f"SELECT count(), min(id) FROM `{database}`.events") == [["997", "0"]]
+    letters = read_committed(clickhouse_url, f"SELECT `row`, `column`, row_json FROM `{database}`.events_dlq "
+                                             "ORDER BY `row`")
+    assert [(r, c) for r, c, _ in letters] == [("0", "id"), ("1", "id"), ("2", "id")]
+    assert letters[0][2].startswith('{"amount": -0.75, "id": -3, "name": "n-3", "ts": "2023-11-14 22:13:16')
+    assert [m["dead_letters"] for m in read_metrics(str(tmp_path / "log"))] == [3]

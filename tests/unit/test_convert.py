@@ -198,3 +198,24 @@ def test_batch_rows_and_batch_bytes_bound_every_batch_sent_as_zero_copy_slices()
     both = list(ConversionPlan("db.t", (), batch_rows=50, batch_bytes=800).apply(iter([batch])))
     assert [b.num_rows for b in both] == [50] * 20
     assert pa.Table.from_batches(both).column("v").to_pylist() == list(range(1000))
+
+
+def test_with_a_dead_letter_table_bad_rows_are_set_aside_whole_and_the_rest_converts():
+    plan = ConversionPlan("db.t", (("id", "UInt64"), ("v", "UInt8")), dead_letter_table=("db", "dlq"))
+    b1 = pa.record_batch([pa.array([1, -2, 3]), pa.array([1, 2, 300])], names=["id", "v"])
+    b2 = pa.record_batch([pa.array([4]), pa.array([None], pa.int64())], names=["id", "v"])
+    converted = plan.apply(iter([b1, b2]))
+    out = pa.Table.from_batches(list(converted))
+    assert out.column("id").to_pylist() == [1] and out.schema.field("id").type == pa.uint64()
+    letters = converted.dead_letters
+    assert [(d["row"], d["column"], d["clickhouse_type"]) for d in letters] == [
+        (1, "id", "UInt64"), (2, "v", "UInt8"), (3, "v", "UInt8")]
+    assert "outside the range of UInt64" in letters[0]["reason"]
+    assert "null into a non-Nullable column" in letters[2]["reason"]
+    assert letters[0]["row_json"] == '{"id": -2, "v": 2}' and letters[2]["row_json"] == '{"id": 4, "v": null}'
+
+
+def test_without_a_dead_letter_table_the_first_bad_row_fails_the_partition():
+    plan = ConversionPlan("db.t", (("id", "UInt64"),))
+    with pytest.raises(ValueDoesNotFitError):
+        list(plan.apply(iter([pa.record_batch([pa.array([1, -2])], names=["id"])])))

@@ -315,3 +315,14 @@ def test_strict_precision_is_a_boolean_option_off_by_default():
     assert parse().strict_precision is False
     assert parse(strict_precision="true").strict_precision is True
     assert "option strict_precision='maybe'" in error_of({**BASE, "strict_precision": "maybe"})
+
+
+def test_bad_rows_dead_letter_needs_a_table_and_transaction_mode_and_is_refused_otherwise():
+    assert parse().dead_letter_table is None
+    assert parse(bad_rows="dead_letter", dead_letter_table="dlq").dead_letter_table == ("db", "dlq")
+    assert parse(bad_rows="DEAD_LETTER", dead_letter_table="x.dlq").dead_letter_table == ("x", "dlq")
+    assert "needs the option dead_letter_table" in error_of({**BASE, "bad_rows": "dead_letter"})
+    assert "needs bad_rows=dead_letter" in error_of({**BASE, "dead_letter_table": "dlq"})
+    assert "expected fail or dead_letter" in error_of({**BASE, "bad_rows": "skip"})
+    assert "mode 'transaction' only" in error_of(
+        {**BASE, "bad_rows": "dead_letter", "dead_letter_table": "dlq", "mode": "staging"})
