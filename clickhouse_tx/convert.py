@@ -65,6 +65,7 @@ _DATE_DAYS = (0, 65_535)
 _DATE32_DAYS = ((datetime.date(1900, 1, 1) - _EPOCH).days, (datetime.date(2299, 12, 31) - _EPOCH).days)
 _DATETIME_S = (0, 4_294_967_295)
 _DATETIME64_S = (_DATE32_DAYS[0] * _DAY, (_DATE32_DAYS[1] + 1) * _DAY - 1)
+_DATETIME64_9_MAX_S = 9_223_372_036  # 2262-04-11 23:47:16: nanoseconds in an Int64
 _UUID_RE = r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$"
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4_RE = rf"^{_OCTET}(\.{_OCTET}){{3}}$"
@@ -334,6 +335,8 @@ def _convert_datetime(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     digits = 0 if ch.name == "DateTime" else ch.args[0]
     ticks = arr.cast(pa.int64())
     lo, hi = _DATETIME_S if ch.name == "DateTime" else _DATETIME64_S
+    if digits == 9:
+        hi = _DATETIME64_9_MAX_S
     per_s = _UNIT_PER_S[unit]
     _check(where, arr, pc.or_(pc.less(ticks, lo * per_s), pc.greater(ticks, hi * per_s + per_s - 1)),
            f"outside {ch.name}'s range {_EPOCH_DT + datetime.timedelta(seconds=lo)}.."

@@ -219,3 +219,12 @@ def test_without_a_dead_letter_table_the_first_bad_row_fails_the_partition():
     plan = ConversionPlan("db.t", (("id", "UInt64"),))
     with pytest.raises(ValueDoesNotFitError):
         list(plan.apply(iter([pa.record_batch([pa.array([1, -2])], names=["id"])])))
+
+
+def test_datetime64_9_ends_in_2262_where_nanoseconds_leave_an_int64():
+    ok = pa.array([ts(2262, 4, 11, 23, 47, 16)], pa.timestamp("us", UTC))
+    assert convert("DateTime64(9)", ok).to_pylist() == [ts(2262, 4, 11, 23, 47, 16)]
+    with pytest.raises(ValueDoesNotFitError, match="DateTime64's range .*2262-04-11 23:47:16"):
+        convert("DateTime64(9)", pa.array([ts(2262, 4, 11, 23, 47, 17)], pa.timestamp("us", UTC)))
+    assert convert("DateTime64(6)", pa.array([ts(2299, 1, 1)], pa.timestamp("us", UTC))).to_pylist() == \
+        [ts(2299, 1, 1)]
