@@ -232,6 +232,19 @@ def _check(where: _Where, arr: pa.Array, bad: pa.Array | None, reason: str) -> N
         raise where.fail(arr, bad, reason)
 
 
+def _check_range(where: _Where, arr: pa.Array, values: pa.Array, lo: float, hi: float,
+                 reason: str) -> tuple[object, object]:
+    """Fail unless every value is in ``[lo, hi]``; (min, max) of the values.
+
+    One ``min_max`` pass in the common case; the element-wise mask only on failure.
+    """
+    mm = pc.min_max(values)
+    vmin, vmax = mm["min"].as_py(), mm["max"].as_py()
+    if vmin is not None and (vmin < lo or vmax > hi):
+        raise where.fail(arr, pc.or_(pc.less(values, lo), pc.greater(values, hi)), reason)
+    return vmin, vmax
+
+
 def _checked_cast(where: _Where, arr: pa.Array, to: pa.DataType, reason: str) -> pa.Array:
     """A safe Arrow cast; on failure, find the first value that breaks it (bisection)."""
     try:
@@ -270,9 +283,11 @@ def _convert_float(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
         return out.cast(pa.float32())
     if ch.name == "Float64":
         return arr.cast(pa.float64())
-    finite = pc.is_finite(arr)
-    _check(where, arr, pc.and_(finite, pc.greater(pc.abs(arr), _FLOAT32_MAX)),
-           "beyond the range of Float32")
+    mm = pc.min_max(arr)  # NaN is skipped; ±inf fit (Float32 has them)
+    vmin, vmax = mm["min"].as_py(), mm["max"].as_py()
+    if vmin is not None and (abs(vmin) > _FLOAT32_MAX or abs(vmax) > _FLOAT32_MAX):
+        _check(where, arr, pc.and_(pc.is_finite(arr), pc.greater(pc.abs(arr), _FLOAT32_MAX)),
+               "beyond the range of Float32")
     return arr.cast(pa.float32())
 
 
@@ -324,9 +339,9 @@ def _convert_enum(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
 def _convert_date(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     days = arr.cast(pa.date32()).cast(pa.int32())
     lo, hi = _DATE_DAYS if ch.name == "Date" else _DATE32_DAYS
-    _check(where, arr, pc.or_(pc.less(days, lo), pc.greater(days, hi)),
-           f"outside {ch.name}'s range {_EPOCH + datetime.timedelta(lo)}.."
-           f"{_EPOCH + datetime.timedelta(hi)}")
+    _check_range(where, arr, days, lo, hi,
+                 f"outside {ch.name}'s range {_EPOCH + datetime.timedelta(lo)}.."
+                 f"{_EPOCH + datetime.timedelta(hi)}")
     return arr.cast(pa.date32())
 
 
@@ -338,27 +353,29 @@ def _convert_datetime(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     if digits == 9:
         hi = _DATETIME64_9_MAX_S
     per_s = _UNIT_PER_S[unit]
-    _check(where, arr, pc.or_(pc.less(ticks, lo * per_s), pc.greater(ticks, hi * per_s + per_s - 1)),
-           f"outside {ch.name}'s range {_EPOCH_DT + datetime.timedelta(seconds=lo)}.."
-           f"{_EPOCH_DT + datetime.timedelta(seconds=hi)} UTC")
+    vmin, _ = _check_range(where, arr, ticks, lo * per_s, hi * per_s + per_s - 1,
+                           f"outside {ch.name}'s range {_EPOCH_DT + datetime.timedelta(seconds=lo)}.."
+                           f"{_EPOCH_DT + datetime.timedelta(seconds=hi)} UTC")
     if digits >= _UNIT_DIGITS[unit]:
         return arr
     step = 10 ** (_UNIT_DIGITS[unit] - digits)
-    floored = _floor_to(ticks, step)
+    q = _floor_div(ticks, step, negative=vmin is not None and vmin < 0)
     if where.plan.strict_precision:
-        _check(where, arr, pc.not_equal(floored, ticks),
+        _check(where, arr, pc.not_equal(pc.multiply(q, step), ticks),
                f"has sub-second digits {ch.name} cannot hold (strict_precision=true)")
     out_unit = next(u for u in ("s", "ms", "us", "ns") if _UNIT_DIGITS[u] >= digits)
-    out = pc.divide(floored, _UNIT_PER_S[unit] // _UNIT_PER_S[out_unit])
+    scale = 10 ** (_UNIT_DIGITS[out_unit] - digits)  # q counts 10^-digits s; out_unit is finer or equal
+    out = q if scale == 1 else pc.multiply(q, scale)
     return out.cast(pa.timestamp(out_unit, arr.type.tz))
 
 
-def _floor_to(ticks: pa.Array, step: int) -> pa.Array:
-    """``ticks`` rounded down (toward the past, also before 1970) to a multiple of ``step``."""
+def _floor_div(ticks: pa.Array, step: int, *, negative: bool) -> pa.Array:
+    """``ticks // step`` rounded toward the past (also before 1970)."""
     q = pc.divide(ticks, step)  # integer division truncates toward zero
+    if not negative:
+        return q  # truncation is the floor when nothing is negative
     exact = pc.equal(pc.multiply(q, step), ticks)
-    q = pc.if_else(pc.or_(exact, pc.greater_equal(ticks, 0)), q, pc.subtract(q, 1))
-    return pc.multiply(q, step)
+    return pc.if_else(pc.or_(exact, pc.greater_equal(ticks, 0)), q, pc.subtract(q, 1))
 
 
 _SCALARS: dict[str, Callable[[_Where, pa.Array, CHType], pa.Array]] = {
@@ -612,13 +629,15 @@ def _row_json(batch: pa.RecordBatch, i: int) -> str:
 
 
 def write_dead_letters(session: "ClickHouseHTTP", batches: object, *, table: str, txn_id: str,
-                       batch: int, partition: int, xid: str) -> int:
+                       batch: int, partition: int, xid: str, token: str | None = None) -> int:
     """Executor: insert the partition's dead letters through ``session``; their count.
 
-    Called by a mode's prepare after the good rows went in, in the same transaction
-    (so a replay of the batch rolls both back or commits both). ``batches`` is what
-    the mode received; anything but a :class:`ConvertedBatches` with a dead-letter
-    table has none.
+    Called by a mode's prepare after the good rows went in: in mode ``transaction``
+    in the same transaction (a replay of the batch rolls both back or commits both);
+    in mode ``dedup`` with a ``token`` that is the same for every attempt of the
+    partition (a replay's copy is dropped as a duplicate). ``batches`` is what the
+    mode received; anything but a :class:`ConvertedBatches` with a dead-letter table
+    has none.
     """
     if not isinstance(batches, ConvertedBatches) or batches.plan.dead_letter_table is None:
         return 0
@@ -633,7 +652,8 @@ def write_dead_letters(session: "ClickHouseHTTP", batches: object, *, table: str
         })
         db, t = batches.plan.dead_letter_table
         session.insert_arrow_stream(q.qualified(db, t), data.schema, iter([data]),
-                                    settings={"insert_deduplication_token": f"{xid}:dead_letters"})
+                                    settings={"insert_deduplicate": "1",
+                                              "insert_deduplication_token": token or f"{xid}:dead_letters"})
     return len(letters)
 
 
@@ -641,4 +661,6 @@ def dead_letter_ddl(database: str, table: str) -> str:
     """``CREATE TABLE IF NOT EXISTS`` of a dead-letter table (driver, once per query)."""
     cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in DEAD_LETTER_COLUMNS)
     return (f"CREATE TABLE IF NOT EXISTS {q.qualified(database, table)} ({cols}) "
-            "ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`)")
+            "ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`) "
+            # mode dedup drops a replay's copy by its insert_deduplication_token
+            "SETTINGS non_replicated_deduplication_window = 1000")

@@ -15,7 +15,7 @@ from pyspark.sql.types import StructType
 from clickhouse_tx.convert import DEAD_LETTER_COLUMNS, ConversionPlan, dead_letter_ddl
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, ServerError
 from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.interfaces import Target
+from clickhouse_tx.interfaces import Mode, Target
 from clickhouse_tx.schema import TableInfo, check_schema, conversion_columns, describe_table
 
 from .table_ddl import create_table_sql
@@ -84,7 +84,7 @@ def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
                                             for f in data.fields})
     build_mode_io(opts.mode).validate(target, arrow)
     if opts.dead_letter_table:
-        _prepare_dead_letter_table(client, *opts.dead_letter_table)
+        _prepare_dead_letter_table(client, opts.mode, *opts.dead_letter_table)
     return ConversionPlan(info.display, conversion_columns(info, arrow),
                           allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
                           strict_precision=opts.strict_precision,
@@ -92,7 +92,7 @@ def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
                           dead_letter_table=opts.dead_letter_table)
 
 
-def _prepare_dead_letter_table(client: ClickHouseHTTP, database: str, table: str) -> None:
+def _prepare_dead_letter_table(client: ClickHouseHTTP, mode: Mode, database: str, table: str) -> None:
     """Create the dead-letter table when missing; an existing one must have its columns."""
     client.command(dead_letter_ddl(database, table))
     info = describe_table(client, database, table)
@@ -102,10 +102,16 @@ def _prepare_dead_letter_table(client: ClickHouseHTTP, database: str, table: str
         raise ConfigurationError(
             f"option dead_letter_table: {info.display} exists without the columns {', '.join(missing)}; "
             "drop it or name another table (it is created when missing)")
-    if info.is_replicated or not info.is_merge_tree:
+    if mode is Mode.TRANSACTION and (info.is_replicated or not info.is_merge_tree):
         raise ConfigurationError(
             f"option dead_letter_table: {info.display} has engine {info.engine}; dead letters are "
             "written in the partition's transaction, which needs a non-replicated *MergeTree")
+    window = info.replicated_dedup_window if info.is_replicated else info.non_replicated_dedup_window
+    if mode is Mode.DEDUP and (not info.is_merge_tree or window <= 0):
+        raise ConfigurationError(
+            f"option dead_letter_table: {info.display} has no deduplication window, so mode 'dedup' "
+            "could write a replayed dead letter twice: drop it (it is created with one) or run "
+            f"ALTER TABLE ... MODIFY SETTING non_replicated_deduplication_window = 1000")
 
 
 def _describe_or_create(client: ClickHouseHTTP, opts: WriterOptions, target: Target,

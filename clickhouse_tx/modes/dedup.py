@@ -31,7 +31,9 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from clickhouse_tx.convert import write_dead_letters
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes import peek_schema
@@ -130,29 +132,37 @@ class DedupMode(ModeBase):
     def prepare(self, target: Target, ctx: WriteContext, xid: str,
                 batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor: INSERT chunk by chunk with deterministic tokens (visible at once)."""
+        converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
         chunks = 0
-        if schema is not None:
-            cutter = Rechunker(counted, self.chunk_rows)
-            with self.client(target) as c:
+        with self.client(target) as c:
+            if schema is not None:
+                cutter = Rechunker(counted, self.chunk_rows)
                 while cutter.has_more():
-                    token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, chunks)
-                    # One record batch per INSERT: the server makes one block of each
-                    # Arrow batch, so the blocks (and their dedup hashes) must not depend
-                    # on how the rows arrived. Memory: one chunk.
-                    one = pa.concat_batches(list(cutter.chunk()))
-                    c.insert_arrow_stream(self.target_sql(target), schema, iter([one]), settings={
-                        "insert_deduplicate": "1",
-                        "insert_deduplication_token": token,
-                        "min_insert_block_size_rows": str(self.chunk_rows),
-                        "min_insert_block_size_bytes": "0",
-                        "max_insert_block_size": str(self.chunk_rows),
-                    })
+                    self._insert_chunk(c, target, schema, pa.concat_batches(list(cutter.chunk())),
+                                       dedup_token(ctx.txn_id, ctx.batch, ctx.partition, chunks))
                     chunks += 1
+            # Visible at once like the rows; the token makes a replay's copy a no-op.
+            letters = write_dead_letters(c, converted, table=self.display(target), txn_id=ctx.txn_id,
+                                         batch=ctx.batch, partition=ctx.partition, xid=xid,
+                                         token=f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters")
         return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
-                             {"chunks": chunks, "chunk_rows": self.chunk_rows,
+                             {"chunks": chunks, "chunk_rows": self.chunk_rows, "dead_letters": letters,
                               "token_prefix": f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:"})
+
+    def _insert_chunk(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema,
+                      one: pa.RecordBatch, token: str) -> None:
+        # One record batch per INSERT: the server makes one block of each Arrow batch,
+        # so the blocks (and their dedup hashes) must not depend on how the rows
+        # arrived. Memory: one chunk.
+        c.insert_arrow_stream(self.target_sql(target), schema, iter([one]), settings={
+            "insert_deduplicate": "1",
+            "insert_deduplication_token": token,
+            "min_insert_block_size_rows": str(self.chunk_rows),
+            "min_insert_block_size_bytes": "0",
+            "max_insert_block_size": str(self.chunk_rows),
+        })
 
     def commit(self, target: Target, p: Prepared) -> None:
         """Driver: write the marker once (rows are already in)."""

@@ -233,3 +233,27 @@ def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted
         (1, "v", again.xid, 5, 0), (3, "v", again.xid, 5, 0)]
     assert letters[0]["row_json"] == '{"id": 1, "v": 300}' and "outside the range of UInt8" in letters[0]["reason"]
     assert {d["table"] for d in letters} == {f"{database}.typed"} and {d["txn_id"] for d in letters} == {"q"}
+
+
+def test_in_dedup_mode_a_replayed_partition_writes_its_dead_letters_once(
+        admin, database: str, tmp_path: Path) -> None:
+    from clickhouse_tx.convert import dead_letter_ddl
+
+    target = typed_table(admin, database, "UInt8", "typed")
+    admin.command(dead_letter_ddl(database, "dlq"))
+    batch = spark_batch(pa.array([1, 300, 2, -1, 3], I64))
+    plan = plan_for(admin, target, batch.schema)
+    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
+
+    def coordinator():
+        return build_coordinator(target, "dedup", "q", str(tmp_path), conversion=plan)
+
+    first = coordinator().prepare(WriteContext("q", 5, 0, 0), iter([batch]))
+    assert first.details["dead_letters"] == 2
+    # The task attempt is lost after writing (dedup's rows are visible at once); a retry
+    # of the partition writes the same rows and dead letters again, and both are dropped.
+    again = coordinator().prepare(WriteContext("q", 5, 0, 1), iter([batch]))
+    coordinator().commit_batch(5, [again])
+    assert stored(admin, target) == ["1", "2", "3"]
+    assert [(d["row"], d["column"], d["xid"]) for d in _dead_letters(admin, database)] == [
+        (1, "v", first.xid), (3, "v", first.xid)]

@@ -324,5 +324,6 @@ def test_bad_rows_dead_letter_needs_a_table_and_transaction_mode_and_is_refused_
     assert "needs the option dead_letter_table" in error_of({**BASE, "bad_rows": "dead_letter"})
     assert "needs bad_rows=dead_letter" in error_of({**BASE, "dead_letter_table": "dlq"})
     assert "expected fail or dead_letter" in error_of({**BASE, "bad_rows": "skip"})
-    assert "mode 'transaction' only" in error_of(
+    assert "modes 'transaction' (in the partition's transaction) and 'dedup'" in error_of(
         {**BASE, "bad_rows": "dead_letter", "dead_letter_table": "dlq", "mode": "staging"})
+    assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="dedup").dead_letter_table
