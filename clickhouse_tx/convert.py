@@ -28,21 +28,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from clickhouse_tx import sql as q
 from clickhouse_tx.chtypes import CHType, parse_clickhouse_type, strip_wrappers
 from clickhouse_tx.errors import ValueDoesNotFitError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from clickhouse_tx.http_client import ClickHouseHTTP
-
-__all__ = ["ConversionPlan", "ConvertedBatches", "DEAD_LETTER_COLUMNS", "KAFKA_COLUMNS",
-           "dead_letter_ddl", "fit_problem", "write_dead_letters"]
+__all__ = ["ConversionPlan", "ConvertedBatches", "KAFKA_COLUMNS", "fit_problem"]
 
 #: Columns that, when the data has them, locate a bad row in its Kafka source.
 KAFKA_COLUMNS = ("topic", "partition", "offset")
@@ -560,22 +555,14 @@ class ConversionPlan:
 
 # --------------------------------------------------------------------------- dead letters
 
-#: Columns of a dead-letter table (created by the writer on the driver when missing).
-DEAD_LETTER_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("table", "String"), ("txn_id", "String"), ("batch", "Int64"), ("partition", "Int64"),
-    ("xid", "String"), ("row", "UInt64"), ("column", "String"), ("clickhouse_type", "String"),
-    ("reason", "String"), ("row_json", "String"),
-)
-
-
 class ConvertedBatches(Iterator[pa.RecordBatch]):
     """One partition's batches, converted (what :meth:`ConversionPlan.apply` returns).
 
     With ``plan.dead_letter_table``, a row holding a value that does not fit is taken
     out of its batch and kept in :attr:`dead_letters` (the batch is converted again
     without it: the cost grows with the bad rows of a batch, which are expected to be
-    few); the mode writes them with :func:`write_dead_letters` in the same transaction
-    as the good rows, once every batch has been read.
+    few); the mode writes them with :func:`clickhouse_tx.dead_letters.write_dead_letters`
+    in the same transaction as the good rows, once every batch has been read.
     """
 
     def __init__(self, plan: ConversionPlan, batches: Iterable[pa.RecordBatch], *, eager: bool) -> None:
@@ -626,41 +613,3 @@ def _row_json(batch: pa.RecordBatch, i: int) -> str:
 
     row = {k: plain(v) for k, v in batch.slice(i, 1).to_pylist()[0].items()}
     return json.dumps(row, default=str, ensure_ascii=False, sort_keys=True)
-
-
-def write_dead_letters(session: "ClickHouseHTTP", batches: object, *, table: str, txn_id: str,
-                       batch: int, partition: int, xid: str, token: str | None = None) -> int:
-    """Executor: insert the partition's dead letters through ``session``; their count.
-
-    Called by a mode's prepare after the good rows went in: in mode ``transaction``
-    in the same transaction (a replay of the batch rolls both back or commits both);
-    in mode ``dedup`` with a ``token`` that is the same for every attempt of the
-    partition (a replay's copy is dropped as a duplicate). ``batches`` is what the
-    mode received; anything but a :class:`ConvertedBatches` with a dead-letter table
-    has none.
-    """
-    if not isinstance(batches, ConvertedBatches) or batches.plan.dead_letter_table is None:
-        return 0
-    letters = batches.dead_letters
-    if letters:
-        n = len(letters)
-        data = pa.record_batch({
-            "table": pa.array([table] * n), "txn_id": pa.array([txn_id] * n),
-            "batch": pa.array([batch] * n, pa.int64()), "partition": pa.array([partition] * n, pa.int64()),
-            "xid": pa.array([xid] * n), "row": pa.array([d["row"] for d in letters], pa.uint64()),
-            **{k: pa.array([d[k] for d in letters]) for k in ("column", "clickhouse_type", "reason", "row_json")},
-        })
-        db, t = batches.plan.dead_letter_table
-        session.insert_arrow_stream(q.qualified(db, t), data.schema, iter([data]),
-                                    settings={"insert_deduplicate": "1",
-                                              "insert_deduplication_token": token or f"{xid}:dead_letters"})
-    return len(letters)
-
-
-def dead_letter_ddl(database: str, table: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` of a dead-letter table (driver, once per query)."""
-    cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in DEAD_LETTER_COLUMNS)
-    return (f"CREATE TABLE IF NOT EXISTS {q.qualified(database, table)} ({cols}) "
-            "ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`) "
-            # mode dedup drops a replay's copy by its insert_deduplication_token
-            "SETTINGS non_replicated_deduplication_window = 1000")

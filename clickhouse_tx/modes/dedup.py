@@ -31,7 +31,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from clickhouse_tx.convert import write_dead_letters
+from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext

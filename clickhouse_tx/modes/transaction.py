@@ -42,7 +42,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from clickhouse_tx.convert import write_dead_letters
+from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (ConfigurationError, NotCommittedError, OutcomeUnknownError,
                                   ServerError)
 from clickhouse_tx.http_client import (INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND,

@@ -207,7 +207,7 @@ def _dead_letters(admin: ClickHouseHTTP, database: str) -> list[dict]:
 
 def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted_attempt(
         admin, database: str, tmp_path: Path) -> None:
-    from clickhouse_tx.convert import dead_letter_ddl
+    from clickhouse_tx.dead_letters import dead_letter_ddl
 
     target = typed_table(admin, database, "UInt8", "typed")
     admin.command(dead_letter_ddl(database, "dlq"))
@@ -237,7 +237,7 @@ def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted
 
 def test_in_dedup_mode_a_replayed_partition_writes_its_dead_letters_once(
         admin, database: str, tmp_path: Path) -> None:
-    from clickhouse_tx.convert import dead_letter_ddl
+    from clickhouse_tx.dead_letters import dead_letter_ddl
 
     target = typed_table(admin, database, "UInt8", "typed")
     admin.command(dead_letter_ddl(database, "dlq"))
