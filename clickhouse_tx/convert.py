@@ -244,14 +244,14 @@ def _checked_cast(where: _Where, arr: pa.Array, to: pa.DataType, reason: str) ->
     """A safe Arrow cast; on failure, find the first value that breaks it (bisection)."""
     try:
         return arr.cast(to, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except pa.ArrowInvalid:  # a value does not fit (an unsupported cast is a bug: raised)
         lo, hi = 0, len(arr)  # invariant: the first bad element is in [lo, hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             try:
                 arr.slice(lo, mid - lo).cast(to, safe=True)
                 lo = mid
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            except pa.ArrowInvalid:
                 hi = mid
         mask = np.zeros(len(arr), dtype=bool)
         mask[lo] = True
