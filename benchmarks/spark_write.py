@@ -12,6 +12,15 @@ Ratios reported: ``transaction / none`` (target >= 0.9) and ``none / noop``
     python -m benchmarks.spark_write --url http://127.0.0.1:8123 --rows 1000000
 
 Writes ``benchmarks/results/spark_write.json``.
+
+``--typed`` runs the other comparison instead: the 3-column job (Int64 id, timestamp
+ts, double v) in mode ``transaction`` into a table whose column types differ from
+Spark's (``UInt64``, ``DateTime``, ``Float32``: every value converted and checked on
+the executors) vs into one that matches them (``Int64``, ``DateTime64(6, 'UTC')``,
+``Float64``); ratio ``typed / matching`` (target >= 0.9). Writes
+``benchmarks/results/spark_write_typed.json``.
+
+    python -m benchmarks.spark_write --typed --rows 20000000 --repeat 2
 """
 
 from __future__ import annotations
@@ -36,6 +45,12 @@ from benchmarks.results_file import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "spark_write.json"
+RESULT_TYPED = ROOT / "benchmarks" / "results" / "spark_write_typed.json"
+#: --typed: table -> column types; the Spark frame is (id long, ts timestamp, v double).
+TYPED_TABLES = {
+    "matching": "(id Int64, ts DateTime64(6, 'UTC'), v Float64)",
+    "typed": "(id UInt64, ts DateTime, v Float32)",
+}
 MODES = ("none", "transaction", "staging", "dedup")
 
 
@@ -80,7 +95,12 @@ def _frame(spark, rows: int):
                                                    "cast(id as double) * 0.5 as v")
 
 
-def run(url: str, rows: int, repeat: int) -> dict:
+def _typed_frame(spark, rows: int):
+    return spark.range(0, rows, 1, 2).selectExpr(
+        "id", "timestamp_micros(1700000000000000 + id * 1000001) as ts", "cast(id as double) * 0.5 as v")
+
+
+def _spark():
     from pyspark.sql import SparkSession
 
     import spark_datasource
@@ -91,6 +111,52 @@ def run(url: str, rows: int, repeat: int) -> dict:
     spark.sparkContext.setLogLevel("ERROR")
     spark_datasource.register(spark)
     spark.dataSource.register(NoopDataSource)
+    return spark
+
+
+def run_typed(url: str, rows: int, repeat: int) -> dict:
+    """The same job into a table of other column types vs one matching Spark's (transaction)."""
+    spark = _spark()
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    _sql(url, f"CREATE DATABASE {db}")
+    results: dict[str, dict] = {}
+    try:
+        _typed_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
+        for i in range(repeat):
+            for name, columns in TYPED_TABLES.items():  # interleaved: same conditions for both
+                table = f"{name}_{i}"
+                _sql(url, f"CREATE TABLE {db}.{table} {columns} ENGINE = MergeTree ORDER BY id")
+                t = time.perf_counter()
+                (_typed_frame(spark, rows).write.format("clickhouse_tx").option("url", url)
+                 .option("database", db).option("table", table).mode("append").save())
+                elapsed = time.perf_counter() - t
+                got = _sql(url, f"SELECT count(), max(id), toUnixTimestamp(max(ts)) FROM {db}.{table} "
+                                "SETTINGS implicit_transaction = 1 FORMAT TSV").split()
+                last_s = (1700000000000000 + (rows - 1) * 1000001) // 1_000_000
+                if [int(x) for x in got] != [rows, rows - 1, last_s]:
+                    raise RuntimeError(f"{name}: table holds {got}, expected {[rows, rows - 1, last_s]}")
+                _sql(url, f"DROP TABLE {db}.{table} SYNC")
+                best = min(results.get(name, {}).get("seconds", 1e9), elapsed)
+                results[name] = {"seconds": best, "rows_per_s": rows / best, "columns": columns}
+                print(f"{name} {columns}: {rows / elapsed:,.0f} rows/s", flush=True)
+    finally:
+        _sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
+        spark.stop()
+    ratio = results["typed"]["rows_per_s"] / results["matching"]["rows_per_s"]
+    return {
+        "benchmark": "spark_write_typed", "mode": "transaction",
+        "rows": rows, "columns": 3, "master": "local[2]", "spark_partitions": 2, "repeat": repeat,
+        "spark_types": "id long, ts timestamp, v double",
+        "results": results, "ratios": {"typed_over_matching": ratio},
+        "targets": {"typed_over_matching": 0.9},
+        "targets_met": {"typed_over_matching": ratio >= 0.9},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def run(url: str, rows: int, repeat: int) -> dict:
+    spark = _spark()
     db = f"bench_{uuid.uuid4().hex[:8]}"
     _sql(url, f"CREATE DATABASE {db}")
     results: dict[str, dict] = {}
@@ -148,16 +214,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=20_000_000)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--url", help="ClickHouse HTTP url (default: start a private stack)")
-    ap.add_argument("--out", default=str(RESULT))
+    ap.add_argument("--typed", action="store_true",
+                    help="typed table (UInt64, DateTime, Float32) vs matching table, transaction mode")
+    ap.add_argument("--out", default=None, help="result file (default: by benchmark)")
     a = ap.parse_args(argv)
+    bench = run_typed if a.typed else run
+    a.out = a.out or str(RESULT_TYPED if a.typed else RESULT)
     if a.url:
-        report = run(a.url, a.rows, a.repeat)
+        report = bench(a.url, a.rows, a.repeat)
     else:
         from server_patches.stack import start_stack, stop_stack
 
         d = Path(tempfile.mkdtemp(prefix="bench_stack_"))
         try:
-            report = run(start_stack(d).clickhouse_url, a.rows, a.repeat)
+            report = bench(start_stack(d).clickhouse_url, a.rows, a.repeat)
         finally:
             stop_stack(d, purge=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

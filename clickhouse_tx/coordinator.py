@@ -34,7 +34,9 @@ from clickhouse_tx.errors import (
     LostTransactionError,
     NotCommittedError,
     OutcomeUnknownError,
+    ValueDoesNotFitError,
 )
+from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.ids import new_xid
 from clickhouse_tx.interfaces import (
@@ -42,6 +44,7 @@ from clickhouse_tx.interfaces import (
     CommitOutcome,
     Decision,
     DecisionLogIO,
+    Mode,
     Prepared,
     RegistryEntry,
     RegistryIO,
@@ -429,14 +432,19 @@ class Coordinator:
     clock, sleep, xid_factory:
         Injectable for tests: wall clock (registry timestamps, durations), sleep, and
         ``(txn_id, batch, partition, attempt) -> xid`` (default :func:`~clickhouse_tx.ids.new_xid`).
+    conversion:
+        The table's column types (built on the driver): :meth:`prepare` converts and
+        checks every value before it is sent (None: the batches go as they are).
     """
 
     def __init__(self, txn_id: str, target: Target, mode_io: CommitModeIO, registry: RegistryIO,
                  log: DecisionLogIO, *, retry: RetryPolicy | None = None, parallelism: int = 1,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
-                 xid_factory: Callable[[str, int, int, int], str] = new_xid) -> None:
+                 xid_factory: Callable[[str, int, int, int], str] = new_xid,
+                 conversion: ConversionPlan | None = None) -> None:
         self.txn_id = txn_id
+        self.conversion = conversion
         self.xid_factory = xid_factory
         self.target = target
         self.mode_io = mode_io
@@ -483,6 +491,11 @@ class Coordinator:
             raise NotCommittedError(f"could not register the transaction: {exc}", xid=xid) from exc
         written: Prepared | None = None
         try:
+            if self.conversion is not None:
+                # Modes whose inserts are visible one by one get the whole partition
+                # checked before the first insert; the others roll back on a bad value.
+                eager = self.mode_io.mode in (Mode.DEDUP, Mode.NONE)
+                batches = self.conversion.apply(batches, eager=eager)
             written = self.mode_io.prepare(self.target, ctx, xid, batches)
             if written.xid != xid:
                 raise IllegalTransitionError(f"mode returned xid {written.xid!r} for {xid!r}", xid=xid)
@@ -492,6 +505,8 @@ class Coordinator:
             return written
         except Exception as exc:
             self.ops.abort_quietly(written or provisional)
+            if isinstance(exc, ValueDoesNotFitError):
+                exc.xid = xid  # keep its type: the task failed on the data, not on I/O
             if isinstance(exc, NotCommittedError) and exc.xid == xid:
                 raise
             raise NotCommittedError(f"prepare failed: {type(exc).__name__}: {exc}", xid=xid) from exc

@@ -50,6 +50,12 @@ class NotCommittedError(ClickHouseTxError):
     """Definitely not committed: safe to roll back, clean up and retry."""
 
 
+class ValueDoesNotFitError(NotCommittedError):
+    """A value of the data does not fit its ClickHouse column (raised on an executor while
+    the partition is prepared, before anything of it is visible). Deterministic: a
+    retry of the same data fails the same way; fix the data or the table."""
+
+
 class OutcomeUnknownError(ClickHouseTxError):
     """Outcome unknown (e.g. a COMMIT whose reply was lost): resolve by lookup."""
 

@@ -16,6 +16,7 @@ from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.convert import ConversionPlan
     from clickhouse_tx.coordinator import Coordinator
     from clickhouse_tx.decision_log import FileDecisionLog
     from clickhouse_tx.retry import RetryPolicy
@@ -65,7 +66,8 @@ def build_decision_log(target: Target, txn_id: str, decision_log_uri: str, *,
 def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_log_uri: str, *,
                       registry_table: str = DEFAULT_TABLE, registry_database: str | None = None,
                       retry: "RetryPolicy | None" = None,
-                      retain_batches: int = DEFAULT_RETAIN_BATCHES) -> "Coordinator":
+                      retain_batches: int = DEFAULT_RETAIN_BATCHES,
+                      conversion: "ConversionPlan | None" = None) -> "Coordinator":
     """A :class:`~clickhouse_tx.coordinator.Coordinator` for one query into one target.
 
     Parameters
@@ -80,6 +82,10 @@ def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_
         Root of the decision log (the checkpoint location; any ``pyarrow.fs`` URI).
     retain_batches
         Done batches the decision log keeps (Spark's ``minBatchesToRetain``, default 100).
+    retry
+        Policy for transient errors (default :class:`~clickhouse_tx.retry.RetryPolicy`).
+    conversion
+        The table's column types; executors convert and check values before sending.
     """
     from clickhouse_tx.coordinator import Coordinator
 
@@ -88,4 +94,4 @@ def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_
                        build_decision_log(target, txn_id, decision_log_uri,
                                           registry_database=registry_database,
                                           retain_batches=retain_batches),
-                       retry=retry, parallelism=COMMIT_PARALLELISM)
+                       retry=retry, parallelism=COMMIT_PARALLELISM, conversion=conversion)

@@ -185,8 +185,11 @@ def _column_sum(arr: pa.ChunkedArray | pa.Array) -> int:
     elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
             or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         s = pc.sum(pc.binary_length(arr)).as_py() or 0
-    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t) \
-            or pa.types.is_fixed_size_list(t):
+    elif pa.types.is_map(t):
+        # list_value_length has no kernel for maps: count the entries from the offsets.
+        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+        s = sum(c.offsets[-1].as_py() - c.offsets[0].as_py() for c in chunks if len(c))
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         s = pc.sum(pc.list_value_length(arr)).as_py() or 0
     elif pa.types.is_floating(t):
         s = len(arr) - nulls

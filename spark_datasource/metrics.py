@@ -53,7 +53,9 @@ def batch_metrics(*, txn_id: str, batch: int, status: str, mode: str, table: str
     Parameters
     ----------
     messages
-        Per received commit message: ``rows``, ``bytes``, ``prepare_seconds``, ``attempt``.
+        Per received commit message: ``rows``, ``bytes``, ``prepare_seconds``, ``attempt``,
+        ``dead_letters`` (rows set aside by ``bad_rows=dead_letter``; counted when the
+        batch committed, since they commit with their partition).
     committed_partitions, rows
         What the commit made visible (0 for an abort).
     """
@@ -65,6 +67,7 @@ def batch_metrics(*, txn_id: str, batch: int, status: str, mode: str, table: str
         "mode": mode,
         "table": table,
         "rows": int(rows),
+        "dead_letters": sum(int(m.get("dead_letters", 0)) for m in messages) if status == "committed" else 0,
         "bytes": int(sum(int(m.get("bytes", 0)) for m in messages)),
         "partitions": len(messages),
         "committed_partitions": int(committed_partitions),

@@ -225,7 +225,7 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
         from .type_mapping import spark_schema_to_arrow
         from .writer_setup import prepare_target
 
-        prepare_target(opts, schema)
+        plan = prepare_target(opts, schema)
         txn_id = opts.txn_id() or f"job-{uuid.uuid4().hex[:12]}"
         stage = overwrite_stage_name(txn_id)  # names the job: gc can tell whose a leftover is
         self.final_opts = opts
@@ -241,7 +241,7 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
             drop_stage(target, stage)
             raise
         self.stage = stage
-        super().__init__(stage_opts, schema, txn_id)
+        super().__init__(stage_opts, schema, txn_id, plan)
         log.info("clickhouse_tx overwrite of %s: job %s writes into stage %s",
                  opts.qualified_table, txn_id, stage)
 

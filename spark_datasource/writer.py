@@ -29,6 +29,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.faults import FaultPlan, with_faults
 from clickhouse_tx.interfaces import Prepared, WriteContext
 
@@ -50,7 +51,8 @@ class ClickHouseTxCommitMessage(WriterCommitMessage):
         """What :mod:`spark_datasource.metrics` needs of this message (plain data)."""
         return {"rows": int(self.prepared.get("rows", 0)), "bytes": self.bytes,
                 "prepare_seconds": self.prepare_seconds,
-                "attempt": int(self.prepared.get("attempt", 0))}
+                "attempt": int(self.prepared.get("attempt", 0)),
+                "dead_letters": int((self.prepared.get("details") or {}).get("dead_letters", 0))}
 
     def to_prepared(self) -> Prepared:
         return Prepared.from_json(self.prepared)
@@ -81,11 +83,12 @@ class _ByteCounter:
         return b
 
 
-def _coordinator(opts: WriterOptions, txn_id: str):
+def _coordinator(opts: WriterOptions, txn_id: str, conversion: "ConversionPlan | None" = None):
     """A fresh coordinator (driver or executor); with ``fault.*`` options, a faulty one."""
     from clickhouse_tx.factory import build_coordinator
 
-    coordinator = build_coordinator(opts.target(), opts.mode, txn_id, opts.decision_log_uri(txn_id))
+    coordinator = build_coordinator(opts.target(), opts.mode, txn_id, opts.decision_log_uri(txn_id),
+                                    retry=opts.retry_policy(), conversion=conversion)
     plan = FaultPlan.parse(opts.faults) if opts.faults else None
     return with_faults(coordinator, plan) if plan else coordinator
 
@@ -109,10 +112,14 @@ def _task_context(streaming: bool) -> tuple[int, int, int]:
 class _WriterBase:
     streaming = False
 
-    def __init__(self, opts: WriterOptions, schema: StructType, txn_id: str) -> None:
+    def __init__(self, opts: WriterOptions, schema: StructType, txn_id: str,
+                 conversion: "ConversionPlan | None" = None) -> None:
         self.opts = opts
         self.schema = schema
         self.txn_id = txn_id
+        # The table's column types, from the driver's check: pickled with the writer,
+        # so executors convert and check values without querying the table.
+        self.conversion = conversion
 
     @property
     def display_table(self) -> str:
@@ -125,7 +132,7 @@ class _WriterBase:
         batch, partition, attempt = _task_context(self.streaming)
         ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt)
         counted = _ByteCounter(iterator)
-        prepared = _coordinator(self.opts, self.txn_id).prepare(ctx, counted)
+        prepared = _coordinator(self.opts, self.txn_id, self.conversion).prepare(ctx, counted)
         return ClickHouseTxCommitMessage(prepared.to_json(), time.monotonic() - started, counted.bytes)
 
     def _metrics(self, batch: int, status: str, messages: Sequence[WriterCommitMessage | None],
@@ -198,8 +205,8 @@ def reject_unsupported(opts: WriterOptions, overwrite: bool = False) -> None:
             "routing is append-only; overwrite each table with its own DataFrame instead")
 
 
-# Streaming targets checked by this process: key -> monotonic time of the check.
-_CHECKED: dict[tuple[str, str], float] = {}
+# Streaming targets checked by this process: key -> (monotonic time, conversion plan).
+_CHECKED: dict[tuple[str, str], tuple[float, ConversionPlan]] = {}
 _RECHECK_S = 60.0
 
 
@@ -214,7 +221,7 @@ class ClickHouseTxDataSource(DataSource):
     def name(cls) -> str:
         return "clickhouse_tx"
 
-    def _validated(self, schema: StructType, streaming: bool) -> tuple[WriterOptions, str]:
+    def _validated(self, schema: StructType, streaming: bool) -> tuple[WriterOptions, str, ConversionPlan]:
         opts = WriterOptions.parse(self.options, streaming=streaming)
         reject_unsupported(opts)
         # Streaming: the id is read from (or first stored in) the checkpoint, before any
@@ -228,11 +235,12 @@ class ClickHouseTxDataSource(DataSource):
         # again (a few round trips per micro-batch otherwise). Batch jobs always check.
         key = (repr(sorted((k.lower(), v) for k, v in dict(self.options).items())), schema.json())
         now = time.monotonic()
-        if not streaming or now - _CHECKED.get(key, -_RECHECK_S) >= _RECHECK_S:
-            prepare_target(opts, schema)
+        checked_at, plan = _CHECKED.get(key, (-_RECHECK_S, None))
+        if not streaming or plan is None or now - checked_at >= _RECHECK_S:
+            plan = prepare_target(opts, schema)
             if streaming:
-                _CHECKED[key] = now
-        return opts, txn_id
+                _CHECKED[key] = (now, plan)
+        return opts, txn_id, plan
 
     def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
         """Driver, once per batch job; the writer is pickled to executors and the commit."""
@@ -242,12 +250,12 @@ class ClickHouseTxDataSource(DataSource):
             opts = WriterOptions.parse(self.options, streaming=False)
             reject_unsupported(opts, overwrite=True)
             return OverwriteWriter(opts, schema)
-        opts, txn_id = self._validated(schema, streaming=False)
+        opts, txn_id, plan = self._validated(schema, streaming=False)
         log.info("clickhouse_tx batch job into %s: transactional_id %r (fresh per job)",
                  opts.qualified_table, txn_id)
-        return ClickHouseTxBatchWriter(opts, schema, txn_id)
+        return ClickHouseTxBatchWriter(opts, schema, txn_id, plan)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:  # noqa: N802
         """Driver, at query start and before every commit (fresh worker each time)."""
-        opts, txn_id = self._validated(schema, streaming=True)
-        return ClickHouseTxStreamWriter(opts, schema, txn_id)
+        opts, txn_id, plan = self._validated(schema, streaming=True)
+        return ClickHouseTxStreamWriter(opts, schema, txn_id, plan)

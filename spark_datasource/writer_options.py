@@ -31,12 +31,15 @@ import os
 import re
 import tempfile
 import uuid
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode, Target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.retry import RetryPolicy
 
 __all__ = ["WriterOptions", "KNOWN_OPTIONS"]
 
@@ -46,7 +49,7 @@ KNOWN_OPTIONS = (
     "checkpointlocation", "queryname", "decision_log", "batch_size", "batch_bytes",
     "connect_timeout", "request_timeout", "session_timeout", "create_table", "order_by",
     "partition_by", "engine", "table_column", "tables", "allow_nullable_into_non_nullable",
-    "retry.attempts", "retry.max_seconds",
+    "retry.attempts", "retry.max_seconds", "strict_precision", "bad_rows", "dead_letter_table",
 )
 _PREFIXES = ("setting.", "fault.")
 
@@ -165,6 +168,32 @@ def _route_tables(raw: str | None, database: str) -> tuple[tuple[str, str], ...]
     return tuple(out)
 
 
+def _dead_letter_table(opts: Mapping[str, str], database: str, mode: Mode) -> tuple[str, str] | None:
+    """``bad_rows`` / ``dead_letter_table``: the dead-letter table, or None (``bad_rows=fail``)."""
+    bad_rows = opts.get("bad_rows", "fail").strip().lower()
+    raw = opts.get("dead_letter_table", "").strip()
+    if bad_rows not in ("fail", "dead_letter"):
+        raise _bad("bad_rows", opts["bad_rows"], "fail or dead_letter")
+    if bad_rows == "fail":
+        if raw:
+            raise ConfigurationError(f"option dead_letter_table={raw!r} needs bad_rows=dead_letter")
+        return None
+    if not raw:
+        raise ConfigurationError("option bad_rows=dead_letter needs the option dead_letter_table "
+                                 "(table or database.table; created when missing)")
+    if mode not in (Mode.TRANSACTION, Mode.DEDUP):
+        raise ConfigurationError(
+            f"option bad_rows=dead_letter with mode={mode.value!r}: dead letters are written "
+            "exactly once in modes 'transaction' (in the partition's transaction) and 'dedup' "
+            "(with the partition's deduplication token) only")
+    if opts.get("table_column", "").strip():
+        raise ConfigurationError("option bad_rows=dead_letter cannot be combined with table_column")
+    db, table = raw.split(".", 1) if "." in raw else (database, raw)
+    if not db or not table:
+        raise _bad("dead_letter_table", raw, "table or database.table")
+    return db, table
+
+
 def _no_semicolon(option: str, value: str) -> str:
     # order_by/partition_by/engine are SQL expressions by nature (user-trusted), but a
     # ';' can only be a mistake or an injection: refuse it.
@@ -208,6 +237,12 @@ class WriterOptions:
     #: Routing targets (``tables`` option) as ``(database, table)`` pairs, in given order.
     tables: tuple[tuple[str, str], ...] = ()
     allow_nullable_into_non_nullable: bool = False
+    #: Sub-second digits a DateTime/DateTime64 column cannot hold fail the task
+    #: instead of being truncated toward the past.
+    strict_precision: bool = False
+    #: ``bad_rows=dead_letter``: where rows holding a value that does not fit go,
+    #: as ``(database, table)``, instead of failing the task (None: ``bad_rows=fail``).
+    dead_letter_table: tuple[str, str] | None = None
     retry_attempts: int = 5
     retry_max_seconds: float = 60.0
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
@@ -268,6 +303,12 @@ class WriterOptions:
         if txn_id and not self.streaming and self.decision_log == _batch_log(self.transactional_id):
             return _batch_log(txn_id)
         return self.decision_log
+
+    def retry_policy(self) -> "RetryPolicy":
+        """The coordinator's :class:`~clickhouse_tx.retry.RetryPolicy` (``retry.*`` options)."""
+        from clickhouse_tx.retry import RetryPolicy
+
+        return RetryPolicy(max_attempts=self.retry_attempts, max_total_s=self.retry_max_seconds)
 
     def target(self) -> Target:
         """The :class:`clickhouse_tx.interfaces.Target` these options describe."""
@@ -428,6 +469,7 @@ class WriterOptions:
             raise _bad("table_column", opts["table_column"], "a column name")
         tables = _route_tables(opts.get("tables"), database)
 
+        dead_letter_table = _dead_letter_table(opts, database, mode)
         attempts_raw = opts.get("retry.attempts")
         retry_attempts = 5 if attempts_raw is None else _positive_int("retry.attempts", attempts_raw)
 
@@ -446,6 +488,8 @@ class WriterOptions:
             table_column=table_column, tables=tables,
             allow_nullable_into_non_nullable=get(  # type: ignore[arg-type]
                 "allow_nullable_into_non_nullable", _bool, False),
+            strict_precision=get("strict_precision", _bool, False),  # type: ignore[arg-type]
+            dead_letter_table=dead_letter_table,
             retry_attempts=retry_attempts,
             retry_max_seconds=get("retry.max_seconds", _positive_float, 60.0),  # type: ignore[arg-type]
             settings=settings, faults=faults,

@@ -2,29 +2,31 @@
 
 Runs in ``writer``/``streamWriter`` on the driver: once per batch job, and before every
 streaming commit (Spark rebuilds the writer there), so it costs a few small queries.
+It returns the :class:`~clickhouse_tx.convert.ConversionPlan` (the table's column
+types) that travels with the writer to the executors, so no task queries the table.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from pyspark.sql.types import StructType
 
+from clickhouse_tx.convert import ConversionPlan
+from clickhouse_tx.dead_letters import DEAD_LETTER_COLUMNS, dead_letter_ddl
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, ServerError
 from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.interfaces import Target
+from clickhouse_tx.interfaces import Mode, Target
+from clickhouse_tx.schema import TableInfo, check_schema, conversion_columns, describe_table
 
 from .table_ddl import create_table_sql
-from .type_mapping import check_compatible, spark_schema_to_arrow
+from .type_mapping import spark_schema_to_arrow
 from .writer_options import WriterOptions
 
 _AUTH_ERRORS = {"AUTHENTICATION_FAILED", "REQUIRED_PASSWORD", "WRONG_PASSWORD", "UNKNOWN_USER"}
 
-_COLUMNS_SQL = (
-    "SELECT name, type, default_kind FROM system.columns "
-    "WHERE database = {db:String} AND table = {t:String} ORDER BY position"
-)
 
-
-def prepare_target(opts: WriterOptions, schema: StructType) -> None:
+def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
     """Check (and with ``create_table`` create) the target; raise ConfigurationError.
 
     Parameters
@@ -33,6 +35,12 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> None:
         The parsed writer options.
     schema
         The Spark schema of the rows to write.
+
+    Returns
+    -------
+    ConversionPlan
+        The column types every executor converts the data to (for routing: the
+        types all routed tables share).
     """
     target = opts.target()
     client = ClickHouseHTTP(target)
@@ -60,37 +68,80 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> None:
             raise ConfigurationError(
                 f"option table_column={opts.table_column!r}: the column must be a string "
                 f"(db.table or table), not {routing_type}")
-        for routed in opts.route_targets():
-            _check_table(client, opts, routed, schema)
-        return
-    _check_table(client, opts, target, schema)
+        plans = [_check_table(client, opts, r, schema) for r in opts.route_targets()]
+        return _one_plan(opts, plans)
+    return _check_table(client, opts, target, schema)
 
 
 def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
-                 schema: StructType) -> None:
-    """One table: exists (or is created), accepts ``schema`` minus the routing column."""
+                 schema: StructType) -> ConversionPlan:
+    """One table: exists (or is created), can take ``schema`` minus the routing column."""
     from clickhouse_tx.factory import build_mode_io
 
-    display = f"{target.database}.{target.table}"
-    params = {"db": target.database, "t": target.table}
-    cols = client.query_json(_COLUMNS_SQL, params=params)
-    if not cols:
+    data = _without(schema, opts.table_column)
+    arrow = spark_schema_to_arrow(data)
+    info = _describe_or_create(client, opts, target, data)
+    check_schema(info, arrow, source_types={f.name: f"Spark type {f.dataType.simpleString()}"
+                                            for f in data.fields})
+    build_mode_io(opts.mode).validate(target, arrow)
+    if opts.dead_letter_table:
+        _prepare_dead_letter_table(client, opts.mode, *opts.dead_letter_table)
+    return ConversionPlan(info.display, conversion_columns(info, arrow),
+                          allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
+                          strict_precision=opts.strict_precision,
+                          batch_rows=opts.batch_size, batch_bytes=opts.batch_bytes,
+                          dead_letter_table=opts.dead_letter_table)
+
+
+def _prepare_dead_letter_table(client: ClickHouseHTTP, mode: Mode, database: str, table: str) -> None:
+    """Create the dead-letter table when missing; an existing one must have its columns."""
+    client.command(dead_letter_ddl(database, table))
+    info = describe_table(client, database, table)
+    have = {c.name: c.type for c in info.columns}
+    missing = [f"{n} {t}" for n, t in DEAD_LETTER_COLUMNS if have.get(n) != t]
+    if missing:
+        raise ConfigurationError(
+            f"option dead_letter_table: {info.display} exists without the columns {', '.join(missing)}; "
+            "drop it or name another table (it is created when missing)")
+    if mode is Mode.TRANSACTION and (info.is_replicated or not info.is_merge_tree):
+        raise ConfigurationError(
+            f"option dead_letter_table: {info.display} has engine {info.engine}; dead letters are "
+            "written in the partition's transaction, which needs a non-replicated *MergeTree")
+    window = info.replicated_dedup_window if info.is_replicated else info.non_replicated_dedup_window
+    if mode is Mode.DEDUP and (not info.is_merge_tree or window <= 0):
+        raise ConfigurationError(
+            f"option dead_letter_table: {info.display} has no deduplication window, so mode 'dedup' "
+            "could write a replayed dead letter twice: drop it (it is created with one) or run "
+            f"ALTER TABLE ... MODIFY SETTING non_replicated_deduplication_window = 1000")
+
+
+def _describe_or_create(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
+                        data: StructType) -> TableInfo:
+    try:
+        return describe_table(client, target.database, target.table)
+    except ConfigurationError:
         if not opts.create_table:
             raise ConfigurationError(
-                f"table {display} does not exist: create it, or set the option "
-                "create_table=true (with order_by / partition_by) to create it from the data's schema")
-        data_schema = _without(schema, opts.table_column)
-        client.command(create_table_sql(target.database, target.table, data_schema, opts.order_by,
-                                        opts.partition_by, opts.engine))
-        cols = client.query_json(_COLUMNS_SQL, params=params)
-    check_compatible(
-        schema,
-        [(c["name"], c["type"], c["default_kind"]) for c in cols],
-        table=display,
-        exclude=[opts.table_column] if opts.table_column else (),
-        allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
-    )
-    build_mode_io(opts.mode).validate(target, spark_schema_to_arrow(_without(schema, opts.table_column)))
+                f"table {target.database}.{target.table} does not exist: create it, or set the "
+                "option create_table=true (with order_by / partition_by) to create it from the "
+                "data's schema") from None
+    client.command(create_table_sql(target.database, target.table, data, opts.order_by,
+                                    opts.partition_by, opts.engine))
+    return describe_table(client, target.database, target.table)
+
+
+def _one_plan(opts: WriterOptions, plans: list[ConversionPlan]) -> ConversionPlan:
+    """Routing converts each batch before it is split: every table must share the types."""
+    distinct = {p.columns for p in plans}
+    if len(distinct) > 1:
+        shown = "; ".join(f"{p.table}: " + ", ".join(f"{n} {t}" for n, t in p.columns)
+                          for p in plans)
+        raise ConfigurationError(
+            f"option table_column={opts.table_column!r}: the routed tables have different column "
+            f"types ({shown}); values are converted before rows are split, so route only into "
+            "tables with the same columns")
+    first = plans[0]
+    return dataclasses.replace(first, table=", ".join(p.table for p in plans))
 
 
 def _without(schema: StructType, column: str | None) -> StructType:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Iterator
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
+from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
@@ -259,6 +260,7 @@ class DedupMode(ModeBase):
             log.info("batch %d partition %d is committed by xid %s; xid %s inserts nothing",
                      ctx.batch, ctx.partition, done, xid)
             return self.prepared(target, ctx, xid, 0, 0, {"chunks": 0, "committed_by": done})
+        converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
         seen: collections.Counter = collections.Counter()
@@ -280,9 +282,25 @@ class DedupMode(ModeBase):
                     else:
                         ensure_window(c, target, first_block, xid)
                     self._insert(c, target, schema, one, token)
+        letters = self._dead_letters(target, ctx, xid, converted)
         return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
                              {"chunks": sum(seen.values()), "chunk_rows": self.chunk_rows,
-                              "first_block": first_block})
+                              "first_block": first_block, "dead_letters": letters})
+
+    def _dead_letters(self, target: Target, ctx: WriteContext, xid: str, converted: object) -> int:
+        """Insert the partition's dead letters, visible at once like its rows.
+
+        The token is made of their content, as the rows' are: a replay of the same rows
+        is dropped as a duplicate, a replay under another partitioning is not swallowed.
+        """
+        letters = getattr(converted, "dead_letters", None)
+        if not letters:
+            return 0
+        digest = hashlib.sha256("\n".join(d["row_json"] for d in letters).encode()).hexdigest()
+        with self.client(target) as c:
+            return write_dead_letters(c, converted, table=self.display(target), txn_id=ctx.txn_id,
+                                      batch=ctx.batch, partition=ctx.partition, xid=xid,
+                                      token=f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}")
 
     def _insert(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, one: pa.RecordBatch,
                 token: str) -> None:

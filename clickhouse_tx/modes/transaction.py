@@ -46,6 +46,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (ConfigurationError, NotCommittedError, OutcomeUnknownError,
                                   ServerError, TransientError)
 from clickhouse_tx.http_client import (INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND,
@@ -99,6 +100,7 @@ class TransactionMode(ModeBase):
         markers.ensure_table()  # DDL is refused inside a transaction: do it first
         if target.route_column:
             return self._prepare_routed(target, ctx, xid, batches, markers)
+        converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
         with self._open_transaction(target, xid) as session:
@@ -110,8 +112,11 @@ class TransactionMode(ModeBase):
                 # not switch it off for non-replicated tables: measured on 26.9).
                 session.insert_arrow_stream(self.target_sql(target), schema, counted,
                                             settings={"insert_deduplication_token": xid})
+            letters = write_dead_letters(session, converted, table=self.display(target),
+                                         txn_id=ctx.txn_id, batch=ctx.batch,
+                                         partition=ctx.partition, xid=xid)
             p = self.prepared(target, ctx, xid, counted.rows, counted.checksum,
-                              {"session_timeout_s": target.session_timeout_s})
+                              {"session_timeout_s": target.session_timeout_s, "dead_letters": letters})
             markers.insert(p, client=session)
             return p
 

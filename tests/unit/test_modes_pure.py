@@ -13,7 +13,7 @@ from clickhouse_tx.interfaces import CommitModeIO, Mode
 from clickhouse_tx.markers import arrow_checksum
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import Rechunker, dedup_token
-from clickhouse_tx.schema import Column, TableInfo, check_schema, parse_type, split_args, type_problem
+from clickhouse_tx.schema import Column, TableInfo, check_schema
 
 
 def _table(n: int = 1000) -> pa.Table:
@@ -65,45 +65,18 @@ def test_dedup_token_names_txn_batch_partition_and_content_but_not_the_attempt_o
     assert dedup_token("q", 3, 2, "ab12", 1) == "q:3:2:ab12:1"
 
 
-def test_parse_type_splits_nested_arguments() -> None:
-    assert parse_type("Map(String, Array(Tuple(a Int8, b String)))") == (
-        "Map", ["String", "Array(Tuple(a Int8, b String))"])
-    assert split_args("'a,b' = 1, 'c' = 2") == ["'a,b' = 1", "'c' = 2"]
-
-
-@pytest.mark.parametrize("arrow_type, ch_type", [
-    (pa.int64(), "UInt32"), (pa.int64(), "Nullable(Int64)"), (pa.string(), "LowCardinality(String)"),
-    (pa.string(), "UUID"), (pa.string(), "Enum8('a' = 1)"), (pa.timestamp("us"), "DateTime64(3)"),
-    (pa.date32(), "Date"), (pa.float64(), "Decimal(18, 2)"), (pa.list_(pa.int64()), "Array(Int64)"),
-    (pa.map_(pa.string(), pa.int64()), "Map(String, Int64)"),
-    (pa.struct([("a", pa.int64()), ("b", pa.string())]), "Tuple(a Int64, b String)"),
-    (pa.bool_(), "Bool"), (pa.binary(), "String"), (pa.string(), "JSON"),
-])
-def test_type_problem_accepts_conversions_clickhouse_does_faithfully(arrow_type: pa.DataType, ch_type: str) -> None:
-    assert type_problem(arrow_type, ch_type) is None
-
-
-@pytest.mark.parametrize("arrow_type, ch_type", [
-    (pa.list_(pa.int64()), "Int64"), (pa.int64(), "Array(Int64)"), (pa.float64(), "Int64"),
-    (pa.string(), "Int64"), (pa.list_(pa.string()), "Array(Int64)"), (pa.timestamp("us"), "String"),
-    (pa.struct([("a", pa.int64())]), "Tuple(Int64, String)"),
-])
-def test_type_problem_refuses_lossy_or_structural_mismatches(arrow_type: pa.DataType, ch_type: str) -> None:
-    assert type_problem(arrow_type, ch_type)
-
-
 def _info(engine: str = "MergeTree") -> TableInfo:
     return TableInfo("db", "events", engine, (Column("id", "UInt64"), Column("s", "String"),
                                               Column("m", "UInt64", "MATERIALIZED")), "", 0, 0)
 
 
 def test_check_schema_names_a_column_the_table_lacks() -> None:
-    with pytest.raises(ConfigurationError, match=r"'extra'.*db\.events"):
+    with pytest.raises(ConfigurationError, match=r"`extra`.*db\.events"):
         check_schema(_info(), pa.schema([("id", pa.uint64()), ("extra", pa.string())]))
 
 
 def test_check_schema_names_column_and_both_types_when_incompatible() -> None:
-    with pytest.raises(ConfigurationError, match=r"'id'.*list<item: int64>.*UInt64"):
+    with pytest.raises(ConfigurationError, match=r"`id`.*list<item: int64>.*UInt64"):
         check_schema(_info(), pa.schema([("id", pa.list_(pa.int64()))]))
 
 
@@ -128,3 +101,13 @@ def test_every_mode_io_is_a_picklable_commit_mode(mode: Mode) -> None:
 def test_an_unknown_mode_is_a_configuration_error_listing_the_modes() -> None:
     with pytest.raises(ConfigurationError, match="transaction, staging, dedup, none"):
         mode_io_for("exactly-once-please")
+
+
+def test_a_map_column_has_a_checksum_that_counts_its_entries() -> None:
+    # Reproduced: pyarrow's list_value_length has no kernel for maps, so every
+    # partition with a Spark MapType column failed in prepare.
+    t = pa.map_(pa.string(), pa.int64())
+    whole = pa.table({"m": pa.array([[("a", 1)], None, [("b", 2), ("c", 3)], []], t)})
+    assert arrow_checksum(whole.to_batches()) == arrow_checksum(whole.to_batches(max_chunksize=1))
+    other = pa.table({"m": pa.array([[("a", 1)], None, [("b", 2)], []], t)})
+    assert arrow_checksum(whole.to_batches()) != arrow_checksum(other.to_batches())

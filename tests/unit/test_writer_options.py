@@ -369,3 +369,33 @@ def test_tables_resolve_bare_names_in_the_database_and_reach_the_target_deduplic
     assert SECRET not in repr(t) and pickle.loads(pickle.dumps(t)) == t
     assert [(r.database, r.table, r.route_column) for r in o.route_targets()] == [
         ("db", "a", None), ("other", "b", None)]
+
+
+def test_retry_options_become_the_coordinators_retry_policy():
+    # Reproduced: retry.attempts / retry.max_seconds were parsed but nothing read them.
+    from clickhouse_tx.retry import RetryPolicy
+    from spark_datasource.writer import _coordinator
+
+    o = parse(**{"retry.attempts": "2", "retry.max_seconds": "7.5"})
+    assert o.retry_policy() == RetryPolicy(max_attempts=2, max_total_s=7.5)
+    co = _coordinator(o, "job-1")
+    assert co.retry == RetryPolicy(max_attempts=2, max_total_s=7.5)
+    assert co.ops.retry == co.retry
+
+
+def test_strict_precision_is_a_boolean_option_off_by_default():
+    assert parse().strict_precision is False
+    assert parse(strict_precision="true").strict_precision is True
+    assert "option strict_precision='maybe'" in error_of({**BASE, "strict_precision": "maybe"})
+
+
+def test_bad_rows_dead_letter_needs_a_table_and_transaction_mode_and_is_refused_otherwise():
+    assert parse().dead_letter_table is None
+    assert parse(bad_rows="dead_letter", dead_letter_table="dlq").dead_letter_table == ("db", "dlq")
+    assert parse(bad_rows="DEAD_LETTER", dead_letter_table="x.dlq").dead_letter_table == ("x", "dlq")
+    assert "needs the option dead_letter_table" in error_of({**BASE, "bad_rows": "dead_letter"})
+    assert "needs bad_rows=dead_letter" in error_of({**BASE, "dead_letter_table": "dlq"})
+    assert "expected fail or dead_letter" in error_of({**BASE, "bad_rows": "skip"})
+    assert "modes 'transaction' (in the partition's transaction) and 'dedup'" in error_of(
+        {**BASE, "bad_rows": "dead_letter", "dead_letter_table": "dlq", "mode": "staging"})
+    assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="dedup").dead_letter_table
