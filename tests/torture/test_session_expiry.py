@@ -36,6 +36,7 @@ def _killed_after_the_decision(stack, url: str, database: str, tmp_path: Path, *
     return args, expected
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_driver_killed_after_its_decision_and_restarted_after_the_session_timeout_writes_each_record_once(
         stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path) -> None:
