@@ -55,10 +55,14 @@ def write_dead_letters(session: ClickHouseHTTP, batches: object, *, table: str, 
     return len(letters)
 
 
-def dead_letter_ddl(database: str, table: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` of a dead-letter table (driver, once per query)."""
+def dead_letter_ddl(database: str, table: str, *, dedup_window: bool = False) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of a dead-letter table (driver, once per query).
+
+    ``dedup_window`` (mode ``dedup``) gives it the deduplication window that drops a
+    replay's copy by its token; mode ``transaction`` needs none (a rolled-back attempt
+    leaves nothing) and its table gets none.
+    """
     cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in DEAD_LETTER_COLUMNS)
+    window = " SETTINGS non_replicated_deduplication_window = 1000" if dedup_window else ""
     return (f"CREATE TABLE IF NOT EXISTS {q.qualified(database, table)} ({cols}) "
-            "ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`) "
-            # mode dedup drops a replay's copy by its insert_deduplication_token
-            "SETTINGS non_replicated_deduplication_window = 1000")
+            f"ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`){window}")

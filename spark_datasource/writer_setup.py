@@ -95,7 +95,7 @@ def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
 
 def _prepare_dead_letter_table(client: ClickHouseHTTP, mode: Mode, database: str, table: str) -> None:
     """Create the dead-letter table when missing; an existing one must have its columns."""
-    client.command(dead_letter_ddl(database, table))
+    client.command(dead_letter_ddl(database, table, dedup_window=mode is Mode.DEDUP))
     info = describe_table(client, database, table)
     have = {c.name: c.type for c in info.columns}
     missing = [f"{n} {t}" for n, t in DEAD_LETTER_COLUMNS if have.get(n) != t]

@@ -240,7 +240,7 @@ def test_in_dedup_mode_a_replayed_partition_writes_its_dead_letters_once(
     from clickhouse_tx.dead_letters import dead_letter_ddl
 
     target = typed_table(admin, database, "UInt8", "typed")
-    admin.command(dead_letter_ddl(database, "dlq"))
+    admin.command(dead_letter_ddl(database, "dlq", dedup_window=True))
     batch = spark_batch(pa.array([1, 300, 2, -1, 3], I64))
     plan = plan_for(admin, target, batch.schema)
     plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
