@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx.errors import NotCommittedError
+from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import WriteContext
@@ -120,8 +120,11 @@ def test_a_dedup_commit_is_refused_when_the_window_filled_since_the_first_chunk(
     p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(600)))  # 8 parts
     other = DedupMode(chunk_rows=300, registry=co.registry)
     other._insert(admin, target, rows(4, start=9000).schema, rows(4, start=9000).to_batches()[0], "elsewhere")
-    with pytest.raises(DedupWindowError, match="12 parts .* dedup window holds 10"):
+    # The coordinator reports the partition as not done (the batch stays open for a
+    # replay or recover) and carries the window error as the cause.
+    with pytest.raises(OutcomeUnknownError, match="12 parts .* dedup window holds 10") as err:
         co.commit_batch(0, [p])
+    assert isinstance(err.value.__cause__, DedupWindowError)
     assert markers(admin, database) == []
     admin.command(f"ALTER TABLE {q.qualified(database, 'events')} MODIFY SETTING "
                   "non_replicated_deduplication_window = 1000")
