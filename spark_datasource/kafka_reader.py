@@ -405,8 +405,6 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange) -> Iterator[pa.RecordB
                 consumer.seek(tp, pos)
                 continue
             records = got.get(tp, [])
-            if records and records[0].offset > pos:
-                _check_gap(opts, consumer, tp, rng, pos, records[0].offset)
             if records:
                 deadline = time.monotonic() + opts.poll_timeout_ms / 1000
                 if records[-1].offset >= rng.end:
@@ -421,7 +419,6 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange) -> Iterator[pa.RecordB
             if pos < rng.end:
                 position = consumer.position(tp, timeout_ms=opts.poll_timeout_ms)
                 if position is not None and position > pos:
-                    _check_gap(opts, consumer, tp, rng, pos, min(position, rng.end))
                     pos = position
             if pos < rng.end and not records and time.monotonic() > deadline:
                 raise KafkaUnavailableError(
@@ -430,31 +427,6 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange) -> Iterator[pa.RecordB
                     f"{opts.poll_timeout_ms}; bootstrap.servers={opts.bootstrap_servers}")
     finally:
         consumer.close()
-
-
-def deleted_part(pos: int, resume: int, log_start: int) -> tuple[int, int] | None:
-    """The deleted offsets ``[pos, x)`` of a gap the consumer skipped from ``pos`` to ``resume``.
-
-    None when every skipped offset is at or after the log start: those records
-    exist but are invisible (compacted away, aborted transactions, transaction
-    markers), which Spark's source skips silently. Offsets below the log start were
-    deleted (retention): data loss. Pure; called by the executor on each gap.
-    """
-    if log_start <= pos:
-        return None
-    return pos, min(log_start, resume)
-
-
-def _check_gap(opts: KafkaOptions, consumer, tp, rng: KafkaOffsetRange, pos: int, resume: int) -> None:
-    """Raise (or warn, with failOnDataLoss=false) if a skipped gap holds deleted records."""
-    lost = deleted_part(pos, resume, int(consumer.beginning_offsets([tp])[tp]))
-    if lost is None:
-        return
-    what = f"offsets [{lost[0]}, {lost[1]}) of {rng.topic}[{rng.partition}]"
-    if opts.fail_on_data_loss:
-        raise KafkaDataLossError(f"kafka_py: {what} were deleted (retention?) before they were read. "
-                                 f"Set failOnDataLoss=false to skip them.")
-    log.warning("kafka_py: skipping %s: deleted before they were read", what)
 
 
 def _after_out_of_range(opts: KafkaOptions, consumer, tp, rng: KafkaOffsetRange, pos: int) -> int:

@@ -31,7 +31,6 @@ from spark_datasource.kafka_reader import (
     KafkaUnavailableError,
     _new_consumer,
     arrow_schema,
-    deleted_part,
     limit_offsets,
     plan_end_offsets,
     plan_ranges,
@@ -84,15 +83,6 @@ def test_an_added_partition_whose_first_records_were_deleted_is_data_loss_like_s
     with pytest.raises(KafkaDataLossError, match=r"t\[1\] starts at 12.*failOnDataLoss"):
         plan_end_offsets(start, latest, {("t", 1): 12}, None, True)
     assert plan_end_offsets(start, latest, {("t", 1): 12}, None, False) == {("t", 0): 9, ("t", 1): 12}
-
-
-def test_a_gap_of_invisible_records_is_skipped_but_a_gap_below_the_log_start_is_data_loss() -> None:
-    # Compacted-away records, aborted transactions and markers: the offsets still exist.
-    assert deleted_part(pos=10, resume=15, log_start=0) is None
-    assert deleted_part(pos=10, resume=15, log_start=10) is None
-    # Retention deleted [10, 13) while the reader was between two fetches.
-    assert deleted_part(pos=10, resume=15, log_start=13) == (10, 13)
-    assert deleted_part(pos=10, resume=15, log_start=40) == (10, 15)
 
 
 def test_the_source_reads_read_committed_by_default_like_sparks_kafka_source() -> None:
