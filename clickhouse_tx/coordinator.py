@@ -734,8 +734,11 @@ class Coordinator:
                 current = nxt
                 ok = self.ops.ensure_committed(current, payload={"decision_version": run.decision.version})
 
+    def _log_root(self) -> str:
+        return getattr(self.log, "root_uri", None) or "<decision_log>"
+
     def _way_out(self) -> str:
-        root = getattr(self.log, "root_uri", None) or "<decision_log>"
+        root = self._log_root()
         return (f"python -m clickhouse_tx recover --url {safe_url(self.target.url)} "
                 f"--table {self.target.database}.{self.target.table} --mode {self.mode_io.mode.value} "
                 f"--txn-id {self.txn_id} --checkpoint {root}")
@@ -752,7 +755,8 @@ class Coordinator:
             f"this run has {now} partitions, the decision {len(run.chosen)}). Partitions {visible} "
             f"are committed and visible ({sum(run.chosen[p].rows for p in visible)} rows): running "
             "the job again under a new transactional_id would write them twice. Way out: run again "
-            f"with transactional_id '{self.txn_id}' (a streaming query: restart it on the same "
+            f"with transactional_id '{self.txn_id}' and decision_log '{self._log_root()}' (a "
+            "streaming query: restart it on the same "
             f"checkpoint) and the original partitioning ({len(run.chosen)} partitions: the same "
             "repartition(n), minPartitions and Kafka partitions), which re-writes and matches the "
             "missing partitions and keeps the visible ones")
@@ -804,8 +808,9 @@ class Coordinator:
                 f"batch {run.decision.batch}: partitions {sorted(doubt)} are in doubt "
                 f"({type(first).__name__}: {first}; retry.attempts={self.retry.max_attempts}); "
                 f"partitions {sorted(p for p in parts if results[p])} are committed and visible. "
-                f"The batch is not done: restart the query (or run the job again with "
-                f"transactional_id '{self.txn_id}'), or finish it with `{self._way_out()}`; "
+                f"The batch is not done: restart the query (or run the job again with options "
+                f"transactional_id '{self.txn_id}' and decision_log '{self._log_root()}'), or "
+                f"finish it with `{self._way_out()}`; "
                 "running the job again under a new transactional_id would write the visible "
                 "partitions twice", xid=chosen[part].xid,
                 code=getattr(first, "code", None), name=getattr(first, "name", None)) from first

@@ -227,6 +227,7 @@ class ClickHouseTxDataSource(DataSource):
         # Streaming: the id is read from (or first stored in) the checkpoint, before any
         # task writes; an explicit id that differs from the stored one is refused here.
         opts = opts.with_query_identity()
+        opts.check_batch_job_not_done()
         txn_id = opts.txn_id()
         from .writer_setup import prepare_target
 

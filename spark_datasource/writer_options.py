@@ -248,6 +248,9 @@ class WriterOptions:
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
     # Raw ``fault.*`` options for the test-only fault hooks; parsed by their owner.
     faults: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    #: A batch job keyed by the user's own ``transactional_id`` and ``decision_log``:
+    #: running it again replays its unfinished decision (a finished one is refused).
+    resumable_batch_job: bool = False
 
     @property
     def qualified_table(self) -> str:
@@ -293,6 +296,30 @@ class WriterOptions:
             raw_checkpoint=self.checkpoint_location, query_name=self.query_name,
             explicit=self.transactional_id or None, decision_root=self.decision_log)
         return dataclasses.replace(self, transactional_id=txn)
+
+    def check_batch_job_not_done(self) -> None:
+        """Driver, once per resumable batch job, before any task writes: refuse a finished one.
+
+        Batch ids start at 0 in every job, so a job whose decision for batch 0 is done
+        would commit nothing; it is refused instead of skipped. An unfinished one is
+        replayed (its decision rolled forward), which is how a failed job is finished.
+
+        Raises
+        ------
+        ConfigurationError
+            The decision log already holds a finished job under this id.
+        """
+        if not self.resumable_batch_job:
+            return
+        from clickhouse_tx.decision_log import FileDecisionLog
+
+        decision = FileDecisionLog(self.decision_log, self.transactional_id).read(0)
+        if decision is not None and decision.done:
+            raise ConfigurationError(
+                f"the batch job with transactional_id {self.transactional_id!r} and decision_log "
+                f"{self.decision_log!r} has already committed ({len(decision.chosen)} partitions); "
+                "it would write nothing. Give a new transactional_id, or leave out decision_log "
+                "(each job then gets a fresh id)")
 
     def decision_log_uri(self, txn_id: str | None = None) -> str:
         """Where the decision log lives.
@@ -435,8 +462,11 @@ class WriterOptions:
             # Empty until with_query_identity() reads it from the checkpoint (or checks
             # the explicit one against it).
             txn = txn or ""
-        else:
+        elif txn is None or "decision_log" not in opts:
             txn = _batch_job_id(txn)
+        # else: a batch job with its own transactional_id and decision_log is resumable:
+        # running it again replays an unfinished decision (check_batch_job_not_done
+        # refuses a finished one on the driver).
 
         if "decision_log" in opts:
             decision_log = opts["decision_log"].strip()
@@ -493,4 +523,5 @@ class WriterOptions:
             retry_attempts=retry_attempts,
             retry_max_seconds=get("retry.max_seconds", _positive_float, 60.0),  # type: ignore[arg-type]
             settings=settings, faults=faults,
+            resumable_batch_job=not streaming and "transactional_id" in opts and "decision_log" in opts,
         )

@@ -56,7 +56,7 @@ def test_every_option_is_read_and_keys_are_case_insensitive():
     }, streaming=False)
     assert o.url == "https://ch.example:8443"
     assert (o.user, o.password, o.database, o.table) == ("alice", SECRET, "analytics", "events.v2")
-    assert o.mode is Mode.STAGING and o.transactional_id.startswith("job-1.a_b.job-")
+    assert o.mode is Mode.STAGING and o.transactional_id == "job-1.a_b" and o.resumable_batch_job
     assert o.decision_log == "s3://bucket/log"
     assert (o.batch_size, o.batch_bytes, o.connect_timeout_s, o.request_timeout_s,
             o.session_timeout_s) == (1000, 2048, 1.5, 30.0, 120)
@@ -211,6 +211,25 @@ def test_batch_jobs_with_the_same_transactional_id_are_still_keyed_apart():
     assert a.transactional_id != b.transactional_id
     assert a.transactional_id.startswith("nightly.job-") and b.transactional_id.startswith("nightly.job-")
     assert sanitize_txn(a.txn_id()) != sanitize_txn(b.txn_id())  # xids and registry entries apart
+
+
+def test_a_batch_job_with_its_own_id_and_decision_log_is_resumable_and_refused_once_done(
+        tmp_path: Path) -> None:
+    from clickhouse_tx.decision_log import FileDecisionLog
+    from clickhouse_tx.interfaces import Decision, Prepared
+
+    o = parse(transactional_id="nightly", decision_log=str(tmp_path))
+    assert o.transactional_id == "nightly" and o.resumable_batch_job
+    o.check_batch_job_not_done()  # nothing decided yet: the job runs
+    log = FileDecisionLog(str(tmp_path), "nightly")
+    p = Prepared(xid="nightly-b0-p0-a0-0000abcd", txn_id="nightly", batch=0, partition=0, attempt=0,
+                 mode=Mode.TRANSACTION, server="http://h", table="db.events", rows=1, checksum=1)
+    log.write(Decision(txn_id="nightly", batch=0, chosen=(p,), version=1))
+    o.check_batch_job_not_done()  # decided, not done: a re-run replays it
+    log.mark_done(0)
+    with pytest.raises(ConfigurationError, match="already committed .* it would write nothing"):
+        o.check_batch_job_not_done()
+    assert not parse(transactional_id="nightly").resumable_batch_job
 
 
 def test_options_survive_pickling_unchanged():
