@@ -200,15 +200,17 @@ class _Parser:
                 n, a = self.argument(name, depth)
                 args.append(a)
                 names.append(n)
-                c = self.peek()
-                if c == ",":
-                    self.pos += 1
-                    continue
-                if c == ")":
-                    self.pos += 1
+                if not self.more():
                     break
-                raise self.fail("expected ',' or ')'")
         return self.normalise(name, tuple(args), tuple(names))
+
+    def more(self) -> bool:
+        """After a list item: True past a ``,`` (another item follows), False past ``)``."""
+        c = self.peek()
+        if c in (",", ")"):
+            self.pos += 1
+            return c == ","
+        raise self.fail("expected ',' or ')'")
 
     def argument(self, owner: str, depth: int) -> tuple[str | None, object]:
         c = self.peek()
@@ -238,14 +240,8 @@ class _Parser:
             else:
                 value = len(pairs) + 1  # ClickHouse numbers unlabelled values from 1
             pairs.append((label, value))
-            c = self.peek()
-            if c == ",":
-                self.pos += 1
-                continue
-            if c == ")":
-                self.pos += 1
+            if not self.more():
                 break
-            raise self.fail("expected ',' or ')'")
         return CHType("Enum8" if name == "Enum" else name, tuple(pairs))
 
     def normalise(self, name: str, args: tuple, names: tuple) -> CHType:
