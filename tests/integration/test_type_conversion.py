@@ -322,3 +322,33 @@ def test_in_staging_mode_a_commit_cut_after_the_rows_moved_rolls_forward_the_dea
     mode.commit(target, p)
     assert stored(admin, target) == ["1", "2", "3"]
     assert [(d["row"], d["xid"]) for d in _dead_letters(admin, database)] == [(1, p.xid), (3, p.xid)]
+
+
+def test_gc_drops_the_dead_letter_stage_of_a_staging_prepare_no_batch_decided(
+        admin, database: str, clickhouse_url: str, tmp_path: Path) -> None:
+    from clickhouse_tx.dead_letters import dead_letter_ddl
+    from clickhouse_tx.modes.staging import dead_letter_stage_name
+    from tests.integration.test_cli import _cli
+
+    target = typed_table(admin, database, "UInt8", "typed")
+    admin.command(dead_letter_ddl(database, "dlq"))
+    batch = spark_batch(pa.array([1, 300, 2], I64))
+    plan = plan_for(admin, target, batch.schema)
+    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
+    chk = str(tmp_path / "chk")
+    # Batch 0 commits (the query's decision log exists); an executor prepared batch 1,
+    # then its driver died before deciding it.
+    co = build_coordinator(target, "staging", "q", chk, conversion=plan)
+    co.commit_batch(0, [co.prepare(WriteContext("q", 0, 0, 0), iter([spark_batch(pa.array([7], I64), 100)]))])
+    p = build_coordinator(target, "staging", "q", chk, conversion=plan).prepare(
+        WriteContext("q", 1, 0, 0), iter([batch]))
+    names = {r["name"] for r in admin.query_json(
+        "SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})}
+    assert dead_letter_stage_name(p.xid) in names and leftovers(admin, database)
+    gc = _cli("gc", "--url", clickhouse_url, "--table", f"{database}.typed", "--mode", "staging",
+              "--checkpoint", chk, "--txn-id", "q", "--older-than", "0", "--json")
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    names = {r["name"] for r in admin.query_json(
+        "SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})}
+    assert dead_letter_stage_name(p.xid) not in names and leftovers(admin, database) == []
+    assert _dead_letters(admin, database) == [] and stored(admin, target) == ["7"]
