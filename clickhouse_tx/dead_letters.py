@@ -3,8 +3,9 @@
 With ``bad_rows=dead_letter`` the converter (:class:`clickhouse_tx.convert.ConvertedBatches`)
 takes such a row out of its batch; the mode's prepare (executor, once per partition
 attempt) writes the partition's dead letters with :func:`write_dead_letters` in the
-same transaction as its good rows (mode ``transaction``) or with a deduplication token
-shared by every attempt of the partition (mode ``dedup``), so a replayed batch never
+same transaction as its good rows (mode ``transaction``), with a deduplication token
+shared by every attempt of the partition (mode ``dedup``) or into a stage moved with
+the partition's stage (mode ``staging``), so a replayed batch never
 duplicates or loses one. The table is created on the driver with :func:`dead_letter_ddl`.
 """
 
@@ -27,13 +28,16 @@ DEAD_LETTER_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def write_dead_letters(session: ClickHouseHTTP, batches: object, *, table: str, txn_id: str,
-                       batch: int, partition: int, xid: str, token: str | None = None) -> int:
+                       batch: int, partition: int, xid: str, token: str | None = None,
+                       stage: str | None = None) -> int:
     """Executor: insert the partition's dead letters through ``session``; their count.
 
     Called by a mode's prepare after the good rows went in: in mode ``transaction``
     in the same transaction (a replay of the batch rolls both back or commits both);
     in mode ``dedup`` with a ``token`` that is the same for every attempt of the
-    partition (a replay's copy is dropped as a duplicate). ``batches`` is what the
+    partition (a replay's copy is dropped as a duplicate); in mode ``staging`` into
+    ``stage`` (a quoted table name), the partition's dead-letter stage, moved into the
+    dead-letter table with the rows at commit. ``batches`` is what the
     mode received; anything but a :class:`ConvertedBatches` with a dead-letter table
     has none.
     """
@@ -48,8 +52,8 @@ def write_dead_letters(session: ClickHouseHTTP, batches: object, *, table: str, 
             "xid": pa.array([xid] * n), "row": pa.array([d["row"] for d in letters], pa.uint64()),
             **{k: pa.array([d[k] for d in letters]) for k in ("column", "clickhouse_type", "reason", "row_json")},
         })
-        db, t = batches.plan.dead_letter_table
-        session.insert_arrow_stream(q.qualified(db, t), data.schema, iter([data]),
+        into = stage or q.qualified(*batches.plan.dead_letter_table)
+        session.insert_arrow_stream(into, data.schema, iter([data]),
                                     settings={"insert_deduplicate": "1",
                                               "insert_deduplication_token": token or f"{xid}:dead_letters"})
     return len(letters)

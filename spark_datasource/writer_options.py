@@ -181,11 +181,12 @@ def _dead_letter_table(opts: Mapping[str, str], database: str, mode: Mode) -> tu
     if not raw:
         raise ConfigurationError("option bad_rows=dead_letter needs the option dead_letter_table "
                                  "(table or database.table; created when missing)")
-    if mode not in (Mode.TRANSACTION, Mode.DEDUP):
+    if mode not in (Mode.TRANSACTION, Mode.DEDUP, Mode.STAGING):
         raise ConfigurationError(
             f"option bad_rows=dead_letter with mode={mode.value!r}: dead letters are written "
-            "exactly once in modes 'transaction' (in the partition's transaction) and 'dedup' "
-            "(with the partition's deduplication token) only")
+            "exactly once in modes 'transaction' (in the partition's transaction), 'dedup' "
+            "(with the partition's deduplication token) and 'staging' (in a stage moved with "
+            "the partition's) only")
     if opts.get("table_column", "").strip():
         raise ConfigurationError("option bad_rows=dead_letter cannot be combined with table_column")
     db, table = raw.split(".", 1) if "." in raw else (database, raw)

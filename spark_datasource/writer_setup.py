@@ -103,10 +103,12 @@ def _prepare_dead_letter_table(client: ClickHouseHTTP, mode: Mode, database: str
         raise ConfigurationError(
             f"option dead_letter_table: {info.display} exists without the columns {', '.join(missing)}; "
             "drop it or name another table (it is created when missing)")
-    if mode is Mode.TRANSACTION and (info.is_replicated or not info.is_merge_tree):
+    if mode in (Mode.TRANSACTION, Mode.STAGING) and (info.is_replicated or not info.is_merge_tree):
+        how = ("in the partition's transaction" if mode is Mode.TRANSACTION
+               else "into a stage created AS it and moved with MOVE PARTITION")
         raise ConfigurationError(
             f"option dead_letter_table: {info.display} has engine {info.engine}; dead letters are "
-            "written in the partition's transaction, which needs a non-replicated *MergeTree")
+            f"written {how}, which needs a non-replicated *MergeTree")
     window = info.replicated_dedup_window if info.is_replicated else info.non_replicated_dedup_window
     if mode is Mode.DEDUP and (not info.is_merge_tree or window <= 0):
         raise ConfigurationError(

@@ -9,16 +9,20 @@ prepare (executor, once per partition attempt)
     xid), stream the rows into it, ``OPTIMIZE TABLE <stage> FINAL`` (one part per
     partition, so each MOVE moves one part), record the stage's partition ids in the
     stage table's COMMENT (durable: :meth:`rollback` uses it to refuse undoing a
-    half-moved stage) and return them in ``details``.
+    half-moved stage) and return them in ``details``. With dead letters
+    (``bad_rows=dead_letter``) they go into a second stage beside the first,
+    ``CREATE TABLE <db>.<dl stage> AS <dead-letter table>`` (:func:`dead_letter_stage_name`,
+    same xid), whose COMMENT names the dead-letter table and its partition ids.
 commit (driver)
     If the marker exists: committed (drop a leftover stage). Else, for every
     partition still in the stage, ``ALTER TABLE <stage> MOVE PARTITION ID '<id>' TO
-    TABLE <target>``; then the marker row; then ``DROP TABLE <stage>``. MOVE empties
-    the source partition, so re-running a half-done commit moves only what is left:
-    roll-forward is idempotent.
+    TABLE <target>``, then the same from the dead-letter stage into the dead-letter
+    table; then the marker row; then ``DROP TABLE`` of the dead-letter stage and of the
+    stage. MOVE empties the source partition, so re-running a half-done commit moves
+    only what is left: roll-forward is idempotent.
 rollback (driver, GC)
-    ``DROP TABLE IF EXISTS <stage>``, unless some partitions were moved already (a
-    commit was under way): that cannot be undone and raises instead.
+    ``DROP TABLE IF EXISTS`` of both stages, unless some partitions of either were
+    moved already (a commit was under way): that cannot be undone and raises instead.
 lookup (driver)
     marker -> COMMITTED; stage table exists -> PENDING; else NOT_COMMITTED.
 
@@ -37,6 +41,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
+from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (ConfigurationError, IllegalTransitionError, NotCommittedError,
                                   OutcomeUnknownError)
 from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
@@ -49,6 +54,9 @@ from clickhouse_tx.modes.base import ModeBase
 log = logging.getLogger(__name__)
 
 STAGE_PREFIX = "_ctx_stage_"
+#: Stage tables of dead letters (beside the stage of the same xid; not a STAGE_PREFIX name,
+#: so ``gc`` reaches them through the rollback of their xid's stage).
+DEAD_LETTER_STAGE_PREFIX = "_ctx_dlstage_"
 #: Stage tables of batch overwrite jobs (``spark_datasource.overwrite``).
 OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
 
@@ -56,6 +64,11 @@ OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
 def stage_name(xid: str) -> str:
     """Name of the stage table of ``xid`` (in the target's database)."""
     return STAGE_PREFIX + xid
+
+
+def dead_letter_stage_name(xid: str) -> str:
+    """Name of the dead-letter stage table of ``xid`` (in the target's database)."""
+    return DEAD_LETTER_STAGE_PREFIX + xid
 
 
 def overwrite_stage_name(txn_id: str) -> str:
@@ -90,8 +103,9 @@ class StagingMode(ModeBase):
     # -- executor ------------------------------------------------------------------------
     def prepare(self, target: Target, ctx: WriteContext, xid: str,
                 batches: Iterator[pa.RecordBatch]) -> Prepared:
-        """Executor: fill the stage table; nothing reaches the target."""
+        """Executor, once per partition attempt: fill the stage tables; nothing reaches the target."""
         stage = q.qualified(target.database, stage_name(xid))
+        converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
         with self.client(target) as c:
@@ -100,66 +114,76 @@ class StagingMode(ModeBase):
                 if schema is not None:
                     c.insert_arrow_stream(stage, schema, counted)
                     c.command(f"OPTIMIZE TABLE {stage} FINAL")
-                partitions = self._partitions(c, target, xid)
-                c.command(f"ALTER TABLE {stage} MODIFY COMMENT "
-                          f"{q.quote_string(json.dumps({'clickhouse_tx_partitions': partitions}))}")
+                letters = self._stage_dead_letters(c, target, ctx, xid, converted)
+                partitions = self._partitions(c, target.database, stage_name(xid))
+                _record_plan(c, stage, {"clickhouse_tx_partitions": partitions})
             except BaseException:
-                try:
-                    c.command(f"DROP TABLE IF EXISTS {stage} SYNC")
-                except Exception as exc:  # noqa: BLE001 - GC drops it later
-                    log.info("could not drop stage %s after a failed prepare: %s", stage, exc)
+                self._drop_stages(c, target, xid, quiet=True)
                 raise
         return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
-                             {"stage": stage_name(xid), "partitions": partitions})
+                             {"stage": stage_name(xid), "partitions": partitions, "dead_letters": letters})
+
+    def _stage_dead_letters(self, c: ClickHouseHTTP, target: Target, ctx: WriteContext, xid: str,
+                            converted: object) -> int:
+        """Executor: the partition's dead letters into their own stage (none: no stage)."""
+        plan = getattr(converted, "plan", None)
+        if not getattr(converted, "dead_letters", None) or plan is None or plan.dead_letter_table is None:
+            return 0
+        name = dead_letter_stage_name(xid)
+        stage = q.qualified(target.database, name)
+        c.command(f"CREATE TABLE {stage} AS {q.qualified(*plan.dead_letter_table)}")
+        # A fresh stage (the target's xid): the rows' own dedup token is enough.
+        n = write_dead_letters(c, converted, table=self.display(target), txn_id=ctx.txn_id,
+                               batch=ctx.batch, partition=ctx.partition, xid=xid, stage=stage)
+        c.command(f"OPTIMIZE TABLE {stage} FINAL")
+        _record_plan(c, stage, {"clickhouse_tx_partitions": self._partitions(c, target.database, name),
+                                "clickhouse_tx_into": list(plan.dead_letter_table)})
+        return n
 
     # -- driver --------------------------------------------------------------------------
     def commit(self, target: Target, p: Prepared) -> None:
-        """Driver: move what is left of the stage, write the marker, drop the stage."""
-        stage = q.qualified(target.database, stage_name(p.xid))
+        """Driver: move what is left of both stages, write the marker, drop the stages."""
         markers = self.markers(target)
         with self.client(target) as c:
             try:
                 if markers.lookup(p.xid) is not None:
-                    c.command(f"DROP TABLE IF EXISTS {stage} SYNC")
+                    self._drop_stages(c, target, p.xid)
                     return
-                if not self._stage_exists(c, target, p.xid):
+                if self._comment(c, target.database, stage_name(p.xid)) is None:
                     raise NotCommittedError(f"stage table {target.database}.{stage_name(p.xid)} is "
                                             "gone and no marker exists: it was rolled back", xid=p.xid)
-                for pid in self._partitions(c, target, p.xid):
-                    c.command(f"ALTER TABLE {stage} MOVE PARTITION ID {q.quote_string(pid)} "
-                              f"TO TABLE {self.target_sql(target)}")
+                self._move(c, target.database, stage_name(p.xid), self.target_sql(target))
+                into = (_plan_of(self._comment(c, target.database, dead_letter_stage_name(p.xid)))
+                        .get("clickhouse_tx_into"))
+                if isinstance(into, list) and len(into) == 2:
+                    self._move(c, target.database, dead_letter_stage_name(p.xid), q.qualified(*into))
                 markers.ensure_table()
                 markers.insert(p, client=c)
-                c.command(f"DROP TABLE IF EXISTS {stage} SYNC")
+                self._drop_stages(c, target, p.xid)
             except ReplyLostError as e:
                 raise OutcomeUnknownError(f"commit step lost its reply: {e.message}", xid=p.xid) from None
 
     def rollback(self, target: Target, p: Prepared) -> None:
-        """Driver or GC: drop the stage; refuse if partitions were already moved."""
-        stage = q.qualified(target.database, stage_name(p.xid))
+        """Driver or GC: drop both stages; refuse if partitions of either were already moved."""
         with self.client(target) as c:
-            rows = c.query_json(
-                "SELECT comment FROM system.tables WHERE database = {d:String} AND name = {t:String}",
-                params={"d": target.database, "t": stage_name(p.xid)})
-            if not rows:
-                return
-            planned = _planned_partitions(str(rows[0]["comment"]))
-            if planned is not None:
-                left = set(self._partitions(c, target, p.xid))
-                moved = [pid for pid in planned if pid not in left]
+            for name in (stage_name(p.xid), dead_letter_stage_name(p.xid)):
+                planned = _plan_of(self._comment(c, target.database, name)).get("clickhouse_tx_partitions")
+                if not isinstance(planned, list):
+                    continue
+                left = set(self._partitions(c, target.database, name))
+                moved = [str(pid) for pid in planned if str(pid) not in left]
                 if moved:
                     raise IllegalTransitionError(
-                        f"cannot roll back: partitions {moved} of stage {stage_name(p.xid)} were "
-                        "already moved into the target by a commit; roll it forward instead",
-                        xid=p.xid)
-            c.command(f"DROP TABLE IF EXISTS {stage} SYNC")
+                        f"cannot roll back: partitions {moved} of stage {name} were already "
+                        "moved by a commit; roll it forward instead", xid=p.xid)
+            self._drop_stages(c, target, p.xid)
 
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         """Driver: COMMITTED (marker), PENDING (stage exists) or NOT_COMMITTED."""
         if self.markers(target).lookup(p.xid) is not None:
             return CommitOutcome.COMMITTED
         with self.client(target) as c:
-            if self._stage_exists(c, target, p.xid):
+            if self._comment(c, target.database, stage_name(p.xid)) is not None:
                 return CommitOutcome.PENDING
         # The marker is written before the stage is dropped: look once more in case a
         # commit finished between the two reads.
@@ -175,15 +199,34 @@ class StagingMode(ModeBase):
         return [(name[len(STAGE_PREFIX):], age) for name, age in tables_named(target, STAGE_PREFIX)]
 
     # -- helpers -------------------------------------------------------------------------
-    @staticmethod
-    def _stage_exists(c: ClickHouseHTTP, target: Target, xid: str) -> bool:
-        return bool(c.query_json(
-            "SELECT 1 AS x FROM system.tables WHERE database = {d:String} AND name = {t:String}",
-            params={"d": target.database, "t": stage_name(xid)}))
+    def _move(self, c: ClickHouseHTTP, database: str, name: str, into: str) -> None:
+        """MOVE every partition still in stage ``name`` into ``into`` (none left: nothing)."""
+        for pid in self._partitions(c, database, name):
+            c.command(f"ALTER TABLE {q.qualified(database, name)} MOVE PARTITION ID "
+                      f"{q.quote_string(pid)} TO TABLE {into}")
 
     @staticmethod
-    def _partitions(c: ClickHouseHTTP, target: Target, xid: str) -> list[str]:
-        """Partition ids of the stage that still hold rows.
+    def _drop_stages(c: ClickHouseHTTP, target: Target, xid: str, *, quiet: bool = False) -> None:
+        """Drop the dead-letter stage, then the stage (the one :meth:`lookup` reads goes last)."""
+        for name in (dead_letter_stage_name(xid), stage_name(xid)):
+            try:
+                c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
+            except Exception as exc:  # noqa: BLE001 - after a failed prepare: GC drops it later
+                if not quiet:
+                    raise
+                log.info("could not drop stage %s after a failed prepare: %s", name, exc)
+
+    @staticmethod
+    def _comment(c: ClickHouseHTTP, database: str, name: str) -> str | None:
+        """The COMMENT of table ``name``; None if it does not exist."""
+        rows = c.query_json(
+            "SELECT comment FROM system.tables WHERE database = {d:String} AND name = {t:String}",
+            params={"d": database, "t": name})
+        return str(rows[0]["comment"]) if rows else None
+
+    @staticmethod
+    def _partitions(c: ClickHouseHTTP, database: str, name: str) -> list[str]:
+        """Partition ids of stage ``name`` that still hold rows.
 
         ``rows > 0``: MOVE PARTITION leaves an empty covering part behind in the
         source (seen on 26.9), so "active" alone would list moved partitions again.
@@ -191,7 +234,7 @@ class StagingMode(ModeBase):
         rows = c.query_json(
             "SELECT DISTINCT partition_id FROM system.parts WHERE database = {d:String} "
             "AND table = {t:String} AND active AND rows > 0 ORDER BY partition_id",
-            params={"d": target.database, "t": stage_name(xid)})
+            params={"d": database, "t": name})
         return [str(r["partition_id"]) for r in rows]
 
 
@@ -205,14 +248,19 @@ def tables_named(target: Target, prefix: str) -> list[tuple[str, float]]:
     return [(str(r["name"]), float(r["age"])) for r in rows]
 
 
-def _planned_partitions(comment: str) -> list[str] | None:
+def _record_plan(c: ClickHouseHTTP, stage: str, plan: dict) -> None:
+    """Executor: the stage's plan into its COMMENT (durable; read by commit and rollback)."""
+    c.command(f"ALTER TABLE {stage} MODIFY COMMENT {q.quote_string(json.dumps(plan))}")
+
+
+def _plan_of(comment: str | None) -> dict:
+    """The plan :func:`_record_plan` wrote; empty if none (no table, or another comment)."""
     try:
-        d = json.loads(comment)
+        d = json.loads(comment or "")
     except ValueError:
-        return None
-    parts = d.get("clickhouse_tx_partitions") if isinstance(d, dict) else None
-    return [str(x) for x in parts] if isinstance(parts, list) else None
+        return {}
+    return d if isinstance(d, dict) else {}
 
 
-__all__ = ["StagingMode", "stage_name", "STAGE_PREFIX", "OVERWRITE_STAGE_PREFIX", "overwrite_stage_name",
+__all__ = ["StagingMode", "stage_name", "STAGE_PREFIX", "dead_letter_stage_name", "DEAD_LETTER_STAGE_PREFIX", "OVERWRITE_STAGE_PREFIX", "overwrite_stage_name",
            "is_overwrite_stage_of", "tables_named"]

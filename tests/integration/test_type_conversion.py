@@ -257,3 +257,98 @@ def test_in_dedup_mode_a_replayed_partition_writes_its_dead_letters_once(
     assert stored(admin, target) == ["1", "2", "3"]
     assert [(d["row"], d["column"], d["xid"]) for d in _dead_letters(admin, database)] == [
         (1, "v", first.xid), (3, "v", first.xid)]
+
+
+def test_in_staging_mode_dead_letters_move_with_their_partition_once_across_a_rollback(
+        admin, database: str, tmp_path: Path) -> None:
+    from clickhouse_tx.dead_letters import dead_letter_ddl
+    from clickhouse_tx.modes.staging import DEAD_LETTER_STAGE_PREFIX, dead_letter_stage_name
+
+    target = typed_table(admin, database, "UInt8", "typed")
+    admin.command(dead_letter_ddl(database, "dlq"))
+    batch = spark_batch(pa.array([1, 300, 2, -1, 3], I64))
+    plan = plan_for(admin, target, batch.schema)
+    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
+
+    def coordinator():
+        return build_coordinator(target, "staging", "q", str(tmp_path), conversion=plan)
+
+    def dl_stages() -> list[str]:
+        return [r["name"] for r in admin.query_json(
+            "SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})
+            if r["name"].startswith(DEAD_LETTER_STAGE_PREFIX)]
+
+    # Attempt 0 stages rows and dead letters (two stages, nothing visible), then the batch aborts.
+    first = coordinator().prepare(WriteContext("q", 5, 0, 0), iter([batch]))
+    assert first.details["dead_letters"] == 2 and first.rows == 3
+    assert dl_stages() == [dead_letter_stage_name(first.xid)]
+    assert _dead_letters(admin, database) == [] and stored(admin, target) == []
+    coordinator().abort_batch(5, [first])
+    assert dl_stages() == [] and leftovers(admin, database) == []
+    # The replay commits: good rows and dead letters moved together, once.
+    again = coordinator().prepare(WriteContext("q", 5, 0, 1), iter([batch]))
+    coordinator().commit_batch(5, [again])
+    coordinator().commit_batch(5, [again])  # a replayed commit changes nothing
+    assert stored(admin, target) == ["1", "2", "3"]
+    letters = _dead_letters(admin, database)
+    assert [(d["row"], d["column"], d["xid"], d["batch"], d["partition"]) for d in letters] == [
+        (1, "v", again.xid, 5, 0), (3, "v", again.xid, 5, 0)]
+    assert letters[0]["row_json"] == '{"id": 1, "v": 300}' and "outside the range of UInt8" in letters[0]["reason"]
+    assert dl_stages() == [] and leftovers(admin, database) == []
+
+
+def test_in_staging_mode_a_commit_cut_after_the_rows_moved_rolls_forward_the_dead_letters_once(
+        admin, database: str, tmp_path: Path) -> None:
+    from clickhouse_tx.dead_letters import dead_letter_ddl
+    from clickhouse_tx.modes.staging import StagingMode, stage_name
+
+    target = typed_table(admin, database, "UInt8", "typed")
+    admin.command(dead_letter_ddl(database, "dlq"))
+    batch = spark_batch(pa.array([1, 300, 2, -1, 3], I64))
+    plan = plan_for(admin, target, batch.schema)
+    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
+    p = build_coordinator(target, "staging", "q", str(tmp_path), conversion=plan).prepare(
+        WriteContext("q", 5, 0, 0), iter([batch]))
+    mode = StagingMode()
+    # A driver that died after moving the rows' partitions, before the dead letters':
+    # a rollback is refused (the rows are in), the roll-forward moves the rest once.
+    for pid in mode._partitions(admin, database, stage_name(p.xid)):
+        admin.command(f"ALTER TABLE {q.qualified(database, stage_name(p.xid))} MOVE PARTITION ID "
+                      f"{q.quote_string(pid)} TO TABLE {q.qualified(database, 'typed')}")
+    with pytest.raises(Exception, match="roll it forward"):
+        mode.rollback(target, p)
+    assert _dead_letters(admin, database) == []
+    mode.commit(target, p)
+    mode.commit(target, p)
+    assert stored(admin, target) == ["1", "2", "3"]
+    assert [(d["row"], d["xid"]) for d in _dead_letters(admin, database)] == [(1, p.xid), (3, p.xid)]
+
+
+def test_gc_drops_the_dead_letter_stage_of_a_staging_prepare_no_batch_decided(
+        admin, database: str, clickhouse_url: str, tmp_path: Path) -> None:
+    from clickhouse_tx.dead_letters import dead_letter_ddl
+    from clickhouse_tx.modes.staging import dead_letter_stage_name
+    from tests.integration.test_cli import _cli
+
+    target = typed_table(admin, database, "UInt8", "typed")
+    admin.command(dead_letter_ddl(database, "dlq"))
+    batch = spark_batch(pa.array([1, 300, 2], I64))
+    plan = plan_for(admin, target, batch.schema)
+    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
+    chk = str(tmp_path / "chk")
+    # Batch 0 commits (the query's decision log exists); an executor prepared batch 1,
+    # then its driver died before deciding it.
+    co = build_coordinator(target, "staging", "q", chk, conversion=plan)
+    co.commit_batch(0, [co.prepare(WriteContext("q", 0, 0, 0), iter([spark_batch(pa.array([7], I64), 100)]))])
+    p = build_coordinator(target, "staging", "q", chk, conversion=plan).prepare(
+        WriteContext("q", 1, 0, 0), iter([batch]))
+    names = {r["name"] for r in admin.query_json(
+        "SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})}
+    assert dead_letter_stage_name(p.xid) in names and leftovers(admin, database)
+    gc = _cli("gc", "--url", clickhouse_url, "--table", f"{database}.typed", "--mode", "staging",
+              "--checkpoint", chk, "--txn-id", "q", "--older-than", "0", "--json")
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    names = {r["name"] for r in admin.query_json(
+        "SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})}
+    assert dead_letter_stage_name(p.xid) not in names and leftovers(admin, database) == []
+    assert _dead_letters(admin, database) == [] and stored(admin, target) == ["7"]

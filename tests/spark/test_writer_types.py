@@ -78,12 +78,15 @@ def test_strict_precision_refuses_sub_second_digits_a_datetime_cannot_hold(
     assert read_committed(clickhouse_url, f"SELECT count() FROM `{database}`.events") == [["0"]]
 
 
+@pytest.mark.parametrize("mode", ["transaction", "staging", "dedup"])
 def test_bad_rows_dead_letter_writes_the_rows_that_do_not_fit_aside_and_counts_them(
-        sp, clickhouse_url: str, database: str, tmp_path) -> None:
+        sp, clickhouse_url: str, database: str, tmp_path, mode: str) -> None:
     from spark_datasource.metrics import read_metrics
 
     run_sql(clickhouse_url, f"CREATE TABLE `{database}`.events {README_TABLE}")
-    (_frame(sp, first_id=-3).write.format("clickhouse_tx").option("url", clickhouse_url)
+    if mode == "dedup":
+        run_sql(clickhouse_url, f"ALTER TABLE `{database}`.events MODIFY SETTING non_replicated_deduplication_window = 1000")
+    (_frame(sp, first_id=-3).write.format("clickhouse_tx").option("url", clickhouse_url).option("mode", mode)
      .option("database", database).option("table", "events").option("bad_rows", "dead_letter")
      .option("dead_letter_table", "events_dlq").option("decision_log", str(tmp_path / "log"))
      .mode("append").save())

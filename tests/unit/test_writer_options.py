@@ -408,13 +408,14 @@ def test_strict_precision_is_a_boolean_option_off_by_default():
     assert "option strict_precision='maybe'" in error_of({**BASE, "strict_precision": "maybe"})
 
 
-def test_bad_rows_dead_letter_needs_a_table_and_transaction_mode_and_is_refused_otherwise():
+def test_bad_rows_dead_letter_needs_a_table_and_an_exactly_once_mode_and_is_refused_otherwise():
     assert parse().dead_letter_table is None
     assert parse(bad_rows="dead_letter", dead_letter_table="dlq").dead_letter_table == ("db", "dlq")
     assert parse(bad_rows="DEAD_LETTER", dead_letter_table="x.dlq").dead_letter_table == ("x", "dlq")
     assert "needs the option dead_letter_table" in error_of({**BASE, "bad_rows": "dead_letter"})
     assert "needs bad_rows=dead_letter" in error_of({**BASE, "dead_letter_table": "dlq"})
     assert "expected fail or dead_letter" in error_of({**BASE, "bad_rows": "skip"})
-    assert "modes 'transaction' (in the partition's transaction) and 'dedup'" in error_of(
-        {**BASE, "bad_rows": "dead_letter", "dead_letter_table": "dlq", "mode": "staging"})
+    assert "modes 'transaction' (in the partition's transaction), 'dedup'" in error_of(
+        {**BASE, "bad_rows": "dead_letter", "dead_letter_table": "dlq", "mode": "none"})
+    assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="staging").dead_letter_table
     assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="dedup").dead_letter_table
