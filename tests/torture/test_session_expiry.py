@@ -28,7 +28,7 @@ def _killed_after_the_decision(stack, url: str, database: str, tmp_path: Path, *
     topic, expected = make_topic(stack, stack.kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(url, database)
     args = {"bootstrap": stack.kafka_bootstrap, "topic": topic, "url": url, "database": database,
-            "chk": str(tmp_path / "chk"), "name": f"expiry_{uuid.uuid4().hex[:6]}", **extra}
+            "chk": str(tmp_path / "chk"), "name": f"expiry_{uuid.uuid4().hex[:6]}", "daemon": True, **extra}
     fault = {"fault.step": "after_decision", "fault.action": "kill", "fault.batch": "1",
              "fault.once_file": str(tmp_path / "fault.once"), "session_timeout": "5"}
     assert _run_child({**args, "fault": fault}) == -signal.SIGKILL
