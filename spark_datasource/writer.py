@@ -252,8 +252,8 @@ class ClickHouseTxDataSource(DataSource):
             reject_unsupported(opts, overwrite=True)
             return OverwriteWriter(opts, schema)
         opts, txn_id, plan = self._validated(schema, streaming=False)
-        log.info("clickhouse_tx batch job into %s: transactional_id %r (fresh per job)",
-                 opts.qualified_table, txn_id)
+        log.info("clickhouse_tx batch job into %s: transactional_id %r (%s)", opts.qualified_table, txn_id,
+                 "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job")
         return ClickHouseTxBatchWriter(opts, schema, txn_id, plan)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:  # noqa: N802

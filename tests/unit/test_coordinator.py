@@ -429,16 +429,22 @@ def _sliced(c: Coordinator, parts: int, attempt: int, total: int = 12) -> list[P
     return out
 
 
-def _partly_committed_then_restarted(w: World) -> list[Prepared]:
-    """Batch 0 decided over 3 partitions, partition 0 committed, the rest lost with ClickHouse."""
+def _crashed_then_restarted(w: World, crash_after: str) -> list[Prepared]:
+    """Batch 0 over 3 partitions; the driver dies after the first ``crash_after`` call,
+    then ClickHouse restarts and every prepared transaction is lost."""
     c = w.coordinator()
     first = _sliced(c, 3, 0)
-    w.faults.arm(0, "crash", lambda op, ph: op == "ch.commit" and ph == "after")
+    w.faults.arm(0, "crash", lambda op, ph: op == crash_after and ph == "after")
     with pytest.raises(Crash):
         w.coordinator().commit_batch(0, first)
     w.faults.disarm()
     w.ch.kill_sessions()
     return first
+
+
+def _partly_committed_then_restarted(w: World) -> list[Prepared]:
+    """Batch 0 decided over 3 partitions, partition 0 committed, the rest lost with ClickHouse."""
+    return _crashed_then_restarted(w, "ch.commit")
 
 
 def test_a_replay_plan_offers_only_spares_with_the_decided_rows_and_checksum() -> None:
@@ -475,12 +481,7 @@ def test_a_replay_under_another_partitioning_after_a_partial_commit_is_refused_a
 def test_a_replay_under_another_partitioning_with_nothing_committed_writes_the_batch_once(parts: int) -> None:
     w = World()
     c = w.coordinator()
-    first = _sliced(c, 3, 0)
-    w.faults.arm(0, "crash", lambda op, ph: op == "log.write" and ph == "after")
-    with pytest.raises(Crash):
-        w.coordinator().commit_batch(0, first)
-    w.faults.disarm()
-    w.ch.kill_sessions()
+    _crashed_then_restarted(w, "log.write")
     report = w.coordinator().commit_batch(0, _sliced(c, parts, 1))
     assert len(report.committed) == parts and w.ch.visible_rows() == 12
     assert w.keys_of(0) == {("q1", 0, p): 1 for p in range(parts)}
