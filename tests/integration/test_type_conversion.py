@@ -205,18 +205,26 @@ def _dead_letters(admin: ClickHouseHTTP, database: str) -> list[dict]:
         f"FROM {q.qualified(database, 'dlq')} ORDER BY `row` SETTINGS implicit_transaction = 1")
 
 
-def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted_attempt(
-        admin, database: str, tmp_path: Path) -> None:
+def _dead_letter_setup(admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str):
+    """A UInt8 target, a ``dlq`` table, a batch with two misfits (rows 1 and 3) and a
+    coordinator factory whose plan sends misfits to ``dlq``."""
     from clickhouse_tx.dead_letters import dead_letter_ddl
 
     target = typed_table(admin, database, "UInt8", "typed")
-    admin.command(dead_letter_ddl(database, "dlq"))
+    admin.command(dead_letter_ddl(database, "dlq", dedup_window=mode == "dedup"))
     batch = spark_batch(pa.array([1, 300, 2, -1, 3], I64))
-    plan = plan_for(admin, target, batch.schema)
-    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
+    base = plan_for(admin, target, batch.schema)
+    plan = ConversionPlan(base.table, base.columns, dead_letter_table=(database, "dlq"))
 
     def coordinator():
-        return build_coordinator(target, "transaction", "q", str(tmp_path), conversion=plan)
+        return build_coordinator(target, mode, "q", str(tmp_path), conversion=plan)
+
+    return target, batch, coordinator
+
+
+def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted_attempt(
+        admin, database: str, tmp_path: Path) -> None:
+    target, batch, coordinator = _dead_letter_setup(admin, database, tmp_path, "transaction")
 
     # Attempt 0 prepares (rows and dead letters in its open transaction), then the batch aborts.
     first = coordinator().prepare(WriteContext("q", 5, 0, 0), iter([batch]))
@@ -237,16 +245,7 @@ def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted
 
 def test_in_dedup_mode_a_replayed_partition_writes_its_dead_letters_once(
         admin, database: str, tmp_path: Path) -> None:
-    from clickhouse_tx.dead_letters import dead_letter_ddl
-
-    target = typed_table(admin, database, "UInt8", "typed")
-    admin.command(dead_letter_ddl(database, "dlq", dedup_window=True))
-    batch = spark_batch(pa.array([1, 300, 2, -1, 3], I64))
-    plan = plan_for(admin, target, batch.schema)
-    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
-
-    def coordinator():
-        return build_coordinator(target, "dedup", "q", str(tmp_path), conversion=plan)
+    target, batch, coordinator = _dead_letter_setup(admin, database, tmp_path, "dedup")
 
     first = coordinator().prepare(WriteContext("q", 5, 0, 0), iter([batch]))
     assert first.details["dead_letters"] == 2
@@ -261,17 +260,9 @@ def test_in_dedup_mode_a_replayed_partition_writes_its_dead_letters_once(
 
 def test_in_staging_mode_dead_letters_move_with_their_partition_once_across_a_rollback(
         admin, database: str, tmp_path: Path) -> None:
-    from clickhouse_tx.dead_letters import dead_letter_ddl
     from clickhouse_tx.modes.staging import DEAD_LETTER_STAGE_PREFIX, dead_letter_stage_name
 
-    target = typed_table(admin, database, "UInt8", "typed")
-    admin.command(dead_letter_ddl(database, "dlq"))
-    batch = spark_batch(pa.array([1, 300, 2, -1, 3], I64))
-    plan = plan_for(admin, target, batch.schema)
-    plan = ConversionPlan(plan.table, plan.columns, dead_letter_table=(database, "dlq"))
-
-    def coordinator():
-        return build_coordinator(target, "staging", "q", str(tmp_path), conversion=plan)
+    target, batch, coordinator = _dead_letter_setup(admin, database, tmp_path, "staging")
 
     def dl_stages() -> list[str]:
         return [r["name"] for r in admin.query_json(
