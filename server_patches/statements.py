@@ -1,0 +1,135 @@
+"""The SQL text of one HTTP request: which statement it is, its output format, its INSERT data.
+
+Pure functions on the request's text; they run once per request on the handler's thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterator
+
+_FORMAT_TAIL = re.compile(r"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)\s*;?\s*$", re.I)
+_INSERT_HEAD = re.compile(r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*INSERT\b", re.I | re.S)
+_FIRST_WORD = re.compile(r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*([A-Za-z]+)", re.S)
+# The body of `INSERT ... FORMAT Name` ends at one newline after the format name.
+_INSERT_FORMAT = re.compile(rb"^(.*?\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*))[ \t]*(\r?\n)?", re.I | re.S)
+_MAX_INSERT_HEAD = 1 << 20
+
+#: Statements a GET (readonly) request may run.
+READ_ONLY_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", ""})
+#: Statements that need a session: they act on the session's transaction.
+TRANSACTION_KEYWORDS = frozenset({"BEGIN", "START", "COMMIT", "ROLLBACK"})
+
+
+@dataclasses.dataclass
+class Statement:
+    """One request's statement: its SQL, and for ``INSERT ... FORMAT X`` the data stream."""
+
+    sql: str
+    insert_format: str | None = None
+    data: Iterator[bytes] | None = None
+
+    @property
+    def keyword(self) -> str:
+        return first_keyword(self.sql)
+
+    def output_format(self, default: str | None) -> str:
+        """The format of the reply: the query's own ``FORMAT``, else ``default_format``."""
+        if self.insert_format is not None:
+            return self.insert_format
+        m = _FORMAT_TAIL.search(self.sql)
+        return m.group(1) if m else default or "TabSeparated"
+
+
+def first_keyword(sql: str) -> str:
+    """The statement's first word, upper case, after comments ("" for an empty text)."""
+    m = _FIRST_WORD.match(sql)
+    return m.group(1).upper() if m else ""
+
+
+def quote_identifier(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def quote_literal(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def statement_of(query: str, body: Iterator[bytes] | None) -> Statement:
+    """Join the ``query`` URL parameter and the body as ClickHouse does.
+
+    ``INSERT ... FORMAT X`` in the URL makes the body its data; otherwise the body
+    continues the query text. A query sent only in the body may carry its INSERT data
+    after ``FORMAT X`` and one newline (clickhouse-connect's ``insert``).
+    """
+    if body is None:
+        return Statement(query)
+    if not query:
+        return split_insert_body(body)
+    if _INSERT_HEAD.match(query):
+        m = _FORMAT_TAIL.search(query)
+        if m:
+            return Statement(query[: m.start()].rstrip(), m.group(1), body)
+        return Statement(query + " " + b"".join(body).decode())
+    return Statement(query + "\n" + b"".join(body).decode())
+
+
+def split_insert_body(body: Iterator[bytes]) -> Statement:
+    """Split ``INSERT ... FORMAT X\\n<data>`` sent whole in the body (clickhouse-connect ``insert``)."""
+    head = b""
+    for chunk in body:
+        head += chunk
+        if not re.match(rb"\s*(?:--[^\n]*\n\s*)*INSERT\b", head[:64], re.I) and len(head) >= 64:
+            return Statement((head + b"".join(body)).decode())
+        m = _INSERT_FORMAT.match(head)
+        if m and (m.group(3) or len(head) > m.end(1)):
+            sql = m.group(1)[: -len(m.group(2))].decode().rstrip()
+            sql = re.sub(r"\s*FORMAT\s*$", "", sql, flags=re.I)
+            return Statement(sql, m.group(2).decode(), _prepend(head[m.end():], body))
+        if len(head) > _MAX_INSERT_HEAD:
+            break
+    text = head.decode(errors="replace")
+    tail = _FORMAT_TAIL.search(text)
+    if _INSERT_HEAD.match(text) and tail:
+        return Statement(text[: tail.start()].rstrip(), tail.group(1), iter(()))
+    return Statement(text)
+
+
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    if first:
+        yield first
+    yield from rest
+
+
+def set_assignments(sql: str) -> list[tuple[str, str]]:
+    """``SET a = 1, b = 'x,y'`` -> [(a, "1"), (b, "x,y")] (values unquoted)."""
+    body = re.sub(r"^\s*SET\s+", "", sql.strip().rstrip(";"), flags=re.I)
+    out = []
+    for part in _split_top_level_commas(body):
+        name, eq, value = part.partition("=")
+        if eq:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == "'":
+                value = value[1:-1].replace("\\'", "'").replace("\\\\", "\\")
+            out.append((name.strip(), value))
+    return out
+
+
+def _split_top_level_commas(text: str) -> list[str]:
+    parts, cur, quote = [], "", None
+    for ch in text:
+        if quote:
+            cur += ch
+            if ch == quote and not cur.endswith("\\" + quote):
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+            cur += ch
+        elif ch == ",":
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return parts
