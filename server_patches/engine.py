@@ -20,7 +20,7 @@ import chdb
 
 from server_patches.errors import UNKNOWN_FORMAT, UNKNOWN_SETTING, HTTPError, load_error_table, undecodable_error
 from server_patches.sessions import SessionStore
-from server_patches.statements import first_keyword, quote_identifier, quote_literal, set_assignments
+from server_patches.statements import first_keyword, quote_identifier, quote_literal, set_assignments, wire
 
 if TYPE_CHECKING:
     from server_patches.http_params import ExternalTable
@@ -51,7 +51,7 @@ class EngineConnection:
     def run(self, sql: str, fmt: str = "TabSeparated", params: dict[str, str] | None = None) -> Any:
         """Run one statement to completion; the engine's errors become :class:`HTTPError`."""
         try:
-            return self.conn._conn.query(sql, fmt, params=params or {})
+            return self.conn._conn.query(wire(sql), fmt, params=params or {})
         except UnicodeDecodeError:
             raise undecodable_error() from None
         except Exception as exc:  # chdb raises RuntimeError subclasses with ClickHouse text
@@ -63,7 +63,7 @@ class EngineConnection:
         Started at the first ``next``; closing the generator early cancels the query.
         """
         try:
-            result = self.conn.send_query(sql, fmt, params)
+            result = self.conn.send_query(wire(sql), fmt, params)
         except Exception as exc:
             raise HTTPError.from_engine(exc) from None
         try:
@@ -81,7 +81,7 @@ class EngineConnection:
     def insert(self, sql: str, fmt: str, data: Iterable[bytes]) -> Any:
         """Stream ``data`` into ``INSERT ... FORMAT fmt``; returns chdb's insert result."""
         try:
-            inserter = self.conn.send_insert(sql, fmt)
+            inserter = self.conn.send_insert(wire(sql), fmt)
         except Exception as exc:
             raise HTTPError.from_engine(exc) from None
         try:

@@ -234,14 +234,18 @@ class Handler(BaseHTTPRequestHandler):
         summary["elapsed_ns"] = str(int((time.monotonic() - started) * 1e9))
         if stmt.keyword in ("SET", "USE"):
             conn.remember_user_statement(stmt.sql)
-        return Reply(200, body, self._ok_headers(req, fmt, query_id, summary))
+        return Reply(200, body, self._ok_headers(req, stmt, fmt, query_id, summary))
 
-    def _ok_headers(self, req: RequestParams, fmt: str, query_id: str, summary: dict[str, str]) -> dict[str, str]:
+    def _ok_headers(self, req: RequestParams, stmt: Statement, fmt: str, query_id: str,
+                    summary: dict[str, str]) -> dict[str, str]:
         sid = req.http.get("session_id")
+        # As ClickHouse: only a statement with a result set names its format; clients
+        # (clickhouse-connect's command()) answer a summary for the others.
+        result = {"Content-Type": _content_type(fmt), "X-ClickHouse-Format": fmt} if stmt.has_result else {
+            "Content-Type": "text/plain; charset=UTF-8"}
         return {
-            "Content-Type": _content_type(fmt),
+            **result,
             "X-ClickHouse-Query-Id": query_id,
-            "X-ClickHouse-Format": fmt,
             "X-ClickHouse-Summary": json.dumps(summary, separators=(",", ":")),
             **({"X-ClickHouse-Session-Id": sid} if sid else {}),
         }
@@ -270,11 +274,11 @@ class Handler(BaseHTTPRequestHandler):
                     break
             else:
                 body = b"".join(head)
-                return Reply(200, body, self._ok_headers(req, fmt, query_id, _stream_summary(summary, body)))
+                return Reply(200, body, self._ok_headers(req, stmt, fmt, query_id, _stream_summary(summary, body)))
         except BaseException:
             chunks.close()
             raise
-        headers = self._ok_headers(req, fmt, query_id, _stream_summary(summary, b"".join(head)))
+        headers = self._ok_headers(req, stmt, fmt, query_id, _stream_summary(summary, b"".join(head)))
         self._send_streamed(lease, chunks, head, headers)
         return None
 

@@ -17,6 +17,7 @@ from typing import Iterator, Mapping
 from urllib.parse import parse_qsl
 
 from server_patches.errors import BAD_ARGUMENTS, HTTPError
+from server_patches.statements import decode_text
 
 # URL parameters the HTTP layer consumes itself; everything else is a setting.
 HTTP_PARAMS = frozenset({
@@ -57,7 +58,7 @@ class RequestParams:
 
 def url_params(query_string: str) -> dict[str, str]:
     """The URL's parameters (the last one wins when a name repeats, as in ClickHouse)."""
-    return dict(parse_qsl(query_string, keep_blank_values=True))
+    return dict(parse_qsl(query_string, keep_blank_values=True, errors="surrogateescape"))
 
 
 def is_multipart(content_type: str | None) -> bool:
@@ -114,7 +115,7 @@ def read_multipart(content_type: str, body: Iterator[bytes]) -> tuple[dict[str, 
         if filename is not None:
             files[name] = content
         else:
-            fields[name] = content.decode()
+            fields[name] = decode_text(content)
     return fields, files
 
 

@@ -18,6 +18,9 @@ _MAX_INSERT_HEAD = 1 << 20
 
 #: Statements a GET (readonly) request may run.
 READ_ONLY_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", ""})
+#: Statements that answer with a result set (ClickHouse then sends X-ClickHouse-Format);
+#: "" is a statement that opens with a bracket, ``(SELECT 1)``.
+RESULT_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXISTS", "EXPLAIN", "CHECK", ""})
 #: Statements that need a session: they act on the session's transaction.
 TRANSACTION_KEYWORDS = frozenset({"BEGIN", "START", "COMMIT", "ROLLBACK"})
 
@@ -33,6 +36,11 @@ class Statement:
     @property
     def keyword(self) -> str:
         return first_keyword(self.sql)
+
+    @property
+    def has_result(self) -> bool:
+        """Whether it answers with rows (a SELECT) rather than nothing (DDL, SET, INSERT)."""
+        return self.insert_format is None and self.keyword in RESULT_KEYWORDS
 
     def output_format(self, default: str | None) -> str:
         """The format of the reply: the query's own ``FORMAT``, else ``default_format``."""
@@ -56,6 +64,21 @@ def quote_literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def decode_text(data: bytes) -> str:
+    """Request text as str; bytes that are not UTF-8 survive as surrogates (see :func:`wire`)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def wire(sql: str) -> str | bytes:
+    """The statement as the engine gets it: the client's own bytes when they were not UTF-8
+    (a binary query parameter bound into the text, as clickhouse-connect does)."""
+    try:
+        sql.encode("utf-8")
+        return sql
+    except UnicodeEncodeError:
+        return sql.encode("utf-8", "surrogateescape")
+
+
 def statement_of(query: str, body: Iterator[bytes] | None) -> Statement:
     """Join the ``query`` URL parameter and the body as ClickHouse does.
 
@@ -71,8 +94,8 @@ def statement_of(query: str, body: Iterator[bytes] | None) -> Statement:
         m = _FORMAT_TAIL.search(query)
         if m:
             return Statement(query[: m.start()].rstrip(), m.group(1), body)
-        return Statement(query + " " + b"".join(body).decode())
-    return Statement(query + "\n" + b"".join(body).decode())
+        return Statement(query + " " + decode_text(b"".join(body)))
+    return Statement(query + "\n" + decode_text(b"".join(body)))
 
 
 def split_insert_body(body: Iterator[bytes]) -> Statement:
@@ -81,15 +104,15 @@ def split_insert_body(body: Iterator[bytes]) -> Statement:
     for chunk in body:
         head += chunk
         if not re.match(rb"\s*(?:--[^\n]*\n\s*)*INSERT\b", head[:64], re.I) and len(head) >= 64:
-            return Statement((head + b"".join(body)).decode())
+            return Statement(decode_text(head + b"".join(body)))
         m = _INSERT_FORMAT.match(head)
         if m and (m.group(3) or len(head) > m.end(1)):
-            sql = m.group(1)[: -len(m.group(2))].decode().rstrip()
+            sql = decode_text(m.group(1)[: -len(m.group(2))]).rstrip()
             sql = re.sub(r"\s*FORMAT\s*$", "", sql, flags=re.I)
             return Statement(sql, m.group(2).decode(), _prepend(head[m.end():], body))
         if len(head) > _MAX_INSERT_HEAD:
             break
-    text = head.decode(errors="replace")
+    text = decode_text(head)
     tail = _FORMAT_TAIL.search(text)
     if _INSERT_HEAD.match(text) and tail:
         return Statement(text[: tail.start()].rstrip(), tail.group(1), iter(()))
