@@ -244,6 +244,13 @@ def _start_clickhouse(stack_dir: Path, *, port: int, zk: str, user: str | None,
     if password_env:
         argv += ["--password-env", password_env]
     ref = processes.spawn(argv, log_file=Path(logs["clickhouse_stdout"]), env=_child_env())
+    _wait_for_clickhouse(ref, port, ready, logs, timeout_s)
+    return ref, logs, str(config_file), effective_max
+
+
+def _wait_for_clickhouse(ref: ProcessRef, port: int, ready: Path, logs: Mapping[str, str],
+                         timeout_s: float) -> None:
+    """Until the server wrote its ready file and answers /ping; its log tails if it does not."""
     url = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout_s
 
@@ -259,7 +266,6 @@ def _start_clickhouse(stack_dir: Path, *, port: int, zk: str, user: str | None,
             raise StackError(f"the ClickHouse HTTP server did not answer {url}/ping within "
                              f"{timeout_s:.0f} s" + tails())
         time.sleep(0.1)
-    return ref, logs, str(config_file), effective_max
 
 
 # ---------------------------------------------------------------------------- Kafka
@@ -342,84 +348,137 @@ def start_stack(stack_dir: Path | str, *, kafka: bool = False, port: int | None 
         prev = read_stack(stack_dir)
         alive = prev.alive() if prev else {}
         if prev and alive.get("clickhouse"):
-            for what, wanted in (("ClickHouse", port), ("ZooKeeper", zk_port)):
-                key = "clickhouse" if what == "ClickHouse" else "zookeeper"
-                if wanted is not None and prev.ports.get(key) != wanted:
-                    raise StackError(f"the stack in {stack_dir} already runs {what} on port "
-                                     f"{prev.ports.get(key)}, not {wanted}; run `down` first")
-            if (user, password_env) != (prev.user, prev.password_env) and (user or password_env):
-                raise StackError(f"the stack in {stack_dir} already runs with user {prev.user!r}; "
-                                 "run `down` first to change the user")
-        procs: dict[str, ProcessRef] = dict(prev.processes) if prev else {}
-        ports: dict[str, int] = dict(prev.ports) if prev else {}
-        logs: dict[str, str] = dict(prev.logs) if prev else {}
-        started: list[ProcessRef] = []
+            _refuse_changes_to_a_running_stack(prev, port=port, zk_port=zk_port, user=user,
+                                               password_env=password_env)
+        launch = _Launch.resume(stack_dir, prev, alive, timeout_s)
         if prev:
             user = user if user is not None else prev.user
             password_env = password_env if password_env is not None else prev.password_env
-        kafka_bootstrap = prev.kafka_bootstrap if prev and alive.get("kafka") else None
-        kafka_control = prev.kafka_control if prev and alive.get("kafka") else None
         try:
-            zk_changed = False
-            if not alive.get("zookeeper"):
-                zk_p = _pick_port("ZooKeeper", zk_port, ports.get("zookeeper"))
-                zk_changed = zk_p != ports.get("zookeeper")
-                zk = zookeeper.start_zookeeper(stack_dir / "zookeeper", host=HOST, port=zk_p,
-                                               timeout_s=timeout_s)
-                started.append(zk.process)
-                procs["zookeeper"] = zk.process
-                ports["zookeeper"] = zk.port
-                logs["zookeeper"] = str(zk.log_file)
-            zk_addr = f"{HOST}:{ports['zookeeper']}"
-            if alive.get("clickhouse") and zk_changed:
-                # Its config points at the old ZooKeeper port: restart it on the new one.
-                processes.stop(procs["clickhouse"], DEFAULT_STOP_TIMEOUT_S)
-                alive["clickhouse"] = False
-            ch_started = not alive.get("clickhouse")
-            if ch_started:
-                ch_p = _pick_port("ClickHouse", port, ports.get("clickhouse"))
-                ref, ch_logs, config_file, effective_max = _start_clickhouse(
-                    stack_dir, port=ch_p, zk=zk_addr, user=user, password_env=password_env,
-                    max_session_timeout=max_session_timeout, timeout_s=timeout_s,
-                    transactions=transactions)
-                started.append(ref)
-                procs["clickhouse"] = ref
-                ports["clickhouse"] = ch_p
-                logs.update(ch_logs)
-            else:
-                config_file = prev.config_file if prev else ""
-                effective_max = prev.max_session_timeout if prev else 3600
-            if kafka and not alive.get("kafka"):
-                k_p = _pick_port("Kafka", None, ports.get("kafka"))
-                ref, kafka_bootstrap, kafka_control, klog = _start_kafka(stack_dir, port=k_p, timeout_s=timeout_s)
-                started.append(ref)
-                procs["kafka"] = ref
-                ports["kafka"] = k_p
-                logs["kafka"] = klog
-            if not kafka_bootstrap:
-                procs.pop("kafka", None)
+            zk_changed = launch.zookeeper(zk_port)
+            launch.clickhouse(port, zk_changed=zk_changed, user=user, password_env=password_env,
+                              max_session_timeout=max_session_timeout, transactions=transactions)
+            if kafka:
+                launch.kafka()
         except BaseException:
-            for ref in reversed(started):
-                processes.kill(ref)
+            launch.kill_started()
             raise
-        info = StackInfo(
-            dir=stack_dir,
-            clickhouse_url=f"http://{HOST}:{ports['clickhouse']}",
-            zookeeper=zk_addr,
-            kafka_bootstrap=kafka_bootstrap,
-            kafka_control=kafka_control,
-            processes=procs,
-            ports=ports,
-            data_dirs={"clickhouse": str(stack_dir / "clickhouse" / "data"),
-                       "zookeeper": str(stack_dir / "zookeeper" / "data")},
-            logs=logs,
-            config_file=config_file,
-            user=user,
-            password_env=password_env,
-            max_session_timeout=effective_max,
-        )
+        info = launch.info(user=user, password_env=password_env)
         _write_stack(info)
         return info
+
+
+def _refuse_changes_to_a_running_stack(prev: StackInfo, *, port: int | None, zk_port: int | None,
+                                       user: str | None, password_env: str | None) -> None:
+    """``up`` on a running stack may not move its ports or change its user."""
+    for what, key, wanted in (("ClickHouse", "clickhouse", port), ("ZooKeeper", "zookeeper", zk_port)):
+        if wanted is not None and prev.ports.get(key) != wanted:
+            raise StackError(f"the stack in {prev.dir} already runs {what} on port "
+                             f"{prev.ports.get(key)}, not {wanted}; run `down` first")
+    if (user, password_env) != (prev.user, prev.password_env) and (user or password_env):
+        raise StackError(f"the stack in {prev.dir} already runs with user {prev.user!r}; "
+                         "run `down` first to change the user")
+
+
+@dataclasses.dataclass
+class _Launch:
+    """One ``start_stack`` call: what already runs, what it starts, in order (ZooKeeper,
+    ClickHouse, Kafka), and what to kill again if a later part fails."""
+
+    stack_dir: Path
+    alive: dict[str, bool]
+    timeout_s: float
+    procs: dict[str, ProcessRef]
+    ports: dict[str, int]
+    logs: dict[str, str]
+    config_file: str = ""
+    max_session_timeout: int = 3600
+    kafka_bootstrap: str | None = None
+    kafka_control: str | None = None
+    started: list[ProcessRef] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def resume(cls, stack_dir: Path, prev: StackInfo | None, alive: dict[str, bool],
+               timeout_s: float) -> "_Launch":
+        launch = cls(stack_dir, dict(alive), timeout_s, dict(prev.processes) if prev else {},
+                     dict(prev.ports) if prev else {}, dict(prev.logs) if prev else {})
+        if prev:
+            launch.config_file, launch.max_session_timeout = prev.config_file, prev.max_session_timeout
+            if alive.get("kafka"):
+                launch.kafka_bootstrap, launch.kafka_control = prev.kafka_bootstrap, prev.kafka_control
+        return launch
+
+    def zookeeper(self, wanted_port: int | None) -> bool:
+        """Start ZooKeeper unless it runs; True if it now listens on another port."""
+        if self.alive.get("zookeeper"):
+            return False
+        zk_p = _pick_port("ZooKeeper", wanted_port, self.ports.get("zookeeper"))
+        changed = zk_p != self.ports.get("zookeeper")
+        zk = zookeeper.start_zookeeper(self.stack_dir / "zookeeper", host=HOST, port=zk_p,
+                                       timeout_s=self.timeout_s)
+        self.started.append(zk.process)
+        self.procs["zookeeper"] = zk.process
+        self.ports["zookeeper"] = zk.port
+        self.logs["zookeeper"] = str(zk.log_file)
+        return changed
+
+    @property
+    def zk_addr(self) -> str:
+        return f"{HOST}:{self.ports['zookeeper']}"
+
+    def clickhouse(self, wanted_port: int | None, *, zk_changed: bool, user: str | None,
+                   password_env: str | None, max_session_timeout: int | None, transactions: bool) -> None:
+        """Start ClickHouse unless it runs against the current ZooKeeper."""
+        if self.alive.get("clickhouse") and zk_changed:
+            # Its config points at the old ZooKeeper port: restart it on the new one.
+            processes.stop(self.procs["clickhouse"], DEFAULT_STOP_TIMEOUT_S)
+            self.alive["clickhouse"] = False
+        if self.alive.get("clickhouse"):
+            return
+        ch_p = _pick_port("ClickHouse", wanted_port, self.ports.get("clickhouse"))
+        ref, ch_logs, self.config_file, self.max_session_timeout = _start_clickhouse(
+            self.stack_dir, port=ch_p, zk=self.zk_addr, user=user, password_env=password_env,
+            max_session_timeout=max_session_timeout, timeout_s=self.timeout_s, transactions=transactions)
+        self.started.append(ref)
+        self.procs["clickhouse"] = ref
+        self.ports["clickhouse"] = ch_p
+        self.logs.update(ch_logs)
+
+    def kafka(self) -> None:
+        """Start the dev Kafka broker unless it runs."""
+        if self.alive.get("kafka"):
+            return
+        k_p = _pick_port("Kafka", None, self.ports.get("kafka"))
+        ref, self.kafka_bootstrap, self.kafka_control, klog = _start_kafka(
+            self.stack_dir, port=k_p, timeout_s=self.timeout_s)
+        self.started.append(ref)
+        self.procs["kafka"] = ref
+        self.ports["kafka"] = k_p
+        self.logs["kafka"] = klog
+
+    def kill_started(self) -> None:
+        for ref in reversed(self.started):
+            processes.kill(ref)
+
+    def info(self, *, user: str | None, password_env: str | None) -> StackInfo:
+        if not self.kafka_bootstrap:
+            self.procs.pop("kafka", None)
+        return StackInfo(
+            dir=self.stack_dir,
+            clickhouse_url=f"http://{HOST}:{self.ports['clickhouse']}",
+            zookeeper=self.zk_addr,
+            kafka_bootstrap=self.kafka_bootstrap,
+            kafka_control=self.kafka_control,
+            processes=self.procs,
+            ports=self.ports,
+            data_dirs={"clickhouse": str(self.stack_dir / "clickhouse" / "data"),
+                       "zookeeper": str(self.stack_dir / "zookeeper" / "data")},
+            logs=self.logs,
+            config_file=self.config_file,
+            user=user,
+            password_env=password_env,
+            max_session_timeout=self.max_session_timeout,
+        )
 
 
 def stop_stack(stack_dir: Path | str, *, purge: bool = False,
