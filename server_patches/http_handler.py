@@ -29,10 +29,11 @@ from urllib.parse import urlsplit
 from server_patches.auth import authenticate
 from server_patches.compression import decoded_body
 from server_patches.engine import Engine, EngineConnection, PoolKey
-from server_patches.errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, HTTPError
+from server_patches.errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, UNKNOWN_TABLE, HTTPError
 from server_patches.http_params import RequestParams, is_multipart, read_multipart, request_params, url_params
 from server_patches.sessions import Session
-from server_patches.statements import READ_ONLY_KEYWORDS, TRANSACTION_KEYWORDS, Statement, statement_of
+from server_patches.statements import (READ_ONLY_KEYWORDS, SHOW_CREATE_SYSTEM_TABLE, TRANSACTION_KEYWORDS, Statement,
+                                       statement_of, system_table_in_show_create)
 
 log = logging.getLogger("server_patches.http_server")
 
@@ -226,7 +227,7 @@ class Handler(BaseHTTPRequestHandler):
             if stmt.insert_format is not None:
                 body, summary = b"", _insert_summary(conn.insert(stmt.sql, stmt.insert_format, stmt.data or ()))
             else:
-                res = conn.run(stmt.sql, fmt, req.query_params)
+                res = _query(conn, stmt, fmt, req.query_params)
                 body = res.bytes() or b""
                 summary = _query_summary(res, body)
         finally:
@@ -307,6 +308,20 @@ class Handler(BaseHTTPRequestHandler):
     def _write_chunk(self, data: bytes) -> None:
         if data:
             self.wfile.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
+def _query(conn: EngineConnection, stmt: Statement, fmt: str, params: dict[str, str]) -> Any:
+    """Run a statement whole; a SHOW CREATE of a system table chdb cannot answer is built."""
+    try:
+        return conn.run(stmt.sql, fmt, params)
+    except HTTPError as err:
+        table = system_table_in_show_create(stmt.sql) if err.code == UNKNOWN_TABLE else None
+        exists = table is not None and conn.run(
+            "SELECT count() FROM system.tables WHERE database = 'system' AND name = {t:String}",
+            "TabSeparated", {"t": table}).bytes().strip() == b"1"
+        if not exists:
+            raise
+        return conn.run(SHOW_CREATE_SYSTEM_TABLE, fmt, {"table": table})
 
 
 def _exception_block(err: HTTPError, tag: str) -> bytes:

@@ -50,6 +50,29 @@ class Statement:
         return m.group(1) if m else default or "TabSeparated"
 
 
+_SHOW_CREATE_SYSTEM = re.compile(
+    r"^\s*SHOW\s+CREATE\s+(?:TEMPORARY\s+)?(?:TABLE\s+)?`?system`?\s*\.\s*`?([A-Za-z0-9_]+)`?"
+    r"(?:\s+FORMAT\s+[A-Za-z][A-Za-z0-9_]*)?\s*;?\s*$", re.I)
+#: ``SHOW CREATE TABLE system.X`` as a server answers it, built from system.columns and
+#: system.tables: chdb keeps no metadata for its system tables and refuses the statement.
+SHOW_CREATE_SYSTEM_TABLE = """
+SELECT concat('CREATE TABLE system.', name, '\\n(\\n',
+    (SELECT arrayStringConcat(groupArray(concat('    `', name, '` ', type)), ',\\n')
+     FROM (SELECT name, type FROM system.columns
+           WHERE database = 'system' AND table = {table:String} ORDER BY position)),
+    '\\n)\\nENGINE = ', engine,
+    if(comment = '', '', concat('\\nCOMMENT \\'',
+       replaceAll(replaceAll(comment, '\\\\', '\\\\\\\\'), '\\'', '\\\\\\''), '\\''))) AS statement
+FROM system.tables WHERE database = 'system' AND name = {table:String}
+"""
+
+
+def system_table_in_show_create(sql: str) -> str | None:
+    """The X of ``SHOW CREATE [TABLE] system.X``, else None."""
+    m = _SHOW_CREATE_SYSTEM.match(sql)
+    return m.group(1) if m else None
+
+
 def first_keyword(sql: str) -> str:
     """The statement's first word, upper case, after comments ("" for an empty text)."""
     m = _FIRST_WORD.match(sql)

@@ -13,7 +13,7 @@ import uuid
 import clickhouse_connect
 import pytest
 import requests
-from clickhouse_connect.driver.exceptions import StreamFailureError
+from clickhouse_connect.driver.exceptions import DatabaseError, StreamFailureError
 from clickhouse_connect.driver.external import ExternalData
 from clickhouse_connect.driver.summary import QuerySummary
 
@@ -201,3 +201,17 @@ def test_query_text_that_is_not_utf8_reaches_the_engine_byte_for_byte(clickhouse
 
     assert (r.status_code, r.text) == (200, "92FF\n")
     assert binary == b"700\t\x92\n"
+
+
+def test_show_create_of_a_system_table_answers_its_columns_engine_and_comment(ch_client) -> None:
+    one = ch_client.query("SHOW CREATE TABLE system.one")
+    statement = ch_client.command("SHOW CREATE TABLE system.numbers")
+
+    assert one.column_names == ("statement",)
+    assert one.result_rows[0][0].startswith("CREATE TABLE system.one\n(\n    `dummy` UInt8\n)\nENGINE = SystemOne\n"
+                                            "COMMENT 'This table contains a single row")
+    # command() answers the TabSeparated text, escapes included, as from a server.
+    assert statement.startswith(r"CREATE TABLE system.numbers\n(\n    `number` UInt64\n)\nENGINE = SystemNumbers")
+    with pytest.raises(DatabaseError) as missing:
+        ch_client.command("SHOW CREATE TABLE system.no_such_table")
+    assert missing.value.code == 60
