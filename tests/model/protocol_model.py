@@ -165,9 +165,11 @@ class _Schedule:
     """The world of one schedule and the choices that drive it."""
 
     def __init__(self, chooser: Chooser, bounds: Bounds, ids: Sequence[tuple[str, str]],
-                 snap: Snapshot | None = None, checked: set[bytes] | None = None) -> None:
+                 snap: Snapshot | None = None, checked: set[bytes] | None = None,
+                 outcomes: collections.Counter[str] | None = None) -> None:
         self.chooser, self.bounds, self.ids = chooser, bounds, ids
         self.checked = checked if checked is not None else set()  # fakes' states already checked
+        self.outcomes = outcomes if outcomes is not None else collections.Counter()
         self.faults = _HookedFaults(hook=self._at_step)
         self.world = World(txn_id=ids[0][1], faults=self.faults)
         self.logs: dict[str, FakeDecisionLog] = {}
@@ -322,6 +324,13 @@ class _Schedule:
             e = registry.get(xid)
             if e is not None and e.state in (TxState.ABORTING.value, TxState.ABORTED.value):
                 raise Violation(f"xid {xid} is visible but the registry says {e.state}")
+        for txn in self.logs:
+            latest = self.latest(txn)
+            for p in latest.chosen if latest is not None else ():
+                t = self.world.ch.tx.get(p.xid)
+                if t is not None and t.status == "rolled_back":
+                    raise Violation(f"decided xid {p.xid} (v{latest.version}) was rolled back while "
+                                    "it could still commit")
 
     def _check_decisions(self) -> None:
         for txn, lg in self.logs.items():
@@ -436,6 +445,7 @@ class _Schedule:
         except Crash:
             return "driver crash"
         except DOCUMENTED as e:
+            self.outcomes[type(e).__name__] += 1
             self.abort()
             return "refused" if isinstance(e, LostTransactionError) else type(e).__name__
         except Exception as e:  # noqa: BLE001 - anything else breaks the documented contract
@@ -443,6 +453,7 @@ class _Schedule:
         finally:
             self.driving = False
         self.check_done(f"run {self.s.run} commit")
+        self.outcomes["committed" if self.s.n == self.s.first_n else "committed under another partitioning"] += 1
         return "committed"
 
     def after_done(self) -> bool:
@@ -498,12 +509,14 @@ class ProtocolModel:
     bounds: Bounds
     ids: Sequence[tuple[str, str]]
     checked: set[bytes] = dataclasses.field(default_factory=set)
+    #: how the explored driver commits ended (each commit call executed counts once)
+    outcomes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     def start(self) -> Snapshot:
         return _Schedule(Chooser([], stop=False), self.bounds, self.ids).snapshot()
 
     def play(self, snap: Snapshot, chooser: Chooser) -> tuple[str, Snapshot | None, bytes | None]:
-        sched = _Schedule(chooser, self.bounds, self.ids, snap, self.checked)
+        sched = _Schedule(chooser, self.bounds, self.ids, snap, self.checked, self.outcomes)
         try:
             return sched.play(), None, None
         except AtBoundary:
