@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 
 class AtBoundary(BaseException):
@@ -99,7 +100,7 @@ class Model(Protocol):
     def start(self) -> Any:
         """The snapshot of the first boundary."""
 
-    def play(self, snapshot: Any, chooser: Chooser) -> "tuple[str, Any, bytes | None]":
+    def play(self, snapshot: Any, chooser: Chooser) -> tuple[str, Any, bytes | None]:
         """Run from ``snapshot``: ``(ending, None, None)`` at the end of the schedule, or
         ``("boundary", next snapshot, its digest)``; raises :class:`Violation`."""
 

@@ -30,8 +30,8 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -46,7 +46,6 @@ from clickhouse_tx.errors import (
 from clickhouse_tx.interfaces import Decision, Prepared, RegistryEntry, WriteContext
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState
-
 from tests.model.explorer import AtBoundary, Chooser, Violation
 from tests.unit.fakes import TARGET, Crash, FakeDecisionLog, FaultPlan, World, _Tx
 
@@ -448,7 +447,7 @@ class _Schedule:
             self.outcomes[type(e).__name__] += 1
             self.abort()
             return "refused" if isinstance(e, LostTransactionError) else type(e).__name__
-        except Exception as e:  # noqa: BLE001 - anything else breaks the documented contract
+        except Exception as e:
             raise Violation(f"commit_batch raised an undocumented {type(e).__name__}: {e}") from e
         finally:
             self.driving = False
@@ -495,7 +494,7 @@ class _Schedule:
                                     "was refused") from None
                 n = len(latest.chosen)  # as the error advises
                 continue
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise Violation(f"a fault-free replay raised {type(e).__name__}: {e}") from e
             self.check_done("the fault-free replay")
             return "done by the final replay"

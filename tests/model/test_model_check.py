@@ -11,16 +11,15 @@ the pytest run (``tests/model/conftest.py``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-import clickhouse_tx.coordinator as coordinator
+from clickhouse_tx import coordinator
 from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.ids import legacy_txn_id
 from clickhouse_tx.interfaces import Decision
-
 from tests.model.explorer import REPORTS, Stats, Violation, explore, replay
 from tests.model.protocol_model import Bounds, ProtocolModel, checkpoint_identity
 
@@ -103,7 +102,7 @@ def test_a_coordinator_that_commits_before_writing_its_decision_is_caught(
         if decision.version > 1:
             write(self, decision)
 
-    def commit_then_write(self: Coordinator, run: "coordinator._Run") -> dict[int, bool]:
+    def commit_then_write(self: Coordinator, run: coordinator._Run) -> dict[int, bool]:
         out = commit_all(self, run)
         if run.decision.version == 1:
             write(self, run.decision)
