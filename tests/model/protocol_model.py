@@ -307,6 +307,9 @@ class _Schedule:
         twice = {i: c for i, c in self.visible().items() if c > 1}
         if twice:
             raise Violation(f"rows visible more than once: {twice}")
+        zombie = self.world.ch.tx.get(self.zombie_xid)
+        if zombie is not None and zombie.status == "committed":
+            raise Violation(f"the zombie {self.zombie_xid}, which never reported, is visible")
         if self.world.ch.rollbacks_of_committed:
             raise Violation(f"committed xids rolled back: {self.world.ch.rollbacks_of_committed}")
         self._check_decisions()
