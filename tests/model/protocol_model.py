@@ -44,6 +44,7 @@ from clickhouse_tx.errors import (
     TransientError,
 )
 from clickhouse_tx.interfaces import Decision, Prepared, RegistryEntry, WriteContext
+from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState
 from tests.model.explorer import AtBoundary, Chooser, Violation
@@ -52,6 +53,7 @@ from tests.unit.fakes import TARGET, Crash, FakeDecisionLog, FaultPlan, World, _
 BATCH = 1
 SCHEMA = pa.schema([("id", pa.int64()), ("tag", pa.int64())])
 ZOMBIE_ATTEMPT = 99
+RETRY = RetryPolicy(max_attempts=3, max_total_s=1.0, base_delay_s=0.0, max_delay_s=0.0)
 FINISHED = (TxState.COMMITTED.value, TxState.ABORTED.value)
 #: what commit_batch may raise besides a crash (docstring of Coordinator.commit_batch)
 DOCUMENTED = (NotCommittedError, LostTransactionError, OutcomeUnknownError)
@@ -69,6 +71,7 @@ class Bounds:
     max_events: int = 1  # faults and the zombie's interleaving per schedule
     fault_kinds: tuple[str, ...] = ("crash", "error", "kill")
     zombie: bool = True  # partition 0 of the first run has an attempt that never reports
+    operator: bool = True  # before a restart, the operator may run recover and gc
 
 
 # ----------------------------------------------------------------------------------------
@@ -134,7 +137,7 @@ def _rows(rows: int, n: int, p: int) -> pa.RecordBatch:
 class _Spark:
     """What the schedule itself holds between driver calls (part of every snapshot)."""
 
-    phase: str = "start"  # start | tasks | after_done | final
+    phase: str = "start"  # start | tasks | operator | after_done | final
     run: int = 0
     n: int = 0
     first_n: int = 0
@@ -213,8 +216,7 @@ class _Schedule:
 
     def coordinator(self, txn: str) -> Coordinator:
         return Coordinator(txn, TARGET, self.world.ch, self.world.registry, self.log_of(txn),
-                           retry=RetryPolicy(max_attempts=3, max_total_s=1.0, base_delay_s=0.0,
-                                             max_delay_s=0.0),
+                           retry=RETRY,
                            sleep=lambda s: None, clock=lambda: 1000.0,
                            xid_factory=lambda t, b, p, a: f"{t}-b{b}-p{p}-a{a}")
 
@@ -382,6 +384,8 @@ class _Schedule:
                 self.start_run()
             elif phase == "tasks":
                 self.next_task()
+            elif phase == "operator":
+                self.operator()
             elif phase == "after_done":
                 if not self.after_done():
                     return "committed" if self.s.zombie != "late" else "committed, zombie late"
@@ -428,7 +432,30 @@ class _Schedule:
 
     def end_run(self, ending: str) -> None:
         self.s.run += 1
-        self.s.phase = "after_done" if ending == "committed" else "start"
+        if ending == "committed":
+            self.s.phase = "after_done"
+        else:
+            more = self.bounds.operator and self.s.run < self.bounds.max_runs
+            self.s.phase = "operator" if more else "start"
+
+    def operator(self) -> None:
+        """The query is down: the operator may finish in-doubt xids and collect leftovers."""
+        options = ["restart the query", "the operator runs recover and gc, then the query restarts"]
+        k = self.choose("query down", options, boundary=True)  # may stop here: phase unchanged
+        self.s.phase = "start"
+        if not k:
+            return
+        self.action, self.driving = "operator recover and gc", True
+        txns = sorted({txn for _, txn in self.ids})
+        try:
+            resolve_in_doubt(TARGET, self.world.ch, self.world.registry, self.log_of, txn_ids=txns,
+                             retry=RETRY, clock=lambda: 1000.0)
+            gc_stale(TARGET, self.world.ch, self.world.registry, self.log_of, older_than_s=0.0,
+                     txn_ids=txns, retry=RETRY, clock=lambda: 1000.0, overwrite_stages=False)
+        except (Crash, ClickHouseTxError):
+            pass  # the operator's run died or failed; the query's restart still rolls forward
+        finally:
+            self.driving = False
 
     def abort(self) -> None:
         self.action, self.driving = f"run {self.s.run} abort", True
