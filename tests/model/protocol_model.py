@@ -9,10 +9,13 @@ What a schedule chooses (see :class:`Bounds` for the limits):
 - which pending task prepares next; a task attempt that fails is retried once, a task
   that fails twice fails the run (Spark aborts the batch);
 - at every step of every fake call (each before/after point of ``tests.unit.fakes``):
-  nothing, a crash of the calling process (executor or driver), an error (before the
-  effect: refused; after it: the reply lost), a ClickHouse restart (every open
-  transaction dies), or the zombie attempt of partition 0 (a task attempt whose message
-  never reaches the driver) preparing there, fully or dying after it registered;
+  nothing, a crash of the calling process (executor, driver or operator), an error
+  (before the effect: refused; after it: the reply lost), a ClickHouse restart (every
+  open transaction dies), or, inside a driver call, the zombie attempt of partition 0 (a
+  task attempt whose message never reaches the driver) preparing there; at most
+  ``max_events`` of these per schedule;
+- while the query is down: restart it, or let the operator run ``recover`` and ``gc``
+  first;
 - after a batch is done: stop, let the zombie finish late, or replay the batch again
   (Spark lost its commit log entry).
 
@@ -21,6 +24,8 @@ the query. Every choice point checks the invariants of :meth:`_Schedule.check`; 
 that reports the batch committed checks :meth:`_Schedule.check_done`; the end of every
 schedule replays the batch without faults (under the decided partitioning when the
 replay is refused, as the error advises) and checks it is then exactly once.
+
+Mode: ``transaction`` only; the fakes simulate no other.
 """
 
 from __future__ import annotations
