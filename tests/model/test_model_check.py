@@ -27,6 +27,9 @@ from tests.model.protocol_model import Bounds, ProtocolModel, checkpoint_identit
 DEFAULT = Bounds(first_partitions=(2,), replay_partitions=(1, 2, 3), max_runs=2, max_events=1)
 #: the slow run: 2 or 3 partitions, up to two restarts
 WIDE = Bounds(first_partitions=(2, 3), replay_partitions=(1, 2, 3), max_runs=3, max_events=1)
+#: the slow run with two events per schedule (two faults, or a fault and the zombie)
+TWO_EVENTS = Bounds(first_partitions=(2,), replay_partitions=(2,), max_runs=2, max_events=2,
+                    operator=False)
 #: the planted bugs' run: small, each bug is found within it
 SMALL = Bounds(first_partitions=(2,), replay_partitions=(2, 3), max_runs=2, max_events=1)
 
@@ -66,9 +69,20 @@ def test_every_schedule_of_one_fault_or_zombie_and_a_restart_keeps_every_row_exa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # about 10 min on the shared machine
 def test_every_schedule_with_three_partitions_and_two_restarts_keeps_every_row_exactly_once(
         tmp_path: Path) -> None:
     stats, _ = _explore("model checker (wide)", WIDE, tmp_path)
+    if stats.counterexample is not None:
+        pytest.fail(str(stats.counterexample))
+    assert stats.schedules >= 1_000_000, stats.line()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # about 10 min on the shared machine
+def test_every_schedule_with_two_faults_or_a_fault_and_the_zombie_keeps_every_row_exactly_once(
+        tmp_path: Path) -> None:
+    stats, _ = _explore("model checker (two events)", TWO_EVENTS, tmp_path)
     if stats.counterexample is not None:
         pytest.fail(str(stats.counterexample))
     assert stats.schedules >= 1_000_000, stats.line()
