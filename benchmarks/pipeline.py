@@ -42,6 +42,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import requests
 
 from benchmarks.streaming_job import TABLE_COLUMNS
+from clickhouse_tx.faults import TEST_FAULTS_ENV
 from clickhouse_tx.verify import ClickHouseReader, quote_ident, split_table, verify
 from benchmarks.results_file import write_result
 
@@ -232,6 +233,8 @@ class JobLauncher:
         env["PYSPARK_PYTHON"] = sys.executable
         env["PYSPARK_DRIVER_PYTHON"] = sys.executable
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if fault is not None:  # the planned crash is a test-only fault hook of the writer
+            env[TEST_FAULTS_ENV] = "1"
         idx = len(self.runs)
         err = open(self.work / f"job-{idx}.stderr", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks.streaming_job", *self.argv, *extra],

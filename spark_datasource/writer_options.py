@@ -195,6 +195,19 @@ def _dead_letter_table(opts: Mapping[str, str], database: str, mode: Mode) -> tu
     return db, table
 
 
+def _check_faults(faults: Mapping[str, str]) -> None:
+    """``fault.*``: refused outside the test suite, and a bad step fails here, on the driver."""
+    if not faults:
+        return
+    from clickhouse_tx.faults import FaultPlan, check_enabled
+
+    check_enabled(faults)
+    try:
+        FaultPlan.parse(faults)
+    except ValueError as exc:
+        raise ConfigurationError(f"option {exc}") from None
+
+
 def _no_semicolon(option: str, value: str) -> str:
     # order_by/partition_by/engine are SQL expressions by nature (user-trusted), but a
     # ';' can only be a mistake or an injection: refuse it.
@@ -491,6 +504,7 @@ class WriterOptions:
                 settings[name] = v
             elif k.startswith("fault."):
                 faults[k] = v
+        _check_faults(faults)
 
         order_by = get("order_by", _no_semicolon, None)
         partition_by = get("partition_by", _no_semicolon, None)
