@@ -155,9 +155,10 @@ def _txn_ids_to_touch(args: argparse.Namespace) -> list[str]:
     Refuses (ClickHouseTxError) rather than act on every query of a shared registry:
     another query's decided xids must never be judged against this checkpoint.
     """
-    from clickhouse_tx.recovery import decision_log_txn_ids
+    from clickhouse_tx.decision_log import txn_ids_with_decisions
 
-    found = decision_log_txn_ids(args.checkpoint) if args.checkpoint else []
+    # these are the queries whose xids the command may touch without --txn-id
+    found = txn_ids_with_decisions(args.checkpoint) if args.checkpoint else []
     if args.txn_id and args.checkpoint and args.txn_id not in found:
         raise ClickHouseTxError(
             f"--checkpoint {args.checkpoint} holds no decision log of txn id {args.txn_id!r} "

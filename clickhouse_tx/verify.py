@@ -560,18 +560,9 @@ def _check_markers(ch: ClickHouseReader, db: str, t: str, mtypes: Mapping[str, s
 def _check_decisions(ch: ClickHouseReader, db: str, mtypes: Mapping[str, str], checkpoint: str,
                      txn_id: str | None) -> list[Anomaly]:
     """Every xid a decision log names must have a visible marker (every mode but none)."""
-    import pyarrow.fs as pafs
+    from clickhouse_tx.decision_log import FileDecisionLog, txn_ids_with_decisions
 
-    from clickhouse_tx.decision_log import FileDecisionLog, _filesystem
-
-    # the writer's logs live at <checkpointLocation>/clickhouse_tx/<txn_id>/
-    fs, root = _filesystem(checkpoint)
-    base = f"{root.rstrip('/')}/clickhouse_tx"
-    if txn_id:
-        txns = [txn_id]
-    else:
-        infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-        txns = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+    txns = [txn_id] if txn_id else txn_ids_with_decisions(checkpoint)
     src = f"{quote_ident(db)}.{quote_ident(MARKERS_TABLE)}"
     out: list[Anomaly] = []
     for txn in txns:
