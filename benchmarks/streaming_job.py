@@ -174,10 +174,9 @@ def _plain_insert(url: str, table: str):
     import requests
     import pyarrow as pa
 
-    from clickhouse_tx.verify import quote_ident, split_table
+    from clickhouse_tx.sql import qualified, split_table
 
-    db, t = split_table(table)
-    sql = f"INSERT INTO {quote_ident(db)}.{quote_ident(t)} FORMAT ArrowStream"
+    sql = f"INSERT INTO {qualified(*split_table(table))} FORMAT ArrowStream"
 
     def insert(batch_df, batch_id: int) -> None:
         tbl = batch_df.toArrow()

@@ -117,7 +117,7 @@ class _ModeView:
 def _registry_and_target(args: argparse.Namespace):  # -> (registry, Target)
     from clickhouse_tx.factory import build_registry
     from clickhouse_tx.interfaces import Target
-    from clickhouse_tx.verify import split_table
+    from clickhouse_tx.sql import split_table
 
     db, t = split_table(args.table)
     target = Target(url=args.url.rstrip("/"), database=db, table=t, user=args.user, password=_password(args))

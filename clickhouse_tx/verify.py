@@ -36,7 +36,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import requests
 
-from clickhouse_tx.sql import quote_option_identifier
+from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
+from clickhouse_tx.sql import split_table
 from clickhouse_tx.errors import ConfigurationError, ServerError, parse_clickhouse_error
 from clickhouse_tx.markers import transactions_unsupported
 
@@ -45,17 +46,6 @@ MARKERS_TABLE = "clickhouse_tx_commits"
 DEFAULT_SAMPLE_LIMIT = 100_000
 
 TP = tuple[str | None, int]
-
-
-quote_ident = quote_option_identifier  # table and column names come from the CLI
-
-
-def split_table(table: str) -> tuple[str, str]:
-    """``"db.t"`` → ``("db", "t")``; the table name may contain dots, the database may not."""
-    db, dot, t = table.partition(".")
-    if not dot or not db or not t:
-        raise ConfigurationError(f"table {table!r}: expected database.table")
-    return db, t
 
 
 # --------------------------------------------------------------------------- reading
