@@ -31,6 +31,7 @@ import sys
 from typing import Sequence
 
 from clickhouse_tx.errors import ClickHouseTxError
+from clickhouse_tx.interfaces import Mode
 
 EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
 
@@ -48,6 +49,14 @@ def _password(args: argparse.Namespace) -> str:
     if args.password_env not in os.environ:
         raise ClickHouseTxError(f"--password-env names {args.password_env!r}, which is not set")
     return os.environ[args.password_env]
+
+
+def _mode_arg(value: str) -> Mode:
+    try:
+        return Mode(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid mode {value!r} (choose from {', '.join(m.value for m in Mode)})") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                        "every query with a decision log under --checkpoint)")
         c.add_argument("--json", action="store_true", help="print the result as JSON")
         if name != "status":
-            c.add_argument("--mode", required=True, choices=("transaction", "staging", "dedup", "none"),
+            c.add_argument("--mode", required=True, type=_mode_arg, metavar="{" + ",".join(m.value for m in Mode) + "}",
                            help="act on the xids of this commit mode")
             c.add_argument("--checkpoint", default=None,
                            help="the query's checkpointLocation (its decision logs); without it, "
@@ -98,17 +107,17 @@ def _parser() -> argparse.ArgumentParser:
 class _ModeView:
     """The registry restricted to one commit mode (recovery must use that mode's I/O)."""
 
-    def __init__(self, inner: object, mode: str) -> None:
+    def __init__(self, inner: object, mode: Mode) -> None:
         self.inner = inner
         self.mode = mode
 
     def list_open(self, older_than_s: float | None = None) -> list:
         return [e for e in self.inner.list_open(older_than_s)  # type: ignore[attr-defined]
-                if getattr(e.mode, "value", e.mode) == self.mode]
+                if Mode(e.mode) is self.mode]
 
     def list_txn(self, txn_id: str) -> list:
         return [e for e in self.inner.list_txn(txn_id)  # type: ignore[attr-defined]
-                if getattr(e.mode, "value", e.mode) == self.mode]
+                if Mode(e.mode) is self.mode]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
