@@ -1,7 +1,7 @@
 """The streaming job: Kafka (``kafka_py``) → parse JSON → ClickHouse (``clickhouse_tx``).
 
 A Spark driver program, run as its own process (``python -m benchmarks.streaming_job``),
-usually by :mod:`benchmarks.pipeline`, which kills and restarts it. It stops by itself
+usually by :mod:`benchmarks.pipeline_run`, which kills and restarts it. It stops by itself
 once the query has committed everything up to ``--end-offsets`` (or, with
 ``--trigger 0``, when ``Trigger.AvailableNow`` has drained the topic).
 
@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Mapping, Sequence
 
-#: The JSON each event carries (see :func:`benchmarks.pipeline.event_json`).
+#: The JSON each event carries (see :func:`benchmarks.pipeline_run.event_json`).
 EVENT_SCHEMA = "event_id LONG, user_id LONG, amount DOUBLE, ts LONG"
 
 #: Columns of the target table, in the order the job writes them.

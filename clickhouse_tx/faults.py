@@ -20,7 +20,7 @@ on the driver when the writer's options are parsed, and again wherever a plan is
 parsed) unless the process runs with ``CLICKHOUSE_TX_TEST_FAULTS=1``. The test suite
 sets it in ``tests/conftest.py`` before any Spark or subprocess starts, so the JVM,
 its Python workers and the jobs the torture tests launch all inherit it; so does the
-demo's job (``benchmarks/pipeline.py``), whose crashes are these hooks.
+demo's job (``benchmarks/pipeline_run.py``), whose crashes are these hooks.
 """
 
 from __future__ import annotations
