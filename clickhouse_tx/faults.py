@@ -29,12 +29,15 @@ import dataclasses
 import os
 import signal
 import threading
-from typing import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
 from .errors import ConfigurationError
-from .interfaces import CommitModeIO, Decision, DecisionLogIO, Prepared, Target, WriteContext
+from .interfaces import CommitModeIO, CommitOutcome, Decision, DecisionLogIO, Prepared, Target, WriteContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .coordinator import Coordinator
 
 KILL_PGID_ENV = "CLICKHOUSE_TX_KILL_PGID"
 #: Set to ``1`` by the test suite (and the demo's job) only: without it ``fault.*`` is refused.
@@ -148,10 +151,10 @@ class FaultyDecisionLog:
         self.plan.hit("before_mark_done", batch)
         self.inner.mark_done(batch)
 
-    def batches(self):
+    def batches(self) -> Iterable[int]:
         return self.inner.batches()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
 
@@ -185,14 +188,14 @@ class FaultyModeIO:
     def rollback(self, target: Target, p: Prepared) -> None:
         self.inner.rollback(target, p)
 
-    def lookup(self, target: Target, p: Prepared):
+    def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         return self.inner.lookup(target, p)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
 
-def with_faults(coordinator, plan: FaultPlan):
+def with_faults(coordinator: Coordinator, plan: FaultPlan) -> Coordinator:
     """The same coordinator with its mode I/O and decision log wrapped by ``plan``."""
     from .coordinator import Coordinator
 

@@ -17,6 +17,7 @@ Pure path arithmetic except :func:`open_location` and :func:`txn_dirs`.
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import pyarrow.fs as pafs
 
@@ -41,7 +42,8 @@ def open_location(uri: str) -> tuple[pafs.FileSystem, str]:
     """
     if "://" not in uri:
         return pafs.LocalFileSystem(), os.path.abspath(uri)
-    return pafs.FileSystem.from_uri(uri)
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return cast(pafs.FileSystem, fs), str(path)
 
 
 def library_dir(root: str) -> str:

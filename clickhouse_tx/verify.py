@@ -36,10 +36,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import requests
 
-from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
-from clickhouse_tx.sql import split_table
 from clickhouse_tx.errors import ConfigurationError, ServerError, parse_clickhouse_error
 from clickhouse_tx.markers import transactions_unsupported
+from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
+from clickhouse_tx.sql import split_table
 
 MARKERS_TABLE = "clickhouse_tx_commits"
 #: At most this many rows of a kind are fetched to describe anomalies (counts stay exact).

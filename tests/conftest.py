@@ -29,7 +29,6 @@ from clickhouse_tx.sql import quote_identifier as quote_ident  # noqa: E402,F401
 from server_patches import stack as stack_mod  # noqa: E402
 from server_patches.stack import StackInfo  # noqa: E402
 
-
 #: Why the shared stack has no Kafka, for the ``kafka_bootstrap`` fixture to report.
 _kafka_missing_reason: list[str] = []
 

@@ -158,6 +158,40 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+#: Functions still over the limit, each in a module another branch of this round splits:
+#: (module, qualified name) -> its length when listed. An entry that is gone or short
+#: enough fails the test below, so the list only shrinks.
+LONG_FUNCTIONS_BEING_SPLIT = {
+    ("server_patches.stack", "start_stack"): 115,
+    ("server_patches.http_server", "Handler._execute"): 102,
+    ("spark_datasource.kafka_options", "parse_kafka_options"): 102,
+}
+MAX_FUNCTION_LINES = 80
+
+
+def function_lengths() -> dict[tuple[str, str], int]:
+    """(module, Class.function) -> lines from ``def`` to its last line, for every function."""
+    out: dict[tuple[str, str], int] = {}
+    for name, path in MODULES.items():
+        def walk(node: ast.AST, prefix: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out[(name, prefix + child.name)] = (child.end_lineno or child.lineno) - child.lineno + 1
+                    walk(child, f"{prefix}{child.name}.")
+                elif isinstance(child, ast.ClassDef):
+                    walk(child, f"{prefix}{child.name}.")
+        walk(ast.parse(path.read_text(), str(path)), "")
+    return out
+
+
+def test_no_function_of_the_project_is_over_80_lines() -> None:
+    lengths = function_lengths()
+    long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES and k not in LONG_FUNCTIONS_BEING_SPLIT}
+    assert long == {}
+    done = [k for k in LONG_FUNCTIONS_BEING_SPLIT if lengths.get(k, 0) <= MAX_FUNCTION_LINES]
+    assert done == [], "split now: remove them from LONG_FUNCTIONS_BEING_SPLIT"
+
+
 def test_the_walk_sees_every_package_of_the_project() -> None:
     assert {"clickhouse_tx.coordinator", "spark_datasource.writer", "server_patches.stack",
             "benchmarks.pipeline"} <= set(MODULES)
