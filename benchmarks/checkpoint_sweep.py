@@ -3,7 +3,7 @@
 ``python -m benchmarks.checkpoint_sweep [--quick]`` (Alibaba EMR's Figure 8, Kafka
 Streams' Figure 5): for every trigger interval (1, 5, 10, 30, 60 s) and every mode
 (``none`` = at-least-once baseline, ``transaction``, ``staging``, ``dedup``) it runs
-:func:`benchmarks.pipeline.run_pipeline` without crashes while a producer offers a
+:func:`benchmarks.pipeline_run.run_pipeline` without crashes while a producer offers a
 steady ``--rate`` of events, and records:
 
 - ``processing_rps``: rows / time spent in micro-batches (Spark's
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.pipeline import PipelineConfig, run_pipeline
+from benchmarks.pipeline_run import PipelineConfig, run_pipeline
 from benchmarks.results_file import write_result
 
 INTERVALS = (1.0, 5.0, 10.0, 30.0, 60.0)

@@ -1,7 +1,7 @@
 """The streaming job: Kafka (``kafka_py``) → parse JSON → ClickHouse (``clickhouse_tx``).
 
 A Spark driver program, run as its own process (``python -m benchmarks.streaming_job``),
-usually by :mod:`benchmarks.pipeline`, which kills and restarts it. It stops by itself
+usually by :mod:`benchmarks.pipeline_run`, which kills and restarts it. It stops by itself
 once the query has committed everything up to ``--end-offsets`` (or, with
 ``--trigger 0``, when ``Trigger.AvailableNow`` has drained the topic).
 
@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Mapping, Sequence
 
-#: The JSON each event carries (see :func:`benchmarks.pipeline.event_json`).
+#: The JSON each event carries (see :func:`benchmarks.pipeline_run.event_json`).
 EVENT_SCHEMA = "event_id LONG, user_id LONG, amount DOUBLE, ts LONG"
 
 #: Columns of the target table, in the order the job writes them.
@@ -174,10 +174,9 @@ def _plain_insert(url: str, table: str):
     import requests
     import pyarrow as pa
 
-    from clickhouse_tx.verify import quote_ident, split_table
+    from clickhouse_tx.sql import qualified, split_table
 
-    db, t = split_table(table)
-    sql = f"INSERT INTO {quote_ident(db)}.{quote_ident(t)} FORMAT ArrowStream"
+    sql = f"INSERT INTO {qualified(*split_table(table))} FORMAT ArrowStream"
 
     def insert(batch_df, batch_id: int) -> None:
         tbl = batch_df.toArrow()

@@ -31,6 +31,7 @@ import sys
 from typing import Sequence
 
 from clickhouse_tx.errors import ClickHouseTxError
+from clickhouse_tx.interfaces import Mode
 
 EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
 
@@ -48,6 +49,14 @@ def _password(args: argparse.Namespace) -> str:
     if args.password_env not in os.environ:
         raise ClickHouseTxError(f"--password-env names {args.password_env!r}, which is not set")
     return os.environ[args.password_env]
+
+
+def _mode_arg(value: str) -> Mode:
+    try:
+        return Mode(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid mode {value!r} (choose from {', '.join(m.value for m in Mode)})") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                        "every query with a decision log under --checkpoint)")
         c.add_argument("--json", action="store_true", help="print the result as JSON")
         if name != "status":
-            c.add_argument("--mode", required=True, choices=("transaction", "staging", "dedup", "none"),
+            c.add_argument("--mode", required=True, type=_mode_arg, metavar="{" + ",".join(m.value for m in Mode) + "}",
                            help="act on the xids of this commit mode")
             c.add_argument("--checkpoint", default=None,
                            help="the query's checkpointLocation (its decision logs); without it, "
@@ -98,17 +107,17 @@ def _parser() -> argparse.ArgumentParser:
 class _ModeView:
     """The registry restricted to one commit mode (recovery must use that mode's I/O)."""
 
-    def __init__(self, inner: object, mode: str) -> None:
+    def __init__(self, inner: object, mode: Mode) -> None:
         self.inner = inner
         self.mode = mode
 
     def list_open(self, older_than_s: float | None = None) -> list:
         return [e for e in self.inner.list_open(older_than_s)  # type: ignore[attr-defined]
-                if getattr(e.mode, "value", e.mode) == self.mode]
+                if Mode(e.mode) is self.mode]
 
     def list_txn(self, txn_id: str) -> list:
         return [e for e in self.inner.list_txn(txn_id)  # type: ignore[attr-defined]
-                if getattr(e.mode, "value", e.mode) == self.mode]
+                if Mode(e.mode) is self.mode]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
@@ -117,7 +126,7 @@ class _ModeView:
 def _registry_and_target(args: argparse.Namespace):  # -> (registry, Target)
     from clickhouse_tx.factory import build_registry
     from clickhouse_tx.interfaces import Target
-    from clickhouse_tx.verify import split_table
+    from clickhouse_tx.sql import split_table
 
     db, t = split_table(args.table)
     target = Target(url=args.url.rstrip("/"), database=db, table=t, user=args.user, password=_password(args))
@@ -155,9 +164,10 @@ def _txn_ids_to_touch(args: argparse.Namespace) -> list[str]:
     Refuses (ClickHouseTxError) rather than act on every query of a shared registry:
     another query's decided xids must never be judged against this checkpoint.
     """
-    from clickhouse_tx.recovery import decision_log_txn_ids
+    from clickhouse_tx.decision_log import txn_ids_with_decisions
 
-    found = decision_log_txn_ids(args.checkpoint) if args.checkpoint else []
+    # these are the queries whose xids the command may touch without --txn-id
+    found = txn_ids_with_decisions(args.checkpoint) if args.checkpoint else []
     if args.txn_id and args.checkpoint and args.txn_id not in found:
         raise ClickHouseTxError(
             f"--checkpoint {args.checkpoint} holds no decision log of txn id {args.txn_id!r} "

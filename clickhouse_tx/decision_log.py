@@ -1,6 +1,6 @@
 """The coordinator's decision log in the Spark checkpoint directory, over ``pyarrow.fs``.
 
-Layout (one directory per txn_id)::
+Layout (one directory per txn_id, :func:`clickhouse_tx.layout.decision_dir`)::
 
     <root>/clickhouse_tx/<txn_id>/<batch>.v<version>.json   the Decision, write-once
     <root>/clickhouse_tx/<txn_id>/<batch>.done              all chosen xids committed
@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import pyarrow.fs as pafs
 
+from clickhouse_tx import layout
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DecisionConflictError
 from clickhouse_tx.interfaces import Decision, Mode, RegistryEntry
 
@@ -88,12 +89,6 @@ class Arbiter(Protocol):
     def get(self, key: str) -> bytes | None: ...
 
     def forget(self, keys: Sequence[str]) -> None: ...
-
-
-def _filesystem(root_uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in root_uri:
-        return pafs.LocalFileSystem(), os.path.abspath(root_uri)
-    return pafs.FileSystem.from_uri(root_uri)
 
 
 class FileDecisionLog:
@@ -136,8 +131,8 @@ class FileDecisionLog:
         self.arbiter = arbiter
         self.retain_batches = retain_batches
         self.compact_every = compact_every
-        self._fs, root = filesystem or _filesystem(root_uri)
-        self.directory = f"{root.rstrip('/')}/clickhouse_tx/{txn_id}"
+        self._fs, root = filesystem or layout.open_location(root_uri)
+        self.directory = layout.decision_dir(root, txn_id)
 
     def __repr__(self) -> str:
         return f"FileDecisionLog({self.directory!r}, {self.semantics})"
@@ -363,6 +358,18 @@ class FileDecisionLog:
             if n.isdigit() and int(n) < mark:  # never the highest: marks only grow
                 self._fs.delete_file(f"{self.directory}/{_COMPACTED_DIR}/{n}")
         return sorted(drop)
+
+
+def txn_ids_with_decisions(root_uri: str) -> list[str]:
+    """The transactional ids with at least one decision under ``root_uri`` (sorted).
+
+    Driver (a streaming query's first use of its checkpoint, looking for logs of an
+    earlier id) and operator side (``recover``/``gc``/``verify`` given a checkpoint):
+    once per call, one listing of ``<root>/clickhouse_tx`` and one per log found.
+    """
+    fs, root = layout.open_location(root_uri)
+    return [t for t in layout.txn_dirs(fs, root)
+            if list(FileDecisionLog(root_uri, t, filesystem=(fs, root)).batches())]
 
 
 def _write_new(path: str, data: bytes) -> None:

@@ -14,6 +14,13 @@ so a restarted query is not killed again at the same step.
 group of their own, so the group of the process that hits the fault is not the driver's.
 A job that wants the driver killed exports ``CLICKHOUSE_TX_KILL_PGID`` (its own process
 group) before it starts Spark; the JVM and every Python worker inherit it.
+
+The hooks are for tests only: a ``fault.*`` option is refused (:func:`check_enabled`,
+on the driver when the writer's options are parsed, and again wherever a plan is
+parsed) unless the process runs with ``CLICKHOUSE_TX_TEST_FAULTS=1``. The test suite
+sets it in ``tests/conftest.py`` before any Spark or subprocess starts, so the JVM,
+its Python workers and the jobs the torture tests launch all inherit it; so does the
+demo's job (``benchmarks/pipeline_run.py``), whose crashes are these hooks.
 """
 
 from __future__ import annotations
@@ -22,16 +29,47 @@ import dataclasses
 import os
 import signal
 import threading
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
-from .interfaces import CommitModeIO, Decision, DecisionLogIO, Prepared, Target, WriteContext
+from .errors import ConfigurationError
+from .interfaces import CommitModeIO, CommitOutcome, Decision, DecisionLogIO, Prepared, Target, WriteContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .coordinator import Coordinator
 
 KILL_PGID_ENV = "CLICKHOUSE_TX_KILL_PGID"
+#: Set to ``1`` by the test suite (and the demo's job) only: without it ``fault.*`` is refused.
+TEST_FAULTS_ENV = "CLICKHOUSE_TX_TEST_FAULTS"
 
 STEPS = ("before_decision", "after_decision", "after_commit", "before_mark_done", "after_prepare")
 ACTIONS = ("kill", "exit", "raise")
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process may run fault hooks (``CLICKHOUSE_TX_TEST_FAULTS=1``)."""
+    return (os.environ if environ is None else environ).get(TEST_FAULTS_ENV) == "1"
+
+
+def check_enabled(names: Iterable[str], environ: Mapping[str, str] | None = None) -> None:
+    """Refuse fault options outside the test suite.
+
+    Runs on the driver when the writer's options are parsed (once per job or
+    streaming commit) and in :meth:`FaultPlan.parse` (executors and the commit), so
+    a production writer given ``fault.*`` fails before any task writes.
+
+    Raises
+    ------
+    ConfigurationError
+        ``names`` is not empty and ``CLICKHOUSE_TX_TEST_FAULTS`` is not ``1``.
+    """
+    given = sorted(names)
+    if given and not enabled(environ):
+        raise ConfigurationError(
+            f"option(s) {', '.join(given)}: fault.* options are test-only hooks (they can "
+            f"SIGKILL the process group) and are refused unless {TEST_FAULTS_ENV}=1 is set "
+            "in the environment of the Spark driver and executors; remove them")
 
 
 class InjectedFault(RuntimeError):
@@ -51,7 +89,15 @@ class FaultPlan:
         """From ``fault.step``, ``fault.action``, ``fault.batch``, ``fault.once_file``.
 
         ``fault.step`` may carry the count: ``after_commit:2``.
+
+        Raises
+        ------
+        ConfigurationError
+            Without ``CLICKHOUSE_TX_TEST_FAULTS=1`` (:func:`check_enabled`).
+        ValueError
+            An unknown step or action.
         """
+        check_enabled(options)
         raw = options.get("step") or options.get("fault.step")
         if not raw:
             return None
@@ -105,10 +151,10 @@ class FaultyDecisionLog:
         self.plan.hit("before_mark_done", batch)
         self.inner.mark_done(batch)
 
-    def batches(self):
+    def batches(self) -> Iterable[int]:
         return self.inner.batches()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
 
@@ -142,14 +188,14 @@ class FaultyModeIO:
     def rollback(self, target: Target, p: Prepared) -> None:
         self.inner.rollback(target, p)
 
-    def lookup(self, target: Target, p: Prepared):
+    def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         return self.inner.lookup(target, p)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
 
-def with_faults(coordinator, plan: FaultPlan):
+def with_faults(coordinator: Coordinator, plan: FaultPlan) -> Coordinator:
     """The same coordinator with its mode I/O and decision log wrapped by ``plan``."""
     from .coordinator import Coordinator
 

@@ -99,7 +99,7 @@ class Decision:
     """The coordinator's durable choice for one batch: which xid commits each partition.
 
     Written before the first COMMIT; a later ``version`` replaces a logged xid that
-    can no longer commit with a replayed one of the same partition (DESIGN §5).
+    can no longer commit with a replayed one of the same partition (``docs/design.md`` §5).
     """
 
     txn_id: str

@@ -7,7 +7,7 @@ written by the driver after the rows are in. An in-doubt COMMIT is resolved by
 looking for its marker, never by committing again blindly.
 
 Every read uses ``implicit_transaction=1``: outside a transaction ClickHouse 26.9
-shows rows of transactions that are still open (DESIGN §4), which would make an
+shows rows of transactions that are still open (``docs/design.md`` §4), which would make an
 uncommitted marker look committed. A server without experimental transactions
 refuses that setting ("Transactions are not supported"); there no marker can be
 uncommitted, so the read is repeated without it (modes ``staging`` and ``dedup``

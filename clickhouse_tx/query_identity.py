@@ -17,22 +17,12 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from clickhouse_tx.decision_log import FileDecisionLog
+from clickhouse_tx import layout
+from clickhouse_tx.decision_log import txn_ids_with_decisions
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import StoredQueryId, choose_stream_txn_id, legacy_txn_id
 
 log = logging.getLogger(__name__)
-
-#: Below the checkpoint, beside the decision logs (``clickhouse_tx/<txn_id>/``).
-RECORD = "clickhouse_tx/query.json"
-
-
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    # ``location`` is canonical (ids.canonical_location): an absolute path or a URI.
-    if "://" not in location:
-        return pafs.LocalFileSystem(), location
-    return pafs.FileSystem.from_uri(location)
-
 
 def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
     if fs.get_file_info(path).type != pafs.FileType.File:
@@ -51,7 +41,7 @@ def spark_query_id(checkpoint: str) -> str:
         (a relative path resolved against another working directory, a path Spark puts
         on its default filesystem, e.g. HDFS), or the file is not Spark's.
     """
-    fs, root = _filesystem(checkpoint)
+    fs, root = layout.open_location(checkpoint)
     path = f"{root.rstrip('/')}/metadata"
     data = _read(fs, path)
     if data is None:
@@ -81,14 +71,6 @@ def _store(fs: pafs.FileSystem, path: str, record: StoredQueryId) -> StoredQuery
     return record if data is None else StoredQueryId.from_json(data, path)
 
 
-def _dirs_with_decisions(decision_root: str) -> list[str]:
-    fs, root = _filesystem(decision_root)
-    base = f"{root.rstrip('/')}/clickhouse_tx"
-    infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-    names = [i.base_name for i in infos if i.type == pafs.FileType.Directory]
-    return sorted(n for n in names if list(FileDecisionLog(decision_root, n).batches()))
-
-
 def resolve_stream_txn_id(*, checkpoint: str, raw_checkpoint: str, query_name: str | None,
                           explicit: str | None, decision_root: str) -> str:
     """The query's transactional id; stored in the checkpoint on first use.
@@ -110,11 +92,11 @@ def resolve_stream_txn_id(*, checkpoint: str, raw_checkpoint: str, query_name: s
         See :func:`spark_query_id` and :func:`clickhouse_tx.ids.choose_stream_txn_id`.
     """
     query_id = spark_query_id(checkpoint)
-    fs, root = _filesystem(checkpoint)
-    path = f"{root.rstrip('/')}/{RECORD}"
+    fs, root = layout.open_location(checkpoint)
+    path = layout.query_record_path(root)
     data = _read(fs, path)
     stored = None if data is None else StoredQueryId.from_json(data, path)
-    legacy = [] if stored else _dirs_with_decisions(decision_root)
+    legacy = [] if stored else txn_ids_with_decisions(decision_root)
     choice = choose_stream_txn_id(
         explicit=explicit, stored=stored, spark_query_id=query_id, legacy_dirs=legacy,
         legacy_id=legacy_txn_id(query_name, raw_checkpoint), where=checkpoint)

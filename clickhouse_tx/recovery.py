@@ -287,22 +287,6 @@ def _drop_overwrite_stages(target: Target, registry: RegistryIO, txn_ids: Collec
     return dropped
 
 
-def decision_log_txn_ids(checkpoint: str) -> list[str]:
-    """The txn_ids that have at least one decision under ``checkpoint`` (sorted).
-
-    Operator side, once per ``recover``/``gc`` call: these are the queries whose
-    xids the command may touch when it is given a checkpoint and no ``--txn-id``.
-    """
-    import pyarrow.fs as pafs
-
-    from clickhouse_tx.decision_log import FileDecisionLog, _filesystem
-
-    fs, root = _filesystem(checkpoint)
-    infos = fs.get_file_info(pafs.FileSelector(f"{root.rstrip('/')}/clickhouse_tx", allow_not_found=True))
-    names = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
-    return [n for n in names if list(FileDecisionLog(checkpoint, n).batches())]
-
-
 def status_summary(registry: RegistryIO, *, clock: Callable[[], float] = time.time) -> StatusSummary:
     """Counts of open xids per state and per txn_id, the in-doubt ones, the oldest age."""
     entries = registry.list_open(None)

@@ -59,6 +59,27 @@ def qualified(database: str, table: str) -> str:
     return f"{quote_identifier(database)}.{quote_identifier(table)}"
 
 
+def split_table(name: str, default_database: str | None = None) -> tuple[str, str]:
+    """``"db.t"`` -> ``("db", "t")``: the one reading of a table name the user wrote.
+
+    The first dot ends the database: a table name may contain dots, a database name
+    may not. Without a dot the name is a table in ``default_database``; without a
+    default a dot is required. Pure; wherever an option or argument names a table.
+
+    Raises
+    ------
+    ConfigurationError
+        An empty database or table part, or no dot and no default, naming the input.
+    """
+    db, dot, table = name.partition(".")
+    if not dot and default_database is not None:
+        db, table = default_database, name
+    if not db or not table:
+        expected = "database.table" if default_database is None else "table or database.table"
+        raise ConfigurationError(f"table {name!r}: expected {expected}")
+    return db, table
+
+
 def quote_string(value: str) -> str:
     """A ClickHouse string literal: single quotes, backslash escapes."""
     if not isinstance(value, str):

@@ -1,6 +1,6 @@
 """The transaction state machine: one table of legal transitions, one function applying it.
 
-States of one xid (DESIGN §3)::
+States of one xid (``docs/design.md`` §3)::
 
     UNKNOWN -> INITIALIZED -> COMMITTING -> COMMITTED
                INITIALIZED | COMMITTING -> ABORTING -> ABORTED

@@ -20,7 +20,7 @@ logs) and reports, per topic-partition:
   whose decision names an xid whose marker is not visible.
 
 Every read of user tables uses ``implicit_transaction=1``: ClickHouse shows the rows of
-running (uncommitted) transactions to queries outside a transaction (DESIGN §4), so a
+running (uncommitted) transactions to queries outside a transaction (``docs/design.md`` §4), so a
 plain ``SELECT`` would count rows that may still be rolled back. ``system.*`` tables do
 not support transactions and are read without it.
 
@@ -36,26 +36,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import requests
 
-from clickhouse_tx.sql import quote_option_identifier
 from clickhouse_tx.errors import ConfigurationError, ServerError, parse_clickhouse_error
 from clickhouse_tx.markers import transactions_unsupported
+from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
+from clickhouse_tx.sql import split_table
 
 MARKERS_TABLE = "clickhouse_tx_commits"
 #: At most this many rows of a kind are fetched to describe anomalies (counts stay exact).
 DEFAULT_SAMPLE_LIMIT = 100_000
 
 TP = tuple[str | None, int]
-
-
-quote_ident = quote_option_identifier  # table and column names come from the CLI
-
-
-def split_table(table: str) -> tuple[str, str]:
-    """``"db.t"`` → ``("db", "t")``; the table name may contain dots, the database may not."""
-    db, dot, t = table.partition(".")
-    if not dot or not db or not t:
-        raise ConfigurationError(f"table {table!r}: expected database.table")
-    return db, t
 
 
 # --------------------------------------------------------------------------- reading
@@ -397,128 +387,184 @@ def verify(url: str, table: str, *, topic_col: str | None = "topic", partition_c
     db, t = split_table(table)
     ch = ClickHouseReader(url, user=user, password=password)
     try:
-        types = ch.columns(db, t)
-        if not types:
-            raise ConfigurationError(f"table {table} does not exist on {url}")
-        for opt, c in (("topic column", topic_col), ("partition column", partition_col),
-                       ("offset column", offset_col), ("segment column", segment_col)):
-            if c and c not in types:
-                raise ConfigurationError(f"{opt} {c!r} is not a column of {table} "
-                                         f"(columns: {', '.join(types)})")
-        cols = _Cols(topic_col or None, partition_col, offset_col)
-        if expected and not cols.topic:
+        _check_columns(ch, db, t, url, topic_col=topic_col, partition_col=partition_col,
+                       offset_col=offset_col, segment_col=segment_col)
+        scan = _Scan(ch, _Cols(topic_col or None, partition_col, offset_col),
+                     f"{quote_ident(db)}.{quote_ident(t)}", int(sample_limit))
+        if expected and not scan.cols.topic:
             # a table without a topic column is checked by partition alone
             expected = {(None, p): v for (_, p), v in expected.items()}
-        src = f"{quote_ident(db)}.{quote_ident(t)}"
-        key = cols.key_sql()
-        checks = ["duplicates", "gaps"]
-        anomalies: list[Anomaly] = []
-
-        parts = ch.rows(f"SELECT topic, partition, count() AS rows, uniqExact(offset) AS distinct, "
-                        f"min(offset) AS lo, max(offset) AS hi FROM (SELECT {key} FROM {src}) "
-                        f"GROUP BY topic, partition ORDER BY topic, partition")
-        summaries: dict[TP, PartitionSummary] = {}
-        for r in parts:
-            tp = _tp(cols, r)
-            se = (expected or {}).get(tp)
-            summaries[tp] = PartitionSummary(tp[0], tp[1], int(r["rows"]), int(r["distinct"]),
-                                             int(r["lo"]), int(r["hi"]),
-                                             se[0] if se else None, se[1] if se else None)
+        summaries = _summaries(scan, expected or {})
         total = sum(s.rows for s in summaries.values())
-        distinct = sum(s.distinct for s in summaries.values())
-
-        # duplicates: exact counts per partition, ranges from a bounded sample
-        if total != distinct:
-            dups = ch.rows(f"SELECT topic, partition, offset, count() AS c FROM (SELECT {key} FROM {src}) "
-                           f"GROUP BY topic, partition, offset HAVING c > 1 "
-                           f"ORDER BY topic, partition, offset LIMIT {int(sample_limit)}")
-            by_tp: dict[TP, list[tuple[int, int]]] = {}
-            for r in dups:
-                by_tp.setdefault(_tp(cols, r), []).append((int(r["offset"]), int(r["c"])))
-            for tp, s in summaries.items():
-                extra = s.rows - s.distinct
-                if not extra:
-                    continue
-                sample = by_tp.get(tp, [])
-                copies = dict(sample)
-                rs = runs(o for o, _ in sample)
-                if not rs:
-                    anomalies.append(Anomaly("duplicate", tp[0], tp[1], None, None, extra,
-                                             f"{extra} duplicate rows (beyond the sample limit)"))
-                    continue
-                shown = 0
-                for a, b in rs:
-                    n = sum(copies[o] - 1 for o in range(a, b + 1))
-                    shown += n
-                    anomalies.append(Anomaly("duplicate", tp[0], tp[1], a, b, n,
-                                             f"{b - a + 1} offsets stored {max(copies[o] for o in range(a, b + 1))}x"
-                                             if b > a else f"offset stored {copies[a]}x"))
-                if shown < extra:
-                    anomalies.append(Anomaly("duplicate", tp[0], tp[1], None, None, extra - shown,
-                                             "more duplicate rows beyond the sample limit"))
-
-        # gaps inside what is stored
-        holes = {tp: s.max_offset - s.min_offset + 1 - s.distinct for tp, s in summaries.items()}
-        if any(holes.values()):
-            gaps = ch.rows(
-                f"SELECT topic, partition, prev + 1 AS first, offset - 1 AS last FROM ("
-                f"SELECT topic, partition, offset, "
-                f"lagInFrame(offset) OVER (PARTITION BY topic, partition ORDER BY offset "
-                f"ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS prev, "
-                f"row_number() OVER (PARTITION BY topic, partition ORDER BY offset) AS rn "
-                f"FROM (SELECT DISTINCT {key} FROM {src})) WHERE rn > 1 AND offset - prev > 1 "
-                f"ORDER BY topic, partition, first LIMIT {int(sample_limit)}")
-            shown_by: dict[TP, int] = {}
-            for r in gaps:
-                tp = _tp(cols, r)
-                n = int(r["last"]) - int(r["first"]) + 1
-                shown_by[tp] = shown_by.get(tp, 0) + n
-                anomalies.append(Anomaly("gap", tp[0], tp[1], int(r["first"]), int(r["last"]), n,
-                                         "offsets missing between stored ones"))
-            for tp, n in holes.items():
-                if n > shown_by.get(tp, 0):
-                    anomalies.append(Anomaly("gap", tp[0], tp[1], None, None, n - shown_by.get(tp, 0),
-                                             "more missing offsets beyond the sample limit"))
-
+        checks = ["duplicates", "gaps"]
+        anomalies = _duplicates(scan, summaries) + _gaps(scan, summaries)
         if expected:
             checks.append("expected offsets")
             anomalies.extend(check_expected(summaries, expected))
-
         if segment_col:
             checks.append(f"segments by {segment_col}")
-            seg = ch.rows(
-                f"SELECT topic, partition, toString(seg) AS seg, min(offset) AS first, max(offset) AS last, "
-                f"count() AS rows FROM (SELECT {key}, {quote_ident(segment_col)} AS seg FROM {src}) "
-                f"GROUP BY topic, partition, seg ORDER BY topic, partition, seg, first "
-                f"LIMIT {int(sample_limit)}")
-            grouped: dict[TP, list[Segment]] = {}
-            for r in seg:
-                grouped.setdefault(_tp(cols, r), []).append(
-                    Segment(r["seg"], int(r["first"]), int(r["last"]), int(r["rows"])))
-            for tp, segs in sorted(grouped.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-                found = check_segments(tp[0], tp[1], segs)
-                # a gap between inserts is already a table gap; keep overlap/backward only
-                anomalies.extend(a for a in found if a.kind != "gap")
-
-        marker_info: dict[str, object] | None = None
-        mtypes = ch.columns(db, MARKERS_TABLE)
-        if markers and not mtypes:
-            raise ConfigurationError(f"the markers table {db}.{MARKERS_TABLE} does not exist")
-        if mtypes and markers is not False:
-            checks.append("markers")
-            marker_info, found = _check_markers(ch, db, t, mtypes, total, txn_id)
-            anomalies.extend(found)
-            if checkpoint:
-                checks.append("decision logs")
-                anomalies.extend(_check_decisions(ch, db, mtypes, checkpoint, txn_id))
-        elif checkpoint:
-            raise ConfigurationError(f"checking the decision logs of {checkpoint} needs the markers "
-                                     f"table {db}.{MARKERS_TABLE}, which does not exist")
+            anomalies.extend(_segment_anomalies(scan, segment_col))
+        marker_info = _marker_and_decision_checks(ch, db, t, total, txn_id=txn_id,
+                                                  checkpoint=checkpoint, markers=markers,
+                                                  checks=checks, anomalies=anomalies)
+        distinct = sum(s.distinct for s in summaries.values())
         return VerifyReport(table=table, rows=total, distinct=distinct,
-                            partitions=tuple(summaries[k] for k in sorted(summaries, key=lambda x: (str(x[0]), x[1]))),
+                            partitions=tuple(summaries[k] for k in sorted(summaries, key=_tp_order)),
                             anomalies=tuple(anomalies), checks=tuple(checks), markers=marker_info)
     finally:
         ch.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scan:
+    """What every query of one :func:`verify` call reads: the client, columns, source, limit."""
+
+    ch: ClickHouseReader
+    cols: _Cols
+    src: str  # the quoted db.table
+    limit: int  # rows fetched per kind of anomaly (counts stay exact)
+
+    def key_source(self, distinct: bool = False, extra: str = "") -> str:
+        """``(SELECT topic, partition, offset[, extra] FROM src)`` for a FROM clause."""
+        return f"(SELECT {'DISTINCT ' if distinct else ''}{self.cols.key_sql()}{extra} FROM {self.src})"
+
+
+def _tp_order(tp: TP) -> tuple[str, int]:
+    return (str(tp[0]), tp[1])
+
+
+def _check_columns(ch: ClickHouseReader, db: str, t: str, url: str, **named: str | None) -> None:
+    """The table and every named column exist (``named``: option -> column or None)."""
+    types = ch.columns(db, t)
+    if not types:
+        raise ConfigurationError(f"table {db}.{t} does not exist on {url}")
+    for opt, c in named.items():
+        if c and c not in types:
+            raise ConfigurationError(f"{opt.replace('_col', ' column')} {c!r} is not a column of "
+                                     f"{db}.{t} (columns: {', '.join(types)})")
+
+
+def _summaries(scan: _Scan, expected: Mapping[TP, tuple[int, int]]) -> dict[TP, PartitionSummary]:
+    """Rows, distinct offsets and the offset range per topic-partition (one query)."""
+    parts = scan.ch.rows(f"SELECT topic, partition, count() AS rows, uniqExact(offset) AS distinct, "
+                         f"min(offset) AS lo, max(offset) AS hi FROM {scan.key_source()} "
+                         f"GROUP BY topic, partition ORDER BY topic, partition")
+    summaries: dict[TP, PartitionSummary] = {}
+    for r in parts:
+        tp = _tp(scan.cols, r)
+        se = expected.get(tp)
+        summaries[tp] = PartitionSummary(tp[0], tp[1], int(r["rows"]), int(r["distinct"]),
+                                         int(r["lo"]), int(r["hi"]),
+                                         se[0] if se else None, se[1] if se else None)
+    return summaries
+
+
+def _duplicates(scan: _Scan, summaries: Mapping[TP, PartitionSummary]) -> list[Anomaly]:
+    """Duplicated offsets: exact counts per partition, ranges from a bounded sample."""
+    if all(s.rows == s.distinct for s in summaries.values()):
+        return []
+    dups = scan.ch.rows(f"SELECT topic, partition, offset, count() AS c FROM {scan.key_source()} "
+                        f"GROUP BY topic, partition, offset HAVING c > 1 "
+                        f"ORDER BY topic, partition, offset LIMIT {scan.limit}")
+    by_tp: dict[TP, list[tuple[int, int]]] = {}
+    for r in dups:
+        by_tp.setdefault(_tp(scan.cols, r), []).append((int(r["offset"]), int(r["c"])))
+    out: list[Anomaly] = []
+    for tp, s in summaries.items():
+        if s.rows != s.distinct:
+            out.extend(_duplicate_runs(tp, s.rows - s.distinct, by_tp.get(tp, [])))
+    return out
+
+
+def _duplicate_runs(tp: TP, extra: int, sample: list[tuple[int, int]]) -> list[Anomaly]:
+    """One anomaly per run of consecutive duplicated offsets of ``sample`` (offset, copies)."""
+    copies = dict(sample)
+    rs = runs(o for o, _ in sample)
+    if not rs:
+        return [Anomaly("duplicate", tp[0], tp[1], None, None, extra,
+                        f"{extra} duplicate rows (beyond the sample limit)")]
+    out: list[Anomaly] = []
+    shown = 0
+    for a, b in rs:
+        n = sum(copies[o] - 1 for o in range(a, b + 1))
+        shown += n
+        out.append(Anomaly("duplicate", tp[0], tp[1], a, b, n,
+                           f"{b - a + 1} offsets stored {max(copies[o] for o in range(a, b + 1))}x"
+                           if b > a else f"offset stored {copies[a]}x"))
+    if shown < extra:
+        out.append(Anomaly("duplicate", tp[0], tp[1], None, None, extra - shown,
+                           "more duplicate rows beyond the sample limit"))
+    return out
+
+
+def _gaps(scan: _Scan, summaries: Mapping[TP, PartitionSummary]) -> list[Anomaly]:
+    """Offsets missing between stored ones (exact counts, ranges from a bounded sample)."""
+    holes = {tp: s.max_offset - s.min_offset + 1 - s.distinct for tp, s in summaries.items()}
+    if not any(holes.values()):
+        return []
+    gaps = scan.ch.rows(
+        f"SELECT topic, partition, prev + 1 AS first, offset - 1 AS last FROM ("
+        f"SELECT topic, partition, offset, "
+        f"lagInFrame(offset) OVER (PARTITION BY topic, partition ORDER BY offset "
+        f"ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS prev, "
+        f"row_number() OVER (PARTITION BY topic, partition ORDER BY offset) AS rn "
+        f"FROM {scan.key_source(distinct=True)}) WHERE rn > 1 AND offset - prev > 1 "
+        f"ORDER BY topic, partition, first LIMIT {scan.limit}")
+    out: list[Anomaly] = []
+    shown_by: dict[TP, int] = {}
+    for r in gaps:
+        tp = _tp(scan.cols, r)
+        n = int(r["last"]) - int(r["first"]) + 1
+        shown_by[tp] = shown_by.get(tp, 0) + n
+        out.append(Anomaly("gap", tp[0], tp[1], int(r["first"]), int(r["last"]), n,
+                           "offsets missing between stored ones"))
+    for tp, n in holes.items():
+        if n > shown_by.get(tp, 0):
+            out.append(Anomaly("gap", tp[0], tp[1], None, None, n - shown_by.get(tp, 0),
+                               "more missing offsets beyond the sample limit"))
+    return out
+
+
+def _segment_anomalies(scan: _Scan, segment_col: str) -> list[Anomaly]:
+    """Overlapping or backward inserts (:func:`check_segments`); gaps are the table's."""
+    seg = scan.ch.rows(
+        f"SELECT topic, partition, toString(seg) AS seg, min(offset) AS first, max(offset) AS last, "
+        f"count() AS rows FROM {scan.key_source(extra=f', {quote_ident(segment_col)} AS seg')} "
+        f"GROUP BY topic, partition, seg ORDER BY topic, partition, seg, first "
+        f"LIMIT {scan.limit}")
+    grouped: dict[TP, list[Segment]] = {}
+    for r in seg:
+        grouped.setdefault(_tp(scan.cols, r), []).append(
+            Segment(r["seg"], int(r["first"]), int(r["last"]), int(r["rows"])))
+    out: list[Anomaly] = []
+    for tp, segs in sorted(grouped.items(), key=lambda kv: _tp_order(kv[0])):
+        # a gap between inserts is already a table gap; keep overlap/backward only
+        out.extend(a for a in check_segments(tp[0], tp[1], segs) if a.kind != "gap")
+    return out
+
+
+def _marker_and_decision_checks(ch: ClickHouseReader, db: str, t: str, total: int, *,
+                                txn_id: str | None, checkpoint: str | None, markers: bool | None,
+                                checks: list[str], anomalies: list[Anomaly]) -> dict[str, object] | None:
+    """The markers table and the decision logs, when present or asked for.
+
+    Appends to ``checks`` and ``anomalies``; returns the markers' totals (None: not checked).
+    """
+    mtypes = ch.columns(db, MARKERS_TABLE)
+    if markers and not mtypes:
+        raise ConfigurationError(f"the markers table {db}.{MARKERS_TABLE} does not exist")
+    if not mtypes or markers is False:
+        if checkpoint:
+            raise ConfigurationError(f"checking the decision logs of {checkpoint} needs the markers "
+                                     f"table {db}.{MARKERS_TABLE}, which does not exist")
+        return None
+    checks.append("markers")
+    marker_info, found = _check_markers(ch, db, t, mtypes, total, txn_id)
+    anomalies.extend(found)
+    if checkpoint:
+        checks.append("decision logs")
+        anomalies.extend(_check_decisions(ch, db, mtypes, checkpoint, txn_id))
+    return marker_info
 
 
 def _marker_filter(db: str, t: str, mtypes: Mapping[str, str], txn_id: str | None) -> tuple[str, dict]:
@@ -560,18 +606,9 @@ def _check_markers(ch: ClickHouseReader, db: str, t: str, mtypes: Mapping[str, s
 def _check_decisions(ch: ClickHouseReader, db: str, mtypes: Mapping[str, str], checkpoint: str,
                      txn_id: str | None) -> list[Anomaly]:
     """Every xid a decision log names must have a visible marker (every mode but none)."""
-    import pyarrow.fs as pafs
+    from clickhouse_tx.decision_log import FileDecisionLog, txn_ids_with_decisions
 
-    from clickhouse_tx.decision_log import FileDecisionLog, _filesystem
-
-    # the writer's logs live at <checkpointLocation>/clickhouse_tx/<txn_id>/
-    fs, root = _filesystem(checkpoint)
-    base = f"{root.rstrip('/')}/clickhouse_tx"
-    if txn_id:
-        txns = [txn_id]
-    else:
-        infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-        txns = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+    txns = [txn_id] if txn_id else txn_ids_with_decisions(checkpoint)
     src = f"{quote_ident(db)}.{quote_ident(MARKERS_TABLE)}"
     out: list[Anomaly] = []
     for txn in txns:

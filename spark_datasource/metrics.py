@@ -35,11 +35,10 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow.fs as pafs
 
-log = logging.getLogger("clickhouse_tx.spark")
+from clickhouse_tx import layout
+from clickhouse_tx.layout import METRICS_FILE
 
-METRICS_FILE = "metrics.jsonl"
-#: The streaming decision log's default location under the checkpoint.
-_CHECKPOINT_SUBDIR = "clickhouse_tx"
+log = logging.getLogger("clickhouse_tx.spark")
 
 __all__ = ["METRICS_FILE", "append_metrics", "batch_metrics", "metrics_path", "read_metrics"]
 
@@ -82,19 +81,14 @@ def batch_metrics(*, txn_id: str, batch: int, status: str, mode: str, table: str
     }
 
 
-def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
-    return pafs.FileSystem.from_uri(uri)
-
-
 def metrics_path(decision_log_uri: str) -> str:
     """``<decision_log_uri>/clickhouse_tx/metrics.jsonl``, beside the decision logs.
 
     The decision log root is the checkpoint location itself for streaming queries, so
-    the file goes in the library's own subdirectory, not among Spark's files.
+    the file goes in the library's own subdirectory, not among Spark's files
+    (:mod:`clickhouse_tx.layout`).
     """
-    return f"{decision_log_uri.rstrip('/')}/{_CHECKPOINT_SUBDIR}/{METRICS_FILE}"
+    return layout.metrics_path(decision_log_uri)
 
 
 def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
@@ -109,8 +103,8 @@ def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
     line = json.dumps(record, sort_keys=True) + "\n"
     log.info("clickhouse_tx batch metrics: %s", line.strip())
     try:
-        fs, root = _fs(decision_log_uri)
-        path = metrics_path(root)
+        fs, root = layout.open_location(decision_log_uri)
+        path = layout.metrics_path(root)
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         if isinstance(fs, pafs.LocalFileSystem):
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -128,7 +122,7 @@ def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
 
 def _candidates(location: str) -> list[str]:
     base = location.rstrip("/")
-    return [base, f"{base}/{_CHECKPOINT_SUBDIR}"]
+    return [base, layout.library_dir(base)]
 
 
 def read_metrics(checkpoint_location_or_log_uri: str, *, txn_id: str | None = None) -> list[dict[str, Any]]:
@@ -151,7 +145,7 @@ def read_metrics(checkpoint_location_or_log_uri: str, *, txn_id: str | None = No
     """
     out: list[dict[str, Any]] = []
     for cand in _candidates(checkpoint_location_or_log_uri):
-        fs, root = _fs(cand)
+        fs, root = layout.open_location(cand)
         infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
         names = sorted(i.path for i in infos if i.type == pafs.FileType.File
                        and i.base_name.startswith(METRICS_FILE))

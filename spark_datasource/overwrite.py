@@ -1,9 +1,10 @@
 """Batch ``.mode("overwrite")``: replace a table's contents atomically, never truncate-then-write.
 
-1. Driver, in ``writer(schema, overwrite=True)`` (once per job): check the target as
-   for any write (``create_table`` included), then ``CREATE TABLE <db>.<stage> AS
-   <target>`` (same columns, engine, keys and settings) and validate the commit mode
-   on the stage.
+1. Driver, in ``writer(schema, overwrite=True)`` (once per job), :func:`create_stage`:
+   check the target as for any write (``create_table`` included), then ``CREATE TABLE
+   <db>.<stage> AS <target>`` (same columns, engine, keys and settings) and validate
+   the commit mode on the stage. The writer (``spark_datasource.writer.OverwriteWriter``)
+   is built from what it returns and runs no DDL itself.
 2. Executors, once per partition attempt: prepare into the *stage* through the normal
    coordinator and commit mode (so a retried or speculative task is exactly-once in
    the stage, as in an append; mode ``none`` stays at-least-once).
@@ -31,17 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import uuid
 
-from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from clickhouse_tx import sql as q
+from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, overwrite_stage_name
 
-from .writer import ClickHouseTxBatchWriter, _coordinator, _prepared
 from .writer_options import WriterOptions
 
 log = logging.getLogger("clickhouse_tx.spark")
@@ -50,7 +49,8 @@ log = logging.getLogger("clickhouse_tx.spark")
 #: Database engines where ``EXCHANGE TABLES`` is one atomic rename (renameat2).
 EXCHANGE_ENGINES = frozenset({"Atomic", "Replicated"})
 
-__all__ = ["OverwriteWriter", "OVERWRITE_STAGE_PREFIX", "NOT_ATOMIC_WARNING", "swap_in", "swap_method"]
+__all__ = ["OverwriteStage", "OVERWRITE_STAGE_PREFIX", "NOT_ATOMIC_WARNING", "create_stage", "drop_stage",
+           "swap_in", "swap_method"]
 
 
 def _client(target: Target):
@@ -204,69 +204,65 @@ def drop_stage(target: Target, stage: str) -> None:
         c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, stage)} SYNC")
 
 
-class OverwriteWriter(ClickHouseTxBatchWriter):
-    """``df.write.mode("overwrite")``: prepare into a stage table, swap it in on commit.
+@dataclasses.dataclass(frozen=True)
+class OverwriteStage:
+    """What :func:`create_stage` set up for one overwrite job (picklable, no connections).
 
-    Built on the driver by ``ClickHouseTxDataSource.writer(schema, overwrite=True)``,
-    which creates the stage table; pickled to the executors (``write``, inherited)
-    and to the commit/abort worker. Holds only options and names (picklable).
-
-    Parameters
+    Attributes
     ----------
-    opts
-        The parsed options (their ``table`` is the table to overwrite).
-    schema
-        The Spark schema of the rows.
+    options
+        The job's options aimed at the stage (``table`` is the stage; executors
+        prepare into it as into any table).
+    txn_id
+        The job's transactional id; it also names the stage.
+    name
+        The stage table, in the target's database.
+    swap
+        How :func:`swap_in` will swap it in (:func:`swap_method`).
+    conversion
+        The target's column types, for the executors' value checks.
     """
 
-    def __init__(self, opts: WriterOptions, schema: StructType) -> None:
-        from clickhouse_tx.factory import build_mode_io
+    options: WriterOptions
+    txn_id: str
+    name: str
+    swap: str
+    conversion: ConversionPlan
 
-        from .type_mapping import spark_schema_to_arrow
-        from .writer_setup import prepare_target
 
-        plan = prepare_target(opts, schema)
-        txn_id = opts.txn_id() or f"job-{uuid.uuid4().hex[:12]}"
-        stage = overwrite_stage_name(txn_id)  # names the job: gc can tell whose a leftover is
-        self.final_opts = opts
-        target = opts.target()
-        with _client(target) as c:
-            c.command(f"CREATE TABLE {q.qualified(opts.database, stage)} AS "
-                      f"{q.qualified(opts.database, opts.table)}")
-        stage_opts = dataclasses.replace(opts, table=stage, create_table=False)
-        try:
-            build_mode_io(opts.mode).validate(stage_opts.target(), spark_schema_to_arrow(schema))
-            self.swap = swap_method(target)  # warns now, before any task writes, if not atomic
-        except BaseException:
-            drop_stage(target, stage)
-            raise
-        self.stage = stage
-        super().__init__(stage_opts, schema, txn_id, plan)
-        log.info("clickhouse_tx overwrite of %s: job %s writes into stage %s",
-                 opts.qualified_table, txn_id, stage)
+def create_stage(opts: WriterOptions, schema: StructType) -> OverwriteStage:
+    """The overwrite job's DDL: check the target, ``CREATE TABLE <stage> AS <target>``.
 
-    @property
-    def display_table(self) -> str:
-        return self.final_opts.qualified_table
+    Driver, once per overwrite job, in ``ClickHouseTxDataSource.writer(schema,
+    overwrite=True)``, before any task writes (the writer built from its result runs
+    no DDL). Also validates the commit mode on the stage and picks the swap method,
+    which warns now if the swap cannot be atomic. A failure after the stage was
+    created drops it again.
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        """Driver, once per job: commit into the stage, swap it in, drop the stage."""
-        started = time.monotonic()
-        report = _coordinator(self.opts, self.txn_id).commit_batch(0, _prepared(messages))
-        target = self.final_opts.target()
-        method = swap_in(target, self.stage, self.swap)
-        drop_stage(target, self.stage)
-        log.info("clickhouse_tx overwrite of %s committed (%s, %d rows): %s",
-                 self.display_table, method, report.rows, report)
-        self._metrics(0, "committed", messages, committed_partitions=len(report.committed),
-                      rows=report.rows, commit_seconds=time.monotonic() - started,
-                      rolled_back=len(report.rolled_back), replay=report.replay,
-                      durations={**report.durations, "swap_and_drop": time.monotonic() - started
-                                 - report.durations.get("total", 0.0)})
+    Raises
+    ------
+    ConfigurationError
+        The target, the schema or the mode do not fit (as for an append).
+    """
+    from clickhouse_tx.factory import build_mode_io
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        """Driver, once per failed job: roll back, drop the stage; the target is untouched."""
-        try:
-            self._abort(messages, 0)
-        finally:
-            drop_stage(self.final_opts.target(), self.stage)
+    from .type_mapping import spark_schema_to_arrow
+    from .writer_setup import prepare_target
+
+    plan = prepare_target(opts, schema)
+    txn_id = opts.txn_id() or f"job-{uuid.uuid4().hex[:12]}"
+    stage = overwrite_stage_name(txn_id)  # names the job: gc can tell whose a leftover is
+    target = opts.target()
+    with _client(target) as c:
+        c.command(f"CREATE TABLE {q.qualified(opts.database, stage)} AS "
+                  f"{q.qualified(opts.database, opts.table)}")
+    stage_opts = dataclasses.replace(opts, table=stage, create_table=False)
+    try:
+        build_mode_io(opts.mode).validate(stage_opts.target(), spark_schema_to_arrow(schema))
+        swap = swap_method(target)
+    except BaseException:
+        drop_stage(target, stage)
+        raise
+    log.info("clickhouse_tx overwrite of %s: job %s writes into stage %s",
+             opts.qualified_table, txn_id, stage)
+    return OverwriteStage(stage_opts, txn_id, stage, swap, plan)

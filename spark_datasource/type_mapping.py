@@ -16,8 +16,8 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from clickhouse_tx.chtypes import tuple_element_name
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.sql import quote_option_identifier
 
 __all__ = ["arrow_to_clickhouse", "spark_schema_to_arrow", "spark_to_clickhouse"]
 
@@ -90,7 +90,7 @@ def spark_to_clickhouse(dt: T.DataType, nullable: bool = False, *, column: str =
         if not dt.fields:
             raise ConfigurationError(f"column `{column}`: an empty struct has no ClickHouse type")
         parts = [
-            f"{tuple_element_name(f.name)} {spark_to_clickhouse(f.dataType, f.nullable, column=column)}"
+            f"{quote_option_identifier(f.name)} {spark_to_clickhouse(f.dataType, f.nullable, column=column)}"
             for f in dt.fields
         ]
         return f"Tuple({', '.join(parts)})"
@@ -151,7 +151,7 @@ def arrow_to_clickhouse(at: pa.DataType, nullable: bool = False, *, column: str 
         if at.num_fields == 0:
             raise ConfigurationError(f"column `{column}`: an empty struct has no ClickHouse type")
         parts = [
-            f"{tuple_element_name(at.field(i).name)} "
+            f"{quote_option_identifier(at.field(i).name)} "
             f"{arrow_to_clickhouse(at.field(i).type, at.field(i).nullable, column=column)}"
             for i in range(at.num_fields)
         ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -34,7 +34,11 @@ from clickhouse_tx.faults import FaultPlan, with_faults
 from clickhouse_tx.interfaces import Prepared, WriteContext
 
 from .metrics import append_metrics, batch_metrics
+from .overwrite import OverwriteStage, create_stage, drop_stage, swap_in
 from .writer_options import WriterOptions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.coordinator import CommitReport
 
 log = logging.getLogger("clickhouse_tx.spark")
 
@@ -145,11 +149,16 @@ class _WriterBase:
     def _commit(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:
         started = time.monotonic()
         report = _coordinator(self.opts, self.txn_id).commit_batch(batch, _prepared(messages))
+        published = self._after_commit(report)
         log.info("clickhouse_tx %s batch %d committed: %s", self.txn_id, batch, report)
         self._metrics(batch, "committed", messages, committed_partitions=len(report.committed),
                       rows=report.rows, commit_seconds=time.monotonic() - started,
                       rolled_back=len(report.rolled_back), replay=report.replay,
-                      durations=report.durations)
+                      durations={**report.durations, **published})
+
+    def _after_commit(self, report: CommitReport) -> dict[str, float]:
+        """Driver, after the batch committed: a subclass's last step; its durations (s)."""
+        return {}
 
     def _abort(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:
         started = time.monotonic()
@@ -186,6 +195,52 @@ class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """Driver, once per failed micro-batch."""
         self._abort(messages, batchId)
+
+
+class OverwriteWriter(ClickHouseTxBatchWriter):
+    """``df.write.mode("overwrite")``: prepare into a stage table, swap it in on commit.
+
+    Built on the driver by ``ClickHouseTxDataSource.writer(schema, overwrite=True)``
+    from the stage :func:`~spark_datasource.overwrite.create_stage` made (the DDL
+    runs there, not here); pickled to the executors (``write``, inherited) and to the
+    commit/abort worker. Holds only options and names (picklable).
+
+    Parameters
+    ----------
+    opts
+        The parsed options (their ``table`` is the table to overwrite).
+    schema
+        The Spark schema of the rows.
+    stage
+        The job's stage table and its options.
+    """
+
+    def __init__(self, opts: WriterOptions, schema: StructType, stage: OverwriteStage) -> None:
+        self.final_opts = opts
+        self.stage = stage.name
+        self.swap = stage.swap
+        super().__init__(stage.options, schema, stage.txn_id, stage.conversion)
+
+    @property
+    def display_table(self) -> str:
+        return self.final_opts.qualified_table
+
+    def _after_commit(self, report: CommitReport) -> dict[str, float]:
+        """Driver, once per job, after the stage committed: swap it in, drop it."""
+        started = time.monotonic()
+        target = self.final_opts.target()
+        method = swap_in(target, self.stage, self.swap)
+        drop_stage(target, self.stage)
+        log.info("clickhouse_tx overwrite of %s swapped in (%s, %d rows)", self.display_table, method,
+                 report.rows)
+        return {"swap_and_drop": time.monotonic() - started}
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        """Driver, once per failed job: roll back, drop the stage; the target is untouched."""
+        try:
+            self._abort(messages, 0)
+        finally:
+            drop_stage(self.final_opts.target(), self.stage)
 
 
 def reject_unsupported(opts: WriterOptions, overwrite: bool = False) -> None:
@@ -246,11 +301,9 @@ class ClickHouseTxDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
         """Driver, once per batch job; the writer is pickled to executors and the commit."""
         if overwrite:
-            from .overwrite import OverwriteWriter
-
             opts = WriterOptions.parse(self.options, streaming=False)
             reject_unsupported(opts, overwrite=True)
-            return OverwriteWriter(opts, schema)
+            return OverwriteWriter(opts, schema, create_stage(opts, schema))
         opts, txn_id, plan = self._validated(schema, streaming=False)
         log.info("clickhouse_tx batch job into %s: transactional_id %r (%s)", opts.qualified_table, txn_id,
                  "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job")

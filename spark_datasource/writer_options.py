@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode, Target
+from clickhouse_tx.sql import split_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.retry import RetryPolicy
@@ -160,9 +161,7 @@ def _route_tables(raw: str | None, database: str) -> tuple[tuple[str, str], ...]
         if not name:
             raise _bad("tables", raw, "a comma-separated list of db.table or table names "
                        "(no empty entries)")
-        db, t = name.split(".", 1) if "." in name else (database, name)
-        if not db or not t:
-            raise _bad("tables", raw, f"db.table or table names ({name!r} is neither)")
+        db, t = _table_name("tables", raw, name, database, f"db.table or table names ({name!r} is neither)")
         if (db, t) not in out:
             out.append((db, t))
     return tuple(out)
@@ -189,10 +188,20 @@ def _dead_letter_table(opts: Mapping[str, str], database: str, mode: Mode) -> tu
             "the partition's) only")
     if opts.get("table_column", "").strip():
         raise ConfigurationError("option bad_rows=dead_letter cannot be combined with table_column")
-    db, table = raw.split(".", 1) if "." in raw else (database, raw)
-    if not db or not table:
-        raise _bad("dead_letter_table", raw, "table or database.table")
-    return db, table
+    return _table_name("dead_letter_table", raw, raw, database, "table or database.table")
+
+
+def _check_faults(faults: Mapping[str, str]) -> None:
+    """``fault.*``: refused outside the test suite, and a bad step fails here, on the driver."""
+    if not faults:
+        return
+    from clickhouse_tx.faults import FaultPlan, check_enabled
+
+    check_enabled(faults)
+    try:
+        FaultPlan.parse(faults)
+    except ValueError as exc:
+        raise ConfigurationError(f"option {exc}") from None
 
 
 def _no_semicolon(option: str, value: str) -> str:
@@ -204,6 +213,25 @@ def _no_semicolon(option: str, value: str) -> str:
     if not v:
         raise _bad(option, value, "a non-empty SQL expression")
     return v
+
+
+#: Options holding one value each: option -> (WriterOptions field, parser). An option
+#: not given keeps the field's default; each parser names the option in its error.
+_SCALAR_OPTIONS: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "batch_size": ("batch_size", _positive_int),
+    "batch_bytes": ("batch_bytes", _positive_int),
+    "connect_timeout": ("connect_timeout_s", _positive_float),
+    "request_timeout": ("request_timeout_s", _positive_float),
+    "session_timeout": ("session_timeout_s", _positive_int),
+    "create_table": ("create_table", _bool),
+    "order_by": ("order_by", _no_semicolon),
+    "partition_by": ("partition_by", _no_semicolon),
+    "engine": ("engine", _no_semicolon),
+    "allow_nullable_into_non_nullable": ("allow_nullable_into_non_nullable", _bool),
+    "strict_precision": ("strict_precision", _bool),
+    "retry.attempts": ("retry_attempts", _positive_int),
+    "retry.max_seconds": ("retry_max_seconds", _positive_float),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,126 +431,150 @@ class WriterOptions:
             On an unknown option (with close matches), a missing required option or a
             malformed value (naming the option and the value, never the password).
         """
-        opts: dict[str, str] = {}
-        for k, v in dict(options).items():
-            key = str(k).strip().lower()
-            if key in opts:
-                raise ConfigurationError(f"option {key} is given twice (options are case-insensitive)")
-            opts[key] = "" if v is None else str(v)
-
-        unknown = sorted(k for k in opts if k not in KNOWN_OPTIONS and not k.startswith(_PREFIXES))
-        if unknown:
-            lines = []
-            for k in unknown:
-                close = difflib.get_close_matches(k, KNOWN_OPTIONS, n=3, cutoff=0.6)
-                lines.append(k + (f" (did you mean {', '.join(close)}?)" if close else ""))
-            raise ConfigurationError("unknown clickhouse_tx option(s): " + "; ".join(lines))
-
-        def get(name: str, conv: Callable[[str, str], object], default: object) -> object:
-            return conv(name, opts[name]) if name in opts else default
-
-        if "url" not in opts or not opts["url"].strip():
-            raise ConfigurationError("option url is required (e.g. http://127.0.0.1:8123)")
-        url = _url(opts["url"])
-
-        table_raw = opts.get("table", "").strip()
-        path = opts.get("path", "").strip()
-        if not table_raw and path:
-            table_raw = path  # df.write.format("clickhouse_tx").save("db.events")
-        elif table_raw and path and path != table_raw:
-            raise ConfigurationError(
-                f"option table={table_raw!r} and save(path={path!r}) disagree; give one")
-        if not table_raw:
-            raise ConfigurationError("option table is required (table or database.table)")
-        if "database" in opts:
-            database, table = opts["database"].strip(), table_raw
-            if not database:
-                raise _bad("database", opts["database"], "a non-empty database name")
-        elif "." in table_raw:
-            database, table = table_raw.split(".", 1)
-        else:
-            database, table = "default", table_raw
-        if not database or not table:
-            raise _bad("table", table_raw, "table or database.table")
-
-        mode_raw = opts.get("mode", "transaction")
-        try:
-            mode = Mode(mode_raw.strip().lower())
-        except ValueError:
-            raise _bad("mode", mode_raw, "one of " + ", ".join(m.value for m in Mode)) from None
-
-        chk = opts.get("checkpointlocation", "").strip() or None
-        qname = opts.get("queryname", "").strip() or None
-        txn = _explicit_txn_id(opts)
-        if streaming and chk is None and ("transactional_id" not in opts or "decision_log" not in opts):
-            raise ConfigurationError(
-                "a streaming write needs .option('checkpointLocation', ...) on the writer "
-                "(a checkpoint set through spark.sql.streaming.checkpointLocation is not "
-                "passed to data sources), or explicit transactional_id and decision_log")
-        if streaming:
-            # Empty until with_query_identity() reads it from the checkpoint (or checks
-            # the explicit one against it).
-            txn = txn or ""
-        elif txn is None or "decision_log" not in opts:
-            txn = _batch_job_id(txn)
-        # else: a batch job with its own transactional_id and decision_log is resumable:
-        # running it again replays an unfinished decision (check_batch_job_not_done
-        # refuses a finished one on the driver).
-
-        if "decision_log" in opts:
-            decision_log = opts["decision_log"].strip()
-            if not decision_log:
-                raise _bad("decision_log", opts["decision_log"], "a path or URI")
-        elif streaming:
-            # The decision log lives at <checkpointLocation>/clickhouse_tx/<txn_id>/
-            # (FileDecisionLog adds the clickhouse_tx/<txn_id> part), spelled one way.
-            decision_log = canonical_location(chk, os.getcwd())  # type: ignore[arg-type]
-        else:
-            decision_log = _batch_log(txn)
-
-        settings: dict[str, str] = {}
-        faults: dict[str, str] = {}
-        for k, v in opts.items():
-            if k.startswith("setting."):
-                name = k[len("setting."):]
-                if not _SETTING.match(name):
-                    raise ConfigurationError(
-                        f"option {k}: {name!r} is not a ClickHouse setting name")
-                settings[name] = v
-            elif k.startswith("fault."):
-                faults[k] = v
-
-        order_by = get("order_by", _no_semicolon, None)
-        partition_by = get("partition_by", _no_semicolon, None)
-        engine = get("engine", _no_semicolon, "MergeTree")
+        opts = _lower_keys(options)
+        _refuse_unknown(opts)
+        url = _required_url(opts)
+        database, table = _target_table(opts)
+        mode = _mode(opts)
+        identity = _identity(opts, streaming)
+        settings, faults = _prefixed(opts)
         table_column = opts.get("table_column", "").strip() or None
         if "table_column" in opts and table_column is None:
             raise _bad("table_column", opts["table_column"], "a column name")
-        tables = _route_tables(opts.get("tables"), database)
-
-        dead_letter_table = _dead_letter_table(opts, database, mode)
-        attempts_raw = opts.get("retry.attempts")
-        retry_attempts = 5 if attempts_raw is None else _positive_int("retry.attempts", attempts_raw)
-
         return cls(
-            url=url, table=table, database=database, user=opts.get("user", "default") or "default",
-            password=opts.get("password", ""), mode=mode, transactional_id=txn,
-            streaming=streaming, checkpoint_location=chk, query_name=qname,
-            decision_log=decision_log,
-            batch_size=get("batch_size", _positive_int, 65536),  # type: ignore[arg-type]
-            batch_bytes=get("batch_bytes", _positive_int, 64 * 1024 * 1024),  # type: ignore[arg-type]
-            connect_timeout_s=get("connect_timeout", _positive_float, 10.0),  # type: ignore[arg-type]
-            request_timeout_s=get("request_timeout", _positive_float, 300.0),  # type: ignore[arg-type]
-            session_timeout_s=get("session_timeout", _positive_int, 3600),  # type: ignore[arg-type]
-            create_table=get("create_table", _bool, False),  # type: ignore[arg-type]
-            order_by=order_by, partition_by=partition_by, engine=engine,  # type: ignore[arg-type]
-            table_column=table_column, tables=tables,
-            allow_nullable_into_non_nullable=get(  # type: ignore[arg-type]
-                "allow_nullable_into_non_nullable", _bool, False),
-            strict_precision=get("strict_precision", _bool, False),  # type: ignore[arg-type]
-            dead_letter_table=dead_letter_table,
-            retry_attempts=retry_attempts,
-            retry_max_seconds=get("retry.max_seconds", _positive_float, 60.0),  # type: ignore[arg-type]
-            settings=settings, faults=faults,
-            resumable_batch_job=not streaming and "transactional_id" in opts and "decision_log" in opts,
+            url=url, table=table, database=database,
+            user=opts.get("user", "default") or "default", password=opts.get("password", ""),
+            mode=mode, streaming=streaming, **identity, settings=settings, faults=faults,
+            table_column=table_column, tables=_route_tables(opts.get("tables"), database),
+            dead_letter_table=_dead_letter_table(opts, database, mode),
+            **_scalar_values(opts),  # type: ignore[arg-type]
         )
+
+
+# -- WriterOptions.parse, step by step (each reads the lower-cased options dict) ------------
+
+
+def _lower_keys(options: Mapping[str, str]) -> dict[str, str]:
+    """Keys stripped and lower-cased (as Spark delivers them), values as strings."""
+    opts: dict[str, str] = {}
+    for k, v in dict(options).items():
+        key = str(k).strip().lower()
+        if key in opts:
+            raise ConfigurationError(f"option {key} is given twice (options are case-insensitive)")
+        opts[key] = "" if v is None else str(v)
+    return opts
+
+
+def _refuse_unknown(opts: Mapping[str, str]) -> None:
+    """Every key is a known option or of a prefixed family; else name the close matches."""
+    unknown = sorted(k for k in opts if k not in KNOWN_OPTIONS and not k.startswith(_PREFIXES))
+    if unknown:
+        lines = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, KNOWN_OPTIONS, n=3, cutoff=0.6)
+            lines.append(k + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        raise ConfigurationError("unknown clickhouse_tx option(s): " + "; ".join(lines))
+
+
+def _required_url(opts: Mapping[str, str]) -> str:
+    if not opts.get("url", "").strip():
+        raise ConfigurationError("option url is required (e.g. http://127.0.0.1:8123)")
+    return _url(opts["url"])
+
+
+def _target_table(opts: Mapping[str, str]) -> tuple[str, str]:
+    """``(database, table)`` from ``table`` (or ``save(path)``) and ``database``."""
+    table_raw = opts.get("table", "").strip()
+    path = opts.get("path", "").strip()
+    if not table_raw and path:
+        table_raw = path  # df.write.format("clickhouse_tx").save("db.events")
+    elif table_raw and path and path != table_raw:
+        raise ConfigurationError(
+            f"option table={table_raw!r} and save(path={path!r}) disagree; give one")
+    if not table_raw:
+        raise ConfigurationError("option table is required (table or database.table)")
+    if "database" not in opts:
+        return _table_name("table", table_raw, table_raw, "default", "table or database.table")
+    database = opts["database"].strip()
+    if not database:
+        raise _bad("database", opts["database"], "a non-empty database name")
+    return database, table_raw  # with an explicit database, dots belong to the table name
+
+
+def _table_name(option: str, raw: str, name: str, database: str, expected: str) -> tuple[str, str]:
+    """``name`` (part of option ``raw``) as ``(database, table)``, refused as the option's value."""
+    try:
+        return split_table(name, database)
+    except ConfigurationError:
+        raise _bad(option, raw, expected) from None
+
+
+def _mode(opts: Mapping[str, str]) -> Mode:
+    mode_raw = opts.get("mode", "transaction")
+    try:
+        return Mode(mode_raw.strip().lower())
+    except ValueError:
+        raise _bad("mode", mode_raw, "one of " + ", ".join(m.value for m in Mode)) from None
+
+
+def _identity(opts: Mapping[str, str], streaming: bool) -> dict[str, object]:
+    """``transactional_id``, ``decision_log`` and what they derive from, as fields.
+
+    A streaming id stays empty until :meth:`WriterOptions.with_query_identity` reads
+    it from the checkpoint; a batch job gets a fresh id unless it has its own id and
+    ``decision_log`` (then it is resumable).
+    """
+    chk = opts.get("checkpointlocation", "").strip() or None
+    qname = opts.get("queryname", "").strip() or None
+    txn = _explicit_txn_id(opts)
+    if streaming and chk is None and ("transactional_id" not in opts or "decision_log" not in opts):
+        raise ConfigurationError(
+            "a streaming write needs .option('checkpointLocation', ...) on the writer "
+            "(a checkpoint set through spark.sql.streaming.checkpointLocation is not "
+            "passed to data sources), or explicit transactional_id and decision_log")
+    resumable = not streaming and txn is not None and "decision_log" in opts
+    if streaming:
+        txn = txn or ""  # checked against the stored one by with_query_identity()
+    elif not resumable:
+        txn = _batch_job_id(txn)
+    # A resumable batch job replays an unfinished decision when run again
+    # (check_batch_job_not_done refuses a finished one on the driver).
+    return {"transactional_id": txn, "checkpoint_location": chk, "query_name": qname,
+            "decision_log": _decision_log(opts, streaming, chk, txn),  # type: ignore[arg-type]
+            "resumable_batch_job": resumable}
+
+
+def _decision_log(opts: Mapping[str, str], streaming: bool, chk: str | None, txn: str) -> str:
+    if "decision_log" in opts:
+        decision_log = opts["decision_log"].strip()
+        if not decision_log:
+            raise _bad("decision_log", opts["decision_log"], "a path or URI")
+        return decision_log
+    if streaming:
+        # The decision log lives at <checkpointLocation>/clickhouse_tx/<txn_id>/
+        # (clickhouse_tx.layout), the checkpoint spelled one way.
+        return canonical_location(chk, os.getcwd())  # type: ignore[arg-type]
+    return _batch_log(txn)
+
+
+def _prefixed(opts: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``setting.<name>`` (ClickHouse settings) and ``fault.*`` (test-only hooks)."""
+    settings: dict[str, str] = {}
+    faults: dict[str, str] = {}
+    for k, v in opts.items():
+        if k.startswith("setting."):
+            name = k[len("setting."):]
+            if not _SETTING.match(name):
+                raise ConfigurationError(
+                    f"option {k}: {name!r} is not a ClickHouse setting name")
+            settings[name] = v
+        elif k.startswith("fault."):
+            faults[k] = v
+    _check_faults(faults)
+    return settings, faults
+
+
+def _scalar_values(opts: Mapping[str, str]) -> dict[str, object]:
+    """The :data:`_SCALAR_OPTIONS` given, parsed, by field; absent ones keep the field default."""
+    return {field: parser(name, opts[name])
+            for name, (field, parser) in _SCALAR_OPTIONS.items() if name in opts}

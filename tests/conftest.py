@@ -20,15 +20,14 @@ import pytest
 # whatever `python3` is on PATH. Set before any test module creates a SparkSession.
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# The writer's fault.* hooks (clickhouse_tx.faults) are refused without this; set here,
+# before any SparkSession or subprocess starts, so the JVM, its Python workers and the
+# jobs the torture tests launch inherit it. Production environments never set it.
+os.environ["CLICKHOUSE_TX_TEST_FAULTS"] = "1"
 
+from clickhouse_tx.sql import quote_identifier as quote_ident  # noqa: E402,F401 - for the tests
 from server_patches import stack as stack_mod  # noqa: E402
 from server_patches.stack import StackInfo  # noqa: E402
-
-
-def quote_ident(name: str) -> str:
-    """Backtick-quote a ClickHouse identifier, escaping backslashes and backticks."""
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
-
 
 #: Why the shared stack has no Kafka, for the ``kafka_bootstrap`` fixture to report.
 _kafka_missing_reason: list[str] = []

@@ -13,10 +13,6 @@ values shipped to executors; each call builds its own HTTP client from the Targe
 
 from __future__ import annotations
 
-from typing import Iterator
-
-import pyarrow as pa
-
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import CommitModeIO, Mode
 
@@ -41,18 +37,4 @@ def mode_io_for(mode: "Mode | str") -> CommitModeIO:
     return PlainMode()
 
 
-def peek_schema(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
-    """The schema of the first batch and an iterator that still yields every batch.
-
-    ``(None, empty)`` when there is no batch at all (an empty partition).
-    """
-    it = iter(batches)
-    for first in it:
-        def chained() -> Iterator[pa.RecordBatch]:
-            yield first
-            yield from it
-        return first.schema, chained()
-    return None, iter(())
-
-
-__all__ = ["mode_io_for", "peek_schema"]
+__all__ = ["mode_io_for"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import pyarrow as pa
 
@@ -58,3 +58,17 @@ class ModeBase:
     @staticmethod
     def markers(target: Target, client: ClickHouseHTTP | None = None) -> CommitMarkers:
         return CommitMarkers(target, client)
+
+
+def peek_schema(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
+    """The schema of the first batch and an iterator that still yields every batch.
+
+    ``(None, empty)`` when there is no batch at all (an empty partition).
+    """
+    it = iter(batches)
+    for first in it:
+        def chained() -> Iterator[pa.RecordBatch]:
+            yield first
+            yield from it
+        return first.schema, chained()
+    return None, iter(())

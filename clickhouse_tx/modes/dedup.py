@@ -44,8 +44,7 @@ from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommi
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
-from clickhouse_tx.modes import peek_schema
-from clickhouse_tx.modes.base import ModeBase
+from clickhouse_tx.modes.base import ModeBase, peek_schema
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.state import TxState
 

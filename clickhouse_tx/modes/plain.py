@@ -14,8 +14,7 @@ import pyarrow as pa
 
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
-from clickhouse_tx.modes import peek_schema
-from clickhouse_tx.modes.base import ModeBase
+from clickhouse_tx.modes.base import ModeBase, peek_schema
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,7 @@ from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
-from clickhouse_tx.modes import peek_schema
-from clickhouse_tx.modes.base import ModeBase
+from clickhouse_tx.modes.base import ModeBase, peek_schema
 
 log = logging.getLogger(__name__)
 

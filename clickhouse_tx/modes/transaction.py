@@ -54,8 +54,7 @@ from clickhouse_tx.http_client import (INVALID_TRANSACTION, SESSION_IS_LOCKED, S
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches, batch_checksum, combine, finish
 from clickhouse_tx import sql as q
-from clickhouse_tx.modes import peek_schema
-from clickhouse_tx.modes.base import ModeBase
+from clickhouse_tx.modes.base import ModeBase, peek_schema
 
 log = logging.getLogger(__name__)
 

@@ -101,7 +101,7 @@ def test_an_expired_session_rolls_back_its_open_transaction(
     try:
         short.command("BEGIN TRANSACTION")
         short.command("INSERT INTO t VALUES (1), (2), (3)")
-        # Outside a transaction ClickHouse shows the open insert (DESIGN §4 caveat):
+        # Outside a transaction ClickHouse shows the open insert (docs/design.md §4 caveat):
         # this proves the transaction is open before it expires.
         assert _count(ch_client, "t") == 3
 

@@ -168,7 +168,7 @@ def test_a_read_committed_reader_never_sees_rows_of_an_open_transaction(
 
 def test_a_plain_select_outside_a_transaction_does_see_uncommitted_rows(
         admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
-    """The documented caveat (DESIGN §4): readers who need read-committed use implicit_transaction=1."""
+    """The documented caveat (docs/design.md §4): readers who need read-committed use implicit_transaction=1."""
     target = make_table(admin, database)
     co = build_coordinator(target, "transaction", TXN, str(tmp_path))
     msgs = prepare_all(co, rows(1000))

@@ -1,6 +1,6 @@
 """The end-to-end pipeline survives SIGKILLs of the whole Spark job at every protocol step.
 
-Each test runs :func:`benchmarks.pipeline.run_pipeline` against the shared stack: a
+Each test runs :func:`benchmarks.pipeline_run.run_pipeline` against the shared stack: a
 real Kafka-protocol broker, a real local Spark job in its own process group, ClickHouse
 on chdb with ZooKeeper. The job is killed (SIGKILL of its process group: driver JVM,
 Python workers) either by the writer's fault injection at a named step of the
@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from benchmarks.pipeline import FAULT_STEPS, PipelineConfig, run_pipeline, summary_table
+from benchmarks.pipeline_run import FAULT_STEPS, PipelineConfig, run_pipeline, summary_table
 from server_patches.stack import StackInfo
 
 EXACTLY_ONCE_MODES = ("transaction", "staging", "dedup")
