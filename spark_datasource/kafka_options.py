@@ -128,6 +128,12 @@ class KafkaOptions:
             # transactions are never delivered, and end offsets stop at the last stable
             # offset. ``kafka.isolation.level=read_uncommitted`` opts out.
             "isolation_level": "read_committed",
+            # An executor asks only for records its range says exist, so a broker
+            # that has none at the fetch position should answer at once. With
+            # kafka-python's 500 ms, the prefetch a consumer sends at a range's end
+            # (the log end) parks at the broker, and the next micro-batch's read on
+            # that pooled consumer waits for it before it can fetch.
+            "fetch_max_wait_ms": 10,
         }
         cfg.update(dict(self.kafka_params))
         return cfg
