@@ -255,6 +255,37 @@ def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: 
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class KafkaRangeGroup(InputPartition):
+    """One Spark partition reading several whole offset ranges, one after the other.
+
+    Built by :func:`group_ranges` when ``maxPartitions`` is below the number of ranges.
+    """
+
+    ranges: tuple[KafkaOffsetRange, ...]
+
+
+def group_ranges(ranges: Sequence[KafkaOffsetRange],
+                 max_partitions: int | None) -> list[InputPartition]:
+    """Pack ``ranges`` into at most ``max_partitions`` Spark partitions (driver; pure).
+
+    Largest range first into the group with the fewest records so far (ties: the lower
+    group), each group then in topic-partition order. A pure function of the ranges and
+    the option, so a replayed batch gets the same groups; a range is never split, so a
+    topic-partition's records stay in offset order within one task.
+    """
+    if not max_partitions or len(ranges) <= max_partitions:
+        return list(ranges)
+    groups: list[list[KafkaOffsetRange]] = [[] for _ in range(max_partitions)]
+    loads = [0] * max_partitions
+    for r in sorted(ranges, key=lambda r: (-r.size, r.topic, r.partition, r.start)):
+        i = min(range(max_partitions), key=lambda j: (loads[j], j))
+        groups[i].append(r)
+        loads[i] += r.size
+    return [KafkaRangeGroup(tuple(sorted(g, key=lambda r: (r.topic, r.partition, r.start))))
+            for g in groups if g]
+
+
 def resolve_offsets(spec: object, tps: Sequence[TP], earliest: Mapping[TP, int],
                     latest: Mapping[TP, int], option: str) -> dict[TP, int]:
     """Turn ``startingOffsets``/``endingOffsets`` into offsets for ``tps`` (driver).
@@ -579,6 +610,16 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange,
                   clock.ms(time.monotonic()))
 
 
+def read_partition(opts: KafkaOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Read one Spark partition: an offset range, or a group of them in order (executor)."""
+    if isinstance(partition, KafkaRangeGroup):
+        for rng in partition.ranges:
+            yield from read_range(opts, rng)
+        return
+    assert isinstance(partition, KafkaOffsetRange)
+    yield from read_range(opts, partition)
+
+
 @dataclasses.dataclass
 class _ReadClock:
     """Where one range's read spent its time (for the DEBUG line of :func:`read_range`)."""
@@ -738,11 +779,11 @@ class KafkaBatchReader(DataSourceReader):
                                   "endingOffsets")
         finally:
             meta.close()
-        return plan_ranges(start, end, self.opts.min_partitions, self.opts.fail_on_data_loss)
+        return group_ranges(plan_ranges(start, end, self.opts.min_partitions,
+                                        self.opts.fail_on_data_loss), self.opts.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaOffsetRange)
-        return read_range(self.opts, partition)
+        return read_partition(self.opts, partition)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -808,12 +849,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         """Offset ranges of one micro-batch (driver; pure, so a replay plans the same)."""
-        return plan_ranges(from_json_offsets(start), from_json_offsets(end),
-                           self.opts.min_partitions, self.opts.fail_on_data_loss)
+        return group_ranges(plan_ranges(from_json_offsets(start), from_json_offsets(end),
+                                        self.opts.min_partitions, self.opts.fail_on_data_loss),
+                            self.opts.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaOffsetRange)
-        return read_range(self.opts, partition)
+        return read_partition(self.opts, partition)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the consumed offsets live in Spark's checkpoint, not in Kafka."""
