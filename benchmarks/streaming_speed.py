@@ -184,6 +184,23 @@ def _run_stream(spark: Any, bootstrap: str, topic: str, max_per: int, sink: str,
     return out
 
 
+def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any],
+             tries: int = 2) -> dict[str, Any]:
+    """``run()``, once more if it fails; a run that fails twice is recorded, not raised.
+
+    On a loaded machine pyspark sometimes gives up on a Python worker that starts too
+    slowly ("Python worker failed to connect back"); one lost query must not lose the
+    rest of the benchmark.
+    """
+    for i in range(tries):
+        try:
+            return run()
+        except Exception as e:  # noqa: BLE001 - recorded in the result
+            if i + 1 == tries:
+                return {**label, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    raise AssertionError("unreachable")
+
+
 def _batch_noop(spark: Any, bootstrap: str, topic: str, rows: int) -> dict[str, Any]:
     """Batch ``kafka_py`` → noop twice; the second (warm) run is the ceiling."""
     runs = []
@@ -221,13 +238,15 @@ def in_process(bootstrap: str, control: str | None, url: str, a: argparse.Namesp
         say(f"batch kafka_py -> noop: {batch['rows_per_s']:,.0f} rows/s")
         avail = []
         for sink in ["noop", *a.modes]:
-            r = _run_stream(spark, bootstrap, topic, a.max_offsets, sink, url, work)
+            r = _attempt(lambda sink=sink: _run_stream(spark, bootstrap, topic, a.max_offsets,
+                                                       sink, url, work), {"sink": sink})
             avail.append(r)
-            say(f"availableNow {sink}: {r['rows_per_s'] or 0:,.0f} rows/s over {r['batches']} "
-                f"batches, mean ms {r['mean_ms']}")
-        fixed = _run_stream(spark, bootstrap, small, per_batch, "noop", None, work)
+            say(f"availableNow {sink}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
+                f"{r.get('batches')} batches, mean ms {r.get('mean_ms')} {r.get('error', '')}")
+        fixed = _attempt(lambda: _run_stream(spark, bootstrap, small, per_batch, "noop", None,
+                                             work), {"sink": "noop"})
         say(f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions: "
-            f"{fixed['mean_ms'].get('triggerExecution')} ms (mean)")
+            f"{(fixed.get('mean_ms') or {}).get('triggerExecution')} ms (mean)")
     finally:
         spark.stop()
     return {"range_reads": reads, "batch_noop": batch, "available_now": avail,
