@@ -145,6 +145,23 @@ def progress_line(p: Mapping[str, object]) -> dict:
     }
 
 
+def parse_events(raw):  # (DataFrame) -> DataFrame
+    """The events of ``kafka_py`` rows, in :data:`TABLE_COLUMNS` order (driver, once per query)."""
+    from pyspark.sql import functions as F
+
+    ev = F.from_json(F.col("value").cast("string"), EVENT_SCHEMA)
+    return raw.select(
+        ev.event_id.alias("event_id"),
+        ev.user_id.alias("user_id"),
+        ev.amount.alias("amount"),
+        F.timestamp_millis(ev.ts).alias("event_time"),
+        F.col("topic"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("timestamp").alias("kafka_ts"),
+    )
+
+
 def _clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
     w = (df.writeStream.format("clickhouse_tx")
          .queryName(a.query_name)
@@ -199,7 +216,6 @@ def run(argv: Sequence[str] | None = None) -> int:
     end_offsets = json.loads(a.end_offsets) if a.end_offsets else None
     spark = build_session()
     import spark_datasource
-    from pyspark.sql import functions as F
 
     spark_datasource.register(spark)
     reader = (spark.readStream.format("kafka_py")
@@ -208,18 +224,7 @@ def run(argv: Sequence[str] | None = None) -> int:
               .option("startingOffsets", a.starting_offsets))
     if a.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(a.max_offsets_per_trigger))
-    raw = reader.load()
-    ev = F.from_json(F.col("value").cast("string"), EVENT_SCHEMA)
-    df = raw.select(
-        ev.event_id.alias("event_id"),
-        ev.user_id.alias("user_id"),
-        ev.amount.alias("amount"),
-        F.timestamp_millis(ev.ts).alias("event_time"),
-        F.col("topic"),
-        F.col("partition"),
-        F.col("offset"),
-        F.col("timestamp").alias("kafka_ts"),
-    )
+    df = parse_events(reader.load())
     if a.sink == "foreach_insert":
         w = (df.writeStream.queryName(a.query_name).foreachBatch(_plain_insert(a.url, a.table))
              .option("checkpointLocation", a.checkpoint))

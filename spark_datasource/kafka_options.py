@@ -47,7 +47,7 @@ _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 
 _KNOWN = {
     "bootstrap.servers", "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign",
-    "startingoffsets", "endingoffsets", "maxoffsetspertrigger", "minpartitions",
+    "startingoffsets", "endingoffsets", "maxoffsetspertrigger", "minpartitions", "maxpartitions",
     "failondataloss", "kafkaconsumer.polltimeoutms", "fetchoffset.numretries",
     "fetchoffset.retryintervalms", "maxrecordsperbatch",
 }
@@ -85,6 +85,9 @@ class KafkaOptions:
         Upper bound of records per micro-batch across all partitions, or None.
     min_partitions
         Split offset ranges so a batch has at least this many Spark partitions.
+    max_partitions
+        Pack whole offset ranges into at most this many Spark partitions per batch
+        (fewer tasks: each task has a fixed cost), or None for one per range.
     fail_on_data_loss
         Raise when records in a planned range are gone (retention, deleted topic);
         when False, skip what is gone and read what is left.
@@ -106,6 +109,7 @@ class KafkaOptions:
     ending_offsets: OffsetSpec = "latest"
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
+    max_partitions: int | None = None
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 120_000
     fetch_offset_num_retries: int = 3
@@ -128,6 +132,12 @@ class KafkaOptions:
             # transactions are never delivered, and end offsets stop at the last stable
             # offset. ``kafka.isolation.level=read_uncommitted`` opts out.
             "isolation_level": "read_committed",
+            # An executor asks only for records its range says exist, so a broker
+            # that has none at the fetch position should answer at once. With
+            # kafka-python's 500 ms, the prefetch a consumer sends at a range's end
+            # (the log end) parks at the broker, and the next micro-batch's read on
+            # that pooled consumer waits for it before it can fetch.
+            "fetch_max_wait_ms": 10,
         }
         cfg.update(dict(self.kafka_params))
         return cfg
@@ -265,7 +275,7 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         elif key not in _KNOWN and key not in _SPARK_INJECTED:
             raise _fail(key, "unknown option; known: bootstrap.servers, subscribe, "
                              "subscribePattern, assign, startingOffsets, endingOffsets, "
-                             "maxOffsetsPerTrigger, minPartitions, failOnDataLoss, "
+                             "maxOffsetsPerTrigger, minPartitions, maxPartitions, failOnDataLoss, "
                              "kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
                              "fetchOffset.retryIntervalMs, maxRecordsPerBatch, kafka.*")
 
@@ -314,6 +324,11 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         if opts.get("maxoffsetspertrigger"):
             raise _fail("maxOffsetsPerTrigger", "applies to streaming reads only")
 
+    min_parts = _int_option(opts, "minpartitions", "minPartitions", minimum=1, default=None)
+    max_parts = _int_option(opts, "maxpartitions", "maxPartitions", minimum=1, default=None)
+    if min_parts and max_parts and min_parts > max_parts:
+        raise _fail("maxPartitions", f"is {max_parts}, below minPartitions={min_parts}; give "
+                                     f"one of them, or a maxPartitions at least minPartitions")
     return KafkaOptions(
         bootstrap_servers=bootstrap,
         subscribe=subscribe,
@@ -323,8 +338,8 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         ending_offsets=ending,
         max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger",
                                             minimum=1, default=None),
-        min_partitions=_int_option(opts, "minpartitions", "minPartitions", minimum=1,
-                                   default=None),
+        min_partitions=min_parts,
+        max_partitions=max_parts,
         fail_on_data_loss=_bool_option(opts, "failondataloss", "failOnDataLoss", True),
         poll_timeout_ms=_int_option(opts, "kafkaconsumer.polltimeoutms",
                                     "kafkaConsumer.pollTimeoutMs", minimum=1,

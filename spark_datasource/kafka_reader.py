@@ -27,14 +27,17 @@ Where things run
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
+import hashlib
 import logging
 import re
+import threading
 import time
-from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -104,11 +107,25 @@ class KafkaDataLossError(KafkaSourceError):
     """
 
 
+@functools.lru_cache(maxsize=1)
 def arrow_schema() -> pa.Schema:
-    """The Arrow schema Spark expects for :data:`SCHEMA` (checked field by field)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    """The Arrow schema Spark expects for :data:`SCHEMA` (checked field by field).
 
-    return to_arrow_schema(SCHEMA, timezone="UTC")
+    Spelled out in pyarrow rather than derived with ``pyspark.sql.pandas.types``, whose
+    import pulls in pandas: about a second of every fresh Python worker's first read
+    (a test checks the two agree).
+    """
+    header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+    return pa.schema([
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("timestampType", pa.int32(), nullable=False),
+        pa.field("headers", pa.list_(pa.field("element", header))),
+    ])
 
 
 # ------------------------------------------------------------------ pure planning
@@ -238,6 +255,37 @@ def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: 
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class KafkaRangeGroup(InputPartition):
+    """One Spark partition reading several whole offset ranges, one after the other.
+
+    Built by :func:`group_ranges` when ``maxPartitions`` is below the number of ranges.
+    """
+
+    ranges: tuple[KafkaOffsetRange, ...]
+
+
+def group_ranges(ranges: Sequence[KafkaOffsetRange],
+                 max_partitions: int | None) -> list[InputPartition]:
+    """Pack ``ranges`` into at most ``max_partitions`` Spark partitions (driver; pure).
+
+    Largest range first into the group with the fewest records so far (ties: the lower
+    group), each group then in topic-partition order. A pure function of the ranges and
+    the option, so a replayed batch gets the same groups; a range is never split, so a
+    topic-partition's records stay in offset order within one task.
+    """
+    if not max_partitions or len(ranges) <= max_partitions:
+        return list(ranges)
+    groups: list[list[KafkaOffsetRange]] = [[] for _ in range(max_partitions)]
+    loads = [0] * max_partitions
+    for r in sorted(ranges, key=lambda r: (-r.size, r.topic, r.partition, r.start)):
+        i = min(range(max_partitions), key=lambda j: (loads[j], j))
+        groups[i].append(r)
+        loads[i] += r.size
+    return [KafkaRangeGroup(tuple(sorted(g, key=lambda r: (r.topic, r.partition, r.start))))
+            for g in groups if g]
+
+
 def resolve_offsets(spec: object, tps: Sequence[TP], earliest: Mapping[TP, int],
                     latest: Mapping[TP, int], option: str) -> dict[TP, int]:
     """Turn ``startingOffsets``/``endingOffsets`` into offsets for ``tps`` (driver).
@@ -300,10 +348,162 @@ def _with_retries(opts: KafkaOptions, what: str, fn: Callable[[], T]) -> T:
         f"bootstrap.servers={opts.bootstrap_servers} up? last error: {last!r}")
 
 
-def _new_consumer(opts: KafkaOptions):  # -> kafka.KafkaConsumer
+def _new_consumer(opts: KafkaOptions, api_version: tuple[int, ...] | None = None):
+    """A connected ``kafka.KafkaConsumer`` for ``opts`` (driver or executor).
+
+    ``api_version``, when known from an earlier consumer of the same settings, skips
+    kafka-python's broker-version probe (tens of ms, part of it a sleep).
+    """
     from kafka import KafkaConsumer
 
-    return _with_retries(opts, "connecting", lambda: KafkaConsumer(**opts.consumer_config()))
+    cfg = opts.consumer_config()
+    if api_version is not None and cfg.get("api_version") is None:
+        cfg["api_version"] = api_version
+    return _with_retries(opts, "connecting", lambda: KafkaConsumer(**cfg))
+
+
+def _settings_key(opts: KafkaOptions) -> str:
+    """A digest of everything that makes two consumers interchangeable.
+
+    Covers the bootstrap servers and every kafka-python setting, secrets included, so a
+    changed password never reuses a consumer; being a digest, the key never carries a
+    secret into a log line or an error.
+    """
+    cfg = opts.consumer_config()
+    text = repr(sorted((k, repr(v)) for k, v in cfg.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _connected(consumer: object) -> bool:
+    """True while a pooled consumer still holds a live broker connection.
+
+    kafka-python reconnects on its own, but only after a request times out; a consumer
+    whose every connection is gone (broker restarted, socket reset while idle) is
+    cheaper to replace than to wait for.
+    """
+    client = getattr(consumer, "_client", None)
+    conns = getattr(client, "_conns", None)
+    if not conns:
+        return False
+    return any(conn.connected() for conn in list(conns.values()))
+
+
+@dataclasses.dataclass
+class PoolStats:
+    """Counters of one :class:`ConsumerPool` (what the tests and the benchmark read)."""
+
+    created: int = 0
+    reused: int = 0
+    replaced: int = 0
+    closed_idle: int = 0
+    discarded: int = 0
+
+
+class ConsumerPool:
+    """Idle kafka-python consumers of one Python worker, reused across tasks and batches.
+
+    Spark reuses Python workers (``spark.python.worker.reuse``, on by default), so a
+    consumer left here by one task serves the next range of the same topic-partition in
+    a later task or micro-batch of this worker: no new TCP connection, no version probe,
+    no metadata round trip, and often records already prefetched at the right position.
+    Keyed by (:func:`_settings_key`, topic, partition). A consumer is handed out to one
+    reader at a time and positioned by ``seek`` on every checkout, so what it returns
+    depends only on the range (replays read the same records). Consumers idle for more
+    than ``idle_s`` are closed at the next checkout or give-back; one whose broker
+    connections are all gone is replaced at checkout; one that raised is closed, never
+    returned. At most ``max_idle`` stay open per worker (the oldest are closed).
+
+    Runs on executors (the module-level :data:`POOL`); tests build their own.
+    """
+
+    def __init__(self, idle_s: float = 60.0, max_idle: int = 64) -> None:
+        self.idle_s = idle_s
+        self.max_idle = max_idle
+        self.stats = PoolStats()
+        self._idle: dict[tuple[str, str, int], tuple[float, Any]] = {}
+        self._versions: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
+
+    def checkout(self, opts: KafkaOptions, tp: TP) -> tuple[Any, bool]:
+        """A consumer assigned to ``tp`` and whether it came from the pool.
+
+        A new one has no position yet; a pooled one is where its last read stopped.
+        """
+        from kafka import TopicPartition
+
+        settings = _settings_key(opts)
+        key = (settings, tp[0], tp[1])
+        with self._lock:
+            self._close_idle_locked(time.monotonic())
+            entry = self._idle.pop(key, None)
+        if entry is not None:
+            consumer = entry[1]
+            if _connected(consumer):
+                self.stats.reused += 1
+                return consumer, True
+            self.stats.replaced += 1
+            _close_quietly(consumer)
+        consumer = _new_consumer(opts, self._versions.get(settings))
+        version = consumer.config.get("api_version")
+        if version is not None:
+            self._versions[settings] = tuple(version)
+        consumer.assign([TopicPartition(*tp)])
+        self.stats.created += 1
+        return consumer, False
+
+    def give_back(self, opts: KafkaOptions, tp: TP, consumer: Any) -> None:
+        """Keep ``consumer`` for the next range of ``tp`` (after a read that did not raise)."""
+        key = (_settings_key(opts), tp[0], tp[1])
+        now = time.monotonic()
+        with self._lock:
+            old = self._idle.pop(key, None)
+            self._idle[key] = (now, consumer)
+            self._close_idle_locked(now)
+            while len(self._idle) > self.max_idle:
+                oldest = min(self._idle, key=lambda k: self._idle[k][0])
+                _close_quietly(self._idle.pop(oldest)[1])
+                self.stats.closed_idle += 1
+        if old is not None:
+            _close_quietly(old[1])
+
+    def discard(self, consumer: Any) -> None:
+        """Close a consumer that failed mid-read; it is never reused."""
+        self.stats.discarded += 1
+        _close_quietly(consumer)
+
+    def idle_count(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+    def close_idle(self) -> None:
+        """Close every consumer idle for more than ``idle_s`` (also run on each checkout)."""
+        with self._lock:
+            self._close_idle_locked(time.monotonic())
+
+    def close_all(self) -> None:
+        """Close every pooled consumer (at worker exit, and in tests)."""
+        with self._lock:
+            entries = list(self._idle.values())
+            self._idle.clear()
+        for _, consumer in entries:
+            _close_quietly(consumer)
+
+    def _close_idle_locked(self, now: float) -> None:
+        for key in [k for k, (t, _) in self._idle.items() if now - t > self.idle_s]:
+            _close_quietly(self._idle.pop(key)[1])
+            self.stats.closed_idle += 1
+
+
+def _close_quietly(consumer: Any) -> None:
+    try:
+        consumer.close(autocommit=False)
+    except Exception as e:  # noqa: BLE001 - closing a broken consumer must not fail a read
+        log.debug("kafka_py: closing a pooled consumer failed: %r", e)
+
+
+#: This Python worker's consumers (executors); closed when the worker exits.
+POOL = ConsumerPool()
+atexit.register(POOL.close_all)
 
 
 class _Metadata:
@@ -367,11 +567,15 @@ class _Metadata:
 # ------------------------------------------------------------------ executor read
 
 
-def read_range(opts: KafkaOptions, rng: KafkaOffsetRange) -> Iterator[pa.RecordBatch]:
+def read_range(opts: KafkaOptions, rng: KafkaOffsetRange,
+               pool: ConsumerPool | None = None) -> Iterator[pa.RecordBatch]:
     """Read records ``[rng.start, rng.end)`` as Arrow record batches (executor).
 
     Called once per range per (re)try of a task. Stops at ``rng.end`` even if the
-    partition has grown since, so every attempt returns the same records.
+    partition has grown since, so every attempt returns the same records. The consumer
+    comes from ``pool`` (default: this worker's :data:`POOL`) and goes back to it after
+    a read that did not raise; one that raised is closed. Logs, at DEBUG on this
+    module's logger, where the read's time went (checkout, first records, Arrow, total).
 
     Raises
     ------
@@ -381,52 +585,109 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange) -> Iterator[pa.RecordB
         No broker answered, or the records did not arrive within
         ``kafkaConsumer.pollTimeoutMs``.
     """
+    if rng.size <= 0:
+        return
+    pool = POOL if pool is None else pool
+    tp = (rng.topic, rng.partition)
+    clock = _ReadClock(time.monotonic())
+    consumer, reused = pool.checkout(opts, tp)
+    clock.checked_out = time.monotonic()
+    try:
+        yield from _read_records(opts, consumer, rng, clock, reused)
+    except GeneratorExit:
+        pool.give_back(opts, tp, consumer)  # the caller stopped early: the consumer is fine
+        raise
+    except BaseException:
+        pool.discard(consumer)
+        raise
+    pool.give_back(opts, tp, consumer)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("kafka_py: read %s[%d] [%d, %d): %d rows, consumer %s, checkout %.1f ms, "
+                  "first records %.1f ms, arrow %.1f ms, total %.1f ms", rng.topic,
+                  rng.partition, rng.start, rng.end, clock.rows,
+                  "reused" if reused else "new", clock.ms(clock.checked_out),
+                  clock.ms(clock.first_records), clock.arrow_s * 1000,
+                  clock.ms(time.monotonic()))
+
+
+def read_partition(opts: KafkaOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Read one Spark partition: an offset range, or a group of them in order (executor)."""
+    if isinstance(partition, KafkaRangeGroup):
+        for rng in partition.ranges:
+            yield from read_range(opts, rng)
+        return
+    assert isinstance(partition, KafkaOffsetRange)
+    yield from read_range(opts, partition)
+
+
+@dataclasses.dataclass
+class _ReadClock:
+    """Where one range's read spent its time (for the DEBUG line of :func:`read_range`)."""
+
+    started: float
+    checked_out: float = 0.0
+    first_records: float = 0.0
+    arrow_s: float = 0.0
+    rows: int = 0
+
+    def ms(self, t: float) -> float:
+        return (t - self.started) * 1000 if t else 0.0
+
+
+def _read_records(opts: KafkaOptions, consumer: Any, rng: KafkaOffsetRange,
+                  clock: _ReadClock, pooled: bool) -> Iterator[pa.RecordBatch]:
+    """The fetch loop of :func:`read_range` on an assigned consumer (executor)."""
     from kafka import TopicPartition
     from kafka.errors import OffsetOutOfRangeError
 
-    if rng.size <= 0:
-        return
     schema = arrow_schema()
     tp = TopicPartition(rng.topic, rng.partition)
-    consumer = _new_consumer(opts)
-    try:
-        consumer.assign([tp])
-        pos = rng.start
+    pos = rng.start
+    # A pooled consumer that stopped exactly where this range starts (the next
+    # micro-batch of its partition) may hold prefetched records for it: a seek would
+    # drop them, so it seeks only when it is elsewhere.
+    if not pooled or consumer.position(tp, timeout_ms=opts.poll_timeout_ms) != pos:
         consumer.seek(tp, pos)
-        deadline = time.monotonic() + opts.poll_timeout_ms / 1000
-        while pos < rng.end:
-            try:
-                got = consumer.poll(timeout_ms=min(1000, opts.poll_timeout_ms),
-                                    max_records=opts.max_records_per_batch)
-            except OffsetOutOfRangeError:
-                pos = _after_out_of_range(opts, consumer, tp, rng, pos)
-                if pos >= rng.end:
-                    return
-                consumer.seek(tp, pos)
-                continue
-            records = got.get(tp, [])
+    deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+    while pos < rng.end:
+        try:
+            # Never more than the range holds: records past its end stay buffered in
+            # the consumer, at its position, for the next range (next micro-batch).
+            got = consumer.poll(timeout_ms=min(1000, opts.poll_timeout_ms),
+                                max_records=min(opts.max_records_per_batch, rng.end - pos))
+        except OffsetOutOfRangeError:
+            pos = _after_out_of_range(opts, consumer, tp, rng, pos)
+            if pos >= rng.end:
+                return
+            consumer.seek(tp, pos)
+            continue
+        records = got.get(tp, [])
+        if records:
+            if not clock.first_records:
+                clock.first_records = time.monotonic()
+            deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+            if records[-1].offset >= rng.end:
+                records = [r for r in records if r.offset < rng.end]
             if records:
-                deadline = time.monotonic() + opts.poll_timeout_ms / 1000
-                if records[-1].offset >= rng.end:
-                    records = [r for r in records if r.offset < rng.end]
-                if records:
-                    yield _to_batch(records, rng.topic, rng.partition, schema)
-                    pos = records[-1].offset + 1
-                else:
-                    pos = rng.end
-            # Transaction markers and compacted-away offsets advance the position
-            # without records; the position, not the last record, says where we are.
-            if pos < rng.end:
-                position = consumer.position(tp, timeout_ms=opts.poll_timeout_ms)
-                if position is not None and position > pos:
-                    pos = position
-            if pos < rng.end and not records and time.monotonic() > deadline:
-                raise KafkaUnavailableError(
-                    f"kafka_py: no records from {rng.topic}[{rng.partition}] at offset {pos} "
-                    f"(range ends at {rng.end}) within kafkaConsumer.pollTimeoutMs="
-                    f"{opts.poll_timeout_ms}; bootstrap.servers={opts.bootstrap_servers}")
-    finally:
-        consumer.close()
+                t = time.monotonic()
+                batch = _to_batch(records, rng.topic, rng.partition, schema)
+                clock.arrow_s += time.monotonic() - t
+                clock.rows += batch.num_rows
+                yield batch
+                pos = records[-1].offset + 1
+            else:
+                pos = rng.end
+        # Transaction markers and compacted-away offsets advance the position
+        # without records; the position, not the last record, says where we are.
+        if pos < rng.end:
+            position = consumer.position(tp, timeout_ms=opts.poll_timeout_ms)
+            if position is not None and position > pos:
+                pos = position
+        if pos < rng.end and not records and time.monotonic() > deadline:
+            raise KafkaUnavailableError(
+                f"kafka_py: no records from {rng.topic}[{rng.partition}] at offset {pos} "
+                f"(range ends at {rng.end}) within kafkaConsumer.pollTimeoutMs="
+                f"{opts.poll_timeout_ms}; bootstrap.servers={opts.bootstrap_servers}")
 
 
 def _after_out_of_range(opts: KafkaOptions, consumer, tp, rng: KafkaOffsetRange, pos: int) -> int:
@@ -461,8 +722,9 @@ def _to_batch(records: list, topic: str, partition: int, schema: pa.Schema) -> p
     stamp_types = [r.timestamp_type for r in records]
     header_lists = [r.headers for r in records]
 
-    ts_ms = pa.array(stamps, pa.int64())
-    ts = pc.multiply(ts_ms, 1000).cast(schema.field("timestamp").type)
+    # Microseconds built in Python: the first pyarrow.compute call of a fresh worker
+    # costs about two seconds, the list comprehension microseconds.
+    ts = pa.array([s * 1000 for s in stamps], schema.field("timestamp").type)
     headers_type = schema.field("headers").type
     lengths = [len(h) if h else 0 for h in header_lists]
     if any(lengths):
@@ -517,11 +779,11 @@ class KafkaBatchReader(DataSourceReader):
                                   "endingOffsets")
         finally:
             meta.close()
-        return plan_ranges(start, end, self.opts.min_partitions, self.opts.fail_on_data_loss)
+        return group_ranges(plan_ranges(start, end, self.opts.min_partitions,
+                                        self.opts.fail_on_data_loss), self.opts.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaOffsetRange)
-        return read_range(self.opts, partition)
+        return read_partition(self.opts, partition)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -587,12 +849,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         """Offset ranges of one micro-batch (driver; pure, so a replay plans the same)."""
-        return plan_ranges(from_json_offsets(start), from_json_offsets(end),
-                           self.opts.min_partitions, self.opts.fail_on_data_loss)
+        return group_ranges(plan_ranges(from_json_offsets(start), from_json_offsets(end),
+                                        self.opts.min_partitions, self.opts.fail_on_data_loss),
+                            self.opts.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaOffsetRange)
-        return read_range(self.opts, partition)
+        return read_partition(self.opts, partition)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the consumed offsets live in Spark's checkpoint, not in Kafka."""

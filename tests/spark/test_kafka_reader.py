@@ -501,3 +501,42 @@ def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None
     assert KafkaBatchReader(opts).partitions() == [
         KafkaOffsetRange(f"{prefix}_x", 0, 0, 3), KafkaOffsetRange(f"{prefix}_x", 1, 0, 4),
         KafkaOffsetRange(f"{prefix}_y", 0, 0, 5)]
+
+
+# ------------------------------------------------------------------ maxPartitions
+
+
+def test_max_partitions_packs_whole_ranges_into_that_many_partitions_the_same_way_every_time() -> None:
+    from spark_datasource.kafka_reader import KafkaRangeGroup, group_ranges
+
+    start = {("t", p): 0 for p in range(8)}
+    end = {("t", p): 100 + 10 * p for p in range(8)}
+    ranges = plan_ranges(start, end, None, True)
+    groups = group_ranges(ranges, 3)
+    assert len(groups) == 3 and all(isinstance(g, KafkaRangeGroup) for g in groups)
+    packed = [r for g in groups for r in g.ranges]
+    assert sorted(packed, key=lambda r: r.partition) == ranges  # each range once, never split
+    loads = [sum(r.size for r in g.ranges) for g in groups]
+    assert max(loads) - min(loads) <= max(r.size for r in ranges)
+    assert group_ranges(list(reversed(ranges)), 3) == groups  # a pure function of the ranges
+    assert group_ranges(ranges, 8) == ranges and group_ranges(ranges, None) == ranges
+
+
+def test_max_partitions_below_min_partitions_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigurationError, match="'maxPartitions'.*minPartitions=4"):
+        parse_kafka_options({**BASE, "minPartitions": "4", "maxPartitions": "2"})
+    assert parse_kafka_options({**BASE, "maxPartitions": "2"}).max_partitions == 2
+
+
+def test_a_read_with_max_partitions_returns_every_record_once_in_fewer_spark_partitions(
+        kspark, broker) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 5)
+    sent = _produce(bootstrap, topic, {0: 30, 1: 7, 2: 19, 3: 0, 4: 11})
+    df = (kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap)
+          .option("subscribe", topic).option("maxPartitions", "2").load())
+    assert df.rdd.getNumPartitions() == 2
+    rows = df.select("partition", "offset", "value").collect()
+    assert sorted((r.partition, bytes(r.value)) for r in rows) == sorted(sent)
+    for part, n in ((0, 30), (1, 7), (2, 19), (4, 11)):
+        assert [r.offset for r in rows if r.partition == part] == list(range(n))  # in order

@@ -1,0 +1,439 @@
+"""Streaming at the speed of the source: ``kafka_py`` batch vs streaming vs each sink mode.
+
+``python -m benchmarks.streaming_speed [--quick]`` runs, on one embedded stack:
+
+1. **Ceiling and availableNow** (one in-process ``local[2]`` SparkSession, one topic
+   produced up front): batch ``kafka_py`` → ``noop`` (the source's ceiling, the second
+   of two runs), streaming ``kafka_py`` → ``noop``, and streaming → ``clickhouse_tx``
+   in each mode, all with ``Trigger.AvailableNow`` and ``maxOffsetsPerTrigger``.
+   Streaming throughput is rows / Σ ``triggerExecution`` of the batches after the
+   first (the first one pays the Python workers' start); the per-batch split is the
+   mean of each ``StreamingQueryProgress.durationMs`` entry over those batches.
+2. **Fixed cost**: a streaming ``noop`` query over batches of a few records per
+   partition (8 partitions): its median ``triggerExecution`` is what a micro-batch
+   costs whatever its size.
+3. **Triggers and latency**: :func:`benchmarks.pipeline.run_pipeline` (the streaming job
+   in its own process, a producer offering a steady ``--rate``) per mode and trigger
+   interval: processing rate and end-to-end latency p50/p99, Kafka timestamp → visible
+   to a read-committed reader (the pipeline's :class:`~benchmarks.pipeline.VisibilityPoller`).
+4. **Ramp**: per mode at a 1 s trigger, offered rates doubling from ``--ramp-start``
+   until a batch takes longer than the trigger (the lag then grows without bound);
+   the last rate that kept up is the mode's sustained maximum. Then ``transaction`` at
+   half its maximum, for the latency at a comfortable load.
+
+Ratios (streaming/batch, transaction/none) are computed within the run. Writes JSON to
+``benchmarks/results/streaming_speed[_quick].json`` and a PNG beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.results_file import write_result
+
+MODES = ("none", "transaction", "staging", "dedup")
+TRIGGERS = (0.5, 1.0, 5.0, 10.0)
+RESULTS = Path(__file__).resolve().parent / "results"
+#: durationMs entries Spark reports for a micro-batch, in the order they happen.
+SPLIT_KEYS = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch",
+              "commitOffsets", "triggerExecution")
+
+
+# ------------------------------------------------------------------ pure pieces
+
+
+def batch_split(progress: Sequence[Mapping[str, Any]], skip_first: bool = True) -> dict[str, Any]:
+    """Throughput and mean ``durationMs`` per entry over the batches that read rows.
+
+    ``skip_first`` leaves out the first such batch (Python worker start, imports).
+    """
+    batches = [p for p in progress if p.get("numInputRows")]
+    if skip_first and len(batches) > 1:
+        batches = batches[1:]
+    if not batches:
+        return {"batches": 0, "rows": 0, "rows_per_s": None, "mean_ms": {}}
+    rows = sum(int(p["numInputRows"]) for p in batches)
+    trig = sum(float((p.get("durationMs") or {}).get("triggerExecution") or 0) for p in batches)
+    mean = {k: round(statistics.fmean(float((p.get("durationMs") or {}).get(k) or 0)
+                                      for p in batches), 1) for k in SPLIT_KEYS}
+    return {"batches": len(batches), "rows": rows,
+            "rows_per_s": round(1000 * rows / trig, 1) if trig else None, "mean_ms": mean}
+
+
+def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
+    """The ratios the issue asks for, from one run's figures (None when a part is missing)."""
+    def div(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
+
+    ceiling = (doc.get("batch_noop") or {}).get("rows_per_s")
+    avail = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now", [])}
+    out: dict[str, float | None] = {
+        "stream_noop/batch_noop": div(avail.get("noop"), ceiling),
+        "stream_transaction/batch_noop": div(avail.get("transaction"), ceiling),
+        "available_now transaction/none": div(avail.get("transaction"), avail.get("none")),
+    }
+    for mode in ("staging", "dedup"):
+        out[f"available_now {mode}/none"] = div(avail.get(mode), avail.get("none"))
+    by = {(r["mode"], r["trigger_s"]): r.get("processing_rps") for r in doc.get("triggers", [])}
+    for trig in sorted({t for _, t in by}):
+        out[f"trigger {trig:g}s transaction/none"] = div(by.get(("transaction", trig)),
+                                                          by.get(("none", trig)))
+    return out
+
+
+def kept_up(run: Mapping[str, Any], trigger_s: float) -> bool:
+    """A run at an offered rate kept up: every record arrived, batches fit in the trigger."""
+    mean = run.get("mean_batch_ms")
+    return bool(run.get("ok")) and mean is not None and mean <= 1000 * trigger_s
+
+
+def ramp(measure: Callable[[float], Mapping[str, Any]], start: float, steps: int,
+         trigger_s: float) -> tuple[float | None, list[dict[str, Any]]]:
+    """Double the offered rate from ``start`` until a run does not keep up (at most ``steps``).
+
+    Returns the highest rate that kept up (None if the first did not) and every run.
+    """
+    best: float | None = None
+    runs: list[dict[str, Any]] = []
+    rate = start
+    for _ in range(steps):
+        r = dict(measure(rate))
+        r["kept_up"] = kept_up(r, trigger_s)
+        runs.append(r)
+        if not r["kept_up"]:
+            break
+        best = rate
+        rate *= 2
+    return best, runs
+
+
+# ------------------------------------------------------------------ in-process runs
+
+
+def range_reads(bootstrap: str, topic: str, partitions: int, sizes: Sequence[int],
+                rounds: int = 3) -> list[dict[str, Any]]:
+    """ms per range read by :func:`read_range` in this process, fresh consumer vs pooled.
+
+    "fresh" is the source before the pool (a consumer per range: connect, version
+    probe, metadata, first fetch); "pooled" reads consecutive ranges of each
+    partition as consecutive micro-batches do on a reused Python worker.
+    """
+    from spark_datasource.kafka_options import parse_kafka_options
+    from spark_datasource.kafka_reader import ConsumerPool, KafkaOffsetRange, read_range
+
+    opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic}, streaming=True)
+    out = []
+    for size in sizes:
+        for kind in ("fresh", "pooled"):
+            pool = ConsumerPool(idle_s=0.0 if kind == "fresh" else 60.0)
+            times = []
+            for r in range(rounds + 1):
+                for p in range(partitions):
+                    t = time.monotonic()
+                    n = sum(b.num_rows for b in read_range(
+                        opts, KafkaOffsetRange(topic, p, r * size, (r + 1) * size), pool))
+                    if r and n == size:  # round 0 warms the pool (and this process)
+                        times.append(1000 * (time.monotonic() - t))
+            pool.close_all()
+            out.append({"records": size, "consumer": kind, "reads": len(times),
+                        "median_ms": round(statistics.median(times), 2) if times else None})
+    return out
+
+
+
+
+def _progress(q: Any) -> list[dict[str, Any]]:
+    return [json.loads(p.json) for p in q.recentProgress]
+
+
+def _run_stream(spark: Any, bootstrap: str, topic: str, max_per: int, sink: str,
+                url: str | None, work: Path) -> dict[str, Any]:
+    """One availableNow query from the earliest offset; its progress and wall time."""
+    from benchmarks.pipeline import create_target
+    from benchmarks.streaming_job import _clickhouse_tx_writer, parse_events
+
+    raw = (spark.readStream.format("kafka_py").option("bootstrap.servers", bootstrap)
+           .option("subscribe", topic).option("startingOffsets", "earliest")
+           .option("maxOffsetsPerTrigger", str(max_per)).load())
+    chk = work / f"chk_{uuid.uuid4().hex[:8]}"
+    if sink == "noop":
+        w = raw.writeStream.format("noop").option("checkpointLocation", str(chk))
+    else:
+        table = f"speed.events_{sink}_{uuid.uuid4().hex[:8]}"
+        create_target(str(url), table, sink)
+        w = _clickhouse_tx_writer(parse_events(raw), argparse.Namespace(
+            url=url, table=table, mode=sink, query_name=f"speed_{sink}_{uuid.uuid4().hex[:6]}",
+            checkpoint=str(chk), fault_step=None, writer_option=[]))
+    t0 = time.monotonic()
+    q = w.trigger(availableNow=True).start()
+    q.awaitTermination()
+    wall = time.monotonic() - t0
+    prog = _progress(q)
+    out = {"sink": sink, "wall_s": round(wall, 2), **batch_split(prog),
+           "all_batches": batch_split(prog, skip_first=False)}
+    return out
+
+
+def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any],
+             tries: int = 2) -> dict[str, Any]:
+    """``run()``, once more if it fails; a run that fails twice is recorded, not raised.
+
+    On a loaded machine pyspark sometimes gives up on a Python worker that starts too
+    slowly ("Python worker failed to connect back"); one lost query must not lose the
+    rest of the benchmark.
+    """
+    for i in range(tries):
+        try:
+            return run()
+        except Exception as e:  # noqa: BLE001 - recorded in the result
+            if i + 1 == tries:
+                return {**label, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    raise AssertionError("unreachable")
+
+
+def _batch_noop(spark: Any, bootstrap: str, topic: str, rows: int) -> dict[str, Any]:
+    """Batch ``kafka_py`` → noop twice; the second (warm) run is the ceiling."""
+    runs = []
+    for _ in range(2):
+        t0 = time.monotonic()
+        (spark.read.format("kafka_py").option("bootstrap.servers", bootstrap)
+         .option("subscribe", topic).load().write.format("noop").mode("overwrite").save())
+        runs.append(time.monotonic() - t0)
+    return {"rows": rows, "seconds": [round(s, 2) for s in runs],
+            "rows_per_s": round(rows / runs[-1], 1)}
+
+
+def in_process(bootstrap: str, control: str | None, url: str, a: argparse.Namespace,
+               work: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """Sections 1 and 2: ceiling, availableNow per sink, and the fixed cost per batch."""
+    from benchmarks.pipeline import create_topic, produce
+    from benchmarks.streaming_job import build_session
+
+    topic = f"speed_{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, control, topic, a.partitions)
+    produce(bootstrap, topic, a.events, a.partitions)
+    small = f"speed_small_{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, control, small, a.partitions)
+    per_batch = 4 * a.partitions
+    produce(bootstrap, small, per_batch * a.fixed_batches, a.partitions)
+    say(f"produced {a.events} events to {topic}, {per_batch * a.fixed_batches} to {small}")
+    reads = range_reads(bootstrap, topic, a.partitions, (4, a.max_offsets // a.partitions // 4))
+    say(f"range reads in-process: {reads}")
+    spark = build_session()
+    import spark_datasource
+
+    spark_datasource.register(spark)
+    try:
+        batch = _batch_noop(spark, bootstrap, topic, a.events)
+        say(f"batch kafka_py -> noop: {batch['rows_per_s']:,.0f} rows/s")
+        avail = []
+        for sink in ["noop", *a.modes]:
+            r = _attempt(lambda sink=sink: _run_stream(spark, bootstrap, topic, a.max_offsets,
+                                                       sink, url, work), {"sink": sink})
+            avail.append(r)
+            say(f"availableNow {sink}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
+                f"{r.get('batches')} batches, mean ms {r.get('mean_ms')} {r.get('error', '')}")
+        fixed = _attempt(lambda: _run_stream(spark, bootstrap, small, per_batch, "noop", None,
+                                             work), {"sink": "noop"})
+        say(f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions: "
+            f"{(fixed.get('mean_ms') or {}).get('triggerExecution')} ms (mean)")
+    finally:
+        spark.stop()
+    return {"range_reads": reads, "batch_noop": batch, "available_now": avail,
+            "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, **fixed}}
+
+
+# ------------------------------------------------------------------ pipeline runs
+
+
+def _pipeline_run(info: Any, work: Path, mode: str, trigger: float, rate: float,
+                  duration: float, seed: int) -> dict[str, Any]:
+    from benchmarks.checkpoint_sweep import run_duration
+    from benchmarks.pipeline import PipelineConfig, run_pipeline
+
+    dur = run_duration(trigger, duration)
+    cfg = PipelineConfig(events=int(rate * dur), partitions=8, mode=mode, trigger=trigger,
+                         crashes=0, rate=rate, url=info.clickhouse_url,
+                         bootstrap=str(info.kafka_bootstrap), kafka_control=info.kafka_control,
+                         work_dir=str(work / "pipeline"), measure_latency=True, quiet=True,
+                         seed=seed)
+    try:
+        r = run_pipeline(cfg)
+    except Exception as e:  # noqa: BLE001 - record and go on with the benchmark
+        return {"mode": mode, "trigger_s": trigger, "rate": rate, "ok": False,
+                "error": f"{type(e).__name__}: {str(e)[:400]}"}
+    for k in ("anomalies", "kafka_end_offsets", "crash_log"):
+        r.pop(k, None)
+    return r
+
+
+def _fmt_run(r: Mapping[str, Any]) -> str:
+    if "error" in r:
+        return f"FAILED {r['error'][:200]}"
+    lat = r.get("latency_ms") or {}
+    return (f"{r.get('processing_rps') or 0:,.0f} rows/s, mean batch {r.get('mean_batch_ms')} ms, "
+            f"p50 {lat.get('p50') or 0:,.0f} ms, p99 {lat.get('p99') or 0:,.0f} ms, "
+            f"dup {r.get('duplicates')} lost {r.get('lost')}")
+
+
+def pipeline_sections(doc: dict[str, Any], info: Any, a: argparse.Namespace, work: Path,
+                      say: Callable[[str], None], save: Callable[[], None]) -> None:
+    """Sections 3 and 4 into ``doc``: each mode per trigger at ``--rate``, then the ramp."""
+    runs: list[dict[str, Any]] = []
+    ramps: dict[str, Any] = {}
+    doc.update({"triggers": runs, "ramp": ramps, "transaction_at_half_max": None})
+    for trig in a.triggers:
+        for mode in a.modes:
+            r = _pipeline_run(info, work, mode, trig, a.rate, a.duration, len(runs))
+            runs.append(r)
+            say(f"trigger {trig:g} s {mode}: {_fmt_run(r)}")
+            save()
+    for mode in a.ramp_modes:
+        def measure(rate: float, mode: str = mode) -> Mapping[str, Any]:
+            r = _pipeline_run(info, work, mode, 1.0, rate, a.duration, 1000 + len(runs))
+            say(f"ramp {mode} at {rate:g}/s: {_fmt_run(r)}")
+            return r
+
+        best, steps = ramp(measure, a.ramp_start, a.ramp_steps, 1.0)
+        ramps[mode] = {"max_sustained_rate": best, "runs": steps}
+        save()
+    best_tx = (ramps.get("transaction") or {}).get("max_sustained_rate")
+    if best_tx:
+        half = _pipeline_run(info, work, "transaction", 1.0, best_tx / 2, a.duration, 9999)
+        doc["transaction_at_half_max"] = half
+        say(f"transaction at half its maximum ({best_tx / 2:g}/s), 1 s trigger: {_fmt_run(half)}")
+
+
+# ------------------------------------------------------------------ output
+
+
+def plot(doc: Mapping[str, Any], path: Path) -> None:
+    """Three panels: availableNow throughput, latency per trigger, the ramp."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(16, 4.8))
+    names = ["batch noop"] + [f"stream {r['sink']}" for r in doc["available_now"]]
+    vals = [doc["batch_noop"]["rows_per_s"]] + [r.get("rows_per_s") or 0 for r in doc["available_now"]]
+    ax[0].bar(range(len(names)), vals, color=["grey"] + ["C0"] * (len(names) - 1))
+    ax[0].set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax[0].set_ylabel("rows/s")
+    ax[0].set_title("kafka_py, availableNow (batch = ceiling)")
+    runs = [r for r in doc.get("triggers", []) if "error" not in r]
+    for m in MODES:
+        rs = sorted((r for r in runs if r["mode"] == m), key=lambda r: r["trigger_s"])
+        if rs:
+            xs = [r["trigger_s"] for r in rs]
+            ax[1].plot(xs, [(r["latency_ms"] or {}).get("p50") for r in rs], marker="o", label=f"{m} p50")
+            ax[1].plot(xs, [(r["latency_ms"] or {}).get("p99") for r in rs], marker="x", ls="--",
+                       label=f"{m} p99")
+    ax[1].set_xscale("log")
+    ax[1].set_xlabel("trigger interval (s)")
+    ax[1].set_ylabel("ms, Kafka timestamp -> visible (read committed)")
+    ax[1].set_title(f"end-to-end latency at {doc['config']['rate']:g} events/s offered")
+    for m, rp in (doc.get("ramp") or {}).items():
+        rs = [r for r in rp["runs"] if "error" not in r]
+        ax[2].plot([r["rate"] for r in rs], [r.get("mean_batch_ms") for r in rs], marker="o", label=m)
+    ax[2].axhline(1000, color="grey", ls=":", lw=1, label="1 s trigger")
+    ax[2].set_xscale("log")
+    ax[2].set_xlabel("offered events/s")
+    ax[2].set_ylabel("mean batch ms")
+    ax[2].set_title("ramp: keeps up while a batch fits the trigger")
+    for x in ax:
+        x.grid(alpha=0.3)
+    ax[1].legend(fontsize=7)
+    ax[2].legend(fontsize=7)
+    fig.suptitle("streaming_speed: local[2], 2 shared cores, "
+                 f"{doc['config']['partitions']} partitions", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.streaming_speed",
+                                 description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="a few minutes: fewer events, triggers 1 and 5 s, modes none and transaction")
+    ap.add_argument("--events", type=int, default=None, help="default 1000000, quick 150000")
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--max-offsets", type=int, default=50_000, help="maxOffsetsPerTrigger")
+    ap.add_argument("--fixed-batches", type=int, default=6)
+    ap.add_argument("--modes", default=None, help="default none,transaction,staging,dedup")
+    ap.add_argument("--triggers", default=None, help="seconds, default 0.5,1,5,10 (quick 1,5)")
+    ap.add_argument("--rate", type=float, default=2000.0, help="offered events/s for the trigger runs")
+    ap.add_argument("--duration", type=float, default=None, help="seconds per run (default 30, quick 15)")
+    ap.add_argument("--ramp-modes", default=None, help="default none,transaction")
+    ap.add_argument("--ramp-start", type=float, default=2000.0)
+    ap.add_argument("--ramp-steps", type=int, default=None, help="default 6, quick 3")
+    ap.add_argument("--skip-pipeline", action="store_true", help="sections 1 and 2 only")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    a.events = a.events or (150_000 if a.quick else 1_000_000)
+    a.modes = [m for m in (a.modes or ("none,transaction" if a.quick else ",".join(MODES))).split(",") if m]
+    a.triggers = [float(t) for t in (a.triggers or ("1,5" if a.quick else "0.5,1,5,10")).split(",")]
+    a.duration = a.duration or (15.0 if a.quick else 30.0)
+    a.ramp_modes = [m for m in (a.ramp_modes or "none,transaction").split(",") if m]
+    a.ramp_steps = a.ramp_steps or (3 if a.quick else 6)
+    return a
+
+
+def _save(doc: dict[str, Any], a: argparse.Namespace, jpath: Path, t0: float) -> None:
+    """Write what has been measured so far (after every section: a long run cut short
+    still leaves its figures)."""
+    doc["config"] = {"events": a.events, "partitions": a.partitions, "max_offsets_per_trigger": a.max_offsets,
+                     "modes": a.modes, "triggers": a.triggers, "rate": a.rate, "duration_s": a.duration,
+                     "ramp_modes": a.ramp_modes, "ramp_start": a.ramp_start, "quick": a.quick,
+                     "spark": "local[2]", "machine": "2 cores, shared with other jobs"}
+    doc["ratios"] = ratios(doc)
+    doc["wall_s"] = round(time.monotonic() - t0, 1)
+    write_result(jpath, doc)
+    plot(doc, jpath.with_suffix(".png"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = _parse(argv)
+    name = "streaming_speed_quick" if a.quick else "streaming_speed"
+    jpath = Path(a.json) if a.json else RESULTS / f"{name}.json"
+    t0 = time.monotonic()
+    # A SIGTERM (a timeout) unwinds like an exception, so the stack below is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    def say(s: str) -> None:
+        print(f"[{time.monotonic() - t0:6.0f} s] {s}", flush=True)
+
+    from server_patches import stack as stack_mod
+
+    with tempfile.TemporaryDirectory(prefix="chtx-speed-") as tmp:
+        work = Path(tmp)
+        info = stack_mod.start_stack(work / "stack", kafka=True)
+        try:
+            doc: dict[str, Any] = in_process(str(info.kafka_bootstrap), info.kafka_control,
+                                             info.clickhouse_url, a, work, say)
+            _save(doc, a, jpath, t0)
+            if not a.skip_pipeline:
+                pipeline_sections(doc, info, a, work, say, lambda: _save(doc, a, jpath, t0))
+        finally:
+            stack_mod.stop_stack(work / "stack")
+    _save(doc, a, jpath, t0)
+    print(f"wrote {jpath} and {jpath.with_suffix('.png')}")
+    for k, v in doc["ratios"].items():
+        print(f"  {k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The executors' pool of kafka-python consumers, against the real dev broker.
+
+A Python worker keeps the consumer of each topic-partition it read and reuses it for
+the next range of that partition (the next micro-batch), positioned by ``seek``. What
+must hold: the same offsets give the same rows whether the consumer is new or pooled;
+idle consumers close; a consumer whose connection died is replaced; one that failed is
+never reused; consumers of different settings are never shared.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from server_patches.kafka_broker import delete_records, start_broker, stop_broker
+from spark_datasource.kafka_options import parse_kafka_options
+from spark_datasource.kafka_reader import (
+    SCHEMA,
+    ConsumerPool,
+    KafkaDataLossError,
+    KafkaOffsetRange,
+    _settings_key,
+    arrow_schema,
+    read_range,
+)
+from tests.spark.test_kafka_reader import _new_topic, _produce, _rows_of
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[tuple[str, str]]:
+    """A dev broker of this module's own: one test here cuts its consumers' connections."""
+    proc, bootstrap, control = start_broker()
+    try:
+        yield bootstrap, control
+    finally:
+        stop_broker(proc)
+
+
+def _opts(bootstrap: str, topic: str, **extra: str):  # type: ignore[no-untyped-def]
+    return parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic, **extra},
+                               streaming=True)
+
+
+def _read(opts, rng: KafkaOffsetRange, pool: ConsumerPool) -> list[tuple]:  # type: ignore[no-untyped-def]
+    return _rows_of(list(read_range(opts, rng, pool)))
+
+
+def test_the_same_offsets_read_twice_through_the_pool_give_the_same_rows_in_the_same_order(
+        broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 2)
+    _produce(bootstrap, topic, {0: 300, 1: 40})
+    opts, pool = _opts(bootstrap, topic), ConsumerPool()
+    try:
+        rng = KafkaOffsetRange(topic, 0, 17, 230)
+        fresh = _read(opts, rng, ConsumerPool())
+        first = _read(opts, rng, pool)
+        second = _read(opts, rng, pool)  # pooled consumer, sought back to 17
+    finally:
+        pool.close_all()
+    assert first == second == fresh
+    assert [o for _, o, _ in first] == list(range(17, 230))
+    assert (pool.stats.created, pool.stats.reused) == (1, 1)
+
+
+def test_consecutive_ranges_of_a_partition_reuse_one_consumer_and_read_every_record_once(
+        broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 2)
+    _produce(bootstrap, topic, {0: 500, 1: 500})
+    opts, pool = _opts(bootstrap, topic, maxRecordsPerBatch="64"), ConsumerPool()
+    rows = []
+    try:
+        for start in range(0, 500, 125):  # as four micro-batches over two partitions
+            for part in (0, 1):
+                rows += _read(opts, KafkaOffsetRange(topic, part, start, start + 125), pool)
+    finally:
+        pool.close_all()
+    for part in (0, 1):
+        assert [o for p, o, _ in rows if p == part] == list(range(500))
+    assert (pool.stats.created, pool.stats.reused) == (2, 6)
+
+
+def test_a_consumer_idle_longer_than_the_idle_time_is_closed(broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 1)
+    _produce(bootstrap, topic, {0: 10})
+    opts, pool = _opts(bootstrap, topic), ConsumerPool(idle_s=0.2)
+    _read(opts, KafkaOffsetRange(topic, 0, 0, 10), pool)
+    assert pool.idle_count() == 1
+    time.sleep(0.4)
+    pool.close_idle()
+    assert pool.idle_count() == 0 and pool.stats.closed_idle == 1
+    assert [o for _, o, _ in _read(opts, KafkaOffsetRange(topic, 0, 0, 10), pool)] == list(range(10))
+    assert pool.stats.created == 2 and pool.stats.reused == 0
+    pool.close_all()
+
+
+def test_a_pooled_consumer_whose_broker_connection_died_is_replaced_and_still_reads_every_record(
+        broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 1)
+    _produce(bootstrap, topic, {0: 200})
+    opts, pool = _opts(bootstrap, topic), ConsumerPool()
+    try:
+        _read(opts, KafkaOffsetRange(topic, 0, 0, 100), pool)
+        (_, pooled), = pool._idle.values()
+        for conn in list(pooled._client._conns.values()):
+            conn.close()  # as when the broker resets an idle connection
+        rows = _read(opts, KafkaOffsetRange(topic, 0, 100, 200), pool)
+        (_, now_pooled), = pool._idle.values()
+    finally:
+        pool.close_all()
+    assert [o for _, o, _ in rows] == list(range(100, 200))
+    assert pool.stats.replaced == 1 and pool.stats.created == 2
+    assert now_pooled is not pooled
+
+
+def test_a_read_that_fails_closes_its_consumer_instead_of_pooling_it(
+        broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 1)
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+    for i in range(20):
+        p.send(topic, value=b"%d" % i, partition=0).get(timeout=10)
+    p.close()
+    delete_records(control, topic, 0, 8)
+    opts, pool = _opts(bootstrap, topic), ConsumerPool()
+    with pytest.raises(KafkaDataLossError):
+        _read(opts, KafkaOffsetRange(topic, 0, 2, 20), pool)
+    assert pool.idle_count() == 0 and pool.stats.discarded == 1
+    assert [o for _, o, _ in _read(opts, KafkaOffsetRange(topic, 0, 8, 20), pool)] == list(range(8, 20))
+    pool.close_all()
+
+
+def test_a_reader_that_stops_early_returns_its_consumer_and_the_next_range_is_still_exact(
+        broker: tuple[str, str]) -> None:
+    bootstrap, control = broker
+    topic = _new_topic(control, 1)
+    _produce(bootstrap, topic, {0: 300})
+    opts, pool = _opts(bootstrap, topic, maxRecordsPerBatch="50"), ConsumerPool()
+    try:
+        it = read_range(opts, KafkaOffsetRange(topic, 0, 0, 300), pool)
+        next(it)
+        it.close()  # as Spark does under a LIMIT
+        assert pool.idle_count() == 1
+        rows = _read(opts, KafkaOffsetRange(topic, 0, 120, 300), pool)
+    finally:
+        pool.close_all()
+    assert [o for _, o, _ in rows] == list(range(120, 300))
+    assert pool.stats.reused == 1
+
+
+def test_consumers_of_different_settings_are_never_shared_and_the_key_holds_no_secret() -> None:
+    base = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "a",
+            "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.plain.username": "u"}
+    one = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter2"})
+    other = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter3"})
+    same = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter2"})
+    assert _settings_key(one) != _settings_key(other)
+    assert _settings_key(one) == _settings_key(same)
+    assert "hunter2" not in _settings_key(one)
+    elsewhere = parse_kafka_options({**base, "bootstrap.servers": "127.0.0.1:9093",
+                                     "kafka.sasl.plain.password": "hunter2"})
+    assert _settings_key(one) != _settings_key(elsewhere)
+
+
+def test_the_spelled_out_arrow_schema_is_the_one_pyspark_derives_from_the_spark_schema() -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    assert arrow_schema().equals(to_arrow_schema(SCHEMA, timezone="UTC"), check_metadata=True)
+
+
+def test_executors_never_wait_for_records_the_range_knows_exist() -> None:
+    cfg = parse_kafka_options({"bootstrap.servers": "h:1", "subscribe": "a"}).consumer_config()
+    assert cfg["fetch_max_wait_ms"] <= 10
+    raised = parse_kafka_options({"bootstrap.servers": "h:1", "subscribe": "a",
+                                  "kafka.fetch.max.wait.ms": "500"}).consumer_config()
+    assert raised["fetch_max_wait_ms"] == 500

@@ -1,0 +1,54 @@
+"""The pure pieces of ``benchmarks.streaming_speed``: batch split, ratios, the ramp."""
+
+from __future__ import annotations
+
+from benchmarks.streaming_speed import batch_split, kept_up, ramp, ratios
+
+
+def _progress(rows: int, trigger_ms: float, add_ms: float) -> dict:
+    return {"numInputRows": rows, "durationMs": {"triggerExecution": trigger_ms, "addBatch": add_ms}}
+
+
+def test_the_batch_split_leaves_out_the_first_batch_and_batches_without_rows() -> None:
+    prog = [_progress(100, 5000, 4000), _progress(100, 1000, 800), _progress(0, 50, 0),
+            _progress(300, 1000, 600)]
+    s = batch_split(prog)
+    assert s["batches"] == 2 and s["rows"] == 400
+    assert s["rows_per_s"] == 200.0  # 400 rows over 2 s of triggerExecution
+    assert s["mean_ms"]["addBatch"] == 700.0 and s["mean_ms"]["walCommit"] == 0.0
+    assert batch_split(prog, skip_first=False)["rows"] == 500
+    assert batch_split([])["rows_per_s"] is None
+
+
+def test_ratios_compare_within_one_run_and_leave_out_what_was_not_measured() -> None:
+    doc = {"batch_noop": {"rows_per_s": 1000.0},
+           "available_now": [{"sink": "noop", "rows_per_s": 850.0},
+                             {"sink": "none", "rows_per_s": 700.0},
+                             {"sink": "transaction", "rows_per_s": 665.0}],
+           "triggers": [{"mode": "none", "trigger_s": 1.0, "processing_rps": 500.0},
+                        {"mode": "transaction", "trigger_s": 1.0, "processing_rps": 400.0}]}
+    r = ratios(doc)
+    assert r["stream_noop/batch_noop"] == 0.85
+    assert r["stream_transaction/batch_noop"] == 0.665
+    assert r["available_now transaction/none"] == 0.95
+    assert r["available_now dedup/none"] is None
+    assert r["trigger 1s transaction/none"] == 0.8
+
+
+def test_the_ramp_doubles_until_a_run_falls_behind_and_keeps_the_last_rate_that_kept_up() -> None:
+    seen = []
+
+    def measure(rate: float) -> dict:
+        seen.append(rate)
+        return {"rate": rate, "ok": True, "mean_batch_ms": rate / 4}  # falls behind past 4000/s
+
+    best, runs = ramp(measure, 1000, 10, 1.0)
+    assert seen == [1000, 2000, 4000, 8000]
+    assert best == 4000 and [r["kept_up"] for r in runs] == [True, True, True, False]
+    assert ramp(measure, 8000, 3, 1.0)[0] is None
+
+
+def test_a_run_that_lost_records_never_counts_as_keeping_up() -> None:
+    assert kept_up({"ok": True, "mean_batch_ms": 900}, 1.0)
+    assert not kept_up({"ok": False, "mean_batch_ms": 100}, 1.0)
+    assert not kept_up({"ok": True, "mean_batch_ms": None}, 1.0)
