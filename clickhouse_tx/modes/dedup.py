@@ -34,7 +34,7 @@ import collections
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -46,6 +46,7 @@ from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, Writ
 from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes import peek_schema
 from clickhouse_tx.modes.base import ModeBase
+from clickhouse_tx.modes.dedup_layout import DedupLayoutError, LayoutRecords, check_messages, check_partition, layout_of
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.state import TxState
 
@@ -236,6 +237,50 @@ class DedupMode(ModeBase):
                 f"dedup insert refused: the registry says this attempt is {state}, so it was "
                 "fenced (a newer attempt or the driver's abort replaced it)", xid=xid)
 
+    def _layouts(self, target: Target) -> LayoutRecords:
+        return LayoutRecords.beside(target, self._registry(target))
+
+    def _check_layout(self, target: Target, ctx: WriteContext, first: str, xid: str) -> None:
+        """Executor, before a partition's first chunk: refuse a batch cut otherwise.
+
+        One read of the batch's seal; before the batch's first commit, one claim of
+        this partition (create-if-absent). Raises :class:`DedupLayoutError`.
+        """
+        records = self._layouts(target)
+        try:
+            sealed = records.sealed(ctx.txn_id, ctx.batch)
+            check_partition(ctx.txn_id, ctx.batch, ctx.partition, first, sealed, None)
+            if sealed is None:
+                claimed = records.claim(ctx.txn_id, ctx.batch, ctx.partition, first)
+                check_partition(ctx.txn_id, ctx.batch, ctx.partition, first, None, claimed)
+        except DedupLayoutError as exc:
+            exc.xid = xid  # the task fails with this error as it is, not wrapped
+            raise
+
+    def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
+        """Driver, at the start of every commit of a batch, before its decision.
+
+        Compares this run's messages with the batch's seal (or, before the first commit,
+        with its partitions' claims), then seals the batch's layout, so a replay that cuts
+        it otherwise is refused by its executors before they insert. Drops the records
+        of the query's earlier batches (Spark replays none of them). Raises
+        :class:`DedupLayoutError` (nothing is committed).
+        """
+        if not messages:
+            return
+        txn_id = messages[0].txn_id
+        records = self._layouts(target)
+        now = layout_of(messages)
+        sealed = records.sealed(txn_id, batch)
+        claims = records.claims(txn_id, batch) if sealed is None else {}
+        check_messages(txn_id, batch, now, sealed, claims)
+        if sealed is None:
+            check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
+        try:
+            records.forget_before(txn_id, batch)
+        except ClickHouseTxError as exc:  # housekeeping never fails a commit
+            log.info("could not drop the layout records before batch %d: %s", batch, exc)
+
     def _committed_by(self, target: Target, ctx: WriteContext) -> str | None:
         """The xid whose marker says (txn, batch, partition) is committed, or None."""
         for m in self.markers(target).list(ctx.txn_id, ctx.batch):
@@ -265,6 +310,7 @@ class DedupMode(ModeBase):
         counted = CountingBatches(batches)
         seen: collections.Counter = collections.Counter()
         first_block: int | None = None
+        first = ""
         if schema is not None:
             cutter = Rechunker(counted, self.chunk_rows)
             with self.client(target) as c:
@@ -278,6 +324,8 @@ class DedupMode(ModeBase):
                     seen[digest] += 1
                     self._fence(target, xid)
                     if first_block is None:
+                        first = f"{one.num_rows}:{digest}"
+                        self._check_layout(target, ctx, first, xid)
                         first_block = max_block_number(c, target)
                     else:
                         ensure_window(c, target, first_block, xid)
@@ -285,7 +333,7 @@ class DedupMode(ModeBase):
         letters = self._dead_letters(target, ctx, xid, converted)
         return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
                              {"chunks": sum(seen.values()), "chunk_rows": self.chunk_rows,
-                              "first_block": first_block, "dead_letters": letters})
+                              "first_block": first_block, "first_chunk": first, "dead_letters": letters})
 
     def _dead_letters(self, target: Target, ctx: WriteContext, xid: str, converted: object) -> int:
         """Insert the partition's dead letters, visible at once like its rows.

@@ -1,0 +1,229 @@
+"""Mode ``dedup``: the layout of a batch, so a replay under another partitioning is refused.
+
+Dedup rows are visible as soon as they are inserted, and a chunk's token is made of
+its partition number and its rows. A replay of a batch that cuts it into other
+partitions (another ``repartition(n)``, ``minPartitions`` or Kafka partition count)
+sends other tokens for rows already in the table: ClickHouse would insert them again.
+The layout records of this module refuse such a replay before it inserts:
+
+claim (executor, once per partition attempt, before its first chunk)
+    ``<txn>/<batch>/<partition>`` -> the first chunk's fingerprint (rows and digest),
+    created if absent. A later attempt of the same partition whose first chunk differs
+    is refused.
+seal (driver, at the start of every commit of the batch, before its decision)
+    ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows and
+    checksum, from the commit messages, created if absent. Before sealing, every claim
+    of the batch must match the messages. Once sealed, an executor's partition that the
+    seal does not hold (a partition number beyond the sealed count, or one that was
+    empty), or holds with another first chunk, is refused; so is a commit whose messages
+    differ from the seal.
+
+Both are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry) written as
+finished registry entries, the way the decision log's arbiter claims versions: an
+``INSERT`` under ``keeper_map_strict_mode`` fails on an existing key, so the first
+writer wins and every later one compares. The checks themselves are pure functions
+(:func:`check_partition`, :func:`check_messages`).
+
+What cannot be refused before inserting: a batch whose first run died during its
+write stage (no seal yet), replayed under another partitioning. Its partitions that
+the first run never started have no claim, and an executor cannot know the batch's
+partition count (pyspark's ``TaskContext`` does not carry it), so they insert. The
+replay's claimed partitions are refused (their rows differ), so the batch fails and
+is never committed, but the rows those unclaimed partitions inserted stay
+(``docs/modes.md``, "dedup").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from clickhouse_tx.errors import NotCommittedError
+from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.registry import KeeperMapRegistry
+
+#: The KeeperMap table of the layout records (in the registry's database).
+LAYOUT_TABLE = "clickhouse_tx_layouts"
+#: The ``partition`` column of a seal (claims hold their partition number).
+SEAL_PARTITION = 2**32 - 1
+
+#: One partition of a layout: {"first": "<rows>:<digest>" | "", "rows": n, "checksum": c}.
+Part = Mapping[str, object]
+
+
+class DedupLayoutError(NotCommittedError):
+    """A replay of a dedup batch cut it into other partitions than the run whose rows are
+    in the table: refused before inserting (executor) or committing (driver)."""
+
+
+def way_out(txn_id: str) -> str:
+    """What the user does after a :class:`DedupLayoutError`."""
+    return (f"Way out: run the batch again with the original partitioning (the same "
+            "repartition(n), minPartitions and Kafka partitions): restart the streaming query on "
+            f"the same checkpoint, or re-run the batch job with transactional_id '{txn_id}' and "
+            "the same decision_log. It re-sends the same rows under the same tokens, which "
+            "ClickHouse drops as duplicates")
+
+
+def describe(layout: Mapping[int, Part]) -> str:
+    """``3 partitions (0: 1000 rows, 1: 1000 rows, 2: empty)`` for error messages."""
+    def one(p: int) -> str:
+        part = layout[p]
+        if part.get("committed"):
+            return f"{p}: committed"
+        return f"{p}: {part.get('rows', '?')} rows" if part.get("first") else f"{p}: empty"
+
+    shown = ", ".join(one(p) for p in sorted(layout))
+    return f"{len(layout)} partitions ({shown})"
+
+
+def check_partition(txn_id: str, batch: int, partition: int, first: str,
+                    sealed: Mapping[int, Part] | None, claimed: str | None) -> None:
+    """Executor, before a partition's first chunk: raise if the batch was cut otherwise.
+
+    ``first`` is this attempt's first-chunk fingerprint, ``sealed`` the batch's seal
+    (None before its first commit), ``claimed`` the fingerprint an earlier attempt of
+    this partition claimed (None if none did).
+    """
+    where = f"batch {batch} of {txn_id}, partition {partition}"
+    if sealed is not None:
+        before = sealed.get(partition)
+        if before is None or before.get("first") != first:
+            held = "does not exist" if before is None else (
+                "was empty" if not before.get("first") else f"began with other rows ({before.get('first')})")
+            raise DedupLayoutError(
+                f"{where}: this run's partition begins with {first}, but in the run whose rows are "
+                f"already in the table (mode dedup: visible at prepare) the batch was cut into "
+                f"{describe(sealed)} and this partition {held}. Inserting this cut would duplicate "
+                f"rows; nothing of this partition was inserted. {way_out(txn_id)}")
+    if claimed is not None and claimed != first:
+        raise DedupLayoutError(
+            f"{where}: this run's partition begins with {first}, but an earlier attempt of it "
+            f"inserted rows beginning with {claimed}: the batch was cut into other partitions "
+            "than the run whose rows are already in the table. Inserting this cut would duplicate "
+            f"rows; nothing of this partition was inserted. {way_out(txn_id)}")
+
+
+def layout_of(messages: Sequence[Prepared]) -> dict[int, Part]:
+    """The layout a run's commit messages describe (the lowest attempt per partition).
+
+    A partition whose attempt found it committed already inserted nothing: it is
+    ``{"committed": xid}`` and not compared.
+    """
+    out: dict[int, Part] = {}
+    for m in sorted(messages, key=lambda m: (m.partition, m.attempt, m.xid)):
+        if m.partition in out:
+            continue
+        done = m.details.get("committed_by")
+        out[m.partition] = {"committed": str(done)} if done else {
+            "first": str(m.details.get("first_chunk") or ""), "rows": m.rows, "checksum": m.checksum}
+    return out
+
+
+def _differ(now: Mapping[int, Part], sealed: Mapping[int, Part]) -> list[int]:
+    """Partitions with rows in either layout whose first chunk, rows or checksum differ."""
+    keys = ("first", "rows", "checksum")
+    out = []
+    for p in sorted(set(now) | set(sealed)):
+        a, b = now.get(p, {}), sealed.get(p, {})
+        if a.get("committed") or not (a.get("first") or b.get("first")):
+            continue
+        if [a.get(k) for k in keys] != [b.get(k) for k in keys]:
+            out.append(p)
+    return out
+
+
+def check_messages(txn_id: str, batch: int, now: Mapping[int, Part],
+                   sealed: Mapping[int, Part] | None, claims: Mapping[int, str]) -> None:
+    """Driver, at the start of a batch's commit: raise if this run cut the batch otherwise.
+
+    Against the seal: every partition with rows, in either layout, must hold the same
+    first chunk, rows and checksum in both (partitions this run found committed are
+    not compared). Without a seal: every claim must be a partition of ``now`` with the
+    same first chunk.
+    """
+    if sealed is not None:
+        differ = _differ(now, sealed)
+        if differ:
+            raise DedupLayoutError(
+                f"batch {batch} of {txn_id}: this run cut the batch into {describe(now)}, but the "
+                f"run whose rows are already in the table (mode dedup: visible at prepare) cut it "
+                f"into {describe(sealed)}; partitions {differ} differ. The batch is not committed. "
+                f"Rows this run inserted into other partitions may be in the table twice. "
+                f"{way_out(txn_id)}")
+        return
+    differ = sorted(p for p, first in claims.items()
+                    if not now.get(p, {}).get("committed") and now.get(p, {}).get("first") != first)
+    if differ:
+        raise DedupLayoutError(
+            f"batch {batch} of {txn_id}: this run cut the batch into {describe(now)}, but an "
+            f"earlier run inserted partitions {differ} with other rows (its partitions "
+            f"{sorted(claims)} were started before it stopped). The batch is not committed. "
+            f"Rows this run inserted may be in the table twice. {way_out(txn_id)}")
+
+
+class LayoutRecords:
+    """The claims and seals of one target's dedup batches (KeeperMap). Picklable."""
+
+    def __init__(self, registry: "KeeperMapRegistry") -> None:
+        self.registry = registry
+
+    @classmethod
+    def beside(cls, target: Target, registry: "KeeperMapRegistry | None") -> "LayoutRecords":
+        """The records in the registry's database (the target's when there is none)."""
+        from clickhouse_tx.registry import KeeperMapRegistry
+
+        database = registry.database if registry is not None else target.database
+        return cls(KeeperMapRegistry(target, table=LAYOUT_TABLE, database=database))
+
+    @staticmethod
+    def key(txn_id: str, batch: int, partition: int | None) -> str:
+        return f"{txn_id}/{batch}/{'all' if partition is None else partition}"
+
+    def _create(self, key: str, txn_id: str, batch: int, partition: int, body: object) -> object:
+        """Create ``key`` holding ``body`` unless it exists; the body that is stored."""
+        from clickhouse_tx.registry import AlreadyRegisteredError
+
+        entry = RegistryEntry(xid=key, txn_id=txn_id, batch=batch, partition=partition, attempt=0,
+                              mode=Mode.DEDUP, server="", table="", state="committed",
+                              payload={"body": json.dumps(body, sort_keys=True)})
+        try:
+            self.registry.register(entry)
+            return body
+        except AlreadyRegisteredError:
+            stored = self._get(key)
+            if stored is None:
+                raise
+            return stored
+
+    def _get(self, key: str) -> object | None:
+        e = self.registry.get(key)
+        return None if e is None else json.loads(str(e.payload["body"]))
+
+    def sealed(self, txn_id: str, batch: int) -> dict[int, Part] | None:
+        """The batch's seal, or None before the first commit of the batch."""
+        body = self._get(self.key(txn_id, batch, None))
+        return None if body is None else {int(p): v for p, v in dict(body).items()}  # type: ignore[call-overload]
+
+    def claim(self, txn_id: str, batch: int, partition: int, first: str) -> str:
+        """Claim ``partition`` with its first-chunk fingerprint; the claimed fingerprint."""
+        return str(self._create(self.key(txn_id, batch, partition), txn_id, batch, partition, first))
+
+    def claims(self, txn_id: str, batch: int) -> dict[int, str]:
+        """Every partition claim of the batch (one KeeperMap scan; the table stays small)."""
+        return {e.partition: json.loads(str(e.payload["body"]))
+                for e in self.registry.list_batch(txn_id, batch) if e.partition != SEAL_PARTITION}
+
+    def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:
+        """Seal the batch's layout unless sealed; the seal that is stored."""
+        body = self._create(self.key(txn_id, batch, None), txn_id, batch, SEAL_PARTITION,
+                            {str(p): dict(v) for p, v in layout.items()})
+        return {int(p): v for p, v in dict(body).items()}  # type: ignore[call-overload]
+
+    def forget_before(self, txn_id: str, batch: int) -> None:
+        """Drop the records of the query's batches before ``batch`` (Spark replays none)."""
+        old = [e.xid for e in self.registry.list_txn(txn_id) if e.batch < batch]
+        if old:
+            self.registry.forget(old)
