@@ -44,9 +44,10 @@ from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommi
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
-from clickhouse_tx.modes import peek_schema
+from clickhouse_tx.modes import dedup_layout, peek_schema
 from clickhouse_tx.modes.base import ModeBase
-from clickhouse_tx.modes.dedup_layout import DedupLayoutError, LayoutRecords, check_messages, check_partition, layout_of
+from clickhouse_tx.modes.dedup_layout import (DedupLayoutError, LayoutRecords, barrier, check_messages,
+                                              check_partition, layout_of)
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.state import TxState
 
@@ -244,18 +245,66 @@ class DedupMode(ModeBase):
         """Executor, before a partition's first chunk: refuse a batch cut otherwise.
 
         One read of the batch's seal; before the batch's first commit, one claim of
-        this partition (create-if-absent). Raises :class:`DedupLayoutError`.
+        this partition (create-if-absent) and, for a partition no earlier run claimed,
+        reads of the batch's claims until every one is this run's
+        (:func:`~clickhouse_tx.modes.dedup_layout.barrier`). Raises
+        :class:`DedupLayoutError`.
         """
         records = self._layouts(target)
         try:
             sealed = records.sealed(ctx.txn_id, ctx.batch)
             check_partition(ctx.txn_id, ctx.batch, ctx.partition, first, sealed, None)
             if sealed is None:
-                claimed = records.claim(ctx.txn_id, ctx.batch, ctx.partition, first)
-                check_partition(ctx.txn_id, ctx.batch, ctx.partition, first, None, claimed)
+                self._claim(records, ctx, first)
         except DedupLayoutError as exc:
             exc.xid = xid  # the task fails with this error as it is, not wrapped
             raise
+
+    def _claim(self, records: LayoutRecords, ctx: WriteContext, first: str) -> None:
+        """Claim this partition before its first insert (see :mod:`~clickhouse_tx.modes.dedup_layout`).
+
+        A claim under which rows were inserted must hold this attempt's first chunk
+        (else refused, and marked so for this run's other tasks); one under which
+        nothing was inserted (its task was refused or died waiting) is taken over.
+        A partition without an inserted claim waits for the earlier runs' inserted
+        claims, then marks its own inserted.
+        """
+        where = (ctx.txn_id, ctx.batch, ctx.partition)
+        claim = records.claim(*where, first, ctx.run)
+        if claim.get("inserted"):
+            if claim.get("first") != first:
+                records.update(*where, {**claim, "refused_by": ctx.run})
+                check_partition(*where, first, None, str(claim.get("first")))
+            if claim.get("run") != ctx.run:
+                # An earlier run's rows, the same as this attempt's: deduplicated by their
+                # tokens. The claim is this run's now (see barrier).
+                records.update(*where, {**claim, "run": ctx.run})
+            return
+        mine = {"first": first, "run": ctx.run, "inserted": False}
+        if dict(claim) != mine:
+            records.update(*where, mine)
+        if ctx.run:
+            self._wait_for_earlier_claims(records, ctx)
+        records.update(*where, {**mine, "inserted": True})
+
+    @staticmethod
+    def _wait_for_earlier_claims(records: LayoutRecords, ctx: WriteContext) -> None:
+        """Until every claim of the batch is this run's (one registry scan per 0.5 s)."""
+        deadline = time.monotonic() + dedup_layout.WAIT_S
+        while True:
+            waiting = barrier(ctx.txn_id, ctx.batch, ctx.partition, ctx.run,
+                              records.claims(ctx.txn_id, ctx.batch))
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                raise DedupLayoutError(
+                    f"batch {ctx.batch} of {ctx.txn_id}, partition {ctx.partition}: an earlier run "
+                    f"inserted partitions {waiting} of this batch and stopped before its commit, and "
+                    f"this run's attempts of them did not show within {dedup_layout.WAIT_S:.0f} s that "
+                    "they hold the same rows (queued behind this task, or cut otherwise). Nothing of "
+                    "this partition was inserted; a retry of the task waits again. "
+                    f"{dedup_layout.way_out(ctx.txn_id)}")
+            time.sleep(0.5)
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         """Driver, at the start of every commit of a batch, before its decision.

@@ -7,30 +7,33 @@ sends other tokens for rows already in the table: ClickHouse would insert them a
 The layout records of this module refuse such a replay before it inserts:
 
 claim (executor, once per partition attempt, before its first chunk)
-    ``<txn>/<batch>/<partition>`` -> the first chunk's fingerprint (rows and digest),
-    created if absent. A later attempt of the same partition whose first chunk differs
-    is refused.
+    ``<txn>/<batch>/<partition>`` -> ``{"first", "run", "inserted"}``: the first chunk's
+    fingerprint (rows and digest), the run that claimed it (:attr:`WriteContext.run`,
+    one id per run of the job or query) and whether it went on to insert. Created if
+    absent; marked ``inserted`` just before the first insert. A later attempt whose
+    first chunk differs from an inserted claim is refused. A partition without an
+    inserted claim inserts only once every inserted claim of the batch is this run's
+    (:func:`barrier`): the partitions an earlier run inserted must first be re-checked,
+    with the same rows, by this run's attempts of them.
 seal (driver, at the start of every commit of the batch, before its decision)
     ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows and
-    checksum, from the commit messages, created if absent. Before sealing, every claim
-    of the batch must match the messages. Once sealed, an executor's partition that the
-    seal does not hold (a partition number beyond the sealed count, or one that was
-    empty), or holds with another first chunk, is refused; so is a commit whose messages
-    differ from the seal.
+    checksum, from the commit messages, created if absent. Before sealing, every
+    inserted claim of the batch must match the messages. Once sealed, an executor's
+    partition that the seal does not hold (a partition number beyond the sealed count,
+    or one that was empty), or holds with another first chunk, is refused; so is a
+    commit whose messages differ from the seal.
 
 Both are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry) written as
 finished registry entries, the way the decision log's arbiter claims versions: an
 ``INSERT`` under ``keeper_map_strict_mode`` fails on an existing key, so the first
 writer wins and every later one compares. The checks themselves are pure functions
-(:func:`check_partition`, :func:`check_messages`).
+(:func:`check_partition`, :func:`barrier`, :func:`check_messages`).
 
-What cannot be refused before inserting: a batch whose first run died during its
-write stage (no seal yet), replayed under another partitioning. Its partitions that
-the first run never started have no claim, and an executor cannot know the batch's
-partition count (pyspark's ``TaskContext`` does not carry it), so they insert. The
-replay's claimed partitions are refused (their rows differ), so the batch fails and
-is never committed, but the rows those unclaimed partitions inserted stay
-(``docs/modes.md``, "dedup").
+What is not refused before inserting: a partition whose first 250 000 rows are the
+same as before but whose later rows differ (only its first chunk is compared at
+prepare); the driver's check of rows and checksums refuses its commit, but its later
+chunks are in the table. A writer without a run id (``WriteContext.run == ""``, not the
+Spark writer) does not wait for an earlier run's claims.
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ SEAL_PARTITION = 2**32 - 1
 
 #: One partition of a layout: {"first": "<rows>:<digest>" | "", "rows": n, "checksum": c}.
 Part = Mapping[str, object]
+#: One partition's claim: {"first": "<rows>:<digest>", "run": run id, "inserted": bool,
+#: "refused_by": run id}; "inserted" is set just before the partition's first insert.
+Claim = Mapping[str, object]
+#: How long a partition that an earlier run never started waits for the partitions that
+#: run did start to be re-checked by this run (then it refuses; Spark may retry the task).
+WAIT_S = 120.0
 
 
 class DedupLayoutError(NotCommittedError):
@@ -106,6 +115,36 @@ def check_partition(txn_id: str, batch: int, partition: int, first: str,
             f"rows; nothing of this partition was inserted. {way_out(txn_id)}")
 
 
+def barrier(txn_id: str, batch: int, partition: int, run: str,
+            claims: Mapping[int, Claim]) -> list[int]:
+    """Executor, for a partition no earlier run claimed: the claims it must wait for.
+
+    Before the batch's seal, the partitions an earlier run started are known only by
+    their claims, and an executor cannot know how many partitions either run has. A
+    partition first claimed by this run inserts only once every claim of the batch is
+    this run's (each earlier run's claim re-checked, with the same rows, by this run's
+    attempt of that partition): then the earlier run's rows are exactly this run's
+    rows of those partitions, and this partition's rows were never inserted. Returns
+    the partitions still to wait for (empty: go on).
+
+    Raises
+    ------
+    DedupLayoutError
+        This run refused one of those partitions (other rows): the batch was cut
+        otherwise, so this partition's rows may be among the earlier run's.
+    """
+    refused = sorted(p for p, c in claims.items() if c.get("refused_by") == run)
+    if refused:
+        raise DedupLayoutError(
+            f"batch {batch} of {txn_id}, partition {partition}: an earlier run inserted partitions "
+            f"{sorted(p for p, c in claims.items() if c.get('inserted'))} of this batch and stopped "
+            "before its commit, and this run's "
+            f"partitions {refused} hold other rows than that run's: the batch was cut otherwise, "
+            f"so this partition's rows may already be in the table. Nothing of this partition was "
+            f"inserted. {way_out(txn_id)}")
+    return sorted(p for p, c in claims.items() if c.get("inserted") and c.get("run") != run)
+
+
 def layout_of(messages: Sequence[Prepared]) -> dict[int, Part]:
     """The layout a run's commit messages describe (the lowest attempt per partition).
 
@@ -136,7 +175,7 @@ def _differ(now: Mapping[int, Part], sealed: Mapping[int, Part]) -> list[int]:
 
 
 def check_messages(txn_id: str, batch: int, now: Mapping[int, Part],
-                   sealed: Mapping[int, Part] | None, claims: Mapping[int, str]) -> None:
+                   sealed: Mapping[int, Part] | None, claims: Mapping[int, Claim]) -> None:
     """Driver, at the start of a batch's commit: raise if this run cut the batch otherwise.
 
     Against the seal: every partition with rows, in either layout, must hold the same
@@ -154,13 +193,14 @@ def check_messages(txn_id: str, batch: int, now: Mapping[int, Part],
                 f"Rows this run inserted into other partitions may be in the table twice. "
                 f"{way_out(txn_id)}")
         return
-    differ = sorted(p for p, first in claims.items()
-                    if not now.get(p, {}).get("committed") and now.get(p, {}).get("first") != first)
+    differ = sorted(p for p, c in claims.items() if c.get("inserted")
+                    and not now.get(p, {}).get("committed") and now.get(p, {}).get("first") != c.get("first"))
     if differ:
         raise DedupLayoutError(
             f"batch {batch} of {txn_id}: this run cut the batch into {describe(now)}, but an "
-            f"earlier run inserted partitions {differ} with other rows (its partitions "
-            f"{sorted(claims)} were started before it stopped). The batch is not committed. "
+            f"earlier run inserted partitions {differ} with other rows (it inserted partitions "
+            f"{sorted(p for p, c in claims.items() if c.get('inserted'))} before it stopped). The "
+            "batch is not committed. "
             f"Rows this run inserted may be in the table twice. {way_out(txn_id)}")
 
 
@@ -207,11 +247,18 @@ class LayoutRecords:
         body = self._get(self.key(txn_id, batch, None))
         return None if body is None else {int(p): v for p, v in dict(body).items()}  # type: ignore[call-overload]
 
-    def claim(self, txn_id: str, batch: int, partition: int, first: str) -> str:
-        """Claim ``partition`` with its first-chunk fingerprint; the claimed fingerprint."""
-        return str(self._create(self.key(txn_id, batch, partition), txn_id, batch, partition, first))
+    def claim(self, txn_id: str, batch: int, partition: int, first: str, run: str) -> Claim:
+        """Claim ``partition`` for ``run`` with its first-chunk fingerprint; the stored claim."""
+        body = self._create(self.key(txn_id, batch, partition), txn_id, batch, partition,
+                            {"first": first, "run": run, "inserted": False})
+        return dict(body)  # type: ignore[call-overload]
 
-    def claims(self, txn_id: str, batch: int) -> dict[int, str]:
+    def update(self, txn_id: str, batch: int, partition: int, claim: Claim) -> None:
+        """Overwrite a claim (confirmed or refused by a later run; the last writer wins)."""
+        self.registry.transition(self.key(txn_id, batch, partition), ["committed"], "committed",
+                                 {"body": json.dumps(dict(claim), sort_keys=True)})
+
+    def claims(self, txn_id: str, batch: int) -> dict[int, Claim]:
         """Every partition claim of the batch (one KeeperMap scan; the table stays small)."""
         return {e.partition: json.loads(str(e.payload["body"]))
                 for e in self.registry.list_batch(txn_id, batch) if e.partition != SEAL_PARTITION}

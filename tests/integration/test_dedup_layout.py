@@ -7,6 +7,8 @@ restart: ``cut(rows, n)`` deals the rows round-robin into ``n`` partitions, the 
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +16,7 @@ import pytest
 
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Prepared, WriteContext
+from clickhouse_tx.modes import dedup_layout
 from clickhouse_tx.modes.dedup_layout import LAYOUT_TABLE, DedupLayoutError
 from tests.integration.test_dedup_mode import TXN, coordinator
 from tests.integration.test_modes import (  # noqa: F401 - the admin fixture
@@ -93,3 +96,44 @@ def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_co
     left = admin.query_json(f"SELECT DISTINCT batch FROM `{database}`.{LAYOUT_TABLE} ORDER BY batch")
     assert [int(r["batch"]) for r in left] == [2]  # only the last batch: Spark may replay it
     assert committed_count(admin, target) == 900 and distinct_ids(admin, target) == 900
+
+
+def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_refused_if_the_cut_changed(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run r1 cut the batch in 3 and inserted partitions 0 and 1 before it died (2 never
+    # started; no commit, so no seal). Executors cannot know a run's partition count: a
+    # partition nobody inserted must wait until this run has re-checked 0 and 1.
+    target = make_table(admin, database)
+    first = cut(rows(N), 3)
+    for p in (0, 1):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, p, 0, run="r1"), batches(first[p], 100))
+    inserted = committed_count(admin, target)
+    assert inserted == 800
+    monkeypatch.setattr(dedup_layout, "WAIT_S", 2.0)
+    with pytest.raises(DedupLayoutError, match=r"partitions \[0, 1\] .* did not show within 2 s"):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 2, 0, run="r2"), batches(first[2]))
+
+    monkeypatch.setattr(dedup_layout, "WAIT_S", 60.0)
+    replay = cut(rows(N), 4)  # run r3 cuts it in 4: partition 3 waits, partition 0 is refused
+    waiting: dict[str, BaseException] = {}
+
+    def partition_3() -> None:
+        try:
+            coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 3, 0, run="r3"), batches(replay[3]))
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            waiting["error"] = exc
+
+    t = threading.Thread(target=partition_3)
+    t.start()
+    time.sleep(1.0)
+    with pytest.raises(DedupLayoutError, match="began with|beginning with"):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r3"), batches(replay[0]))
+    t.join(60)
+    assert isinstance(waiting.get("error"), DedupLayoutError), waiting
+    assert "hold other rows" in str(waiting["error"])
+    assert committed_count(admin, target) == inserted  # nothing of run r3 went in
+
+    co = coordinator(target, tmp_path)  # run r4, the original cut: every partition goes through
+    msgs = [co.prepare(WriteContext(TXN, 0, p, 0, run="r4"), batches(t, 100)) for p, t in enumerate(first)]
+    co.commit_batch(0, msgs)
+    assert committed_count(admin, target) == N and distinct_ids(admin, target) == N

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clickhouse_tx.interfaces import Mode, Prepared
-from clickhouse_tx.modes.dedup_layout import DedupLayoutError, check_messages, check_partition, layout_of
+from clickhouse_tx.modes.dedup_layout import DedupLayoutError, barrier, check_messages, check_partition, layout_of
 
 SEALED = {0: {"first": "10:a", "rows": 10, "checksum": 1}, 1: {"first": "10:b", "rows": 10, "checksum": 2},
           2: {"first": "", "rows": 0, "checksum": 0}}
@@ -56,8 +56,25 @@ def test_messages_matching_the_seal_pass_and_any_difference_is_refused() -> None
             check_messages("t", 4, now, SEALED, {})
 
 
-def test_without_a_seal_every_claim_must_be_a_partition_of_the_messages_with_its_first_chunk() -> None:
+def claim(first: str, run: str = "r1", inserted: bool = True, **extra: str) -> dict[str, object]:
+    return {"first": first, "run": run, "inserted": inserted, **extra}
+
+
+def test_without_a_seal_every_inserted_claim_must_be_a_partition_of_the_messages_with_its_first_chunk() -> None:
     now = layout_of([msg(0, "10:a", 10, 1), msg(1, "10:b", 10, 2)])
-    check_messages("t", 4, now, None, {0: "10:a", 1: "10:b"})
+    check_messages("t", 4, now, None, {0: claim("10:a"), 1: claim("10:b"), 3: claim("9:z", inserted=False)})
     with pytest.raises(DedupLayoutError, match=r"inserted partitions \[2\]"):
-        check_messages("t", 4, now, None, {0: "10:a", 2: "10:c"})
+        check_messages("t", 4, now, None, {0: claim("10:a"), 2: claim("10:c")})
+
+
+def test_a_partition_no_earlier_run_claimed_waits_for_the_inserted_claims_of_other_runs_only() -> None:
+    claims = {0: claim("10:a", run="r1"), 1: claim("10:b", run="r2"), 2: claim("10:c", run="r1", inserted=False)}
+    assert barrier("t", 4, 3, "r2", claims) == [0]  # 1 is this run's, 2 never inserted
+    assert barrier("t", 4, 3, "r2", {**claims, 0: claim("10:a", run="r2")}) == []
+
+
+def test_a_partition_no_earlier_run_claimed_is_refused_once_this_run_refused_an_earlier_runs_partition() -> None:
+    claims = {0: claim("10:a", run="r1", refused_by="r2"), 1: claim("10:b", run="r1")}
+    with pytest.raises(DedupLayoutError, match=r"inserted partitions \[0, 1\].*partitions \[0\] hold other rows"):
+        barrier("t", 4, 5, "r2", claims)
+    assert barrier("t", 4, 5, "r3", claims) == [0, 1]  # another run's refusal is not this run's
