@@ -39,7 +39,7 @@ Spark writer) does not wait for an earlier run's claims.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from clickhouse_tx.errors import NotCommittedError
 from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target
@@ -204,6 +204,14 @@ def check_messages(txn_id: str, batch: int, now: Mapping[int, Part],
             f"Rows this run inserted may be in the table twice. {way_out(txn_id)}")
 
 
+def _body(e: RegistryEntry) -> dict[str, Any]:
+    """The JSON object a layout record holds."""
+    body = json.loads(str(e.payload["body"]))
+    if not isinstance(body, dict):
+        raise ValueError(f"layout record {e.xid} holds {type(body).__name__}, not an object")
+    return body
+
+
 class LayoutRecords:
     """The claims and seals of one target's dedup batches (KeeperMap). Picklable."""
 
@@ -222,7 +230,8 @@ class LayoutRecords:
     def key(txn_id: str, batch: int, partition: int | None) -> str:
         return f"{txn_id}/{batch}/{'all' if partition is None else partition}"
 
-    def _create(self, key: str, txn_id: str, batch: int, partition: int, body: object) -> object:
+    def _create(self, key: str, txn_id: str, batch: int, partition: int,
+                body: dict[str, Any]) -> dict[str, Any]:
         """Create ``key`` holding ``body`` unless it exists; the body that is stored."""
         from clickhouse_tx.registry import AlreadyRegisteredError
 
@@ -238,20 +247,20 @@ class LayoutRecords:
                 raise
             return stored
 
-    def _get(self, key: str) -> object | None:
+    def _get(self, key: str) -> dict[str, Any] | None:
         e = self.registry.get(key)
-        return None if e is None else json.loads(str(e.payload["body"]))
+        return None if e is None else _body(e)
 
     def sealed(self, txn_id: str, batch: int) -> dict[int, Part] | None:
         """The batch's seal, or None before the first commit of the batch."""
         body = self._get(self.key(txn_id, batch, None))
-        return None if body is None else {int(p): v for p, v in dict(body).items()}  # type: ignore[call-overload]
+        return None if body is None else {int(p): v for p, v in body.items()}
 
     def claim(self, txn_id: str, batch: int, partition: int, first: str, run: str) -> Claim:
         """Claim ``partition`` for ``run`` with its first-chunk fingerprint; the stored claim."""
         body = self._create(self.key(txn_id, batch, partition), txn_id, batch, partition,
                             {"first": first, "run": run, "inserted": False})
-        return dict(body)  # type: ignore[call-overload]
+        return body
 
     def update(self, txn_id: str, batch: int, partition: int, claim: Claim) -> None:
         """Overwrite a claim (confirmed or refused by a later run; the last writer wins)."""
@@ -260,14 +269,14 @@ class LayoutRecords:
 
     def claims(self, txn_id: str, batch: int) -> dict[int, Claim]:
         """Every partition claim of the batch (one KeeperMap scan; the table stays small)."""
-        return {e.partition: json.loads(str(e.payload["body"]))
-                for e in self.registry.list_batch(txn_id, batch) if e.partition != SEAL_PARTITION}
+        return {e.partition: _body(e) for e in self.registry.list_batch(txn_id, batch)
+                if e.partition != SEAL_PARTITION}
 
     def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:
         """Seal the batch's layout unless sealed; the seal that is stored."""
         body = self._create(self.key(txn_id, batch, None), txn_id, batch, SEAL_PARTITION,
                             {str(p): dict(v) for p, v in layout.items()})
-        return {int(p): v for p, v in dict(body).items()}  # type: ignore[call-overload]
+        return {int(p): v for p, v in body.items()}
 
     def forget_before(self, txn_id: str, batch: int) -> None:
         """Drop the records of the query's batches before ``batch`` (Spark replays none)."""

@@ -6,8 +6,9 @@ process group at a protocol step of batch 1: after the first partition of the ba
 was prepared (others may be half inserted or not started: the batch has no seal yet),
 or in the driver's commit, after every partition was inserted. The restart cuts the
 replayed batch 1 into 5 partitions: its tasks must be refused before they insert (the
-query fails naming the layouts), leaving the table as the kill left it. The next restart, with the original ``repartition(3)``, must drain
-the topic with every Kafka record in ClickHouse exactly once.
+query fails naming the layouts), leaving the table as the kill left it. The next
+restart, with the original ``repartition(3)``, must drain the topic with every Kafka
+record in ClickHouse exactly once.
 """
 
 from __future__ import annotations
