@@ -342,9 +342,10 @@ class DedupMode(ModeBase):
         """Executor, once per partition attempt: INSERT chunk by chunk (visible at once).
 
         First one read of the markers: a partition already committed (a replay of a
-        done batch, a late zombie) inserts nothing. Then per chunk: one registry read
-        (the fence), one ``system.parts`` read (the window), one INSERT. Memory: one
-        chunk.
+        done batch, a late zombie) inserts nothing. Before the first chunk, the layout
+        check (:meth:`_check_layout`: a replay cut into other partitions is refused).
+        Then per chunk: one registry read (the fence), one ``system.parts`` read (the
+        window), one INSERT. Memory: one chunk.
         """
         done = self._committed_by(target, ctx)
         if done is not None:
@@ -371,10 +372,11 @@ class DedupMode(ModeBase):
                     digest = chunk_digest(one)
                     token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
                     seen[digest] += 1
-                    self._fence(target, xid)
-                    if first_block is None:
+                    if first_block is None:  # the layout check may wait: fence after it
                         first = f"{one.num_rows}:{digest}"
                         self._check_layout(target, ctx, first, xid)
+                    self._fence(target, xid)
+                    if first_block is None:
                         first_block = max_block_number(c, target)
                     else:
                         ensure_window(c, target, first_block, xid)
