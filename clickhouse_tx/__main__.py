@@ -14,7 +14,10 @@ recover
 gc
     Remove what is older than ``--older-than`` seconds and nothing will use: prepares
     that no decision names (open transactions, stage tables), finished registry
-    entries, leftover stage tables (:func:`clickhouse_tx.recovery.gc_stale`).
+    entries, leftover stage tables (:func:`clickhouse_tx.recovery.gc_stale`). With
+    ``--not-running`` (the operator says the named query is stopped), also the
+    prepares of batches without a decision log, such as a query that never decided
+    a batch (:func:`clickhouse_tx.recovery.untouched_batch` says why that is safe).
 
 ``recover`` and ``gc`` act on the xids of one ``--mode`` at a time, and only on the
 queries they are given: ``--txn-id``, or else every query with a decision log under
@@ -101,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
         if name == "gc":
             c.add_argument("--older-than", type=float, required=True, metavar="SECONDS",
                            help="only prepares older than this; must exceed the longest batch")
+            c.add_argument("--not-running", action="store_true",
+                           help="the named query (--txn-id, or the one --checkpoint holds) is stopped: "
+                                "also roll back the prepares of batches no decision log records, "
+                                "e.g. of a query that never decided a batch (never for a batch with "
+                                "a committing or committed xid)")
     return ap
 
 
@@ -158,31 +166,38 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-def _txn_ids_to_touch(args: argparse.Namespace) -> list[str]:
-    """The queries ``recover``/``gc`` may act on: named, or found in the given checkpoint.
+def _txn_ids_to_touch(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The queries ``recover``/``gc`` may act on, and those with a decision log under ``--checkpoint``.
 
     Refuses (ClickHouseTxError) rather than act on every query of a shared registry:
-    another query's decided xids must never be judged against this checkpoint.
+    another query's decided xids must never be judged against this checkpoint. With
+    ``gc --not-running``, a checkpoint without decision logs names the query its
+    ``clickhouse_tx/query.json`` holds (a streaming query that never decided a batch).
     """
     from clickhouse_tx.decision_log import txn_ids_with_decisions
+    from clickhouse_tx.query_identity import stored_txn_id
 
-    # these are the queries whose xids the command may touch without --txn-id
     found = txn_ids_with_decisions(args.checkpoint) if args.checkpoint else []
-    if args.txn_id and args.checkpoint and args.txn_id not in found:
+    not_running = bool(getattr(args, "not_running", False))
+    stored = stored_txn_id(args.checkpoint) if args.checkpoint and not_running and not found else None
+    if args.txn_id and args.checkpoint and args.txn_id not in found and args.txn_id != stored:
         raise ClickHouseTxError(
             f"--checkpoint {args.checkpoint} holds no decision log of txn id {args.txn_id!r} "
             f"(it holds: {', '.join(found) or 'none'}); pass that query's own checkpointLocation")
     if args.txn_id:
-        return [args.txn_id]
+        return [args.txn_id], found
     if not args.checkpoint:
         raise ClickHouseTxError(
             f"{args.command} needs --txn-id ID and/or --checkpoint CHK: the registry is shared by every "
             "query of the database, and without them it would act on all of them")
+    if stored:
+        return [stored], found
     if not found:
-        raise ClickHouseTxError(f"--checkpoint {args.checkpoint} holds no decision log "
-                                "(<checkpoint>/clickhouse_tx/<txn id>/): nothing to act on; name the query "
-                                "with --txn-id")
-    return found
+        raise ClickHouseTxError(
+            f"--checkpoint {args.checkpoint} holds no decision log (<checkpoint>/clickhouse_tx/<txn id>/): "
+            "nothing to act on; name the query with --txn-id (gc of a query that never decided a batch: "
+            "add --not-running once it is stopped)")
+    return found, found
 
 
 def _recover_or_gc(args: argparse.Namespace) -> int:
@@ -190,19 +205,22 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
     from clickhouse_tx.factory import build_mode_io
     from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 
-    txn_ids = _txn_ids_to_touch(args)
+    txn_ids, logged = _txn_ids_to_touch(args)
     registry, target = _registry_and_target(args)
     view = _ModeView(registry, args.mode)
     checkpoint = args.checkpoint
 
     def log_for(txn_id: str):  # -> FileDecisionLog | None
-        return FileDecisionLog(checkpoint, txn_id) if checkpoint and txn_id in txn_ids else None
+        # Only a query whose decisions are under the checkpoint: another's log would be
+        # empty here, and an empty log would let gc roll back that query's decided xids.
+        return FileDecisionLog(checkpoint, txn_id) if checkpoint and txn_id in logged else None
 
     mode_io = build_mode_io(args.mode)
     if args.command == "recover":
         rep = resolve_in_doubt(target, mode_io, view, log_for, txn_ids=txn_ids)  # type: ignore[arg-type]
     else:
-        rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_ids=txn_ids)  # type: ignore[arg-type]
+        rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_ids=txn_ids,  # type: ignore[arg-type]
+                       not_running=args.not_running)
     doc = {"committed": list(rep.committed), "rolled_back": list(rep.rolled_back),
            "skipped": list(rep.skipped), "errors": dict(rep.errors),
            "forgotten": list(rep.forgotten), "dropped_stages": list(rep.dropped)}

@@ -581,6 +581,7 @@ class Coordinator:
         """
         t0 = self.clock()
         msgs = self._check_messages(batch, messages)
+        self._check_layout(batch, msgs)
         plan = plan_commit(self._read(batch), msgs, self._entries(batch), txn_id=self.txn_id, batch=batch)
         durations: dict[str, float] = {"plan": self.clock() - t0}
         assert plan.decision is not None
@@ -619,6 +620,12 @@ class Coordinator:
                             rolled_back=tuple(run.rolled), rows=sum(p.rows for p in chosen.values()),
                             replaced=tuple(run.replaced), durations=durations, replay=plan.replay,
                             decision_version=run.decision.version)
+
+    def _check_layout(self, batch: int, msgs: Sequence[Prepared]) -> None:
+        """A mode that records how a batch was cut (dedup) refuses a run that cut it otherwise."""
+        check = getattr(self.mode_io, "check_layout", None)
+        if check is not None:
+            self.ops.call(lambda: check(self.target, batch, msgs), is_transient_or_unknown)
 
     def _replay_of_done(self, decision: Decision, msgs: Sequence[Prepared], t0: float,
                         durations: dict[str, float]) -> CommitReport:

@@ -58,6 +58,9 @@ class WriteContext:
     batch: int
     partition: int
     attempt: int
+    #: One id per run of the job or query (drawn on the driver when the writer is built):
+    #: tells a replay's attempts from an earlier run's (mode dedup's layout claims).
+    run: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,6 +55,18 @@ def spark_query_id(checkpoint: str) -> str:
         raise ConfigurationError(f"{path} is not Spark's query metadata ({{\"id\": ...}})") from None
 
 
+def stored_txn_id(checkpoint: str) -> str | None:
+    """The transactional id stored in ``<checkpoint>/clickhouse_tx/query.json``, if any.
+
+    Operator side, once per ``gc --not-running`` call on a checkpoint without decision
+    logs: a streaming query writes this record when it starts, before its first batch.
+    """
+    fs, root = layout.open_location(checkpoint)
+    path = layout.query_record_path(root)
+    data = _read(fs, path)
+    return None if data is None else StoredQueryId.from_json(data, path).transactional_id
+
+
 def _store(fs: pafs.FileSystem, path: str, record: StoredQueryId) -> StoredQueryId:
     """Write ``record`` unless one exists; return the record the file holds afterwards."""
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)

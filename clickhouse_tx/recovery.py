@@ -142,7 +142,8 @@ def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO
 
 def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_for: LogFor,
              older_than_s: float, *, txn_ids: Collection[str] | None = None, retry: RetryPolicy | None = None,
-             clock: Callable[[], float] = time.time, overwrite_stages: bool = True) -> RecoveryReport:
+             clock: Callable[[], float] = time.time, overwrite_stages: bool = True,
+             not_running: bool = False) -> RecoveryReport:
     """Remove what dead executors, zombies and crashed drivers left behind.
 
     Runs on an operator's machine (``python -m clickhouse_tx gc``), once per call;
@@ -162,16 +163,24 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
        that no open xid writes into.
 
     Decided xids of a batch not done, and anything whose decision log is
-    unreachable, are left alone: their query's replay rolls them forward.
+    unreachable, are left alone: their query's replay rolls them forward. With
+    ``not_running`` (the operator says the named queries are stopped; ``txn_ids`` is
+    required), an xid whose batch has no decision log here is treated by
+    :func:`untouched_batch` instead: a query that never decided a batch leaves no log.
     """
+    if not_running and not txn_ids:
+        raise ValueError("gc with not_running needs the queries named (txn_ids)")
     ops = _ops(target, mode_io, registry, retry, clock)
     rolled, skipped, errors = [], [], {}
     cache: dict = {}
+    untouched: dict[tuple[str, int], bool] = {}
     for e in _theirs(registry.list_open(older_than_s), txn_ids):
         if as_state(e.state) is not TxState.INITIALIZED:
             continue
         try:
             reachable, decision = _decision_of(log_for, cache, e)
+            if not reachable and not_running:
+                reachable = untouched_batch(registry, e, untouched)  # no decision log needed
             if not reachable or (decision is not None and e.xid in {c.xid for c in decision.chosen}):
                 skipped.append(e.xid)
                 continue
@@ -179,13 +188,34 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
                 rolled.append(e.xid)
         except Exception as exc:  # noqa: BLE001
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
-    forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors)
+    forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors,
+                                 untouched if not_running else None)
     _forget(registry, rolled, errors)
     dropped = _drop_leftover_stages(target, mode_io, registry, txn_ids, older_than_s, errors)
     if overwrite_stages:
         dropped += _drop_overwrite_stages(target, registry, txn_ids, older_than_s, errors)
     return RecoveryReport(rolled_back=tuple(rolled), skipped=tuple(skipped), errors=errors,
                           forgotten=tuple(sorted(set(forgotten) | set(rolled))), dropped=tuple(dropped))
+
+
+def untouched_batch(registry: RegistryIO, e: RegistryEntry, cache: dict[tuple[str, int], bool]) -> bool:
+    """True if no xid of ``e``'s batch is COMMITTING or COMMITTED (cached per batch).
+
+    ``gc --not-running`` rolls back the undecided attempts of such a batch without
+    its decision log. Safe because (a) the operator says the query is not running, so
+    no driver decides the batch meanwhile, and the age (``--older-than``) backs that;
+    (b) nothing of such a batch is visible (transaction, staging) and an attempt is
+    visible only once COMMITTING; (c) if a decision does exist somewhere (a driver
+    killed between writing it and the first registry move), none of its xids
+    committed, so the batch's replay decides again from its own messages, as after a
+    ClickHouse restart (docs/protocol.md, "Replays under another partitioning").
+    A batch with any COMMITTING or COMMITTED xid is left to its replay or ``recover``.
+    """
+    key = (e.txn_id, e.batch)
+    if key not in cache:
+        entries = registry.list_batch(e.txn_id, e.batch)
+        cache[key] = not any(as_state(x.state) in (TxState.COMMITTING, TxState.COMMITTED) for x in entries)
+    return cache[key]
 
 
 def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -> None:
@@ -200,8 +230,12 @@ def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -
 
 def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: dict,
                      txn_ids: Collection[str] | None, older_than_s: float, clock: Callable[[], float],
-                     errors: dict[str, str]) -> list[str]:
-    """Pass 2 of :func:`gc_stale`: the finished entries no replay will read; forgets them."""
+                     errors: dict[str, str], untouched: dict[tuple[str, int], bool] | None = None) -> list[str]:
+    """Pass 2 of :func:`gc_stale`: the finished entries no replay will read; forgets them.
+
+    ``untouched`` (``gc --not-running``): an ABORTED entry without a reachable
+    decision log is forgotten too when :func:`untouched_batch` holds for its batch.
+    """
     list_txn = getattr(registry, "list_txn", None)
     if txn_ids is None or list_txn is None:
         return []
@@ -213,6 +247,8 @@ def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: d
                 continue
             reachable, decision = _decision_of(log_for, cache, e)
             decided = decision is not None and e.xid in {c.xid for c in decision.chosen}
+            if not reachable and untouched is not None and as_state(e.state) is TxState.ABORTED:
+                reachable = untouched_batch(registry, e, untouched)
             if not reachable or (decided and not decision.done):  # type: ignore[union-attr]
                 continue
             if as_state(e.state) is TxState.COMMITTED and not (decision is not None and decision.done):

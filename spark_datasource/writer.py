@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
@@ -124,6 +125,9 @@ class _WriterBase:
         # The table's column types, from the driver's check: pickled with the writer,
         # so executors convert and check values without querying the table.
         self.conversion = conversion
+        # Drawn on the driver once per run (a restarted query builds a new writer), so a
+        # replay's tasks can tell their own dedup layout claims from an earlier run's.
+        self.run = uuid.uuid4().hex
 
     @property
     def display_table(self) -> str:
@@ -134,7 +138,8 @@ class _WriterBase:
         """Executor, once per partition attempt: prepare one transaction, do not commit."""
         started = time.monotonic()
         batch, partition, attempt = _task_context(self.streaming)
-        ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt)
+        ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt,
+                           run=self.run)
         counted = _ByteCounter(iterator)
         prepared = _coordinator(self.opts, self.txn_id, self.conversion).prepare(ctx, counted)
         return ClickHouseTxCommitMessage(prepared.to_json(), time.monotonic() - started, counted.bytes)

@@ -34,7 +34,7 @@ import collections
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -44,7 +44,10 @@ from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommi
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
+from clickhouse_tx.modes import dedup_layout
 from clickhouse_tx.modes.base import ModeBase, peek_schema
+from clickhouse_tx.modes.dedup_layout import (DedupLayoutError, LayoutRecords, barrier, check_messages,
+                                              check_partition, layout_of)
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.state import TxState
 
@@ -235,6 +238,98 @@ class DedupMode(ModeBase):
                 f"dedup insert refused: the registry says this attempt is {state}, so it was "
                 "fenced (a newer attempt or the driver's abort replaced it)", xid=xid)
 
+    def _layouts(self, target: Target) -> LayoutRecords:
+        return LayoutRecords.beside(target, self._registry(target))
+
+    def _check_layout(self, target: Target, ctx: WriteContext, first: str, xid: str) -> None:
+        """Executor, before a partition's first chunk: refuse a batch cut otherwise.
+
+        One read of the batch's seal; before the batch's first commit, one claim of
+        this partition (create-if-absent) and, for a partition no earlier run claimed,
+        reads of the batch's claims until every one is this run's
+        (:func:`~clickhouse_tx.modes.dedup_layout.barrier`). Raises
+        :class:`DedupLayoutError`.
+        """
+        records = self._layouts(target)
+        try:
+            sealed = records.sealed(ctx.txn_id, ctx.batch)
+            check_partition(ctx.txn_id, ctx.batch, ctx.partition, first, sealed, None)
+            if sealed is None:
+                self._claim(records, ctx, first)
+        except DedupLayoutError as exc:
+            exc.xid = xid  # the task fails with this error as it is, not wrapped
+            raise
+
+    def _claim(self, records: LayoutRecords, ctx: WriteContext, first: str) -> None:
+        """Claim this partition before its first insert (see :mod:`~clickhouse_tx.modes.dedup_layout`).
+
+        A claim under which rows were inserted must hold this attempt's first chunk
+        (else refused, and marked so for this run's other tasks); one under which
+        nothing was inserted (its task was refused or died waiting) is taken over.
+        A partition without an inserted claim waits for the earlier runs' inserted
+        claims, then marks its own inserted.
+        """
+        where = (ctx.txn_id, ctx.batch, ctx.partition)
+        claim = records.claim(*where, first, ctx.run)
+        if claim.get("inserted"):
+            if claim.get("first") != first:
+                records.update(*where, {**claim, "refused_by": ctx.run})
+                check_partition(*where, first, None, str(claim.get("first")))
+            if claim.get("run") != ctx.run:
+                # An earlier run's rows, the same as this attempt's: deduplicated by their
+                # tokens. The claim is this run's now (see barrier).
+                records.update(*where, {**claim, "run": ctx.run})
+            return
+        mine = {"first": first, "run": ctx.run, "inserted": False}
+        if dict(claim) != mine:
+            records.update(*where, mine)
+        if ctx.run:
+            self._wait_for_earlier_claims(records, ctx)
+        records.update(*where, {**mine, "inserted": True})
+
+    @staticmethod
+    def _wait_for_earlier_claims(records: LayoutRecords, ctx: WriteContext) -> None:
+        """Until every claim of the batch is this run's (one registry scan per 0.5 s)."""
+        deadline = time.monotonic() + dedup_layout.WAIT_S
+        while True:
+            waiting = barrier(ctx.txn_id, ctx.batch, ctx.partition, ctx.run,
+                              records.claims(ctx.txn_id, ctx.batch))
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                raise DedupLayoutError(
+                    f"batch {ctx.batch} of {ctx.txn_id}, partition {ctx.partition}: an earlier run "
+                    f"inserted partitions {waiting} of this batch and stopped before its commit, and "
+                    f"this run's attempts of them did not show within {dedup_layout.WAIT_S:.0f} s that "
+                    "they hold the same rows (queued behind this task, or cut otherwise). Nothing of "
+                    "this partition was inserted; a retry of the task waits again. "
+                    f"{dedup_layout.way_out(ctx.txn_id)}")
+            time.sleep(0.5)
+
+    def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
+        """Driver, at the start of every commit of a batch, before its decision.
+
+        Compares this run's messages with the batch's seal (or, before the first commit,
+        with its partitions' claims), then seals the batch's layout, so a replay that cuts
+        it otherwise is refused by its executors before they insert. Drops the records
+        of the query's earlier batches (Spark replays none of them). Raises
+        :class:`DedupLayoutError` (nothing is committed).
+        """
+        if not messages:
+            return
+        txn_id = messages[0].txn_id
+        records = self._layouts(target)
+        now = layout_of(messages)
+        sealed = records.sealed(txn_id, batch)
+        claims = records.claims(txn_id, batch) if sealed is None else {}
+        check_messages(txn_id, batch, now, sealed, claims)
+        if sealed is None:
+            check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
+        try:
+            records.forget_before(txn_id, batch)
+        except ClickHouseTxError as exc:  # housekeeping never fails a commit
+            log.info("could not drop the layout records before batch %d: %s", batch, exc)
+
     def _committed_by(self, target: Target, ctx: WriteContext) -> str | None:
         """The xid whose marker says (txn, batch, partition) is committed, or None."""
         for m in self.markers(target).list(ctx.txn_id, ctx.batch):
@@ -247,9 +342,10 @@ class DedupMode(ModeBase):
         """Executor, once per partition attempt: INSERT chunk by chunk (visible at once).
 
         First one read of the markers: a partition already committed (a replay of a
-        done batch, a late zombie) inserts nothing. Then per chunk: one registry read
-        (the fence), one ``system.parts`` read (the window), one INSERT. Memory: one
-        chunk.
+        done batch, a late zombie) inserts nothing. Before the first chunk, the layout
+        check (:meth:`_check_layout`: a replay cut into other partitions is refused).
+        Then per chunk: one registry read (the fence), one ``system.parts`` read (the
+        window), one INSERT. Memory: one chunk.
         """
         done = self._committed_by(target, ctx)
         if done is not None:
@@ -264,6 +360,7 @@ class DedupMode(ModeBase):
         counted = CountingBatches(batches)
         seen: collections.Counter = collections.Counter()
         first_block: int | None = None
+        first = ""
         if schema is not None:
             cutter = Rechunker(counted, self.chunk_rows)
             with self.client(target) as c:
@@ -275,6 +372,9 @@ class DedupMode(ModeBase):
                     digest = chunk_digest(one)
                     token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
                     seen[digest] += 1
+                    if first_block is None:  # the layout check may wait: fence after it
+                        first = f"{one.num_rows}:{digest}"
+                        self._check_layout(target, ctx, first, xid)
                     self._fence(target, xid)
                     if first_block is None:
                         first_block = max_block_number(c, target)
@@ -284,7 +384,7 @@ class DedupMode(ModeBase):
         letters = self._dead_letters(target, ctx, xid, converted)
         return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
                              {"chunks": sum(seen.values()), "chunk_rows": self.chunk_rows,
-                              "first_block": first_block, "dead_letters": letters})
+                              "first_block": first_block, "first_chunk": first, "dead_letters": letters})
 
     def _dead_letters(self, target: Target, ctx: WriteContext, xid: str, converted: object) -> int:
         """Insert the partition's dead letters, visible at once like its rows.

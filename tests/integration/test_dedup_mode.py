@@ -14,6 +14,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import WriteContext
 from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
+from clickhouse_tx.modes.dedup_layout import DedupLayoutError
 from clickhouse_tx.registry import KeeperMapRegistry
 from tests.integration.test_modes import (  # noqa: F401 - the admin fixture
     admin, batches, committed_count, distinct_ids, make_table, markers, rows)
@@ -60,18 +61,23 @@ def test_a_dedup_replay_with_other_record_batch_sizes_after_a_partial_attempt_in
     assert committed_count(admin, target) == 1000 and distinct_ids(admin, target) == 1000
 
 
-def test_a_replay_whose_partition_holds_other_rows_is_inserted_not_swallowed_by_the_first_tokens(
+def test_a_replay_whose_partition_holds_other_rows_is_refused_and_the_original_rows_are_not_swallowed(
         admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
     # The first attempt of partition 0 wrote rows 0..299 and died; the replay (after a
     # repartitioning upstream) gives partition 0 the rows 5000..5299. A positional token
     # ("partition 0, chunk 0") made ClickHouse drop them as a duplicate: rows lost.
+    # Content tokens would insert them, but the rows 0..299 already in the table would
+    # then be inserted again by whichever partition now holds them: the replay is
+    # refused before it inserts (tests/integration/test_dedup_layout.py), and the
+    # original cut finishes the partition without losing its rows 300..399.
     target = make_table(admin, database)
     with pytest.raises(NotCommittedError):
         coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), crashing_after(rows(400), 300, 300))
+    with pytest.raises(DedupLayoutError):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(rows(300, start=5000)))
     replay = coordinator(target, tmp_path)
-    p = replay.prepare(WriteContext(TXN, 0, 0, 1), batches(rows(300, start=5000)))
-    replay.commit_batch(0, [p])
-    assert set(range(5000, 5300)) <= set(ids(admin, target))
+    replay.commit_batch(0, [replay.prepare(WriteContext(TXN, 0, 0, 2), batches(rows(400)))])
+    assert ids(admin, target) == list(range(400))
 
 
 def test_equal_chunks_of_one_partition_are_both_inserted(

@@ -1,0 +1,285 @@
+"""Mode ``dedup``: the layout of a batch, so a replay under another partitioning is refused.
+
+Dedup rows are visible as soon as they are inserted, and a chunk's token is made of
+its partition number and its rows. A replay of a batch that cuts it into other
+partitions (another ``repartition(n)``, ``minPartitions`` or Kafka partition count)
+sends other tokens for rows already in the table: ClickHouse would insert them again.
+The layout records of this module refuse such a replay before it inserts:
+
+claim (executor, once per partition attempt, before its first chunk)
+    ``<txn>/<batch>/<partition>`` -> ``{"first", "run", "inserted"}``: the first chunk's
+    fingerprint (rows and digest), the run that claimed it (:attr:`WriteContext.run`,
+    one id per run of the job or query) and whether it went on to insert. Created if
+    absent; marked ``inserted`` just before the first insert. A later attempt whose
+    first chunk differs from an inserted claim is refused. A partition without an
+    inserted claim inserts only once every inserted claim of the batch is this run's
+    (:func:`barrier`): the partitions an earlier run inserted must first be re-checked,
+    with the same rows, by this run's attempts of them.
+seal (driver, at the start of every commit of the batch, before its decision)
+    ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows and
+    checksum, from the commit messages, created if absent. Before sealing, every
+    inserted claim of the batch must match the messages. Once sealed, an executor's
+    partition that the seal does not hold (a partition number beyond the sealed count,
+    or one that was empty), or holds with another first chunk, is refused; so is a
+    commit whose messages differ from the seal.
+
+Both are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry) written as
+finished registry entries, the way the decision log's arbiter claims versions: an
+``INSERT`` under ``keeper_map_strict_mode`` fails on an existing key, so the first
+writer wins and every later one compares. The checks themselves are pure functions
+(:func:`check_partition`, :func:`barrier`, :func:`check_messages`).
+
+What is not refused before inserting: a partition whose first 250 000 rows are the
+same as before but whose later rows differ (only its first chunk is compared at
+prepare); the driver's check of rows and checksums refuses its commit, but its later
+chunks are in the table. A writer without a run id (``WriteContext.run == ""``, not the
+Spark writer) does not wait for an earlier run's claims.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from clickhouse_tx.errors import NotCommittedError
+from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.registry import KeeperMapRegistry
+
+#: The KeeperMap table of the layout records (in the registry's database).
+LAYOUT_TABLE = "clickhouse_tx_layouts"
+#: The ``partition`` column of a seal (claims hold their partition number).
+SEAL_PARTITION = 2**32 - 1
+
+#: One partition of a layout: {"first": "<rows>:<digest>" | "", "rows": n, "checksum": c}.
+Part = Mapping[str, object]
+#: One partition's claim: {"first": "<rows>:<digest>", "run": run id, "inserted": bool,
+#: "refused_by": run id}; "inserted" is set just before the partition's first insert.
+Claim = Mapping[str, object]
+#: How long a partition that an earlier run never started waits for the partitions that
+#: run did start to be re-checked by this run (then it refuses; Spark may retry the task).
+WAIT_S = 120.0
+
+
+class DedupLayoutError(NotCommittedError):
+    """A replay of a dedup batch cut it into other partitions than the run whose rows are
+    in the table: refused before inserting (executor) or committing (driver)."""
+
+
+def way_out(txn_id: str) -> str:
+    """What the user does after a :class:`DedupLayoutError`."""
+    return (f"Way out: run the batch again with the original partitioning (the same "
+            "repartition(n), minPartitions and Kafka partitions): restart the streaming query on "
+            f"the same checkpoint, or re-run the batch job with transactional_id '{txn_id}' and "
+            "the same decision_log. It re-sends the same rows under the same tokens, which "
+            "ClickHouse drops as duplicates")
+
+
+def describe(layout: Mapping[int, Part]) -> str:
+    """``3 partitions (0: 1000 rows, 1: 1000 rows, 2: empty)`` for error messages."""
+    def one(p: int) -> str:
+        part = layout[p]
+        if part.get("committed"):
+            return f"{p}: committed"
+        return f"{p}: {part.get('rows', '?')} rows" if part.get("first") else f"{p}: empty"
+
+    shown = ", ".join(one(p) for p in sorted(layout))
+    return f"{len(layout)} partitions ({shown})"
+
+
+def check_partition(txn_id: str, batch: int, partition: int, first: str,
+                    sealed: Mapping[int, Part] | None, claimed: str | None) -> None:
+    """Executor, before a partition's first chunk: raise if the batch was cut otherwise.
+
+    ``first`` is this attempt's first-chunk fingerprint, ``sealed`` the batch's seal
+    (None before its first commit), ``claimed`` the fingerprint an earlier attempt of
+    this partition claimed (None if none did).
+    """
+    where = f"batch {batch} of {txn_id}, partition {partition}"
+    if sealed is not None:
+        before = sealed.get(partition)
+        if before is None or before.get("first") != first:
+            held = "does not exist" if before is None else (
+                "was empty" if not before.get("first") else f"began with other rows ({before.get('first')})")
+            raise DedupLayoutError(
+                f"{where}: this run's partition begins with {first}, but in the run whose rows are "
+                f"already in the table (mode dedup: visible at prepare) the batch was cut into "
+                f"{describe(sealed)} and this partition {held}. Inserting this cut would duplicate "
+                f"rows; nothing of this partition was inserted. {way_out(txn_id)}")
+    if claimed is not None and claimed != first:
+        raise DedupLayoutError(
+            f"{where}: this run's partition begins with {first}, but an earlier attempt of it "
+            f"inserted rows beginning with {claimed}: the batch was cut into other partitions "
+            "than the run whose rows are already in the table. Inserting this cut would duplicate "
+            f"rows; nothing of this partition was inserted. {way_out(txn_id)}")
+
+
+def barrier(txn_id: str, batch: int, partition: int, run: str,
+            claims: Mapping[int, Claim]) -> list[int]:
+    """Executor, for a partition no earlier run claimed: the claims it must wait for.
+
+    Before the batch's seal, the partitions an earlier run started are known only by
+    their claims, and an executor cannot know how many partitions either run has. A
+    partition first claimed by this run inserts only once every claim of the batch is
+    this run's (each earlier run's claim re-checked, with the same rows, by this run's
+    attempt of that partition): then the earlier run's rows are exactly this run's
+    rows of those partitions, and this partition's rows were never inserted. Returns
+    the partitions still to wait for (empty: go on).
+
+    Raises
+    ------
+    DedupLayoutError
+        This run refused one of those partitions (other rows): the batch was cut
+        otherwise, so this partition's rows may be among the earlier run's.
+    """
+    refused = sorted(p for p, c in claims.items() if c.get("refused_by") == run)
+    if refused:
+        raise DedupLayoutError(
+            f"batch {batch} of {txn_id}, partition {partition}: an earlier run inserted partitions "
+            f"{sorted(p for p, c in claims.items() if c.get('inserted'))} of this batch and stopped "
+            "before its commit, and this run's "
+            f"partitions {refused} hold other rows than that run's: the batch was cut otherwise, "
+            f"so this partition's rows may already be in the table. Nothing of this partition was "
+            f"inserted. {way_out(txn_id)}")
+    return sorted(p for p, c in claims.items() if c.get("inserted") and c.get("run") != run)
+
+
+def layout_of(messages: Sequence[Prepared]) -> dict[int, Part]:
+    """The layout a run's commit messages describe (the lowest attempt per partition).
+
+    A partition whose attempt found it committed already inserted nothing: it is
+    ``{"committed": xid}`` and not compared.
+    """
+    out: dict[int, Part] = {}
+    for m in sorted(messages, key=lambda m: (m.partition, m.attempt, m.xid)):
+        if m.partition in out:
+            continue
+        done = m.details.get("committed_by")
+        out[m.partition] = {"committed": str(done)} if done else {
+            "first": str(m.details.get("first_chunk") or ""), "rows": m.rows, "checksum": m.checksum}
+    return out
+
+
+def _differ(now: Mapping[int, Part], sealed: Mapping[int, Part]) -> list[int]:
+    """Partitions with rows in either layout whose first chunk, rows or checksum differ."""
+    keys = ("first", "rows", "checksum")
+    out = []
+    for p in sorted(set(now) | set(sealed)):
+        a, b = now.get(p, {}), sealed.get(p, {})
+        if a.get("committed") or not (a.get("first") or b.get("first")):
+            continue
+        if [a.get(k) for k in keys] != [b.get(k) for k in keys]:
+            out.append(p)
+    return out
+
+
+def check_messages(txn_id: str, batch: int, now: Mapping[int, Part],
+                   sealed: Mapping[int, Part] | None, claims: Mapping[int, Claim]) -> None:
+    """Driver, at the start of a batch's commit: raise if this run cut the batch otherwise.
+
+    Against the seal: every partition with rows, in either layout, must hold the same
+    first chunk, rows and checksum in both (partitions this run found committed are
+    not compared). Without a seal: every claim must be a partition of ``now`` with the
+    same first chunk.
+    """
+    if sealed is not None:
+        differ = _differ(now, sealed)
+        if differ:
+            raise DedupLayoutError(
+                f"batch {batch} of {txn_id}: this run cut the batch into {describe(now)}, but the "
+                f"run whose rows are already in the table (mode dedup: visible at prepare) cut it "
+                f"into {describe(sealed)}; partitions {differ} differ. The batch is not committed. "
+                f"Rows this run inserted into other partitions may be in the table twice. "
+                f"{way_out(txn_id)}")
+        return
+    differ = sorted(p for p, c in claims.items() if c.get("inserted")
+                    and not now.get(p, {}).get("committed") and now.get(p, {}).get("first") != c.get("first"))
+    if differ:
+        raise DedupLayoutError(
+            f"batch {batch} of {txn_id}: this run cut the batch into {describe(now)}, but an "
+            f"earlier run inserted partitions {differ} with other rows (it inserted partitions "
+            f"{sorted(p for p, c in claims.items() if c.get('inserted'))} before it stopped). The "
+            "batch is not committed. "
+            f"Rows this run inserted may be in the table twice. {way_out(txn_id)}")
+
+
+def _body(e: RegistryEntry) -> dict[str, Any]:
+    """The JSON object a layout record holds."""
+    body = json.loads(str(e.payload["body"]))
+    if not isinstance(body, dict):
+        raise ValueError(f"layout record {e.xid} holds {type(body).__name__}, not an object")
+    return body
+
+
+class LayoutRecords:
+    """The claims and seals of one target's dedup batches (KeeperMap). Picklable."""
+
+    def __init__(self, registry: "KeeperMapRegistry") -> None:
+        self.registry = registry
+
+    @classmethod
+    def beside(cls, target: Target, registry: "KeeperMapRegistry | None") -> "LayoutRecords":
+        """The records in the registry's database (the target's when there is none)."""
+        from clickhouse_tx.registry import KeeperMapRegistry
+
+        database = registry.database if registry is not None else target.database
+        return cls(KeeperMapRegistry(target, table=LAYOUT_TABLE, database=database))
+
+    @staticmethod
+    def key(txn_id: str, batch: int, partition: int | None) -> str:
+        return f"{txn_id}/{batch}/{'all' if partition is None else partition}"
+
+    def _create(self, key: str, txn_id: str, batch: int, partition: int,
+                body: dict[str, Any]) -> dict[str, Any]:
+        """Create ``key`` holding ``body`` unless it exists; the body that is stored."""
+        from clickhouse_tx.registry import AlreadyRegisteredError
+
+        entry = RegistryEntry(xid=key, txn_id=txn_id, batch=batch, partition=partition, attempt=0,
+                              mode=Mode.DEDUP, server="", table="", state="committed",
+                              payload={"body": json.dumps(body, sort_keys=True)})
+        try:
+            self.registry.register(entry)
+            return body
+        except AlreadyRegisteredError:
+            stored = self._get(key)
+            if stored is None:
+                raise
+            return stored
+
+    def _get(self, key: str) -> dict[str, Any] | None:
+        e = self.registry.get(key)
+        return None if e is None else _body(e)
+
+    def sealed(self, txn_id: str, batch: int) -> dict[int, Part] | None:
+        """The batch's seal, or None before the first commit of the batch."""
+        body = self._get(self.key(txn_id, batch, None))
+        return None if body is None else {int(p): v for p, v in body.items()}
+
+    def claim(self, txn_id: str, batch: int, partition: int, first: str, run: str) -> Claim:
+        """Claim ``partition`` for ``run`` with its first-chunk fingerprint; the stored claim."""
+        body = self._create(self.key(txn_id, batch, partition), txn_id, batch, partition,
+                            {"first": first, "run": run, "inserted": False})
+        return body
+
+    def update(self, txn_id: str, batch: int, partition: int, claim: Claim) -> None:
+        """Overwrite a claim (confirmed or refused by a later run; the last writer wins)."""
+        self.registry.transition(self.key(txn_id, batch, partition), ["committed"], "committed",
+                                 {"body": json.dumps(dict(claim), sort_keys=True)})
+
+    def claims(self, txn_id: str, batch: int) -> dict[int, Claim]:
+        """Every partition claim of the batch (one KeeperMap scan; the table stays small)."""
+        return {e.partition: _body(e) for e in self.registry.list_batch(txn_id, batch)
+                if e.partition != SEAL_PARTITION}
+
+    def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:
+        """Seal the batch's layout unless sealed; the seal that is stored."""
+        body = self._create(self.key(txn_id, batch, None), txn_id, batch, SEAL_PARTITION,
+                            {str(p): dict(v) for p, v in layout.items()})
+        return {int(p): v for p, v in body.items()}
+
+    def forget_before(self, txn_id: str, batch: int) -> None:
+        """Drop the records of the query's batches before ``batch`` (Spark replays none)."""
+        old = [e.xid for e in self.registry.list_txn(txn_id) if e.batch < batch]
+        if old:
+            self.registry.forget(old)

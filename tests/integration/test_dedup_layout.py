@@ -1,0 +1,139 @@
+"""Mode dedup on the embedded stack: a replay that cuts a batch otherwise is refused, not inserted.
+
+A "run" here is a set of partition attempts of one batch, as Spark would send after a
+restart: ``cut(rows, n)`` deals the rows round-robin into ``n`` partitions, the way
+``repartition(n)`` of a replay moves rows to other partition numbers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.interfaces import Prepared, WriteContext
+from clickhouse_tx.modes import dedup_layout
+from clickhouse_tx.modes.dedup_layout import LAYOUT_TABLE, DedupLayoutError
+from tests.integration.test_dedup_mode import TXN, coordinator
+from tests.integration.test_modes import (  # noqa: F401 - the admin fixture
+    admin, batches, committed_count, distinct_ids, make_table, rows)
+
+N = 1200
+
+
+def cut(t: pa.Table, n: int) -> list[pa.Table]:
+    """The rows dealt round-robin into ``n`` partitions (row i to partition i % n)."""
+    return [t.take(list(range(p, t.num_rows, n))) for p in range(n)]
+
+
+def run(co, parts: list[pa.Table], attempt: int = 0) -> list[Prepared]:  # noqa: ANN001
+    return [co.prepare(WriteContext(TXN, 0, p, attempt), batches(t, 100)) for p, t in enumerate(parts)]
+
+
+def test_a_partition_whose_retry_holds_other_rows_is_refused_before_it_inserts(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    target = make_table(admin, database)
+    first = cut(rows(N), 3)
+    run(coordinator(target, tmp_path), first)  # inserted (visible), then the driver died
+    assert committed_count(admin, target) == N
+    with pytest.raises(DedupLayoutError) as info:  # the replay cut in 2
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(cut(rows(N), 2)[0]))
+    text = str(info.value)
+    assert "partition 0" in text and "batch 0 of dq" in text and "original partitioning" in text
+    assert committed_count(admin, target) == N  # nothing of the refused partition went in
+    co = coordinator(target, tmp_path)
+    co.commit_batch(0, run(co, first, attempt=1))  # the original cut: deduplicated, committed
+    assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
+
+
+def test_after_the_first_commit_started_a_partition_beyond_the_sealed_count_or_with_other_rows_is_refused(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    target = make_table(admin, database)
+    co = coordinator(target, tmp_path)
+    msgs = run(co, cut(rows(N), 3))
+    co.mode_io.check_layout(target, 0, msgs)  # the commit's first step; then the driver died
+    replay = cut(rows(N), 5)
+    for p in (0, 3, 4):  # other rows in 0; partitions 3 and 4 did not exist
+        with pytest.raises(DedupLayoutError, match=r"cut into 3 partitions \(0: 400 rows, 1: 400 rows, 2: 400 rows\)"):
+            coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, p, 1), batches(replay[p]))
+    assert committed_count(admin, target) == N
+    co = coordinator(target, tmp_path)
+    report = co.commit_batch(0, run(co, cut(rows(N), 3), attempt=1))
+    assert len(report.committed) == 3
+    assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
+
+
+def test_a_commit_missing_a_partition_an_earlier_run_inserted_is_refused_and_commits_nothing(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    # The first run inserted partitions 0..2 of 3 and died before its commit. A replay
+    # whose first two partitions hold the same rows but that has no partition 2 (its
+    # rows went elsewhere) must not be committed as if it were the whole batch.
+    target = make_table(admin, database)
+    first = cut(rows(N), 3)
+    run(coordinator(target, tmp_path), first)
+    co = coordinator(target, tmp_path)
+    msgs = run(co, first[:2], attempt=1)
+    with pytest.raises(DedupLayoutError, match=r"inserted partitions \[2\]"):
+        co.commit_batch(0, msgs)
+    assert co.log.read(0) is None  # nothing decided
+    co = coordinator(target, tmp_path)
+    co.commit_batch(0, run(co, first, attempt=2))
+    assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
+
+
+def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_commits(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    target = make_table(admin, database)
+    co = coordinator(target, tmp_path)
+    for batch in range(3):
+        parts = cut(rows(300, start=batch * 300), 2)
+        msgs = [co.prepare(WriteContext(TXN, batch, p, 0), batches(t)) for p, t in enumerate(parts)]
+        co.commit_batch(batch, msgs)
+    left = admin.query_json(f"SELECT DISTINCT batch FROM `{database}`.{LAYOUT_TABLE} ORDER BY batch")
+    assert [int(r["batch"]) for r in left] == [2]  # only the last batch: Spark may replay it
+    assert committed_count(admin, target) == 900 and distinct_ids(admin, target) == 900
+
+
+def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_refused_if_the_cut_changed(
+        admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run r1 cut the batch in 3 and inserted partitions 0 and 1 before it died (2 never
+    # started; no commit, so no seal). Executors cannot know a run's partition count: a
+    # partition nobody inserted must wait until this run has re-checked 0 and 1.
+    target = make_table(admin, database)
+    first = cut(rows(N), 3)
+    for p in (0, 1):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, p, 0, run="r1"), batches(first[p], 100))
+    inserted = committed_count(admin, target)
+    assert inserted == 800
+    monkeypatch.setattr(dedup_layout, "WAIT_S", 2.0)
+    with pytest.raises(DedupLayoutError, match=r"partitions \[0, 1\] .* did not show within 2 s"):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 2, 0, run="r2"), batches(first[2]))
+
+    monkeypatch.setattr(dedup_layout, "WAIT_S", 60.0)
+    replay = cut(rows(N), 4)  # run r3 cuts it in 4: partition 3 waits, partition 0 is refused
+    waiting: dict[str, BaseException] = {}
+
+    def partition_3() -> None:
+        try:
+            coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 3, 0, run="r3"), batches(replay[3]))
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            waiting["error"] = exc
+
+    t = threading.Thread(target=partition_3)
+    t.start()
+    time.sleep(1.0)
+    with pytest.raises(DedupLayoutError, match="began with|beginning with"):
+        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r3"), batches(replay[0]))
+    t.join(60)
+    assert isinstance(waiting.get("error"), DedupLayoutError), waiting
+    assert "hold other rows" in str(waiting["error"])
+    assert committed_count(admin, target) == inserted  # nothing of run r3 went in
+
+    co = coordinator(target, tmp_path)  # run r4, the original cut: every partition goes through
+    msgs = [co.prepare(WriteContext(TXN, 0, p, 0, run="r4"), batches(t, 100)) for p, t in enumerate(first)]
+    co.commit_batch(0, msgs)
+    assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
