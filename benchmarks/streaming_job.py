@@ -162,7 +162,7 @@ def parse_events(raw):  # (DataFrame) -> DataFrame
     )
 
 
-def _clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
+def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
     w = (df.writeStream.format("clickhouse_tx")
          .queryName(a.query_name)
          .option("url", a.url)
@@ -229,7 +229,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         w = (df.writeStream.queryName(a.query_name).foreachBatch(_plain_insert(a.url, a.table))
              .option("checkpointLocation", a.checkpoint))
     else:
-        w = _clickhouse_tx_writer(df, a)
+        w = clickhouse_tx_writer(df, a)
     w = w.trigger(availableNow=True) if a.trigger <= 0 else w.trigger(processingTime=f"{a.trigger} seconds")
     started = time.monotonic()
     q = w.start()

@@ -160,7 +160,7 @@ def _run_stream(spark: Any, bootstrap: str, topic: str, max_per: int, sink: str,
                 url: str | None, work: Path) -> dict[str, Any]:
     """One availableNow query from the earliest offset; its progress and wall time."""
     from benchmarks.pipeline import create_target
-    from benchmarks.streaming_job import _clickhouse_tx_writer, parse_events
+    from benchmarks.streaming_job import clickhouse_tx_writer, parse_events
 
     raw = (spark.readStream.format("kafka_py").option("bootstrap.servers", bootstrap)
            .option("subscribe", topic).option("startingOffsets", "earliest")
@@ -171,7 +171,7 @@ def _run_stream(spark: Any, bootstrap: str, topic: str, max_per: int, sink: str,
     else:
         table = f"speed.events_{sink}_{uuid.uuid4().hex[:8]}"
         create_target(str(url), table, sink)
-        w = _clickhouse_tx_writer(parse_events(raw), argparse.Namespace(
+        w = clickhouse_tx_writer(parse_events(raw), argparse.Namespace(
             url=url, table=table, mode=sink, query_name=f"speed_{sink}_{uuid.uuid4().hex[:6]}",
             checkpoint=str(chk), fault_step=None, writer_option=[]))
     t0 = time.monotonic()
