@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from benchmarks.results_file import write_result
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches import stack
 

@@ -37,7 +37,7 @@ from clickhouse_tx.errors import (
     ValueDoesNotFitError,
 )
 from clickhouse_tx.convert import ConversionPlan
-from clickhouse_tx.http_client import safe_url
+from clickhouse_tx._transport import safe_url
 from clickhouse_tx.ids import new_xid
 from clickhouse_tx.interfaces import (
     CommitModeIO,

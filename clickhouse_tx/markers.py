@@ -36,8 +36,10 @@ import pyarrow.compute as pc
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.errors import ServerError
-from clickhouse_tx.http_client import TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP
+from clickhouse_tx._transport import (TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP,
+                                      transactions_unsupported)
 from clickhouse_tx.interfaces import Prepared, Target
+from clickhouse_tx.retry import RetryPolicy, is_transient_or_unknown, retry_call
 
 MARKERS_TABLE = "clickhouse_tx_commits"
 _MASK64 = (1 << 64) - 1
@@ -60,8 +62,6 @@ _SELECT = ", ".join(q.quote_identifier(c) for c in _NAMES)
 #: not in URL settings: it must apply to the SELECT alone, never to what a server
 #: front may run on the connection before it (e.g. a ``USE``).
 READ_COMMITTED = " SETTINGS implicit_transaction = 1"
-#: ClickHouse's error code for a feature the server does not have (here: transactions).
-NOT_IMPLEMENTED = 48
 
 
 # Tables this process has created or seen (Spark reuses Python workers across tasks).
@@ -77,6 +77,9 @@ class CommitMarkers:
         The markers live in ``target.database``.
     client
         A session-less client for reads and DDL (built from ``target`` if None).
+    retry
+        Budget of every read and of the table's ``CREATE ... IF NOT EXISTS``: a
+        transient or lost-reply failure is retried within it, logged at WARNING.
 
     Notes
     -----
@@ -84,9 +87,11 @@ class CommitMarkers:
     and on the driver (lookups, markers of the other modes).
     """
 
-    def __init__(self, target: Target, client: ClickHouseHTTP | None = None) -> None:
+    def __init__(self, target: Target, client: ClickHouseHTTP | None = None, *,
+                 retry: RetryPolicy | None = None) -> None:
         self.target = target
         self.client = client or ClickHouseHTTP(target)
+        self.retry = retry or RetryPolicy()
         self.fq = q.qualified(target.database, MARKERS_TABLE)
         self._transactions = True  # until the server refuses implicit_transaction
 
@@ -99,7 +104,8 @@ class CommitMarkers:
         ddl = (f"CREATE TABLE IF NOT EXISTS {self.fq} ({cols}) ENGINE = MergeTree "
                f"ORDER BY (txn_id, batch, `partition`, xid)")
         try:
-            self.client.command(ddl)
+            retry_call(lambda: self.client.command(ddl), self.retry, retry_on=is_transient_or_unknown,
+                       what=f"creating {self.fq}")
         except ServerError as e:
             if e.code != TABLE_ALREADY_EXISTS:
                 raise
@@ -124,12 +130,16 @@ class CommitMarkers:
         """
         if self._transactions:
             try:
-                return self.client.query_json(sql + READ_COMMITTED, params=params)
+                return self._query(sql + READ_COMMITTED, params)
             except ServerError as e:
                 if not transactions_unsupported(e):
                     raise
                 self._transactions = False
-        return self.client.query_json(sql, params=params)
+        return self._query(sql, params)
+
+    def _query(self, sql: str, params: dict[str, object]) -> list[dict]:
+        return retry_call(lambda: self.client.query_json(sql, params=params), self.retry,
+                          retry_on=is_transient_or_unknown, what=f"commit marker read of {self.fq}")
 
     def lookup(self, xid: str) -> dict | None:
         """The committed marker row of ``xid`` or None (read-committed; no table = None)."""
@@ -156,11 +166,6 @@ class CommitMarkers:
             if e.code == UNKNOWN_TABLE:
                 return []
             raise
-
-
-def transactions_unsupported(e: ServerError) -> bool:
-    """True if ``e`` is a server refusing transactions (no ``allow_experimental_transactions``)."""
-    return e.code == NOT_IMPLEMENTED and "Transactions are not supported" in e.message
 
 
 # ---------------------------------------------------------------------- checksum

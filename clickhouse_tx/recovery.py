@@ -19,7 +19,7 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx.coordinator import TxOps, prepared_from_entry
 from clickhouse_tx import sql as q
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
     CommitModeIO,

@@ -41,9 +41,10 @@ from typing import Callable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.errors import IllegalTransitionError, OutcomeUnknownError, ServerError
-from clickhouse_tx.http_client import (KEEPER_EXCEPTION, TABLE_ALREADY_EXISTS, ClickHouseHTTP,
-                                       ReplyLostError, safe_url)
+from clickhouse_tx._transport import (TABLE_ALREADY_EXISTS, ClickHouseHTTP, KeeperError,
+                                      is_keeper_error, safe_url)
 from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
+from clickhouse_tx.retry import RetryPolicy, is_transient_or_unknown, retry_call
 
 DEFAULT_TABLE = "clickhouse_tx_registry"
 
@@ -104,6 +105,10 @@ class KeeperMapRegistry:
         default derived from database and table.
     clock
         Wall clock for ``created_ms``/``updated_ms``.
+    retry
+        Budget of every read (and of the read-back that decides a write whose reply
+        or Keeper connection was lost): a transient or outcome-unknown failure is
+        retried within it, logged at WARNING. Writes are never repeated blindly.
 
     Notes
     -----
@@ -114,7 +119,7 @@ class KeeperMapRegistry:
 
     def __init__(self, target_or_client: Target | ClickHouseHTTP, table: str = DEFAULT_TABLE,
                  database: str | None = None, *, keeper_path: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, retry: RetryPolicy | None = None) -> None:
         if isinstance(target_or_client, ClickHouseHTTP):
             if target_or_client.session_id is not None:
                 raise ValueError("the registry needs a client without a session_id")
@@ -127,6 +132,7 @@ class KeeperMapRegistry:
         self.table = table
         self.keeper_path = keeper_path or keeper_path_for(self.database, table)
         self.clock = clock
+        self.retry = retry or RetryPolicy()
         self._ready = False
         self._fq = q.qualified(self.database, self.table)
 
@@ -166,7 +172,7 @@ class KeeperMapRegistry:
                f"ENGINE = KeeperMap({q.quote_string(self.keeper_path)}) "
                f"PRIMARY KEY {q.quote_identifier('xid')}")
         try:
-            self.client.command(ddl)
+            self._idempotent(ddl)
         except ServerError as e:
             if e.code != TABLE_ALREADY_EXISTS:  # a concurrent creator won: fine
                 raise
@@ -203,10 +209,10 @@ class KeeperMapRegistry:
             try:
                 self.client.command(sql, settings=_STRICT)
                 return
-            except ReplyLostError:
-                pass  # our insert may have landed: the read below decides
+            except OutcomeUnknownError:
+                pass  # reply or Keeper connection lost: our insert may have landed; read back
             except ServerError as e:
-                if not (e.code == KEEPER_EXCEPTION and "Node exists" in e.message):
+                if not is_keeper_error(e, KeeperError.NODE_EXISTS):
                     raise
             current, cur_token = self._get_with_token(entry.xid)
             if current is not None:
@@ -238,12 +244,12 @@ class KeeperMapRegistry:
         for _ in range(_CAS_ROUNDS):
             try:
                 self.client.command(sql, settings=_STRICT)
-            except ReplyLostError:
-                pass
+            except OutcomeUnknownError:
+                pass  # reply or Keeper connection lost: the read below tells what landed
             except ServerError as e:
-                # "Bad version": another writer changed the node between our read and
+                # Bad version: another writer changed the node between our read and
                 # write; nothing of ours was written. Anything else is a real error.
-                if not (e.code == KEEPER_EXCEPTION and "Bad version" in e.message):
+                if not is_keeper_error(e, KeeperError.BAD_VERSION):
                     raise
             current, cur_token = self._get_with_token(xid)
             if current is None:
@@ -288,14 +294,14 @@ class KeeperMapRegistry:
         sql = self._cas_sql(f"IN {q.quote_strings(xids)}", expected, new, payload, token)
         try:
             self.client.command(sql, settings=_STRICT)
-        except ReplyLostError:
-            pass  # the read below tells what landed
+        except OutcomeUnknownError:
+            pass  # reply or Keeper connection lost: the read below tells what landed
         except ServerError as e:
-            if not (e.code == KEEPER_EXCEPTION and "Bad version" in e.message):
+            if not is_keeper_error(e, KeeperError.BAD_VERSION):
                 raise
             return []  # a concurrent writer changed one of them: nothing of ours landed
-        rows = self.client.query_json(
-            f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}")
+        rows = self._query(
+            f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}", {})
         return [str(r["xid"]) for r in rows if r["cas_token"] == token]
 
     def get(self, xid: str) -> RegistryEntry | None:
@@ -332,7 +338,7 @@ class KeeperMapRegistry:
         if not xids:
             return
         self.ensure_table()
-        self.client.command(
+        self._idempotent(
             f"ALTER TABLE {self._fq} DELETE WHERE {q.quote_identifier('xid')} IN {q.quote_strings(xids)} "
             f"AND state IN {q.quote_strings(FINISHED_STATES)}", settings=_STRICT)
 
@@ -344,7 +350,7 @@ class KeeperMapRegistry:
         """
         self.ensure_table()
         cut = max(0, self._now_ms() - int(older_than_s * 1000))
-        self.client.command(
+        self._idempotent(
             f"ALTER TABLE {self._fq} DELETE WHERE state IN {q.quote_strings(FINISHED_STATES)} "
             f"AND updated_ms <= {cut}", settings=_STRICT)
 
@@ -352,18 +358,28 @@ class KeeperMapRegistry:
 
     def _get_with_token(self, xid: str) -> tuple[RegistryEntry | None, str | None]:
         self.ensure_table()
-        rows = self.client.query_json(
-            f"SELECT {_SELECT} FROM {self._fq} WHERE xid = {{x:String}}", params={"x": xid})
+        rows = self._query(f"SELECT {_SELECT} FROM {self._fq} WHERE xid = {{x:String}}", {"x": xid})
         if not rows:
             return None, None
         return _entry(rows[0]), rows[0]["cas_token"]
 
     def _select(self, where: str, params: Mapping[str, object]) -> list[RegistryEntry]:
         self.ensure_table()
-        rows = self.client.query_json(
-            f"SELECT {_SELECT} FROM {self._fq} WHERE {where} ORDER BY partition, attempt, xid",
-            params=params)
+        rows = self._query(
+            f"SELECT {_SELECT} FROM {self._fq} WHERE {where} ORDER BY partition, attempt, xid", params)
         return [_entry(r) for r in rows]
+
+    def _idempotent(self, sql: str, settings: Mapping[str, str] | None = None) -> None:
+        """A statement whose repetition is harmless (``CREATE ... IF NOT EXISTS``, a
+        delete of finished entries): retried like a read."""
+        retry_call(lambda: self.client.command(sql, settings=settings), self.retry,
+                   retry_on=is_transient_or_unknown, what=f"registry upkeep of {self.table}")
+
+    def _query(self, sql: str, params: Mapping[str, object]) -> list[dict]:
+        """A read, repeated within ``self.retry`` while it fails transiently (a read is
+        idempotent, so a lost reply or Keeper connection is retried too)."""
+        return retry_call(lambda: self.client.query_json(sql, params=params), self.retry,
+                          retry_on=is_transient_or_unknown, what=f"registry read of {self.table}")
 
 
 def _entry(row: Mapping[str, object]) -> RegistryEntry:

@@ -54,7 +54,7 @@ __all__ = ["OverwriteWriter", "OVERWRITE_STAGE_PREFIX", "NOT_ATOMIC_WARNING", "s
 
 
 def _client(target: Target):
-    from clickhouse_tx.http_client import ClickHouseHTTP
+    from clickhouse_tx._transport import ClickHouseHTTP
 
     return ClickHouseHTTP(target)
 
@@ -93,7 +93,7 @@ def _database_engine(target: Target) -> str:
 
 
 def _session(target: Target):
-    from clickhouse_tx.http_client import ClickHouseHTTP
+    from clickhouse_tx._transport import ClickHouseHTTP
 
     return ClickHouseHTTP(target, session_id=f"clickhouse_tx_ow_{uuid.uuid4().hex}", session_timeout=60)
 
@@ -137,7 +137,7 @@ def _replace_in_transaction(target: Target, statements: list[str]) -> str | None
     so nothing changed then; any other error is raised.
     """
     from clickhouse_tx.errors import ServerError
-    from clickhouse_tx.markers import NOT_IMPLEMENTED
+    from clickhouse_tx._transport import NOT_IMPLEMENTED
 
     with _session(target) as s:
         try:

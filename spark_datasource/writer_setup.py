@@ -15,7 +15,7 @@ from pyspark.sql.types import StructType
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.dead_letters import DEAD_LETTER_COLUMNS, dead_letter_ddl
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, ServerError
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Mode, Target
 from clickhouse_tx.schema import TableInfo, check_schema, conversion_columns, describe_table
 
