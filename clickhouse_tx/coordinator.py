@@ -477,11 +477,11 @@ class Coordinator:
             raise ValueError(f"WriteContext txn_id {ctx.txn_id!r} != coordinator's {self.txn_id!r}")
         xid = self.xid_factory(ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt)
         provisional = Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
-                               attempt=ctx.attempt, mode=self.mode_io.mode, server=self.target.url,
+                               attempt=ctx.attempt, mode=self.mode_io.mode, server=safe_url(self.target.url),
                                table=f"{self.target.database}.{self.target.table}", rows=0, checksum=0)
         now = self.ops.now_ms()
         entry = RegistryEntry(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
-                              attempt=ctx.attempt, mode=self.mode_io.mode, server=self.target.url,
+                              attempt=ctx.attempt, mode=self.mode_io.mode, server=safe_url(self.target.url),
                               table=provisional.table, state=TxState.INITIALIZED.value,
                               created_ms=now, updated_ms=now)
         try:

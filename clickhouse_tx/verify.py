@@ -386,7 +386,7 @@ def verify(url: str, table: str, *, topic_col: str | None = "topic", partition_c
     try:
         types = ch.columns(db, t)
         if not types:
-            raise ConfigurationError(f"table {table} does not exist on {url}")
+            raise ConfigurationError(f"table {table} does not exist on {safe_url(url)}")
         for opt, c in (("topic column", topic_col), ("partition column", partition_col),
                        ("offset column", offset_col), ("segment column", segment_col)):
             if c and c not in types:
