@@ -250,7 +250,9 @@ class TxOps:
         self.sleep = sleep
 
     def call(self, fn: Callable[[], T], retry_on: Callable[[BaseException], bool] = is_transient) -> T:
-        return retry_call(fn, self.retry, retry_on=retry_on, sleep=self.sleep)
+        """``fn`` through the one retry helper; every retry is logged at WARNING."""
+        return retry_call(fn, self.retry, retry_on=retry_on, sleep=self.sleep,
+                          what=getattr(fn, "__qualname__", "coordinator I/O").replace(".<locals>.<lambda>", ""))
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

@@ -8,6 +8,7 @@ Spark's behaviour is the point, a local SparkSession.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import socket
 import uuid
@@ -331,6 +332,21 @@ def test_a_broker_that_is_down_fails_with_an_error_naming_bootstrap_servers() ->
                                 "fetchOffset.retryIntervalMs": "100"}, streaming=False)
     with pytest.raises(KafkaUnavailableError, match=rf"bootstrap.servers={dead}"):
         KafkaBatchReader(opts).partitions()
+
+
+@pytest.mark.timeout(90)
+def test_each_retry_of_a_broker_that_is_down_is_logged_with_its_attempt_and_limit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    opts = parse_kafka_options({"bootstrap.servers": dead, "subscribe": "x",
+                                "fetchOffset.numRetries": "3",
+                                "fetchOffset.retryIntervalMs": "100"}, streaming=False)
+    with caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"), pytest.raises(KafkaUnavailableError):
+        KafkaBatchReader(opts).partitions()
+    retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kafka_py:")]
+    assert [m.split(" (")[1].split(")")[0] for m in retries] == ["attempt 1 of 3", "attempt 2 of 3"]
 
 
 # ------------------------------------------------------------------ through Spark

@@ -106,3 +106,25 @@ def test_only_a_failure_while_connecting_is_not_sent_everything_later_is_a_lost_
     assert type(err) is expected and err.xid == "x1"
     assert "http://h:8123/" in str(err)
     assert is_transient(err) == (expected is RequestNotSentError)
+
+
+def test_a_coordinator_retry_is_logged_with_the_step_attempt_limit_and_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from tests.unit.fakes import World
+
+    ops = World().coordinator().ops
+    calls = iter([RequestNotSentError("SELECT: cannot connect to http://h:8123/ (NewConnectionError)"), None])
+
+    def flaky() -> str:
+        err = next(calls)
+        if err is not None:
+            raise err
+        return "ok"
+
+    with caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"):
+        assert ops.call(lambda: flaky()) == "ok"
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert msg.startswith("test_a_coordinator_retry_is_logged_with_the_step_attempt_limit_and_error failed "
+                          "(attempt 1 of 3)") and "RequestNotSentError" in msg and "http://h:8123/" in msg
