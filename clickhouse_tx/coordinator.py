@@ -666,10 +666,12 @@ class Coordinator:
             self._rollback_all(plan_rollback((), msgs, self._entries(run.decision.batch)), quiet=True)
             raise NotCommittedError(
                 f"batch {run.decision.batch}: the prepared transactions of partitions "
-                f"{[p.partition for p in dead]} are gone before the commit (their sessions expired "
+                f"{[p.partition for p in dead]} are gone before the commit: lost xids "
+                f"{[p.xid for p in dead]} (their sessions expired "
                 f"after session_timeout={self.target.session_timeout_s} s idle, or ClickHouse "
                 "restarted). Nothing of the batch was committed and every prepared partition is "
-                "rolled back, so running the job again (or restarting the query) writes it once. "
+                "rolled back, so restarting the query replays the batch (a batch job: run it "
+                "again) and writes it once; supervise streaming queries to restart them. "
                 "Tasks that wait longer than session_timeout for the commit need a larger "
                 "session_timeout option (the server caps it at max_session_timeout)",
                 xid=dead[0].xid)
