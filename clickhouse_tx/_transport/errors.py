@@ -34,11 +34,17 @@ import re
 import requests
 import urllib3.exceptions as u3
 
-from clickhouse_tx.errors import (ClickHouseTxError, OutcomeUnknownError, ServerBusyError, ServerError,
-                                  ServerOutcomeUnknownError, TransientError)
+from clickhouse_tx.errors import (
+    ClickHouseTxError,
+    OutcomeUnknownError,
+    ServerBusyError,
+    ServerError,
+    ServerOutcomeUnknownError,
+    TransientError,
+)
 
 _CH_ERROR = re.compile(r"Code:\s*(\d+)\.\s*(?:DB::Exception:\s*)?(.*?)(?:\s*\(([A-Z_0-9]+)\))?"
-                       r"(?:\s*\(version [^)]*\))?\s*$", re.S)
+                       r"(?:\s*\(version [^)]*\))?\s*$", re.DOTALL)
 
 #: ClickHouse error codes the project reacts to (ClickHouse's numbering).
 NOT_IMPLEMENTED = 48
@@ -57,7 +63,7 @@ KEEPER_EXCEPTION = 999
 #: Codes whose query was refused before it ran: retrying cannot do anything twice.
 #: (SESSION_IS_LOCKED: another request holds the session; this one never started.)
 _REFUSED_BEFORE_RUNNING = frozenset({TOO_MANY_SIMULTANEOUS_QUERIES, NO_ZOOKEEPER, TABLE_IS_READ_ONLY,
-                                     ALL_CONNECTION_TRIES_FAILED, SESSION_IS_LOCKED})
+    ALL_CONNECTION_TRIES_FAILED, SESSION_IS_LOCKED})
 #: HTTP statuses that, without a ClickHouse exception, mean "not run, come back later".
 _BUSY_STATUSES = frozenset({429, 503})
 
@@ -208,8 +214,25 @@ def _reason(exc: BaseException) -> str:
         e = nxt
 
 
-__all__ = ["ReplyLostError", "RequestNotSentError", "error_from_connection", "ALL_CONNECTION_TRIES_FAILED", "INVALID_TRANSACTION", "KEEPER_EXCEPTION", "KeeperError",
-           "NOT_IMPLEMENTED", "NO_ZOOKEEPER", "SESSION_IS_LOCKED", "SESSION_NOT_FOUND",
-           "TABLE_ALREADY_EXISTS", "TABLE_IS_READ_ONLY", "TOO_MANY_SIMULTANEOUS_QUERIES",
-           "UNKNOWN_DATABASE", "UNKNOWN_TABLE", "error_from_reply", "is_keeper_error", "keeper_error",
-           "transactions_unsupported"]
+__all__ = [
+    "ALL_CONNECTION_TRIES_FAILED",
+    "INVALID_TRANSACTION",
+    "KEEPER_EXCEPTION",
+    "NOT_IMPLEMENTED",
+    "NO_ZOOKEEPER",
+    "SESSION_IS_LOCKED",
+    "SESSION_NOT_FOUND",
+    "TABLE_ALREADY_EXISTS",
+    "TABLE_IS_READ_ONLY",
+    "TOO_MANY_SIMULTANEOUS_QUERIES",
+    "UNKNOWN_DATABASE",
+    "UNKNOWN_TABLE",
+    "KeeperError",
+    "ReplyLostError",
+    "RequestNotSentError",
+    "error_from_connection",
+    "error_from_reply",
+    "is_keeper_error",
+    "keeper_error",
+    "transactions_unsupported",
+]

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

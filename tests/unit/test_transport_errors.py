@@ -9,11 +9,24 @@ import pytest
 import requests
 import urllib3.exceptions as u3
 
-from clickhouse_tx._transport import (KeeperError, ReplyLostError, RequestNotSentError, error_from_connection,
-                                      error_from_reply, is_keeper_error, keeper_error)
+from clickhouse_tx._transport import (
+    KeeperError,
+    ReplyLostError,
+    RequestNotSentError,
+    error_from_connection,
+    error_from_reply,
+    is_keeper_error,
+    keeper_error,
+)
 from clickhouse_tx._transport.errors import parse_clickhouse_error
-from clickhouse_tx.errors import (NotCommittedError, OutcomeUnknownError, ServerBusyError, ServerError,
-                                  ServerOutcomeUnknownError, TransientError)
+from clickhouse_tx.errors import (
+    NotCommittedError,
+    OutcomeUnknownError,
+    ServerBusyError,
+    ServerError,
+    ServerOutcomeUnknownError,
+    TransientError,
+)
 from clickhouse_tx.retry import is_transient, is_transient_or_unknown
 
 
@@ -24,12 +37,12 @@ def reply(status: int, body: str, header: str | None = None) -> Exception:
 @pytest.mark.parametrize("status,body,header,expected", [
     (503, "Service Unavailable", None, ServerBusyError),
     (429, "Too Many Requests", None, ServerBusyError),
-    (500, "Code: 202. DB::Exception: Too many simultaneous queries for user default. Current: 1, "
-          "maximum: 1. (TOO_MANY_SIMULTANEOUS_QUERIES)", "202", ServerBusyError),
+    (500, ("Code: 202. DB::Exception: Too many simultaneous queries for user default. Current: 1, "
+           "maximum: 1. (TOO_MANY_SIMULTANEOUS_QUERIES)"), "202", ServerBusyError),
     (500, "Code: 373. DB::Exception: Session is locked by a concurrent client. (SESSION_IS_LOCKED)",
      "373", ServerBusyError),
-    (500, "Code: 999. DB::Exception: All connection tries failed while connecting to ZooKeeper. "
-          "nodes: 127.0.0.1:2181, Connection loss. (KEEPER_EXCEPTION)", "999", ServerBusyError),
+    (500, ("Code: 999. DB::Exception: All connection tries failed while connecting to ZooKeeper. "
+           "nodes: 127.0.0.1:2181, Connection loss. (KEEPER_EXCEPTION)"), "999", ServerBusyError),
     (500, "Code: 999. DB::Exception: Coordination::Exception: Connection loss, path /x. (KEEPER_EXCEPTION)",
      "999", ServerOutcomeUnknownError),
     (500, "Code: 999. DB::Exception: Session expired. (KEEPER_EXCEPTION)", "999", ServerOutcomeUnknownError),
