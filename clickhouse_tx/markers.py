@@ -39,7 +39,6 @@ from clickhouse_tx.errors import ServerError
 from clickhouse_tx._transport import (TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP,
                                       transactions_unsupported)
 from clickhouse_tx.interfaces import Prepared, Target
-from clickhouse_tx.retry import RetryPolicy, is_transient_or_unknown, retry_call
 
 MARKERS_TABLE = "clickhouse_tx_commits"
 _MASK64 = (1 << 64) - 1
@@ -77,9 +76,6 @@ class CommitMarkers:
         The markers live in ``target.database``.
     client
         A session-less client for reads and DDL (built from ``target`` if None).
-    retry
-        Budget of every read and of the table's ``CREATE ... IF NOT EXISTS``: a
-        transient or lost-reply failure is retried within it, logged at WARNING.
 
     Notes
     -----
@@ -87,11 +83,9 @@ class CommitMarkers:
     and on the driver (lookups, markers of the other modes).
     """
 
-    def __init__(self, target: Target, client: ClickHouseHTTP | None = None, *,
-                 retry: RetryPolicy | None = None) -> None:
+    def __init__(self, target: Target, client: ClickHouseHTTP | None = None) -> None:
         self.target = target
         self.client = client or ClickHouseHTTP(target)
-        self.retry = retry or RetryPolicy()
         self.fq = q.qualified(target.database, MARKERS_TABLE)
         self._transactions = True  # until the server refuses implicit_transaction
 
@@ -104,8 +98,7 @@ class CommitMarkers:
         ddl = (f"CREATE TABLE IF NOT EXISTS {self.fq} ({cols}) ENGINE = MergeTree "
                f"ORDER BY (txn_id, batch, `partition`, xid)")
         try:
-            retry_call(lambda: self.client.command(ddl), self.retry, retry_on=is_transient_or_unknown,
-                       what=f"creating {self.fq}")
+            self.client.command(ddl)
         except ServerError as e:
             if e.code != TABLE_ALREADY_EXISTS:
                 raise
@@ -130,16 +123,12 @@ class CommitMarkers:
         """
         if self._transactions:
             try:
-                return self._query(sql + READ_COMMITTED, params)
+                return self.client.query_json(sql + READ_COMMITTED, params=params)
             except ServerError as e:
                 if not transactions_unsupported(e):
                     raise
                 self._transactions = False
-        return self._query(sql, params)
-
-    def _query(self, sql: str, params: dict[str, object]) -> list[dict]:
-        return retry_call(lambda: self.client.query_json(sql, params=params), self.retry,
-                          retry_on=is_transient_or_unknown, what=f"commit marker read of {self.fq}")
+        return self.client.query_json(sql, params=params)
 
     def lookup(self, xid: str) -> dict | None:
         """The committed marker row of ``xid`` or None (read-committed; no table = None)."""

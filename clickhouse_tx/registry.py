@@ -106,9 +106,11 @@ class KeeperMapRegistry:
     clock
         Wall clock for ``created_ms``/``updated_ms``.
     retry
-        Budget of every read (and of the read-back that decides a write whose reply
-        or Keeper connection was lost): a transient or outcome-unknown failure is
-        retried within it, logged at WARNING. Writes are never repeated blindly.
+        Budget of the read-back that decides a write whose reply or Keeper connection
+        was lost: a transient or outcome-unknown failure of that read is retried within
+        it, logged at WARNING (without it the write's outcome would stay unknown, and a
+        write is never repeated blindly). Every other call is retried by its caller (the
+        coordinator's ``TxOps.call``): one retry loop per call, not one inside another.
 
     Notes
     -----
@@ -172,7 +174,7 @@ class KeeperMapRegistry:
                f"ENGINE = KeeperMap({q.quote_string(self.keeper_path)}) "
                f"PRIMARY KEY {q.quote_identifier('xid')}")
         try:
-            self._idempotent(ddl)
+            self.client.command(ddl)
         except ServerError as e:
             if e.code != TABLE_ALREADY_EXISTS:  # a concurrent creator won: fine
                 raise
@@ -300,13 +302,13 @@ class KeeperMapRegistry:
             if not is_keeper_error(e, KeeperError.BAD_VERSION):
                 raise
             return []  # a concurrent writer changed one of them: nothing of ours landed
-        rows = self._query(
+        rows = self._read_back(
             f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}", {})
         return [str(r["xid"]) for r in rows if r["cas_token"] == token]
 
     def get(self, xid: str) -> RegistryEntry | None:
         """The entry of ``xid`` or None."""
-        return self._get_with_token(xid)[0]
+        return self._get_with_token(xid, read_back=False)[0]
 
     def list_batch(self, txn_id: str, batch: int) -> list[RegistryEntry]:
         """Every entry of (``txn_id``, ``batch``), in (partition, attempt, xid) order."""
@@ -338,7 +340,7 @@ class KeeperMapRegistry:
         if not xids:
             return
         self.ensure_table()
-        self._idempotent(
+        self.client.command(
             f"ALTER TABLE {self._fq} DELETE WHERE {q.quote_identifier('xid')} IN {q.quote_strings(xids)} "
             f"AND state IN {q.quote_strings(FINISHED_STATES)}", settings=_STRICT)
 
@@ -350,36 +352,34 @@ class KeeperMapRegistry:
         """
         self.ensure_table()
         cut = max(0, self._now_ms() - int(older_than_s * 1000))
-        self._idempotent(
+        self.client.command(
             f"ALTER TABLE {self._fq} DELETE WHERE state IN {q.quote_strings(FINISHED_STATES)} "
             f"AND updated_ms <= {cut}", settings=_STRICT)
 
     # ------------------------------------------------------------------ helpers
 
-    def _get_with_token(self, xid: str) -> tuple[RegistryEntry | None, str | None]:
+    def _get_with_token(self, xid: str, *, read_back: bool = True) -> tuple[RegistryEntry | None, str | None]:
         self.ensure_table()
-        rows = self._query(f"SELECT {_SELECT} FROM {self._fq} WHERE xid = {{x:String}}", {"x": xid})
+        sql, params = f"SELECT {_SELECT} FROM {self._fq} WHERE xid = {{x:String}}", {"x": xid}
+        rows = self._read_back(sql, params) if read_back else self.client.query_json(sql, params=params)
         if not rows:
             return None, None
         return _entry(rows[0]), rows[0]["cas_token"]
 
     def _select(self, where: str, params: Mapping[str, object]) -> list[RegistryEntry]:
         self.ensure_table()
-        rows = self._query(
-            f"SELECT {_SELECT} FROM {self._fq} WHERE {where} ORDER BY partition, attempt, xid", params)
+        rows = self.client.query_json(
+            f"SELECT {_SELECT} FROM {self._fq} WHERE {where} ORDER BY partition, attempt, xid",
+            params=params)
         return [_entry(r) for r in rows]
 
-    def _idempotent(self, sql: str, settings: Mapping[str, str] | None = None) -> None:
-        """A statement whose repetition is harmless (``CREATE ... IF NOT EXISTS``, a
-        delete of finished entries): retried like a read."""
-        retry_call(lambda: self.client.command(sql, settings=settings), self.retry,
-                   retry_on=is_transient_or_unknown, what=f"registry upkeep of {self.table}")
-
-    def _query(self, sql: str, params: Mapping[str, object]) -> list[dict]:
-        """A read, repeated within ``self.retry`` while it fails transiently (a read is
-        idempotent, so a lost reply or Keeper connection is retried too)."""
+    def _read_back(self, sql: str, params: Mapping[str, object]) -> list[dict]:
+        """The read that decides a write whose outcome is unknown, repeated within
+        ``self.retry`` while it fails transiently (a read is idempotent, so a lost reply
+        or Keeper connection is retried too): without it the write's outcome stays
+        unknown to the caller, who cannot repeat the write blindly."""
         return retry_call(lambda: self.client.query_json(sql, params=params), self.retry,
-                          retry_on=is_transient_or_unknown, what=f"registry read of {self.table}")
+                          retry_on=is_transient_or_unknown, what=f"registry read-back of {self.table}")
 
 
 def _entry(row: Mapping[str, object]) -> RegistryEntry:
