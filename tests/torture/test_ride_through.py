@@ -13,7 +13,8 @@ by the ClickHouse restart fails its task, which Spark retries under a new xid
 (``spark.task.maxFailures``: 4 by default on a cluster, ``local[2,4]`` here); the cut
 attempt's stage is rolled back.
 
-The child is this module: ``python -m tests.torture.test_ride_through run '<json>'``.
+The child is the streaming job of :mod:`tests.torture.test_driver_kill` (its writer
+options given as ``fault``).
 """
 
 from __future__ import annotations
@@ -40,30 +41,6 @@ MAX_OFFSETS = 600  # 10 batches: the run outlasts both outages
 OUTAGE_S = 3.0
 
 
-def _child(args: dict) -> None:
-    """The streaming job: drain the topic with availableNow, then exit 0 (1 if the query failed)."""
-    from pyspark.sql import SparkSession
-
-    import spark_datasource
-
-    spark = (SparkSession.builder.master("local[2,4]").appName("clickhouse-tx-ride-through")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_datasource.register(spark)
-    df = (spark.readStream.format("kafka_py").option("bootstrap.servers", args["bootstrap"])
-          .option("subscribe", args["topic"]).option("startingOffsets", "earliest")
-          .option("maxOffsetsPerTrigger", str(MAX_OFFSETS)).load()
-          .selectExpr("partition as p", "offset as o", "cast(value as string) as v"))
-    q = (df.writeStream.format("clickhouse_tx").queryName(args["name"])
-         .option("url", args["url"]).option("database", args["database"]).option("table", "events")
-         .option("mode", "staging").option("allow_nullable_into_non_nullable", "true")
-         .option("retry.attempts", "40").option("retry.max_seconds", "60")
-         .option("checkpointLocation", args["chk"]).trigger(availableNow=True).start())
-    q.awaitTermination()
-    spark.stop()
-
-
 def _committed_rows(url: str, database: str) -> int:
     try:
         return scalar(url, f"SELECT count() FROM `{database}`.events")
@@ -85,7 +62,7 @@ def _wait_rows(proc: subprocess.Popen, url: str, database: str, at_least: int, t
 def _start_child(args: dict, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "tests.torture.test_ride_through", "run", json.dumps(args)],
+        return subprocess.Popen([sys.executable, "-m", "tests.torture.test_driver_kill", "run", json.dumps(args)],
                                 cwd=ROOT, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -127,7 +104,9 @@ def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhou
     topic, expected = make_topic(own, own.kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(url, database)
     args = {"bootstrap": own.kafka_bootstrap, "topic": topic, "url": url, "database": database,
-            "chk": str(tmp_path / "chk"), "name": f"ride_{uuid.uuid4().hex[:6]}"}
+            "chk": str(tmp_path / "chk"), "name": f"ride_{uuid.uuid4().hex[:6]}", "daemon": True,
+            "master": "local[2,4]", "max_offsets": MAX_OFFSETS,
+            "fault": {"mode": "staging", "retry.attempts": "40", "retry.max_seconds": "60"}}
     proc = _start_child(args, tmp_path / "child.log")
     try:
         for _ in range(2):  # Spark gave up on a Python worker's start before any batch: start again
@@ -153,9 +132,3 @@ def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhou
     assert_exactly(url, database, expected)
     assert open_registry_entries(url, database) == 0
 
-
-if __name__ == "__main__":
-    if sys.argv[1] == "run":
-        _child(json.loads(sys.argv[2]))
-    else:
-        raise SystemExit(f"unknown command {sys.argv[1]!r}")
