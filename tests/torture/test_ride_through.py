@@ -109,7 +109,7 @@ def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhou
             "fault": {"mode": "staging", "retry.attempts": "40", "retry.max_seconds": "60"}}
     proc = _start_child(args, tmp_path / "child.log")
     try:
-        for _ in range(2):  # Spark gave up on a Python worker's start before any batch: start again
+        for _ in range(4):  # Spark gave up on a Python worker's start before any batch: start again
             if _started(proc, url, database, tmp_path / "child.log"):
                 break
             _kill_group(proc)
