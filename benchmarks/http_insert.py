@@ -5,6 +5,13 @@ streams the Arrow IPC stream with chunked transfer; the in-process side feeds th
 bytes to ``send_insert`` in this process. Ratio = HTTP / in-process (target >= 0.7).
 
     python -m benchmarks.http_insert --rows 1000000 --repeat 5 --json benchmarks/results/http_insert.json
+
+``--clients`` compares the two HTTP clients on the same insert into the same server: the
+project's transport (``ClickHouseHTTP.insert_arrow_stream``: record batches streamed as
+an ArrowStream, one batch in memory) and clickhouse-connect (``Client.insert_arrow``:
+the whole table serialised to one Arrow buffer first). See ``docs/design.md``, Transport.
+
+    python -m benchmarks.http_insert --clients --rows 1000000 --repeat 5 --json benchmarks/results/http_insert_clients.json
 """
 
 from __future__ import annotations
@@ -111,12 +118,73 @@ def run(rows: int, repeat: int) -> dict:
     }
 
 
+def run_clients(rows: int, repeat: int) -> dict:
+    """The same Arrow table inserted by both clients into one server, alternating."""
+    import urllib.parse
+
+    import clickhouse_connect
+
+    from clickhouse_tx.http_client import ClickHouseHTTP
+    from clickhouse_tx.interfaces import Target
+
+    table = pa.ipc.open_stream(make_stream(rows)).read_all()
+    with tempfile.TemporaryDirectory(prefix="ctx-bench-") as tmp:
+        proc, url = start_server(tmp)
+        try:
+            ours = ClickHouseHTTP(Target(url=url, database="default", table="bench"))
+            ours.command(DDL)
+            port = urllib.parse.urlsplit(url).port
+            theirs = clickhouse_connect.get_client(host="127.0.0.1", port=port, compress=False)
+            ours_s: list[float] = []
+            theirs_s: list[float] = []
+            for i in range(repeat):
+                t0 = time.perf_counter()
+                sent = ours.insert_arrow_stream("bench", table.schema, iter(table.to_batches(max_chunksize=65536)))
+                ours_s.append(time.perf_counter() - t0)
+                assert sent == rows
+                t0 = time.perf_counter()
+                theirs.insert_arrow("bench", table)
+                theirs_s.append(time.perf_counter() - t0)
+                print(f"  round {i + 1}/{repeat}: clickhouse_tx transport {rows / ours_s[-1]:,.0f} rows/s, "
+                      f"clickhouse-connect {rows / theirs_s[-1]:,.0f} rows/s", flush=True)
+            count = int(ours.command("SELECT count() FROM bench").strip())
+            assert count == 2 * rows * repeat, count
+            theirs.close()
+            ours.close()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    ours_rate, theirs_rate = rows / statistics.median(ours_s), rows / statistics.median(theirs_s)
+    return {
+        "benchmark": "http_insert_clients",
+        "rows_per_insert": rows,
+        "repeat": repeat,
+        "transport_rows_per_s_median": round(ours_rate),
+        "clickhouse_connect_rows_per_s_median": round(theirs_rate),
+        "ratio_transport_vs_clickhouse_connect": round(ours_rate / theirs_rate, 3),
+        "transport_seconds": ours_s,
+        "clickhouse_connect_seconds": theirs_s,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "clickhouse_connect": clickhouse_connect.__version__},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--clients", action="store_true",
+                    help="compare the project's transport with clickhouse-connect on the same insert")
     args = ap.parse_args(argv)
+    if args.clients:
+        print(f"Arrow insert, {args.rows:,} rows x {args.repeat}: clickhouse_tx transport vs clickhouse-connect")
+        result = run_clients(args.rows, args.repeat)
+        print(json.dumps({k: v for k, v in result.items() if not k.endswith("_seconds")}, indent=2))
+        if args.json:
+            write_result(args.json, result)
+        return 0
     print(f"ArrowStream insert, {args.rows:,} rows x {args.repeat}: HTTP server vs chdb in-process")
     result = run(args.rows, args.repeat)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_seconds")}, indent=2))

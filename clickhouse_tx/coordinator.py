@@ -37,7 +37,7 @@ from clickhouse_tx.errors import (
     ValueDoesNotFitError,
 )
 from clickhouse_tx.convert import ConversionPlan
-from clickhouse_tx.http_client import safe_url
+from clickhouse_tx._transport import safe_url
 from clickhouse_tx.ids import new_xid
 from clickhouse_tx.interfaces import (
     CommitModeIO,
@@ -250,7 +250,9 @@ class TxOps:
         self.sleep = sleep
 
     def call(self, fn: Callable[[], T], retry_on: Callable[[BaseException], bool] = is_transient) -> T:
-        return retry_call(fn, self.retry, retry_on=retry_on, sleep=self.sleep)
+        """``fn`` through the one retry helper; every retry is logged at WARNING."""
+        return retry_call(fn, self.retry, retry_on=retry_on, sleep=self.sleep,
+                          what=getattr(fn, "__qualname__", "coordinator I/O").replace(".<locals>.<lambda>", ""))
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -477,11 +479,11 @@ class Coordinator:
             raise ValueError(f"WriteContext txn_id {ctx.txn_id!r} != coordinator's {self.txn_id!r}")
         xid = self.xid_factory(ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt)
         provisional = Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
-                               attempt=ctx.attempt, mode=self.mode_io.mode, server=self.target.url,
+                               attempt=ctx.attempt, mode=self.mode_io.mode, server=safe_url(self.target.url),
                                table=f"{self.target.database}.{self.target.table}", rows=0, checksum=0)
         now = self.ops.now_ms()
         entry = RegistryEntry(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
-                              attempt=ctx.attempt, mode=self.mode_io.mode, server=self.target.url,
+                              attempt=ctx.attempt, mode=self.mode_io.mode, server=safe_url(self.target.url),
                               table=provisional.table, state=TxState.INITIALIZED.value,
                               created_ms=now, updated_ms=now)
         try:
@@ -671,10 +673,12 @@ class Coordinator:
             self._rollback_all(plan_rollback((), msgs, self._entries(run.decision.batch)), quiet=True)
             raise NotCommittedError(
                 f"batch {run.decision.batch}: the prepared transactions of partitions "
-                f"{[p.partition for p in dead]} are gone before the commit (their sessions expired "
+                f"{[p.partition for p in dead]} are gone before the commit: lost xids "
+                f"{[p.xid for p in dead]} (their sessions expired "
                 f"after session_timeout={self.target.session_timeout_s} s idle, or ClickHouse "
                 "restarted). Nothing of the batch was committed and every prepared partition is "
-                "rolled back, so running the job again (or restarting the query) writes it once. "
+                "rolled back, so restarting the query replays the batch (a batch job: run it "
+                "again) and writes it once; supervise streaming queries to restart them. "
                 "Tasks that wait longer than session_timeout for the commit need a larger "
                 "session_timeout option (the server caps it at max_session_timeout)",
                 xid=dead[0].xid)

@@ -13,9 +13,6 @@ Passwords never reach a message: build messages from :class:`Target` reprs only.
 
 from __future__ import annotations
 
-import re
-
-_CH_ERROR = re.compile(r"Code:\s*(\d+)\.\s*(?:DB::Exception:\s*)?(.*?)(?:\s*\(([A-Z_0-9]+)\))?(?:\s*\(version [^)]*\))?\s*$", re.S)
 
 
 class ClickHouseTxError(Exception):
@@ -84,17 +81,21 @@ class LostTransactionError(ClickHouseTxError):
     """
 
 
-def parse_clickhouse_error(text: str) -> tuple[int | None, str | None, str]:
-    """Split ``Code: 60. DB::Exception: ... (UNKNOWN_TABLE)`` into (code, name, message)."""
-    text = text.strip()
-    m = _CH_ERROR.search(text)
-    if not m:
-        return None, None, text
-    return int(m.group(1)), m.group(3), m.group(2).strip()
-
-
 class TransientError(NotCommittedError):
     """Definitely not done, and trying again may work (connection refused, overload).
 
     The one kind of error :mod:`clickhouse_tx.retry` retries by default.
     """
+
+
+class ServerBusyError(ServerError, TransientError):
+    """The server refused the request before running it (HTTP 503/429 without an
+    exception, ``TOO_MANY_SIMULTANEOUS_QUERIES``, no Keeper connection): nothing was
+    done, trying again later may work. Built by :mod:`clickhouse_tx._transport.errors`."""
+
+
+class ServerOutcomeUnknownError(ServerError, OutcomeUnknownError):
+    """The server answered with an error that leaves a write's outcome open (Keeper
+    connection loss, Keeper session expired, Keeper operation timeout): a read may be
+    repeated, a write is resolved by reading back. Built by
+    :mod:`clickhouse_tx._transport.errors`."""

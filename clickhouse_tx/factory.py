@@ -90,6 +90,8 @@ def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_
     from clickhouse_tx.coordinator import Coordinator
 
     registry = build_registry(target, table=registry_table, database=registry_database)
+    if retry is not None:
+        registry.retry = retry  # its read-backs of unknown writes share the coordinator's budget
     return Coordinator(txn_id, target, build_mode_io(mode, registry), registry,
                        build_decision_log(target, txn_id, decision_log_uri,
                                           registry_database=registry_database,

@@ -36,7 +36,8 @@ import pyarrow.compute as pc
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.errors import ServerError
-from clickhouse_tx.http_client import TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP
+from clickhouse_tx._transport import (TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP,
+                                      transactions_unsupported)
 from clickhouse_tx.interfaces import Prepared, Target
 
 MARKERS_TABLE = "clickhouse_tx_commits"
@@ -60,8 +61,6 @@ _SELECT = ", ".join(q.quote_identifier(c) for c in _NAMES)
 #: not in URL settings: it must apply to the SELECT alone, never to what a server
 #: front may run on the connection before it (e.g. a ``USE``).
 READ_COMMITTED = " SETTINGS implicit_transaction = 1"
-#: ClickHouse's error code for a feature the server does not have (here: transactions).
-NOT_IMPLEMENTED = 48
 
 
 # Tables this process has created or seen (Spark reuses Python workers across tasks).
@@ -156,11 +155,6 @@ class CommitMarkers:
             if e.code == UNKNOWN_TABLE:
                 return []
             raise
-
-
-def transactions_unsupported(e: ServerError) -> bool:
-    """True if ``e`` is a server refusing transactions (no ``allow_experimental_transactions``)."""
-    return e.code == NOT_IMPLEMENTED and "Transactions are not supported" in e.message
 
 
 # ---------------------------------------------------------------------- checksum

@@ -19,7 +19,7 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx.coordinator import TxOps, prepared_from_entry
 from clickhouse_tx import sql as q
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
     CommitModeIO,
@@ -283,7 +283,7 @@ def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: Regis
         if entry is not None and as_state(entry.state) is not TxState.ABORTED:
             continue  # a live or decided xid: the passes above or its replay settle it
         p = Prepared(xid=xid, txn_id=parts.txn, batch=parts.batch, partition=parts.partition,
-                     attempt=parts.attempt, mode=mode_io.mode, server=target.url,
+                     attempt=parts.attempt, mode=mode_io.mode, server=safe_url(target.url),
                      table=f"{target.database}.{target.table}", rows=0, checksum=0)
         try:
             if mode_io.lookup(target, p) is CommitOutcome.COMMITTED:

@@ -41,9 +41,10 @@ from typing import Callable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.errors import IllegalTransitionError, OutcomeUnknownError, ServerError
-from clickhouse_tx.http_client import (KEEPER_EXCEPTION, TABLE_ALREADY_EXISTS, ClickHouseHTTP,
-                                       ReplyLostError, safe_url)
+from clickhouse_tx._transport import (TABLE_ALREADY_EXISTS, ClickHouseHTTP, KeeperError,
+                                      is_keeper_error, safe_url)
 from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
+from clickhouse_tx.retry import RetryPolicy, is_transient_or_unknown, retry_call
 
 DEFAULT_TABLE = "clickhouse_tx_registry"
 
@@ -104,6 +105,12 @@ class KeeperMapRegistry:
         default derived from database and table.
     clock
         Wall clock for ``created_ms``/``updated_ms``.
+    retry
+        Budget of the read-back that decides a write whose reply or Keeper connection
+        was lost: a transient or outcome-unknown failure of that read is retried within
+        it, logged at WARNING (without it the write's outcome would stay unknown, and a
+        write is never repeated blindly). Every other call is retried by its caller (the
+        coordinator's ``TxOps.call``): one retry loop per call, not one inside another.
 
     Notes
     -----
@@ -114,7 +121,7 @@ class KeeperMapRegistry:
 
     def __init__(self, target_or_client: Target | ClickHouseHTTP, table: str = DEFAULT_TABLE,
                  database: str | None = None, *, keeper_path: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, retry: RetryPolicy | None = None) -> None:
         if isinstance(target_or_client, ClickHouseHTTP):
             if target_or_client.session_id is not None:
                 raise ValueError("the registry needs a client without a session_id")
@@ -127,6 +134,7 @@ class KeeperMapRegistry:
         self.table = table
         self.keeper_path = keeper_path or keeper_path_for(self.database, table)
         self.clock = clock
+        self.retry = retry or RetryPolicy()
         self._ready = False
         self._fq = q.qualified(self.database, self.table)
 
@@ -203,10 +211,10 @@ class KeeperMapRegistry:
             try:
                 self.client.command(sql, settings=_STRICT)
                 return
-            except ReplyLostError:
-                pass  # our insert may have landed: the read below decides
+            except OutcomeUnknownError:
+                pass  # reply or Keeper connection lost: our insert may have landed; read back
             except ServerError as e:
-                if not (e.code == KEEPER_EXCEPTION and "Node exists" in e.message):
+                if not is_keeper_error(e, KeeperError.NODE_EXISTS):
                     raise
             current, cur_token = self._get_with_token(entry.xid)
             if current is not None:
@@ -238,12 +246,12 @@ class KeeperMapRegistry:
         for _ in range(_CAS_ROUNDS):
             try:
                 self.client.command(sql, settings=_STRICT)
-            except ReplyLostError:
-                pass
+            except OutcomeUnknownError:
+                pass  # reply or Keeper connection lost: the read below tells what landed
             except ServerError as e:
-                # "Bad version": another writer changed the node between our read and
+                # Bad version: another writer changed the node between our read and
                 # write; nothing of ours was written. Anything else is a real error.
-                if not (e.code == KEEPER_EXCEPTION and "Bad version" in e.message):
+                if not is_keeper_error(e, KeeperError.BAD_VERSION):
                     raise
             current, cur_token = self._get_with_token(xid)
             if current is None:
@@ -288,19 +296,19 @@ class KeeperMapRegistry:
         sql = self._cas_sql(f"IN {q.quote_strings(xids)}", expected, new, payload, token)
         try:
             self.client.command(sql, settings=_STRICT)
-        except ReplyLostError:
-            pass  # the read below tells what landed
+        except OutcomeUnknownError:
+            pass  # reply or Keeper connection lost: the read below tells what landed
         except ServerError as e:
-            if not (e.code == KEEPER_EXCEPTION and "Bad version" in e.message):
+            if not is_keeper_error(e, KeeperError.BAD_VERSION):
                 raise
             return []  # a concurrent writer changed one of them: nothing of ours landed
-        rows = self.client.query_json(
-            f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}")
+        rows = self._read_back(
+            f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}", {})
         return [str(r["xid"]) for r in rows if r["cas_token"] == token]
 
     def get(self, xid: str) -> RegistryEntry | None:
         """The entry of ``xid`` or None."""
-        return self._get_with_token(xid)[0]
+        return self._get_with_token(xid, read_back=False)[0]
 
     def list_batch(self, txn_id: str, batch: int) -> list[RegistryEntry]:
         """Every entry of (``txn_id``, ``batch``), in (partition, attempt, xid) order."""
@@ -350,10 +358,10 @@ class KeeperMapRegistry:
 
     # ------------------------------------------------------------------ helpers
 
-    def _get_with_token(self, xid: str) -> tuple[RegistryEntry | None, str | None]:
+    def _get_with_token(self, xid: str, *, read_back: bool = True) -> tuple[RegistryEntry | None, str | None]:
         self.ensure_table()
-        rows = self.client.query_json(
-            f"SELECT {_SELECT} FROM {self._fq} WHERE xid = {{x:String}}", params={"x": xid})
+        sql, params = f"SELECT {_SELECT} FROM {self._fq} WHERE xid = {{x:String}}", {"x": xid}
+        rows = self._read_back(sql, params) if read_back else self.client.query_json(sql, params=params)
         if not rows:
             return None, None
         return _entry(rows[0]), rows[0]["cas_token"]
@@ -364,6 +372,14 @@ class KeeperMapRegistry:
             f"SELECT {_SELECT} FROM {self._fq} WHERE {where} ORDER BY partition, attempt, xid",
             params=params)
         return [_entry(r) for r in rows]
+
+    def _read_back(self, sql: str, params: Mapping[str, object]) -> list[dict]:
+        """The read that decides a write whose outcome is unknown, repeated within
+        ``self.retry`` while it fails transiently (a read is idempotent, so a lost reply
+        or Keeper connection is retried too): without it the write's outcome stays
+        unknown to the caller, who cannot repeat the write blindly."""
+        return retry_call(lambda: self.client.query_json(sql, params=params), self.retry,
+                          retry_on=is_transient_or_unknown, what=f"registry read-back of {self.table}")
 
 
 def _entry(row: Mapping[str, object]) -> RegistryEntry:

@@ -10,6 +10,7 @@ happened is resolved by a lookup in the caller, not repeated blindly.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import time
 from typing import Callable, TypeVar
@@ -17,6 +18,7 @@ from typing import Callable, TypeVar
 from clickhouse_tx.errors import OutcomeUnknownError, TransientError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,7 @@ class RetryPolicy:
 
     def backoff_cap(self, failed_attempts: int) -> float:
         """Upper bound of the sleep after ``failed_attempts`` failures (>= 1)."""
-        return min(self.max_delay_s, self.base_delay_s * (2 ** (failed_attempts - 1)))
+        return min(self.max_delay_s, self.base_delay_s * float(2 ** (failed_attempts - 1)))
 
 
 #: Retries nothing: for tests and for operations that must not be repeated.
@@ -72,12 +74,18 @@ def retry_call(fn: Callable[[], T], policy: RetryPolicy, *,
                sleep: Callable[[float], None] = time.sleep,
                clock: Callable[[], float] = time.monotonic,
                rng: Callable[[], float] = random.random,
-               on_retry: Callable[[int, BaseException, float], None] | None = None) -> T:
+               on_retry: Callable[[int, BaseException, float], None] | None = None,
+               what: str | None = None) -> T:
     """Call ``fn`` until it returns, an error ``retry_on`` rejects, or the policy runs out.
 
     The last error is re-raised unchanged. Only :class:`Exception` is caught: a
     ``BaseException`` (KeyboardInterrupt, a simulated crash) always passes through.
+    ``what`` (a label such as ``"registry read"``) logs every retry at WARNING through
+    :func:`logging_on_retry` when no ``on_retry`` is given: production retries are
+    never silent.
     """
+    if on_retry is None and what is not None:
+        on_retry = logging_on_retry(what, policy)
     start = clock()
     failures = 0
     while True:
@@ -93,3 +101,16 @@ def retry_call(fn: Callable[[], T], policy: RetryPolicy, *,
             if on_retry is not None:
                 on_retry(failures, exc, delay)
             sleep(delay)
+
+
+def logging_on_retry(what: str, policy: RetryPolicy,
+                     logger: logging.Logger = log) -> Callable[[int, BaseException, float], None]:
+    """An ``on_retry`` that logs one WARNING per retry: what, attempt/limit, the error.
+
+    The error is logged by its message, which the project builds without passwords
+    (URLs pass through :func:`clickhouse_tx._transport.safe_url`).
+    """
+    def on_retry(failures: int, exc: BaseException, delay: float) -> None:
+        logger.warning("%s failed (attempt %d of %d), retrying in %.2f s: %s: %s", what, failures,
+                       policy.max_attempts, delay, type(exc).__name__, exc)
+    return on_retry

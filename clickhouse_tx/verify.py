@@ -34,10 +34,10 @@ import json
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
-import requests
-
-from clickhouse_tx.errors import ConfigurationError, ServerError, parse_clickhouse_error
-from clickhouse_tx.markers import transactions_unsupported
+from clickhouse_tx._transport import ClickHouseHTTP, safe_url, transactions_unsupported
+from clickhouse_tx.errors import ConfigurationError, ServerError
+from clickhouse_tx.interfaces import Target
+from clickhouse_tx.markers import READ_COMMITTED
 from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
 from clickhouse_tx.sql import split_table
 
@@ -52,56 +52,43 @@ TP = tuple[str | None, int]
 
 
 class ClickHouseReader:
-    """A minimal read-only HTTP client: JSON rows, query parameters, read-committed reads.
+    """Read-only access for the verifier: JSON rows, query parameters, read-committed reads.
 
+    A thin layer on the project's one client (:class:`clickhouse_tx._transport.ClickHouseHTTP`):
+    the same authentication, parameter formatting and error mapping as the writer.
     The password is sent as a header and never appears in ``repr`` or errors.
     """
 
     def __init__(self, url: str, *, user: str = "default", password: str = "",
                  timeout_s: float = 300.0) -> None:
-        self.url = url.rstrip("/")
+        self.url = safe_url(url.rstrip("/"))
         self.user = user
-        self._password = password
-        self.timeout_s = timeout_s
-        self._http = requests.Session()
+        self._client = ClickHouseHTTP(Target(url=url, database="", table="", user=user,
+                                             password=password, request_timeout_s=timeout_s))
         self._transactions = True  # until the server refuses implicit_transaction
 
     def __repr__(self) -> str:
         return f"ClickHouseReader(url={self.url!r}, user={self.user!r})"
 
     def close(self) -> None:
-        self._http.close()
+        self._client.close()
 
     def rows(self, sql: str, params: Mapping[str, object] | None = None, *,
              committed: bool = True) -> list[dict[str, Any]]:
-        """Run a SELECT and return its rows as dicts.
+        """Run a SELECT and return its rows as dicts (64-bit integers as ints).
 
         ``committed`` reads with ``implicit_transaction=1`` (only MergeTree-family
-        tables; ``system.*`` needs ``committed=False``).
+        tables; ``system.*`` needs ``committed=False``). Where the server refuses
+        transactions none can be open, so the plain read is committed (remembered).
         """
-        qp: dict[str, str] = {f"param_{k}": str(v) for k, v in (params or {}).items()}
         if committed and self._transactions:
-            qp["implicit_transaction"] = "1"
-        headers = {"X-ClickHouse-User": self.user}
-        if self._password:
-            headers["X-ClickHouse-Key"] = self._password
-        # Settings go in the SQL: URL settings next to implicit_transaction make some
-        # servers consult system.settings inside the transaction, which it refuses.
-        body = f"{sql} FORMAT JSONEachRow SETTINGS output_format_json_quote_64bit_integers = 0"
-        try:
-            r = self._http.post(self.url + "/", params=qp, data=body.encode(), headers=headers,
-                                timeout=self.timeout_s)
-        except requests.RequestException as e:
-            raise ServerError(f"cannot reach ClickHouse at {self.url}: {type(e).__name__}") from None
-        if r.status_code != 200:
-            code, name, msg = parse_clickhouse_error(r.text)
-            error = ServerError(f"query failed on {self.url}: {msg}", code=code, name=name)
-            if committed and self._transactions and transactions_unsupported(error):
-                # No transactions on this server: none can be open, a plain read is committed.
+            try:
+                return self._client.query_json(sql + READ_COMMITTED, params=params)
+            except ServerError as e:
+                if not transactions_unsupported(e):
+                    raise
                 self._transactions = False
-                return self.rows(sql, params, committed=committed)
-            raise error
-        return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+        return self._client.query_json(sql, params=params)
 
     def columns(self, database: str, table: str) -> dict[str, str]:
         """Column name → type of ``database.table`` (empty if the table does not exist)."""
@@ -437,7 +424,7 @@ def _check_columns(ch: ClickHouseReader, db: str, t: str, url: str, **named: str
     """The table and every named column exist (``named``: option -> column or None)."""
     types = ch.columns(db, t)
     if not types:
-        raise ConfigurationError(f"table {db}.{t} does not exist on {url}")
+        raise ConfigurationError(f"table {db}.{t} does not exist on {safe_url(url)}")
     for opt, c in named.items():
         if c and c not in types:
             raise ConfigurationError(f"{opt.replace('_col', ' column')} {c!r} is not a column of "

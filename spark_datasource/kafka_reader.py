@@ -328,24 +328,25 @@ def _fmt_tps(tps: Sequence[TP]) -> str:
 
 
 def _with_retries(opts: KafkaOptions, what: str, fn: Callable[[], T]) -> T:
-    """Run ``fn`` up to ``fetchOffset.numRetries`` times; then a clear error."""
+    """Run ``fn`` up to ``fetchOffset.numRetries`` times (the project's one retry helper,
+    sleeping up to ``fetchOffset.retryIntervalMs`` between tries, each retry logged); then a
+    clear error."""
     from kafka.errors import KafkaError
 
-    last: Exception | None = None
+    from clickhouse_tx.retry import RetryPolicy, retry_call
+
+    interval_s = opts.fetch_offset_retry_interval_ms / 1000
+    policy = RetryPolicy(max_attempts=max(1, opts.fetch_offset_num_retries), max_total_s=float("inf"),
+                         base_delay_s=interval_s, max_delay_s=interval_s)
     started = time.monotonic()
-    for attempt in range(opts.fetch_offset_num_retries):
-        try:
-            return fn()
-        except (KafkaError, OSError) as e:
-            last = e
-            log.warning("kafka_py: %s failed (attempt %d/%d): %r", what, attempt + 1,
-                        opts.fetch_offset_num_retries, e)
-            if attempt + 1 < opts.fetch_offset_num_retries:
-                time.sleep(opts.fetch_offset_retry_interval_ms / 1000)
-    raise KafkaUnavailableError(
-        f"kafka_py: {what} failed {opts.fetch_offset_num_retries} times over "
-        f"{time.monotonic() - started:.1f}s; is the broker at "
-        f"bootstrap.servers={opts.bootstrap_servers} up? last error: {last!r}")
+    try:
+        return retry_call(fn, policy, retry_on=lambda e: isinstance(e, (KafkaError, OSError)),
+                          what=f"kafka_py: {what}")
+    except (KafkaError, OSError) as last:
+        raise KafkaUnavailableError(
+            f"kafka_py: {what} failed {policy.max_attempts} times over "
+            f"{time.monotonic() - started:.1f}s; is the broker at "
+            f"bootstrap.servers={opts.bootstrap_servers} up? last error: {last!r}") from last
 
 
 def _new_consumer(opts: KafkaOptions, api_version: tuple[int, ...] | None = None):

@@ -108,21 +108,16 @@ def _url(value: str) -> str:
             f"use the user and password options"
         )
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise _bad("url", v, "http(s)://host[:port]")
+        raise _bad("url", _redact_url(v), "http(s)://host[:port]")
     if parts.query or parts.fragment:
-        raise _bad("url", v, "a url without query or fragment (use setting.<name> options)")
+        raise _bad("url", _redact_url(v), "a url without query or fragment (use setting.<name> options)")
     return urlunsplit((parts.scheme.lower(), parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
 def _redact_url(v: str) -> str:
-    # Keep only what follows the last '@' of the authority so no secret survives.
-    try:
-        parts = urlsplit(v)
-    except ValueError:
-        return "<unparseable url>"
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, ("***@" if "@" in parts.netloc else "") + host,
-                       parts.path, "", ""))
+    from clickhouse_tx.http_client import safe_url  # the one credential-free form of a URL
+
+    return safe_url(v)
 
 
 def _explicit_txn_id(opts: Mapping[str, str]) -> str | None:

@@ -6,7 +6,7 @@ from typing import Iterator, Mapping
 
 import pyarrow as pa
 
-from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
+from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table

@@ -44,7 +44,7 @@ from clickhouse_tx import sql as q
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (ConfigurationError, IllegalTransitionError, NotCommittedError,
                                   OutcomeUnknownError)
-from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
+from clickhouse_tx._transport import ClickHouseHTTP, ReplyLostError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches

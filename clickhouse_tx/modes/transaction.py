@@ -49,8 +49,8 @@ import pyarrow.compute as pc
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (ConfigurationError, NotCommittedError, OutcomeUnknownError,
                                   ServerError, TransientError)
-from clickhouse_tx.http_client import (INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND,
-                                       ClickHouseHTTP, ReplyLostError)
+from clickhouse_tx._transport import (INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND,
+                                      ClickHouseHTTP, ReplyLostError)
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches, batch_checksum, combine, finish
 from clickhouse_tx import sql as q
@@ -169,9 +169,7 @@ class TransactionMode(ModeBase):
         except ServerError as e:
             if e.code in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
                 return False
-            if e.code == SESSION_IS_LOCKED:
-                raise _busy(e, p.xid) from None
-            raise
+            raise  # SESSION_IS_LOCKED arrives as a (transient) ServerBusyError
         finally:
             session.close()
         return tid != _NO_TID
@@ -186,10 +184,10 @@ class TransactionMode(ModeBase):
             raise OutcomeUnknownError(f"COMMIT sent but its reply was lost: {e.message}",
                                       xid=p.xid) from None
         except ServerError as e:
-            if e.code == SESSION_IS_LOCKED:
-                # The executor's keep-alive (or a late lookup) holds the session for a
-                # moment; the server refused the COMMIT before running it.
-                raise _busy(e, p.xid) from None
+            if isinstance(e, TransientError):
+                # Refused before running (SESSION_IS_LOCKED: the keep-alive or a late
+                # lookup holds the session for a moment; a busy server): retried.
+                raise
             if e.code not in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
                 # e.g. UNKNOWN_STATUS_OF_TRANSACTION (the server lost touch with Keeper
                 # mid-COMMIT): it may have committed; the caller looks it up.
@@ -210,11 +208,8 @@ class TransactionMode(ModeBase):
         try:
             session.command("ROLLBACK", session_check=True)
         except ServerError as e:
-            if e.code == SESSION_IS_LOCKED:
-                raise OutcomeUnknownError("session busy; roll back again later", xid=p.xid,
-                                          code=e.code, name=e.name) from None
             if e.code not in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
-                raise
+                raise  # SESSION_IS_LOCKED is a (transient) ServerBusyError: rolled back again
         finally:
             session.close()
 
@@ -230,10 +225,7 @@ class TransactionMode(ModeBase):
                 return CommitOutcome.NOT_COMMITTED
             if e.code == INVALID_TRANSACTION:  # the transaction failed: it can never commit
                 return CommitOutcome.NOT_COMMITTED
-            if e.code == SESSION_IS_LOCKED:
-                raise OutcomeUnknownError("session busy (a COMMIT may be running)", xid=p.xid,
-                                          code=e.code, name=e.name) from None
-            raise
+            raise  # SESSION_IS_LOCKED (a COMMIT may be running) is a ServerBusyError: looked up again
         finally:
             session.close()
         if tid == _NO_TID:
@@ -305,12 +297,6 @@ class RoutedBatches:
         return {f"{db}.{t}": sum(p.num_rows for p in parts) for (db, t), parts in self.parts.items()}
 
 
-def _busy(e: ServerError, xid: str) -> TransientError:
-    """SESSION_IS_LOCKED: the server refused the request before running it; try again."""
-    return TransientError(f"session busy with another request, which this one waited for: "
-                          f"{e.message}", xid=xid, code=e.code, name=e.name)
-
-
 def _quiet_rollback(session: ClickHouseHTTP) -> None:
     try:
         session.command("ROLLBACK", session_check=True)
@@ -332,7 +318,7 @@ class SessionKeepAlive:
 
     A touch can meet the driver's COMMIT in the session: one of the two gets
     SESSION_IS_LOCKED, which the server raises before running the request, and
-    the COMMIT is retried (:func:`_busy`). The thread dies with the worker process;
+    the COMMIT is retried (it is a ``ServerBusyError``). The thread dies with the worker process;
     the driver renews every session again before it writes a decision
     (:meth:`TransactionMode.renew`).
     """

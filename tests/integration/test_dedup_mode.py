@@ -11,7 +11,7 @@ import pytest
 from clickhouse_tx import sql as q
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import WriteContext
 from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
 from clickhouse_tx.modes.dedup_layout import DedupLayoutError

@@ -16,7 +16,7 @@ import pytest
 from clickhouse_tx import sql as q
 from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import MARKERS_TABLE, arrow_checksum
 from clickhouse_tx.modes import mode_io_for

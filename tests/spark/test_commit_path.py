@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx.decision_log import FileDecisionLog
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from server_patches import stack as stack_mod
 from tests.spark.test_writer_batch import (actual_totals, create_events_table, events, expected_totals,

@@ -8,6 +8,7 @@ Spark's behaviour is the point, a local SparkSession.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import socket
 import uuid
@@ -322,15 +323,20 @@ def test_a_default_read_is_read_committed_at_the_broker_and_reads_past_transacti
 
 
 @pytest.mark.timeout(90)
-def test_a_broker_that_is_down_fails_with_an_error_naming_bootstrap_servers() -> None:
+def test_a_broker_that_is_down_fails_with_an_error_naming_bootstrap_servers(
+        caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
     opts = parse_kafka_options({"bootstrap.servers": dead, "subscribe": "x",
                                 "fetchOffset.numRetries": "2",
                                 "fetchOffset.retryIntervalMs": "100"}, streaming=False)
-    with pytest.raises(KafkaUnavailableError, match=rf"bootstrap.servers={dead}"):
+    with caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"), \
+            pytest.raises(KafkaUnavailableError, match=rf"bootstrap.servers={dead}"):
         KafkaBatchReader(opts).partitions()
+    # each retry is logged, by the project's one retry helper
+    assert [r.getMessage().split(" (")[1].split(")")[0] for r in caplog.records
+            if r.getMessage().startswith("kafka_py:")] == ["attempt 1 of 2"]
 
 
 # ------------------------------------------------------------------ through Spark

@@ -50,7 +50,7 @@ def _child(args: dict) -> None:
         # this group (driver, JVM) by id first. Forking is quicker than starting a
         # worker, which Spark allows 10 s to connect back (too short on a loaded machine).
         os.environ[KILL_PGID_ENV] = str(os.getpgrp())
-    spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-driver-kill")
+    spark = (SparkSession.builder.master(args.get("master", "local[2]")).appName("clickhouse-tx-driver-kill")
              .config("spark.python.use.daemon", "true" if args.get("daemon") else "false")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
@@ -58,7 +58,7 @@ def _child(args: dict) -> None:
     spark_datasource.register(spark)
     df = (spark.readStream.format("kafka_py").option("bootstrap.servers", args["bootstrap"])
           .option("subscribe", args["topic"]).option("startingOffsets", "earliest")
-          .option("maxOffsetsPerTrigger", str(MAX_OFFSETS)).load()
+          .option("maxOffsetsPerTrigger", str(args.get("max_offsets", MAX_OFFSETS))).load()
           .selectExpr("partition as p", "offset as o", "cast(value as string) as v"))
     if args.get("repartition"):  # another partitioning than the Kafka partitions
         df = df.repartition(int(args["repartition"]))

@@ -515,6 +515,8 @@ def test_a_session_dead_before_the_decision_rolls_back_the_whole_batch_and_commi
     with pytest.raises(NotCommittedError, match=r"partitions \[2\] are gone before the commit") as info:
         w.coordinator().commit_batch(0, ms)
     assert "Nothing of the batch was committed" in str(info.value)
+    assert f"lost xids ['{ms[2].xid}']" in str(info.value)
+    assert "restarting the query replays the batch" in str(info.value)
     assert w.log.read(0) is None and w.keys_of(0) == {} and w.ch.commit_calls == []
     assert {w.registry.everything[m.xid].state for m in ms} == {"aborted"}
     w.coordinator().commit_batch(0, [prepare(c, p, 1) for p in range(PARTS)])  # re-run: once

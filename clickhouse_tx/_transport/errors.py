@@ -1,0 +1,238 @@
+"""The one mapping from a ClickHouse reply (HTTP status, exception code, text) to the errors.
+
+Every request of the project goes through :mod:`clickhouse_tx._transport.http`, which
+calls :func:`error_from_reply` for every non-200 reply (or a reply carrying
+``X-ClickHouse-Exception-Code``) and raises what it returns. Callers then branch on
+the error class (what is known of the outcome) and, for the few codes the protocol
+reacts to, on ``code`` (the constants below) or :func:`keeper_error`. No other module
+parses ClickHouse error text.
+
+Outcome certainty
+-----------------
+- :class:`~clickhouse_tx.errors.ServerBusyError` (a ``TransientError``): the server
+  refused the request before running it: HTTP 503/429 without a ClickHouse exception
+  (a proxy or an overloaded server), ``TOO_MANY_SIMULTANEOUS_QUERIES``,
+  ``SESSION_IS_LOCKED``, no Keeper connection at all. Nothing was done; the retry helper retries it.
+- :class:`~clickhouse_tx.errors.ServerOutcomeUnknownError` (an ``OutcomeUnknownError``):
+  the Keeper connection was lost, the Keeper session expired or a Keeper operation
+  timed out while the request ran; a write may or may not have reached Keeper. Reads
+  retry it; writes resolve it by reading back.
+- :class:`~clickhouse_tx.errors.ServerError`: any other exception; the request failed
+  as a whole (the caller decides by code).
+
+ClickHouse sends a Keeper error as ``KEEPER_EXCEPTION`` (999) with the Keeper
+client's text for the Keeper code (``Coordination::errorMessage``: ``Bad version``,
+``Node exists``, ``Connection loss``...); the HTTP reply carries no Keeper code
+number, so :func:`keeper_error` reads those fixed texts, here only.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+import requests
+import urllib3.exceptions as u3
+
+from clickhouse_tx.errors import (
+    ClickHouseTxError,
+    OutcomeUnknownError,
+    ServerBusyError,
+    ServerError,
+    ServerOutcomeUnknownError,
+    TransientError,
+)
+
+_CH_ERROR = re.compile(r"Code:\s*(\d+)\.\s*(?:DB::Exception:\s*)?(.*?)(?:\s*\(([A-Z_0-9]+)\))?"
+                       r"(?:\s*\(version [^)]*\))?\s*$", re.DOTALL)
+
+#: ClickHouse error codes the project reacts to (ClickHouse's numbering).
+NOT_IMPLEMENTED = 48
+TABLE_ALREADY_EXISTS = 57
+UNKNOWN_TABLE = 60
+UNKNOWN_DATABASE = 81
+TOO_MANY_SIMULTANEOUS_QUERIES = 202
+NO_ZOOKEEPER = 225
+TABLE_IS_READ_ONLY = 242
+ALL_CONNECTION_TRIES_FAILED = 279
+SESSION_NOT_FOUND = 372
+SESSION_IS_LOCKED = 373
+INVALID_TRANSACTION = 649
+KEEPER_EXCEPTION = 999
+
+#: Codes whose query was refused before it ran: retrying cannot do anything twice.
+#: (SESSION_IS_LOCKED: another request holds the session; this one never started.)
+_REFUSED_BEFORE_RUNNING = frozenset({TOO_MANY_SIMULTANEOUS_QUERIES, NO_ZOOKEEPER, TABLE_IS_READ_ONLY,
+    ALL_CONNECTION_TRIES_FAILED, SESSION_IS_LOCKED})
+#: HTTP statuses that, without a ClickHouse exception, mean "not run, come back later".
+_BUSY_STATUSES = frozenset({429, 503})
+
+
+class RequestNotSentError(TransientError):
+    """The request never reached the server (refused, DNS, connect timeout)."""
+
+
+class ReplyLostError(OutcomeUnknownError):
+    """The request was (or may have been) sent, but no complete reply arrived."""
+
+
+class KeeperError(enum.Enum):
+    """The Keeper errors the protocol tells apart, by ``Coordination::errorMessage`` text."""
+
+    BAD_VERSION = "Bad version"
+    NODE_EXISTS = "Node exists"
+    NO_NODE = "No node"
+    CONNECTION_LOSS = "Connection loss"
+    SESSION_EXPIRED = "Session expired"
+    OPERATION_TIMEOUT = "Operation timeout"
+    NOT_CONNECTED = "All connection tries failed"
+
+
+#: Keeper errors after which a write may or may not have been applied.
+_KEEPER_OUTCOME_UNKNOWN = frozenset({KeeperError.CONNECTION_LOSS, KeeperError.SESSION_EXPIRED,
+                                     KeeperError.OPERATION_TIMEOUT})
+
+
+def parse_clickhouse_error(text: str) -> tuple[int | None, str | None, str]:
+    """Split ``Code: 60. DB::Exception: ... (UNKNOWN_TABLE)`` into (code, name, message)."""
+    text = text.strip()
+    m = _CH_ERROR.search(text)
+    if not m:
+        return None, None, text
+    return int(m.group(1)), m.group(3), m.group(2).strip()
+
+
+def keeper_error(code: int | None, message: str) -> KeeperError | None:
+    """The Keeper error of a ``KEEPER_EXCEPTION`` reply (None for any other reply).
+
+    ``NOT_CONNECTED`` is checked first: its text also names ``Connection loss``, but
+    no request reached Keeper.
+    """
+    if code != KEEPER_EXCEPTION:
+        return None
+    if KeeperError.NOT_CONNECTED.value in message:
+        return KeeperError.NOT_CONNECTED
+    return next((k for k in KeeperError if k.value in message), None)
+
+
+def is_keeper_error(exc: BaseException, kind: KeeperError) -> bool:
+    """True if ``exc`` is a server error carrying the Keeper error ``kind``."""
+    return isinstance(exc, ServerError) and keeper_error(exc.code, exc.message) is kind
+
+
+def transactions_unsupported(exc: BaseException) -> bool:
+    """True if ``exc`` is a server refusing transactions (no ``allow_experimental_transactions``)."""
+    return (isinstance(exc, ServerError) and exc.code == NOT_IMPLEMENTED
+            and "Transactions are not supported" in exc.message)
+
+
+def error_from_reply(status: int, header_code: str | None, body: str, *, what: str,
+                     xid: str | None) -> ClickHouseTxError:
+    """The error to raise for one failed reply; pure (no I/O), called once per failed request.
+
+    Parameters
+    ----------
+    status
+        HTTP status of the reply.
+    header_code
+        ``X-ClickHouse-Exception-Code`` header (None if absent): wins over the code
+        in the body, which a proxy may have rewritten.
+    body
+        The reply text (``Code: N. DB::Exception: ... (NAME)`` from ClickHouse).
+    what
+        A short label of the request for the message (no values, no URL).
+    xid
+        The session (transaction) the request ran in, if any.
+    """
+    code, name, message = parse_clickhouse_error(body)
+    if header_code and header_code.strip().isdigit():
+        code = int(header_code)
+    if not message:
+        message = f"HTTP {status}"
+    text = f"{what}: {message}"
+    if code is None and status in _BUSY_STATUSES:
+        return ServerBusyError(f"{text} (HTTP {status}: not run, try again later)", xid=xid,
+                               code=None, name=None)
+    keeper = keeper_error(code, message)
+    if code in _REFUSED_BEFORE_RUNNING or keeper is KeeperError.NOT_CONNECTED:
+        return ServerBusyError(text, xid=xid, code=code, name=name)
+    if keeper in _KEEPER_OUTCOME_UNKNOWN:
+        return ServerOutcomeUnknownError(text, xid=xid, code=code, name=name)
+    return ServerError(text, xid=xid, code=code, name=name)
+
+
+def error_from_connection(exc: requests.RequestException, *, what: str, server: str,
+                          request_timeout_s: float, xid: str | None) -> ClickHouseTxError:
+    """The error to raise for a request that got no complete reply; pure, once per failure.
+
+    Only a failure while connecting is "not sent" (:class:`RequestNotSentError`, retried
+    by the retry helper): a fresh connection to a stopped or restarting server is
+    refused. Everything later (reset, timeout, reply cut off) may have run on the
+    server: :class:`ReplyLostError`. urllib3 checks a pooled connection before reusing
+    it, so one closed by a restarted server is replaced by a new (refused) connection
+    rather than failing after the request was written. ``server`` is the safe URL.
+    """
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return RequestNotSentError(f"{what}: connect timeout to {server}", xid=xid)
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        if _never_connected(exc):
+            return RequestNotSentError(f"{what}: cannot connect to {server} ({_reason(exc)})", xid=xid)
+        return ReplyLostError(f"{what}: connection to {server} lost before the reply "
+                              f"({_reason(exc)})", xid=xid)
+    if isinstance(exc, requests.exceptions.Timeout):
+        return ReplyLostError(f"{what}: no reply from {server} within {request_timeout_s:g} s", xid=xid)
+    return ReplyLostError(f"{what}: reply from {server} cut off ({_reason(exc)})", xid=xid)
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """True when a ``requests`` ConnectionError happened while connecting."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (u3.NewConnectionError, u3.ConnectTimeoutError, ConnectionRefusedError)):
+            return True
+        if isinstance(e, u3.MaxRetryError):
+            stack.append(e.reason)
+        stack.extend(a for a in getattr(e, "args", ()) if isinstance(a, BaseException))
+        stack.append(e.__cause__)
+        stack.append(e.__context__)
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause's class name: never the URL (it carries query parameters)."""
+    e: BaseException = exc
+    while True:
+        nxt = getattr(e, "reason", None) or e.__cause__ or next(
+            (a for a in getattr(e, "args", ()) if isinstance(a, BaseException)), None)
+        if nxt is None or nxt is e or not isinstance(nxt, BaseException):
+            return type(e).__name__
+        e = nxt
+
+
+__all__ = [
+    "ALL_CONNECTION_TRIES_FAILED",
+    "INVALID_TRANSACTION",
+    "KEEPER_EXCEPTION",
+    "NOT_IMPLEMENTED",
+    "NO_ZOOKEEPER",
+    "SESSION_IS_LOCKED",
+    "SESSION_NOT_FOUND",
+    "TABLE_ALREADY_EXISTS",
+    "TABLE_IS_READ_ONLY",
+    "TOO_MANY_SIMULTANEOUS_QUERIES",
+    "UNKNOWN_DATABASE",
+    "UNKNOWN_TABLE",
+    "KeeperError",
+    "ReplyLostError",
+    "RequestNotSentError",
+    "error_from_connection",
+    "error_from_reply",
+    "is_keeper_error",
+    "keeper_error",
+    "transactions_unsupported",
+]
