@@ -6,8 +6,9 @@ restarts, unlike an open transaction.
 
 prepare (executor, once per partition attempt)
     ``CREATE TABLE <db>.<stage> AS <target>`` (stage = :func:`stage_name` of the
-    xid), stream the rows into it, ``OPTIMIZE TABLE <stage> FINAL`` (one part per
-    partition, so each MOVE moves one part), record the stage's partition ids in the
+    xid), stream the rows into it (no ``OPTIMIZE ... FINAL``: MOVE PARTITION moves all
+    parts of a partition at once, and merging a large partition's parts rewrote every
+    row once more: ``benchmarks/spark_write.py``), record the stage's partition ids in the
     stage table's COMMENT (durable: :meth:`rollback` uses it to refuse undoing a
     half-moved stage) and return them in ``details``. With dead letters
     (``bad_rows=dead_letter``) they go into a second stage beside the first,
@@ -113,7 +114,6 @@ class StagingMode(ModeBase):
             try:
                 if schema is not None:
                     c.insert_arrow_stream(stage, schema, counted)
-                    c.command(f"OPTIMIZE TABLE {stage} FINAL")
                 letters = self._stage_dead_letters(c, target, ctx, xid, converted)
                 partitions = self._partitions(c, target.database, stage_name(xid))
                 _record_plan(c, stage, {"clickhouse_tx_partitions": partitions})
@@ -135,7 +135,6 @@ class StagingMode(ModeBase):
         # A fresh stage (the target's xid): the rows' own dedup token is enough.
         n = write_dead_letters(c, converted, table=self.display(target), txn_id=ctx.txn_id,
                                batch=ctx.batch, partition=ctx.partition, xid=xid, stage=stage)
-        c.command(f"OPTIMIZE TABLE {stage} FINAL")
         _record_plan(c, stage, {"clickhouse_tx_partitions": self._partitions(c, target.database, name),
                                 "clickhouse_tx_into": list(plan.dead_letter_table)})
         return n
