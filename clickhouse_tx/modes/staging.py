@@ -143,22 +143,26 @@ class StagingMode(ModeBase):
     def commit(self, target: Target, p: Prepared) -> None:
         """Driver: move what is left of both stages, write the marker, drop the stages."""
         markers = self.markers(target)
+        # The prepare of this xid said it staged no dead letter (a message, not a
+        # registry entry, whose details may be empty): its dead-letter stage was never
+        # created, so two of the commit's round trips (its COMMENT, its DROP) are skipped.
+        letters = p.details.get("dead_letters") != 0
         with self.client(target) as c:
             try:
                 if markers.lookup(p.xid) is not None:
-                    self._drop_stages(c, target, p.xid)
+                    self._drop_stages(c, target, p.xid, letters=letters)
                     return
                 if self._comment(c, target.database, stage_name(p.xid)) is None:
                     raise NotCommittedError(f"stage table {target.database}.{stage_name(p.xid)} is "
                                             "gone and no marker exists: it was rolled back", xid=p.xid)
                 self._move(c, target.database, stage_name(p.xid), self.target_sql(target))
                 into = (_plan_of(self._comment(c, target.database, dead_letter_stage_name(p.xid)))
-                        .get("clickhouse_tx_into"))
+                        .get("clickhouse_tx_into")) if letters else None
                 if isinstance(into, list) and len(into) == 2:
                     self._move(c, target.database, dead_letter_stage_name(p.xid), q.qualified(*into))
                 markers.ensure_table()
                 markers.insert(p, client=c)
-                self._drop_stages(c, target, p.xid)
+                self._drop_stages(c, target, p.xid, letters=letters)
             except ReplyLostError as e:
                 raise OutcomeUnknownError(f"commit step lost its reply: {e.message}", xid=p.xid) from None
 
@@ -205,9 +209,12 @@ class StagingMode(ModeBase):
                       f"{q.quote_string(pid)} TO TABLE {into}")
 
     @staticmethod
-    def _drop_stages(c: ClickHouseHTTP, target: Target, xid: str, *, quiet: bool = False) -> None:
-        """Drop the dead-letter stage, then the stage (the one :meth:`lookup` reads goes last)."""
-        for name in (dead_letter_stage_name(xid), stage_name(xid)):
+    def _drop_stages(c: ClickHouseHTTP, target: Target, xid: str, *, quiet: bool = False,
+                     letters: bool = True) -> None:
+        """Drop the dead-letter stage (unless ``letters`` is False: none was created), then
+        the stage (the one :meth:`lookup` reads goes last)."""
+        names = (dead_letter_stage_name(xid), stage_name(xid)) if letters else (stage_name(xid),)
+        for name in names:
             try:
                 c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
             except Exception as exc:  # noqa: BLE001 - after a failed prepare: GC drops it later

@@ -307,6 +307,30 @@ def test_a_half_moved_stage_is_rolled_forward_and_cannot_be_rolled_back(
     assert committed_count(admin, target) == 4000
 
 
+def test_a_staging_commit_without_dead_letters_never_asks_for_a_dead_letter_stage(
+        admin: ClickHouseHTTP, database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two round trips of every staging commit (the dead-letter stage's COMMENT and DROP)
+    are skipped when the partition's prepare staged no dead letter."""
+    target = make_table(admin, database)
+    mode = StagingMode()
+    mode.validate(target, rows(1).schema)
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "stage-xid-nodl", batches(rows(400)))
+    assert p.details["dead_letters"] == 0
+    sent: list[str] = []
+    post = ClickHouseHTTP._post
+
+    def recording(self: ClickHouseHTTP, **kw: object) -> object:
+        sent.append(f"{kw['url_params']} {kw['data']!r}")
+        return post(self, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ClickHouseHTTP, "_post", recording)
+    mode.commit(target, p)
+    monkeypatch.undo()
+    assert sent and not [r for r in sent if "_ctx_dlstage_" in r]
+    assert committed_count(admin, target) == 400
+    assert stage_name(p.xid) not in tables(admin, database)
+
+
 def test_a_rolled_back_stage_is_not_committed(admin: ClickHouseHTTP, database: str) -> None:
     target = make_table(admin, database)
     mode = StagingMode()
