@@ -32,21 +32,22 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-import pyarrow as pa  # noqa: E402
-from pyspark.sql.datasource import (  # noqa: E402
+import pyarrow as pa
+from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 
-from benchmarks import http_trace  # noqa: E402
-from benchmarks.results_file import write_result  # noqa: E402
-from benchmarks.spark_write import _sql  # noqa: E402
+from benchmarks import http_trace
+from benchmarks.results_file import write_result
+from benchmarks.spark_write import _sql
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "batch_overhead.json"
@@ -66,10 +67,10 @@ class NoopStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Count:
         return _Count(sum(b.num_rows for b in iterator))
 
-    def commit(self, messages, batchId) -> None:  # type: ignore[override]  # noqa: N803
+    def commit(self, messages, batchId) -> None:  # type: ignore[override]
         pass
 
-    def abort(self, messages, batchId) -> None:  # type: ignore[override]  # noqa: N803
+    def abort(self, messages, batchId) -> None:  # type: ignore[override]
         pass
 
 
@@ -80,7 +81,7 @@ class NoopStreamSource(DataSource):
     def name(cls) -> str:
         return "noop_python_stream"
 
-    def streamWriter(self, schema, overwrite: bool) -> NoopStreamWriter:  # noqa: N802
+    def streamWriter(self, schema, overwrite: bool) -> NoopStreamWriter:
         return NoopStreamWriter()
 
 
@@ -204,7 +205,7 @@ def run(url: str, rows: int, batches: int, sinks: list[str], trace: bool) -> dic
 def _epoch(stamp: str) -> float:
     import datetime
 
-    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return datetime.datetime.fromisoformat(stamp).timestamp()
 
 
 def _report(results: dict[str, Any], rows: int, batches: int, trace: bool) -> dict[str, Any]:

@@ -15,8 +15,9 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 ENV = "CLICKHOUSE_TX_BENCH_TRACE"
 _lock = threading.Lock()
