@@ -3,7 +3,7 @@
 | mode | prepare (executor) | commit (driver) | guarantee |
 |---|---|---|---|
 | ``transaction`` | session ``xid``: BEGIN, INSERT, marker, no COMMIT | ``COMMIT`` in the session | exactly-once, atomic per partition |
-| ``staging`` | INSERT into a stage table, OPTIMIZE FINAL | MOVE PARTITION to the target, marker, DROP stage | exactly-once, per-partition moves |
+| ``staging`` | INSERT into a stage table | MOVE PARTITION to the target, marker, DROP stage | exactly-once, per-partition moves |
 | ``dedup`` | INSERT with deterministic ``insert_deduplication_token`` | marker | idempotent at-least-once |
 | ``none`` | plain INSERT | nothing | at-least-once baseline |
 

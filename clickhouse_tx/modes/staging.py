@@ -6,8 +6,9 @@ restarts, unlike an open transaction.
 
 prepare (executor, once per partition attempt)
     ``CREATE TABLE <db>.<stage> AS <target>`` (stage = :func:`stage_name` of the
-    xid), stream the rows into it, ``OPTIMIZE TABLE <stage> FINAL`` (one part per
-    partition, so each MOVE moves one part), record the stage's partition ids in the
+    xid), stream the rows into it (no ``OPTIMIZE ... FINAL``: MOVE PARTITION moves all
+    parts of a partition at once, and merging a large partition's parts rewrote every
+    row once more: ``benchmarks/spark_write.py``), record the stage's partition ids in the
     stage table's COMMENT (durable: :meth:`rollback` uses it to refuse undoing a
     half-moved stage) and return them in ``details``. With dead letters
     (``bad_rows=dead_letter``) they go into a second stage beside the first,
@@ -112,7 +113,6 @@ class StagingMode(ModeBase):
             try:
                 if schema is not None:
                     c.insert_arrow_stream(stage, schema, counted)
-                    c.command(f"OPTIMIZE TABLE {stage} FINAL")
                 letters = self._stage_dead_letters(c, target, ctx, xid, converted)
                 partitions = self._partitions(c, target.database, stage_name(xid))
                 _record_plan(c, stage, {"clickhouse_tx_partitions": partitions})
@@ -134,7 +134,6 @@ class StagingMode(ModeBase):
         # A fresh stage (the target's xid): the rows' own dedup token is enough.
         n = write_dead_letters(c, converted, table=self.display(target), txn_id=ctx.txn_id,
                                batch=ctx.batch, partition=ctx.partition, xid=xid, stage=stage)
-        c.command(f"OPTIMIZE TABLE {stage} FINAL")
         _record_plan(c, stage, {"clickhouse_tx_partitions": self._partitions(c, target.database, name),
                                 "clickhouse_tx_into": list(plan.dead_letter_table)})
         return n
@@ -143,22 +142,26 @@ class StagingMode(ModeBase):
     def commit(self, target: Target, p: Prepared) -> None:
         """Driver: move what is left of both stages, write the marker, drop the stages."""
         markers = self.markers(target)
+        # The prepare of this xid said it staged no dead letter (a message, not a
+        # registry entry, whose details may be empty): its dead-letter stage was never
+        # created, so two of the commit's round trips (its COMMENT, its DROP) are skipped.
+        letters = p.details.get("dead_letters") != 0
         with self.client(target) as c:
             try:
                 if markers.lookup(p.xid) is not None:
-                    self._drop_stages(c, target, p.xid)
+                    self._drop_stages(c, target, p.xid, letters=letters)
                     return
                 if self._comment(c, target.database, stage_name(p.xid)) is None:
                     raise NotCommittedError(f"stage table {target.database}.{stage_name(p.xid)} is "
                                             "gone and no marker exists: it was rolled back", xid=p.xid)
                 self._move(c, target.database, stage_name(p.xid), self.target_sql(target))
                 into = (_plan_of(self._comment(c, target.database, dead_letter_stage_name(p.xid)))
-                        .get("clickhouse_tx_into"))
+                        .get("clickhouse_tx_into")) if letters else None
                 if isinstance(into, list) and len(into) == 2:
                     self._move(c, target.database, dead_letter_stage_name(p.xid), q.qualified(*into))
                 markers.ensure_table()
                 markers.insert(p, client=c)
-                self._drop_stages(c, target, p.xid)
+                self._drop_stages(c, target, p.xid, letters=letters)
             except ReplyLostError as e:
                 raise OutcomeUnknownError(f"commit step lost its reply: {e.message}", xid=p.xid) from None
 
@@ -205,9 +208,12 @@ class StagingMode(ModeBase):
                       f"{q.quote_string(pid)} TO TABLE {into}")
 
     @staticmethod
-    def _drop_stages(c: ClickHouseHTTP, target: Target, xid: str, *, quiet: bool = False) -> None:
-        """Drop the dead-letter stage, then the stage (the one :meth:`lookup` reads goes last)."""
-        for name in (dead_letter_stage_name(xid), stage_name(xid)):
+    def _drop_stages(c: ClickHouseHTTP, target: Target, xid: str, *, quiet: bool = False,
+                     letters: bool = True) -> None:
+        """Drop the dead-letter stage (unless ``letters`` is False: none was created), then
+        the stage (the one :meth:`lookup` reads goes last)."""
+        names = (dead_letter_stage_name(xid), stage_name(xid)) if letters else (stage_name(xid),)
+        for name in names:
             try:
                 c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
             except Exception as exc:  # noqa: BLE001 - after a failed prepare: GC drops it later

@@ -307,6 +307,30 @@ def test_a_half_moved_stage_is_rolled_forward_and_cannot_be_rolled_back(
     assert committed_count(admin, target) == 4000
 
 
+def test_a_staging_commit_without_dead_letters_never_asks_for_a_dead_letter_stage(
+        admin: ClickHouseHTTP, database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two round trips of every staging commit (the dead-letter stage's COMMENT and DROP)
+    are skipped when the partition's prepare staged no dead letter."""
+    target = make_table(admin, database)
+    mode = StagingMode()
+    mode.validate(target, rows(1).schema)
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "stage-xid-nodl", batches(rows(400)))
+    assert p.details["dead_letters"] == 0
+    sent: list[str] = []
+    post = ClickHouseHTTP._post
+
+    def recording(self: ClickHouseHTTP, **kw: object) -> object:
+        sent.append(f"{kw['url_params']} {kw['data']!r}")
+        return post(self, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ClickHouseHTTP, "_post", recording)
+    mode.commit(target, p)
+    monkeypatch.undo()
+    assert sent and not [r for r in sent if "_ctx_dlstage_" in r]
+    assert committed_count(admin, target) == 400
+    assert stage_name(p.xid) not in tables(admin, database)
+
+
 def test_a_rolled_back_stage_is_not_committed(admin: ClickHouseHTTP, database: str) -> None:
     target = make_table(admin, database)
     mode = StagingMode()
@@ -320,10 +344,19 @@ def test_a_rolled_back_stage_is_not_committed(admin: ClickHouseHTTP, database: s
     assert committed_count(admin, target) == 0
 
 
+@pytest.mark.parametrize("block_rows", [None, 500], ids=["one_part_per_partition", "many_parts_per_partition"])
 def test_a_reader_during_move_partition_sees_whole_partitions_only(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
-    """Measures what a concurrent reader sees while staging commits (see docs/modes.md)."""
+        admin: ClickHouseHTTP, database: str, tmp_path: Path, block_rows: int | None) -> None:
+    """Measures what a concurrent reader sees while staging commits (see docs/modes.md).
+
+    The stage is not merged before its commit (no OPTIMIZE FINAL): with small insert
+    blocks each partition is several parts, and MOVE PARTITION must still move them at once.
+    """
     target = make_table(admin, database)
+    if block_rows is not None:
+        target = dataclasses.replace(target, settings={"max_insert_block_size": str(block_rows),
+                                                       "min_insert_block_size_rows": str(block_rows),
+                                                       "min_insert_block_size_bytes": "0"})
     mode = StagingMode()
     mode.validate(target, rows(1).schema)
     per_partition, commits = 2500, 12
@@ -338,6 +371,13 @@ def test_a_reader_during_move_partition_sees_whole_partitions_only(
     prepared = [mode.prepare(target, WriteContext(TXN, i, 0, 0), f"mv-xid-{i}",
                              batches(rows(per_partition * PARTITIONS, start=i * 1_000_000), 5000))
                 for i in range(commits)]
+    parts = int(admin.command(
+        "SELECT count() FROM system.parts WHERE database = {d:String} AND table = {t:String} "
+        "AND active", params={"d": database, "t": stage_name(prepared[0].xid)}).strip())
+    if block_rows is None:
+        assert parts >= PARTITIONS
+    else:
+        assert parts > PARTITIONS, f"the stage should hold several parts per partition, has {parts}"
     threads = [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
         t.start()

@@ -1,0 +1,262 @@
+"""Benchmark: the ``clickhouse_tx`` sink's fixed cost per micro-batch, each mode vs no-op sinks.
+
+The stream costs (almost) nothing to produce: Spark's ``rate-micro-batch`` source,
+8 partitions and ``--rows`` rows per micro-batch (default 80), trigger
+``processingTime=0`` (batches back to back), ``--batches`` micro-batches per sink
+after 3 warm-up batches. Sinks: ``noop`` (Spark's JVM no-op sink), ``noop_python``
+(a Python ``DataSourceStreamArrowWriter`` that only counts rows: the cost of Spark's
+Python data source machinery itself) and ``clickhouse_tx`` in modes ``none``,
+``transaction``, ``staging`` and ``dedup``.
+
+Per sink: the median and p90 of ``triggerExecution``, ``addBatch`` (the write and the
+driver's commit) and ``commitOffsets`` from ``StreamingQueryProgress.durationMs``, and
+``ratios`` (micro-batches per second of each mode over ``noop_python`` and ``none``).
+With ``--trace`` every ClickHouse HTTP request of the writer is recorded
+(:mod:`benchmarks.http_trace`): requests per micro-batch by role (driver, executor)
+and statement kind, and their summed time.
+
+    python -m benchmarks.batch_overhead                 # starts its own stack
+    python -m benchmarks.batch_overhead --trace --batches 20
+
+Writes ``benchmarks/results/batch_overhead.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from benchmarks import http_trace
+from benchmarks.results_file import write_result
+from benchmarks.spark_write import _sql
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "batch_overhead.json"
+MODES = ("none", "transaction", "staging", "dedup")
+WARMUP = 3
+PARTITIONS = 8
+
+
+class _Count(WriterCommitMessage):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+
+class NoopStreamWriter(DataSourceStreamArrowWriter):
+    """Executor: count the rows; driver: nothing (the cost of the Python machinery)."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> _Count:
+        return _Count(sum(b.num_rows for b in iterator))
+
+    def commit(self, messages, batchId) -> None:  # type: ignore[override]
+        pass
+
+    def abort(self, messages, batchId) -> None:  # type: ignore[override]
+        pass
+
+
+class NoopStreamSource(DataSource):
+    """``format("noop_python_stream")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "noop_python_stream"
+
+    def streamWriter(self, schema, overwrite: bool) -> NoopStreamWriter:
+        return NoopStreamWriter()
+
+
+def _trace_dir() -> Path:
+    """A directory with a ``sitecustomize.py`` that installs the HTTP trace in every worker."""
+    d = Path(tempfile.mkdtemp(prefix="bench_trace_"))
+    (d / "sitecustomize.py").write_text("from benchmarks import http_trace\nhttp_trace.install()\n")
+    return d
+
+
+def _spark(trace: Path | None):
+    from pyspark.sql import SparkSession
+
+    import spark_datasource
+
+    if trace is not None:
+        paths = [str(_trace_dir()), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        os.environ[http_trace.ENV] = str(trace)
+    spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-batch-overhead")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+             .config("spark.driver.memory", "1g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_datasource.register(spark)
+    spark.dataSource.register(NoopStreamSource)
+    return spark
+
+
+def _stream(spark, rows: int):
+    return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
+            .option("numPartitions", PARTITIONS).load()
+            .selectExpr("value AS id", "cast(value % 1000 AS int) AS k", "cast(value AS double) * 0.5 AS v"))
+
+
+def _run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, workdir: Path) -> list[dict]:
+    """Run one sink for WARMUP + ``batches`` micro-batches; the measured progress records."""
+    writer = _stream(spark, rows).writeStream.trigger(processingTime="0 seconds")
+    writer = writer.option("checkpointLocation", f"file://{workdir}/{sink}_{uuid.uuid4().hex[:6]}")
+    if sink == "noop":
+        writer = writer.format("noop")
+    elif sink == "noop_python":
+        writer = writer.format("noop_python_stream")
+    else:
+        settings = " SETTINGS non_replicated_deduplication_window = 1000" if sink == "dedup" else ""
+        _sql(url, f"CREATE TABLE {db}.{sink} (id Int64, k Int32, v Float64) "
+                  f"ENGINE = MergeTree ORDER BY id{settings}")
+        writer = (writer.format("clickhouse_tx").option("url", url).option("database", db)
+                  .option("table", sink).option("mode", sink)
+                  .option("allow_nullable_into_non_nullable", "true"))
+    query = writer.start()
+    try:
+        deadline = time.monotonic() + 60 + 10 * (batches + WARMUP)
+        while len([p for p in query.recentProgress if p.numInputRows]) < batches + WARMUP:
+            if query.exception() is not None:
+                raise RuntimeError(f"{sink}: {query.exception()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{sink}: {len(query.recentProgress)} micro-batches before the deadline")
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    progress = [json.loads(p.json) for p in query.recentProgress if p.numInputRows]
+    measured = progress[WARMUP:WARMUP + batches]
+    if sink in MODES:
+        got = int(_sql(url, f"SELECT count() FROM {db}.{sink} SETTINGS implicit_transaction = 1").strip())
+        want = sum(p["numInputRows"] for p in progress)
+        if got < want:  # batches past the last reported progress may have committed too
+            raise RuntimeError(f"{sink}: {got} rows in the table, the progress reports {want}")
+    return measured
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"median": statistics.median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))],
+            "min": ordered[0], "max": ordered[-1]}
+
+
+def _summary(progress: list[dict]) -> dict[str, Any]:
+    durations = {k: _stats([float(p["durationMs"].get(k, 0)) for p in progress])
+                 for k in ("triggerExecution", "addBatch", "commitOffsets", "walCommit",
+                           "queryPlanning", "latestOffset")}
+    wall = (time.mktime(time.strptime(progress[-1]["timestamp"][:19], "%Y-%m-%dT%H:%M:%S"))
+            - time.mktime(time.strptime(progress[0]["timestamp"][:19], "%Y-%m-%dT%H:%M:%S")))
+    return {"batches": len(progress), "durations_ms": durations,
+            "batches_per_s": 1000.0 / durations["triggerExecution"]["median"],
+            "rows_per_batch": progress[0]["numInputRows"], "wall_s_between_first_and_last": wall}
+
+
+def run(url: str, rows: int, batches: int, sinks: list[str], trace: bool) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="bench_overhead_"))
+    trace_file = workdir / "http_trace.jsonl" if trace else None
+    spark = _spark(trace_file)
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    _sql(url, f"CREATE DATABASE {db}")
+    results: dict[str, Any] = {}
+    try:
+        for sink in sinks:
+            start = time.time()
+            progress = _run_query(spark, sink, url, db, rows, batches, workdir)
+            results[sink] = _summary(progress)
+            if trace_file is not None:
+                first = progress[0]["batchId"]
+                last = progress[-1]["batchId"]
+                lines = [x for x in http_trace.read(trace_file) if x["t"] >= start]
+                # only requests of the measured batches: between the first measured batch's start
+                # and the end of the last one
+                t0 = _epoch(progress[0]["timestamp"])
+                t1 = _epoch(progress[-1]["timestamp"]) + progress[-1]["durationMs"]["triggerExecution"] / 1000
+                lines = [x for x in lines if t0 <= x["t"] <= t1]
+                results[sink]["http"] = http_trace.per_batch(lines, last - first + 1)
+            med = results[sink]["durations_ms"]
+            print(f"{sink}: triggerExecution {med['triggerExecution']['median']:.0f} ms, "
+                  f"addBatch {med['addBatch']['median']:.0f} ms (median of {len(progress)})", flush=True)
+    finally:
+        _sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
+        spark.stop()
+    return _report(results, rows, batches, trace)
+
+
+def _epoch(stamp: str) -> float:
+    import datetime
+
+    return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
+def _report(results: dict[str, Any], rows: int, batches: int, trace: bool) -> dict[str, Any]:
+    ratios: dict[str, float] = {}
+    for mode in MODES:
+        if mode not in results:
+            continue
+        for base in ("noop_python", "none"):
+            if base in results and base != mode:
+                ratios[f"{mode}_over_{base}"] = results[mode]["batches_per_s"] / results[base]["batches_per_s"]
+    fixed = {m: results[m]["durations_ms"]["triggerExecution"]["median"]
+             - results["noop_python"]["durations_ms"]["triggerExecution"]["median"]
+             for m in MODES if m in results and "noop_python" in results}
+    return {
+        "benchmark": "batch_overhead", "rows_per_batch": rows, "partitions": PARTITIONS,
+        "measured_batches": batches, "warmup_batches": WARMUP, "trigger": "processingTime=0",
+        "master": "local[2]", "traced": trace, "results": results, "ratios": ratios,
+        "sink_fixed_cost_ms_over_noop_python": fixed,
+        "targets": {"fixed_cost_ms": 300},
+        "targets_met": {f"{m}_fixed_cost_ms": v < 300 for m, v in fixed.items()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "note": "shared with other developers' jobs while measured (loaded)"},
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=80, help="rows per micro-batch")
+    ap.add_argument("--batches", type=int, default=20, help="measured micro-batches per sink")
+    ap.add_argument("--sinks", default="noop,noop_python," + ",".join(MODES))
+    ap.add_argument("--trace", action="store_true", help="record every ClickHouse HTTP request")
+    ap.add_argument("--url", help="ClickHouse HTTP url (default: start a private stack)")
+    ap.add_argument("--out", default=str(RESULT))
+    a = ap.parse_args(argv)
+    sinks = [s for s in a.sinks.split(",") if s]
+    if a.url:
+        report = run(a.url, a.rows, a.batches, sinks, a.trace)
+    else:
+        from server_patches.stack import start_stack, stop_stack
+
+        d = Path(tempfile.mkdtemp(prefix="bench_stack_"))
+        try:
+            report = run(start_stack(d).clickhouse_url, a.rows, a.batches, sinks, a.trace)
+        finally:
+            stop_stack(d, purge=True)
+    write_result(a.out, report)
+    print(json.dumps({"ratios": report["ratios"],
+                      "fixed_ms": report["sink_fixed_cost_ms_over_noop_python"]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
