@@ -29,8 +29,6 @@ stack serves every run; each run has its own topic, table and checkpoint.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 import tempfile
 import time
@@ -165,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"{cfg.events} events at {rate:g}/s ...", flush=True)
                     try:
                         r = run_pipeline(cfg)
-                    except Exception as e:  # noqa: BLE001 - record and go on with the sweep
+                    except Exception as e:  # record and go on with the sweep
                         print(f"    FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
                         runs.append({"mode": mode, "trigger_s": interval, "error": f"{type(e).__name__}: {e}"})
                         continue

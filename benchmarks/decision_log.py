@@ -26,7 +26,7 @@ def _fill(log: FileDecisionLog, n: int) -> None:
         log.mark_done(b)
 
 
-def _ms(fn, repeat: int) -> float:  # noqa: ANN001
+def _ms(fn, repeat: int) -> float:
     t = time.perf_counter()
     for _ in range(repeat):
         fn()

@@ -21,10 +21,10 @@ import tempfile
 import time
 from typing import Iterator
 
+import chdb
 import pyarrow as pa
 import requests
 
-import chdb
 from benchmarks.results_file import write_result
 
 DDL = "CREATE TABLE IF NOT EXISTS bench (id UInt64, ts DateTime64(3), payload String) ENGINE = MergeTree ORDER BY id"

@@ -25,11 +25,11 @@ import uuid
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from benchmarks.results_file import write_result
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches.stack import running_stack
-from benchmarks.results_file import write_result
 
 MODES = ("none", "transaction", "staging", "dedup")
 DDL = ("CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, ts DateTime64(3), payload String) "

@@ -41,9 +41,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import requests
 
+from benchmarks.results_file import write_result
 from benchmarks.streaming_job import TABLE_COLUMNS
 from clickhouse_tx.verify import ClickHouseReader, quote_ident, split_table, verify
-from benchmarks.results_file import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("transaction", "staging", "dedup", "none")
@@ -233,11 +233,10 @@ class JobLauncher:
         env["PYSPARK_DRIVER_PYTHON"] = sys.executable
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         idx = len(self.runs)
-        err = open(self.work / f"job-{idx}.stderr", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.streaming_job", *self.argv, *extra],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err,
-                                start_new_session=True, text=True, bufsize=1)
-        err.close()
+        with open(self.work / f"job-{idx}.stderr", "wb") as err:  # the child keeps its own descriptor
+            proc = subprocess.Popen([sys.executable, "-m", "benchmarks.streaming_job", *self.argv, *extra],
+                                    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err,
+                                    start_new_session=True, text=True, bufsize=1)
         run = JobRun(idx, fault, proc, time.monotonic())
         self.runs.append(run)
         threading.Thread(target=self._read, args=(run,), daemon=True).start()
@@ -329,7 +328,7 @@ class VisibilityPoller:
             try:
                 rows = self.reader.rows(f"SELECT `partition` AS p, max(`offset`) AS o FROM {self.src} GROUP BY p")
                 self.samples.append((t, {int(r["p"]): int(r["o"]) for r in rows}))
-            except Exception:  # noqa: BLE001 - a poll lost to a busy server is just a missed sample
+            except Exception:  # a poll lost to a busy server is just a missed sample
                 pass
             self._stop.wait(self.interval_s)
 
@@ -710,7 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - the CLI reports, the finally blocks clean up
+    except Exception as e:  # the CLI reports, the finally blocks clean up
         print(f"pipeline failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print(summary_table(result))

@@ -36,12 +36,14 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+import pyarrow as pa
+import requests
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-import pyarrow as pa  # noqa: E402
-import requests  # noqa: E402
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage  # noqa: E402
 from benchmarks.results_file import write_result
+
+# Read when the SparkSession starts its Python workers, not at import.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "spark_write.json"

@@ -114,7 +114,7 @@ def _idle(q: object) -> bool:
     """The query is up and waiting (Spark reports no progress for idle triggers at first)."""
     try:
         st = q.status  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - not started yet
+    except Exception:  # not started yet
         return False
     return not st.get("isTriggerActive") and str(st.get("message", "")).startswith("Waiting for")
 
@@ -171,8 +171,8 @@ def _clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
 
 def _plain_insert(url: str, table: str):
     """foreachBatch function: INSERT the batch as Arrow over HTTP (driver, once per batch)."""
-    import requests
     import pyarrow as pa
+    import requests
 
     from clickhouse_tx.verify import quote_ident, split_table
 
@@ -199,8 +199,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     a = _args(argv)
     end_offsets = json.loads(a.end_offsets) if a.end_offsets else None
     spark = build_session()
-    import spark_datasource
     from pyspark.sql import functions as F
+
+    import spark_datasource
 
     spark_datasource.register(spark)
     reader = (spark.readStream.format("kafka_py")

@@ -284,9 +284,8 @@ class _Parser:
                 raise self.fail(f"{name} takes (precision[, 'timezone'])")
             if not 0 <= args[0] <= 9:
                 raise self.fail(f"{name} precision must be 0..9")
-        elif name == "DateTime":
-            if len(args) > 1 or (args and not isinstance(args[0], str)):
-                raise self.fail("DateTime takes (['timezone'])")
+        elif name == "DateTime" and (len(args) > 1 or (args and not isinstance(args[0], str))):
+            raise self.fail("DateTime takes (['timezone'])")
         return CHType(name, args)
 
 

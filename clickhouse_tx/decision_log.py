@@ -323,7 +323,7 @@ class FileDecisionLog:
         if batch % self.compact_every == 0:
             try:
                 self.compact()
-            except Exception as exc:  # noqa: BLE001 - housekeeping never fails a commit
+            except Exception as exc:  # housekeeping never fails a commit
                 log.warning("compaction of %s failed (the next one retries): %s", self.directory, exc)
 
     def batches(self) -> Iterable[int]:

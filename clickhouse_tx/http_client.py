@@ -36,8 +36,7 @@ import pyarrow as pa
 import requests
 
 from clickhouse_tx import sql as q
-from clickhouse_tx.errors import (OutcomeUnknownError, ServerError, TransientError,
-                                  parse_clickhouse_error)
+from clickhouse_tx.errors import OutcomeUnknownError, ServerError, TransientError, parse_clickhouse_error
 from clickhouse_tx.interfaces import Target
 
 #: Error codes (ClickHouse's numbering) the modes react to.
@@ -175,7 +174,7 @@ class ClickHouseHTTP:
                                    timeout=(self.target.connect_timeout_s, self.target.request_timeout_s),
                                    headers={"Accept-Encoding": "gzip, deflate"})
             # Read the whole reply here so a connection dropped mid-body is a lost reply.
-            resp.content  # noqa: B018
+            _ = resp.content
         except requests.exceptions.ConnectTimeout:
             raise RequestNotSentError(f"{what}: connect timeout to {self.server}",
                                       xid=self.session_id) from None

@@ -17,8 +17,8 @@ import logging
 import time
 from typing import Callable, Collection, Iterable, Mapping, Sequence
 
-from clickhouse_tx.coordinator import TxOps, prepared_from_entry
 from clickhouse_tx import sql as q
+from clickhouse_tx.coordinator import TxOps, prepared_from_entry
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
@@ -135,7 +135,7 @@ def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO
                 done["rolled_back"].append(e.xid)
             elif state is TxState.COMMITTING:
                 done[_finish_committing(ops, e, log_for, cache)].append(e.xid)
-        except Exception as exc:  # noqa: BLE001 - one bad xid must not stop the pass
+        except Exception as exc:  # one bad xid must not stop the pass
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
     return RecoveryReport(tuple(done["committed"]), tuple(done["rolled_back"]), tuple(done["skipped"]), errors)
 
@@ -177,7 +177,7 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
                 continue
             if ops.abort(prepared_from_entry(e)):
                 rolled.append(e.xid)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
     forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors)
     _forget(registry, rolled, errors)
@@ -194,7 +194,7 @@ def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -
         return
     try:
         forget(list(xids))
-    except Exception as exc:  # noqa: BLE001 - reported, the next gc tries again
+    except Exception as exc:  # reported, the next gc tries again
         errors.update({x: f"forget: {type(exc).__name__}: {exc}" for x in xids})
 
 
@@ -221,7 +221,7 @@ def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: d
                 if as_state(e.state) is TxState.ABORTED:
                     ops.rollback(prepared_from_entry(e))  # idempotent: drops what a failed prepare left
                 out.append(e.xid)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors[e.xid] = f"{type(exc).__name__}: {exc}"
     _forget(registry, out, errors)
     return out
@@ -255,7 +255,7 @@ def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: Regis
             else:
                 mode_io.rollback(target, p)
             dropped.append(xid)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[xid] = f"{type(exc).__name__}: {exc}"
     return dropped
 
@@ -282,7 +282,7 @@ def _drop_overwrite_stages(target: Target, registry: RegistryIO, txn_ids: Collec
             with ClickHouseHTTP(target) as c:
                 c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
             dropped.append(name)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"
     return dropped
 

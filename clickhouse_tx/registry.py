@@ -33,16 +33,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import re
+import threading
 import time
 import uuid
 from typing import Callable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.errors import IllegalTransitionError, OutcomeUnknownError, ServerError
-from clickhouse_tx.http_client import (KEEPER_EXCEPTION, TABLE_ALREADY_EXISTS, ClickHouseHTTP,
-                                       ReplyLostError, safe_url)
+from clickhouse_tx.http_client import KEEPER_EXCEPTION, TABLE_ALREADY_EXISTS, ClickHouseHTTP, ReplyLostError, safe_url
 from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
 
 DEFAULT_TABLE = "clickhouse_tx_registry"

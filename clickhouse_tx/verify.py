@@ -36,9 +36,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import requests
 
-from clickhouse_tx.sql import quote_option_identifier
 from clickhouse_tx.errors import ConfigurationError, ServerError, parse_clickhouse_error
 from clickhouse_tx.markers import transactions_unsupported
+from clickhouse_tx.sql import quote_option_identifier
 
 MARKERS_TABLE = "clickhouse_tx_commits"
 #: At most this many rows of a kind are fetched to describe anomalies (counts stay exact).

@@ -14,8 +14,8 @@ Run: ``python -m server_patches.http_server --data-dir DIR --config-file FILE --
 from __future__ import annotations
 
 import argparse
-import collections
 import base64
+import collections
 import hmac
 import json
 import logging
@@ -567,16 +567,16 @@ class Handler(BaseHTTPRequestHandler):
     engine: Engine
     users: dict[str, str]
 
-    def log_message(self, fmt: str, *args) -> None:  # noqa: D102 - quiet by default
+    def log_message(self, fmt: str, *args) -> None:  # quiet by default
         log.debug("%s " + fmt, self.client_address[0], *args)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._handle(readonly=True)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._handle(readonly=False)
 
-    def do_OPTIONS(self) -> None:  # noqa: N802
+    def do_OPTIONS(self) -> None:
         self._reply(204, b"", {})
 
     # ------------------------------------------------------------------ plumbing
@@ -776,7 +776,7 @@ class Handler(BaseHTTPRequestHandler):
                 sql = m.group(1)[: -len(m.group(2))].decode().rstrip()
                 sql = re.sub(r"\s*FORMAT\s*$", "", sql, flags=re.I)
 
-                def data() -> Iterator[bytes]:
+                def data(rest: bytes = rest) -> Iterator[bytes]:
                     if rest:
                         yield rest
                     yield from body

@@ -252,7 +252,7 @@ def _control_handler(cluster: MockCluster) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         """``POST /topics`` {name, partitions}; ``POST /delete-records``; ``GET /health``."""
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass  # keep the launcher log for the broker
 
         def _reply(self, code: int, body: dict) -> None:
@@ -263,13 +263,13 @@ def _control_handler(cluster: MockCluster) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/health":
                 self._reply(200, {"bootstrap": cluster.bootstrap, "topics": cluster.topics})
             else:
                 self._reply(404, {"error": f"no such endpoint {self.path}"})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")

@@ -15,14 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Mapping, Union
+from typing import Mapping
 
 from clickhouse_tx.errors import ConfigurationError
 
 #: Offsets keyed by (topic, partition). -2 means earliest, -1 latest (Spark's JSON).
 TopicPartitionOffsets = Mapping[tuple[str, int], int]
 #: ``"earliest"``, ``"latest"`` or explicit offsets per topic-partition.
-OffsetSpec = Union[str, tuple[tuple[tuple[str, int], int], ...]]
+OffsetSpec = str | tuple[tuple[tuple[str, int], int], ...]
 
 EARLIEST = -2
 LATEST = -1

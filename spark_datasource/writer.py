@@ -179,11 +179,11 @@ class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
 
     streaming = True
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, once per micro-batch, in a fresh Python worker."""
         self._commit(messages, batchId)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, once per failed micro-batch."""
         self._abort(messages, batchId)
 
@@ -256,7 +256,7 @@ class ClickHouseTxDataSource(DataSource):
                  "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job")
         return ClickHouseTxBatchWriter(opts, schema, txn_id, plan)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
         """Driver, at query start and before every commit (fresh worker each time)."""
         opts, txn_id, plan = self._validated(schema, streaming=True)
         return ClickHouseTxStreamWriter(opts, schema, txn_id, plan)

@@ -34,8 +34,8 @@ import uuid
 from typing import TYPE_CHECKING, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.interfaces import Mode, Target
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,7 +97,7 @@ def _url(value: str) -> str:
     v = value.strip()
     try:
         parts = urlsplit(v)
-        parts.port  # raises ValueError on a non-numeric port
+        _ = parts.port  # raises ValueError on a non-numeric port
     except ValueError:
         raise _bad("url", _redact_url(v), "http(s)://host[:port]") from None
     if parts.username is not None or parts.password is not None:

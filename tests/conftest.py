@@ -16,13 +16,13 @@ from typing import Callable, Iterator
 
 import pytest
 
+from server_patches import stack as stack_mod
+from server_patches.stack import StackInfo
+
 # Spark's Python workers must run this interpreter (the venv with pyarrow), not
 # whatever `python3` is on PATH. Set before any test module creates a SparkSession.
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-
-from server_patches import stack as stack_mod  # noqa: E402
-from server_patches.stack import StackInfo  # noqa: E402
 
 
 def quote_ident(name: str) -> str:

@@ -48,7 +48,7 @@ def peek_schema(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Schema | None, It
     """
     it = iter(batches)
     for first in it:
-        def chained() -> Iterator[pa.RecordBatch]:
+        def chained(first: pa.RecordBatch = first) -> Iterator[pa.RecordBatch]:
             yield first
             yield from it
         return first.schema, chained()

@@ -6,11 +6,11 @@ from typing import Mapping
 
 import pyarrow as pa
 
+from clickhouse_tx import sql as q
 from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
 from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table
-from clickhouse_tx import sql as q
 
 
 class ModeBase:

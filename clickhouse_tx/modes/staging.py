@@ -42,8 +42,7 @@ import pyarrow as pa
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.dead_letters import write_dead_letters
-from clickhouse_tx.errors import (ConfigurationError, IllegalTransitionError, NotCommittedError,
-                                  OutcomeUnknownError)
+from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
@@ -211,7 +210,7 @@ class StagingMode(ModeBase):
         for name in (dead_letter_stage_name(xid), stage_name(xid)):
             try:
                 c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
-            except Exception as exc:  # noqa: BLE001 - after a failed prepare: GC drops it later
+            except Exception as exc:  # after a failed prepare: GC drops it later
                 if not quiet:
                     raise
                 log.info("could not drop stage %s after a failed prepare: %s", name, exc)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from kafka import KafkaProducer
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import create_topic, delete_records, start_broker, stop_broker
@@ -37,7 +38,6 @@ from spark_datasource.kafka_reader import (
     read_range,
     to_json_offsets,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 # ------------------------------------------------------------------ pure planning
 

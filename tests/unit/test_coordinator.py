@@ -22,7 +22,6 @@ from clickhouse_tx.errors import (
 from clickhouse_tx.interfaces import CommitOutcome, Decision, Mode, Prepared, RegistryEntry, WriteContext
 from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.state import TxState
-
 from tests.unit.fakes import TARGET, Crash, FaultPlan, World, arrow_batches
 
 ROWS = 5

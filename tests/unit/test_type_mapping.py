@@ -6,13 +6,14 @@ import pickle
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from clickhouse_tx.errors import ConfigurationError
-from spark_datasource.table_ddl import create_table_sql, quote_identifier
 from clickhouse_tx.chtypes import CHType, parse_clickhouse_type
+from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.schema import Column, TableInfo, check_schema
+from spark_datasource.table_ddl import create_table_sql, quote_identifier
 from spark_datasource.type_mapping import arrow_to_clickhouse, spark_schema_to_arrow, spark_to_clickhouse
 
 # ---------------------------------------------------------------- Spark -> ClickHouse
