@@ -28,9 +28,13 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from clickhouse_tx.errors import ClickHouseTxError
+
+if TYPE_CHECKING:  # imported where used: `python -m clickhouse_tx --help` stays quick
+    from clickhouse_tx.interfaces import Target
+    from clickhouse_tx.registry import KeeperMapRegistry
 
 EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
 
@@ -102,11 +106,11 @@ class _ModeView:
         self.inner = inner
         self.mode = mode
 
-    def list_open(self, older_than_s: float | None = None) -> list:
+    def list_open(self, older_than_s: float | None = None) -> list[Any]:
         return [e for e in self.inner.list_open(older_than_s)  # type: ignore[attr-defined]
                 if getattr(e.mode, "value", e.mode) == self.mode]
 
-    def list_txn(self, txn_id: str) -> list:
+    def list_txn(self, txn_id: str) -> list[Any]:
         return [e for e in self.inner.list_txn(txn_id)  # type: ignore[attr-defined]
                 if getattr(e.mode, "value", e.mode) == self.mode]
 
@@ -114,7 +118,7 @@ class _ModeView:
         return getattr(self.inner, name)
 
 
-def _registry_and_target(args: argparse.Namespace):  # -> (registry, Target)
+def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, Target]:
     from clickhouse_tx.factory import build_registry
     from clickhouse_tx.interfaces import Target
     from clickhouse_tx.verify import split_table
@@ -130,7 +134,7 @@ def _status(args: argparse.Namespace) -> int:
 
     registry, _ = _registry_and_target(args)
     s = status_summary(registry)
-    doc = {"open_by_state": dict(s.open_by_state), "in_doubt": list(s.in_doubt),
+    doc: dict[str, Any] = {"open_by_state": dict(s.open_by_state), "in_doubt": list(s.in_doubt),
            "oldest_open_age_s": s.oldest_open_age_s, "by_txn": dict(s.by_txn)}
     if args.txn_id:
         doc["by_txn"] = {k: v for k, v in doc["by_txn"].items() if k == args.txn_id}
@@ -185,7 +189,7 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
     view = _ModeView(registry, args.mode)
     checkpoint = args.checkpoint
 
-    def log_for(txn_id: str):  # -> FileDecisionLog | None
+    def log_for(txn_id: str) -> FileDecisionLog | None:
         return FileDecisionLog(checkpoint, txn_id) if checkpoint and txn_id in txn_ids else None
 
     mode_io = build_mode_io(args.mode)

@@ -93,7 +93,8 @@ class Arbiter(Protocol):
 def _filesystem(root_uri: str) -> tuple[pafs.FileSystem, str]:
     if "://" not in root_uri:
         return pafs.LocalFileSystem(), os.path.abspath(root_uri)
-    return pafs.FileSystem.from_uri(root_uri)
+    fs, path = pafs.FileSystem.from_uri(root_uri)
+    return fs, path
 
 
 class FileDecisionLog:
@@ -167,7 +168,7 @@ class FileDecisionLog:
         return [i.base_name for i in infos if i.type == pafs.FileType.File]
 
     def _exists(self, path: str) -> bool:
-        return self._fs.get_file_info(path).type != pafs.FileType.NotFound
+        return bool(self._fs.get_file_info(path).type != pafs.FileType.NotFound)
 
     # -- publishing --------------------------------------------------------------------
     def _publish(self, path: str, data: bytes) -> bool:

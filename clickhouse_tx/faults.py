@@ -22,11 +22,14 @@ import dataclasses
 import os
 import signal
 import threading
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
-from .interfaces import CommitModeIO, Decision, DecisionLogIO, Prepared, Target, WriteContext
+from .interfaces import CommitModeIO, CommitOutcome, Decision, DecisionLogIO, Prepared, Target, WriteContext
+
+if TYPE_CHECKING:  # imported where used: the coordinator imports this module
+    from .coordinator import Coordinator
 
 KILL_PGID_ENV = "CLICKHOUSE_TX_KILL_PGID"
 
@@ -105,10 +108,10 @@ class FaultyDecisionLog:
         self.plan.hit("before_mark_done", batch)
         self.inner.mark_done(batch)
 
-    def batches(self):
+    def batches(self) -> Iterable[int]:
         return self.inner.batches()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
@@ -142,14 +145,14 @@ class FaultyModeIO:
     def rollback(self, target: Target, p: Prepared) -> None:
         self.inner.rollback(target, p)
 
-    def lookup(self, target: Target, p: Prepared):
+    def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         return self.inner.lookup(target, p)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
-def with_faults(coordinator, plan: FaultPlan):
+def with_faults(coordinator: Coordinator, plan: FaultPlan) -> Coordinator:
     """The same coordinator with its mode I/O and decision log wrapped by ``plan``."""
     from .coordinator import Coordinator
 

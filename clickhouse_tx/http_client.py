@@ -30,7 +30,7 @@ import io
 import json
 import re
 import urllib.parse
-from typing import Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NoReturn
 
 import pyarrow as pa
 import requests
@@ -81,7 +81,7 @@ class _PendingBytes(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:  # type: ignore[override]
+    def write(self, b: Any) -> int:
         data = bytes(b)
         self._chunks.append(data)
         return len(data)
@@ -135,7 +135,7 @@ class ClickHouseHTTP:
     def __repr__(self) -> str:
         return f"ClickHouseHTTP(url={self.server!r}, session_id={self.session_id!r})"
 
-    def __reduce__(self):  # pragma: no cover - guard
+    def __reduce__(self) -> NoReturn:  # pragma: no cover - guard
         raise TypeError("ClickHouseHTTP holds connections and is not picklable; pickle the Target")
 
     def close(self) -> None:
@@ -145,7 +145,7 @@ class ClickHouseHTTP:
     def __enter__(self) -> "ClickHouseHTTP":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ requests
@@ -157,10 +157,10 @@ class ClickHouseHTTP:
             out["database"] = self.database
         for k, v in (self.target.settings or {}).items():
             out[str(k)] = _setting_text(v)
-        for k, v in (settings or {}).items():
-            out[str(k)] = _setting_text(v)
-        for k, v in (params or {}).items():
-            out[f"param_{k}"] = q.format_param(v)
+        for name, value in (settings or {}).items():
+            out[str(name)] = _setting_text(value)
+        for name, value in (params or {}).items():
+            out[f"param_{name}"] = q.format_param(value)
         if self.session_id is not None:
             out["session_id"] = self.session_id
             out["session_timeout"] = str(session_timeout if session_timeout is not None else self.session_timeout)
@@ -168,7 +168,7 @@ class ClickHouseHTTP:
                 out["session_check"] = "1"
         return out
 
-    def _post(self, *, url_params: dict[str, str], data, what: str) -> requests.Response:
+    def _post(self, *, url_params: dict[str, str], data: Any, what: str) -> requests.Response:
         try:
             resp = self._http.post(self._endpoint, params=url_params, data=data,
                                    timeout=(self.target.connect_timeout_s, self.target.request_timeout_s),
@@ -221,7 +221,7 @@ class ClickHouseHTTP:
 
     def query_json(self, sql: str, params: Mapping[str, object] | None = None,
                    settings: Mapping[str, object] | None = None, *,
-                   session_check: bool = False) -> list[dict]:
+                   session_check: bool = False) -> list[dict[str, Any]]:
         """Run a SELECT and return its rows as dicts; 64-bit integers come back as ints.
 
         Uses ``FORMAT JSONCompactEachRowWithNamesAndTypes`` and converts by the column
@@ -295,7 +295,7 @@ _BIG_INT = re.compile(r"^(?:Nullable\()?U?Int(?:64|128|256)\)?$")
 _BIG_INT_ARRAY = re.compile(r"^Array\((?:Nullable\()?U?Int(?:64|128|256)\)?\)$")
 
 
-def _converter(ch_type: str):
+def _converter(ch_type: str) -> Callable[[Any], Any] | None:
     """How to turn a JSON value of ``ch_type`` into Python (64-bit+ ints arrive quoted)."""
     if _BIG_INT.match(ch_type):
         return lambda v: int(v) if isinstance(v, str) else v

@@ -31,14 +31,16 @@ def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     # ``location`` is canonical (ids.canonical_location): an absolute path or a URI.
     if "://" not in location:
         return pafs.LocalFileSystem(), location
-    return pafs.FileSystem.from_uri(location)
+    fs, path = pafs.FileSystem.from_uri(location)
+    return fs, path
 
 
 def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     with fs.open_input_stream(path) as f:
-        return f.read()
+        data: bytes = f.read()
+        return data
 
 
 def spark_query_id(checkpoint: str) -> str:

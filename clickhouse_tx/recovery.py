@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.coordinator import TxOps, prepared_from_entry
@@ -34,6 +34,9 @@ from clickhouse_tx.interfaces import (
 from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, is_overwrite_stage_of, tables_named
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState, as_state
+
+#: (reachable, decision) per (txn_id, batch), for one recovery pass.
+_DecisionCache = dict[tuple[str, int], tuple[bool, "Decision | None"]]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ class StatusSummary:
     by_txn: Mapping[str, int]
 
 
-def _decision_of(log_for: LogFor, cache: dict, e: RegistryEntry) -> tuple[bool, Decision | None]:
+def _decision_of(log_for: LogFor, cache: _DecisionCache, e: RegistryEntry) -> tuple[bool, Decision | None]:
     """(reachable, decision) of the entry's batch, cached per (txn_id, batch)."""
     key = (e.txn_id, e.batch)
     if key not in cache:
@@ -81,7 +84,7 @@ def _theirs(entries: Iterable[RegistryEntry], txn_ids: Collection[str] | None) -
     return [e for e in entries if txn_ids is None or e.txn_id in txn_ids]
 
 
-def _finish_committing(ops: TxOps, e: RegistryEntry, log_for: LogFor, cache: dict) -> str:
+def _finish_committing(ops: TxOps, e: RegistryEntry, log_for: LogFor, cache: _DecisionCache) -> str:
     """Settle one COMMITTING xid; returns "committed", "rolled_back" or "skipped".
 
     COMMITTING means the xid's query decided it: only that decision may roll it back
@@ -126,7 +129,7 @@ def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO
     ops = _ops(target, mode_io, registry, retry, clock)
     done: dict[str, list[str]] = {"committed": [], "rolled_back": [], "skipped": []}
     errors: dict[str, str] = {}
-    cache: dict = {}
+    cache: _DecisionCache = {}
     for e in _theirs(registry.list_open(None), txn_ids):
         try:
             state = as_state(e.state)
@@ -166,7 +169,7 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
     """
     ops = _ops(target, mode_io, registry, retry, clock)
     rolled, skipped, errors = [], [], {}
-    cache: dict = {}
+    cache: _DecisionCache = {}
     for e in _theirs(registry.list_open(older_than_s), txn_ids):
         if as_state(e.state) is not TxState.INITIALIZED:
             continue
@@ -198,7 +201,7 @@ def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -
         errors.update({x: f"forget: {type(exc).__name__}: {exc}" for x in xids})
 
 
-def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: dict,
+def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: _DecisionCache,
                      txn_ids: Collection[str] | None, older_than_s: float, clock: Callable[[], float],
                      errors: dict[str, str]) -> list[str]:
     """Pass 2 of :func:`gc_stale`: the finished entries no replay will read; forgets them."""

@@ -48,7 +48,7 @@ class RetryPolicy:
 
     def backoff_cap(self, failed_attempts: int) -> float:
         """Upper bound of the sleep after ``failed_attempts`` failures (>= 1)."""
-        return min(self.max_delay_s, self.base_delay_s * (2 ** (failed_attempts - 1)))
+        return min(self.max_delay_s, self.base_delay_s * float(2 ** (failed_attempts - 1)))
 
 
 #: Retries nothing: for tests and for operations that must not be repeated.

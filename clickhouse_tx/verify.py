@@ -136,7 +136,7 @@ class Anomaly:
     count: int
     detail: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -153,7 +153,7 @@ class PartitionSummary:
     expected_start: int | None = None
     expected_end: int | None = None  # exclusive: the next offset to be produced
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -187,7 +187,7 @@ class VerifyReport:
         """Offsets that should be stored and are not."""
         return self.count("gap")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         kinds = sorted({a.kind for a in self.anomalies})
         return {
             "table": self.table,
@@ -252,7 +252,7 @@ def parse_expected(spec: str | Mapping[str, Mapping[str, object]] | None) -> dic
                 if isinstance(v, (list, tuple)) and len(v) == 2:
                     start, end = int(v[0]), int(v[1])
                 else:
-                    start, end = 0, int(v)  # type: ignore[arg-type]
+                    start, end = 0, int(v)
                 part = int(p)
             except (TypeError, ValueError):
                 raise ConfigurationError(f"--expected: {topic!r}[{p!r}] = {v!r} is not an offset "
@@ -521,8 +521,9 @@ def verify(url: str, table: str, *, topic_col: str | None = "topic", partition_c
         ch.close()
 
 
-def _marker_filter(db: str, t: str, mtypes: Mapping[str, str], txn_id: str | None) -> tuple[str, dict]:
-    conds, params = [], {}
+def _marker_filter(db: str, t: str, mtypes: Mapping[str, str], txn_id: str | None) -> tuple[str, dict[str, Any]]:
+    conds: list[str] = []
+    params: dict[str, Any] = {}
     if "table" in mtypes:
         # markers name the target as "db.table" or as the bare table
         conds.append("(`table` = {mt_full:String} OR `table` = {mt_bare:String})")

@@ -34,7 +34,7 @@ import collections
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 
@@ -263,7 +263,7 @@ class DedupMode(ModeBase):
         converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
-        seen: collections.Counter = collections.Counter()
+        seen: collections.Counter[Any] = collections.Counter()
         first_block: int | None = None
         if schema is not None:
             cutter = Rechunker(counted, self.chunk_rows)
