@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from typing import Any
 
 from benchmarks.results_file import write_result
 from clickhouse_tx.decision_log import FileDecisionLog
@@ -33,7 +34,7 @@ def _ms(fn, repeat: int) -> float:
     return (time.perf_counter() - t) / repeat * 1000
 
 
-def measure(n: int, repeat: int) -> dict:
+def measure(n: int, repeat: int) -> dict[str, Any]:
     """Milliseconds per read and per full listing with ``n`` done batches in the log."""
     with tempfile.TemporaryDirectory() as d:
         log = FileDecisionLog(d, "bench", compact_every=10**9)

@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import requests
 
@@ -172,10 +172,10 @@ class JobRun:
 
     index: int
     fault: str | None
-    proc: subprocess.Popen
+    proc: subprocess.Popen[Any]
     started: float
-    progress: list[dict] = dataclasses.field(default_factory=list)
-    done: dict | None = None
+    progress: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    done: dict[str, Any] | None = None
     ready: bool = False
     killed_by_us: bool = False
     ended: float | None = None
@@ -221,7 +221,7 @@ class JobLauncher:
     """Starts :mod:`benchmarks.streaming_job` in its own session; parses its stdout."""
 
     def __init__(self, argv: Sequence[str], work: Path,
-                 on_line: Callable[[JobRun, str, dict], None] | None = None) -> None:
+                 on_line: Callable[[JobRun, str, dict[str, Any]], None] | None = None) -> None:
         self.argv = list(argv)
         self.work = work
         self.on_line = on_line
@@ -445,7 +445,7 @@ def _servers(cfg: PipelineConfig, work: Path, say: Callable[[str], None]) -> Ite
         stack_mod.stop_stack(d)
 
 
-def run_pipeline(cfg: PipelineConfig) -> dict:
+def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     """Run the whole demo once and return its figures (what ``--json`` writes)."""
     if cfg.mode not in MODES:
         raise ValueError(f"--mode must be one of {', '.join(MODES)} (got {cfg.mode!r})")
@@ -492,7 +492,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
             total = cfg.events
             state = {"committed": 0, "t0": time.monotonic()}
 
-            def on_line(run: JobRun, kind: str, doc: dict) -> None:
+            def on_line(run: JobRun, kind: str, doc: dict[str, Any]) -> None:
                 if kind != "PROGRESS":
                     return
                 end = (doc.get("end_offset") or {}).get(topic, {})
@@ -504,7 +504,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
 
             launcher = JobLauncher(argv, work, on_line)
             pending = list(crashes)
-            crashes_done: list[dict] = []
+            crashes_done: list[dict[str, Any]] = []
             poller = VisibilityPoller(url, table, cfg.latency_poll_s) if cfg.measure_latency else None
             latency_since: float | None = None
             with (poller if poller else contextlib.nullcontext()):
@@ -552,7 +552,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
                         crashes_done.append({"run": run.index, "point": fault or "random",
                                              "after_s": round((run.ended or time.monotonic()) - run.started, 2),
                                              "committed_before": state["committed"]})
-                        say(f"  ** crash {len(crashes_done)}: SIGKILL {'at ' + fault if fired else 'from outside'}"
+                        say(f"  ** crash {len(crashes_done)}: SIGKILL {f'at {fault}' if fired else 'from outside'}"
                             f" after {crashes_done[-1]['after_s']} s (exit {rc}); restarting on the same checkpoint")
                         pending.pop(0)
                         continue
@@ -650,7 +650,7 @@ def summary_table(r: Mapping[str, object]) -> str:
         ("mean write+commit", f"{r['mean_write_commit_ms']} ms per batch"),
     ]
     if r.get("latency_ms"):
-        lat = r["latency_ms"]  # type: ignore[index]
+        lat = r["latency_ms"]
         rows.append(("latency p50/p99", f"{lat['p50']:.0f} / {lat['p99']:.0f} ms" if lat["p50"] is not None else "-"))  # type: ignore[index]
     w = max(len(k) for k, _ in rows)
     line = "+" + "-" * (w + 2) + "+" + "-" * 40 + "+"

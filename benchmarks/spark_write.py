@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import requests
@@ -67,10 +67,10 @@ class NoopArrowWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Count:
         return _Count(sum(b.num_rows for b in iterator))
 
-    def commit(self, messages) -> None:  # type: ignore[override]
+    def commit(self, messages) -> None:
         pass
 
-    def abort(self, messages) -> None:  # type: ignore[override]
+    def abort(self, messages) -> None:
         pass
 
 
@@ -116,12 +116,12 @@ def _spark():
     return spark
 
 
-def run_typed(url: str, rows: int, repeat: int) -> dict:
+def run_typed(url: str, rows: int, repeat: int) -> dict[str, Any]:
     """The same job into a table of other column types vs one matching Spark's (transaction)."""
     spark = _spark()
     db = f"bench_{uuid.uuid4().hex[:8]}"
     _sql(url, f"CREATE DATABASE {db}")
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, Any]] = {}
     try:
         _typed_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
         for i in range(repeat):
@@ -157,22 +157,22 @@ def run_typed(url: str, rows: int, repeat: int) -> dict:
     }
 
 
-def run(url: str, rows: int, repeat: int) -> dict:
+def run(url: str, rows: int, repeat: int) -> dict[str, Any]:
     spark = _spark()
     db = f"bench_{uuid.uuid4().hex[:8]}"
     _sql(url, f"CREATE DATABASE {db}")
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, Any]] = {}
     try:
         _frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
-        best = None
+        best = float("inf")
         for _ in range(repeat):
             t = time.perf_counter()
             _frame(spark, rows).write.format("noop_arrow").mode("append").save()
-            best = min(best or 1e9, time.perf_counter() - t)
+            best = min(best, time.perf_counter() - t)
         results["noop"] = {"seconds": best, "rows_per_s": rows / best}
         print(f"noop: {rows / best:,.0f} rows/s", flush=True)
         for mode in MODES:
-            best = None
+            best = float("inf")
             for i in range(repeat):
                 table = f"{mode}_{i}"
                 settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""
@@ -187,7 +187,7 @@ def run(url: str, rows: int, repeat: int) -> dict:
                 if got != rows:
                     raise RuntimeError(f"mode {mode}: {got} rows in the table, expected {rows}")
                 _sql(url, f"DROP TABLE {db}.{table} SYNC")
-                best = min(best or 1e9, elapsed)
+                best = min(best, elapsed)
             results[mode] = {"seconds": best, "rows_per_s": rows / best}
             print(f"{mode}: {rows / best:,.0f} rows/s", flush=True)
     finally:

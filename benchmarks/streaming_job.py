@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import time
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 #: The JSON each event carries (see :func:`benchmarks.pipeline.event_json`).
 EVENT_SCHEMA = "event_id LONG, user_id LONG, amount DOUBLE, ts LONG"
@@ -103,7 +103,7 @@ def reached(end_offsets: Mapping[str, Mapping[str, int]], committed: Mapping[str
     return True
 
 
-def _as_dict(p: object) -> dict:
+def _as_dict(p: object) -> dict[str, Any]:
     """A StreamingQueryProgress (pyspark 4: an object with ``.json``) or a dict, as a dict."""
     if isinstance(p, dict):
         return p
@@ -124,11 +124,11 @@ def _emit(kind: str, doc: Mapping[str, object]) -> None:
     sys.stdout.flush()
 
 
-def progress_line(p: Mapping[str, object]) -> dict:
+def progress_line(p: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a ``StreamingQueryProgress`` the pipeline shows and records."""
-    src = (p.get("sources") or [{}])[0]  # type: ignore[index]
+    src = (p.get("sources") or [{}])[0]
     dur = p.get("durationMs") or {}
-    end = src.get("endOffset")  # type: ignore[union-attr]
+    end = src.get("endOffset")
     if isinstance(end, str):
         end = json.loads(end)
     return {
@@ -136,9 +136,9 @@ def progress_line(p: Mapping[str, object]) -> dict:
         "rows": p.get("numInputRows"),
         "input_rps": p.get("inputRowsPerSecond"),
         "processed_rps": p.get("processedRowsPerSecond"),
-        "add_batch_ms": dur.get("addBatch"),  # type: ignore[union-attr]
-        "trigger_ms": dur.get("triggerExecution"),  # type: ignore[union-attr]
-        "wal_commit_ms": dur.get("walCommit"),  # type: ignore[union-attr]
+        "add_batch_ms": dur.get("addBatch"),
+        "trigger_ms": dur.get("triggerExecution"),
+        "wal_commit_ms": dur.get("walCommit"),
         "timestamp": p.get("timestamp"),
         "end_offset": end,
         "wall": time.time(),

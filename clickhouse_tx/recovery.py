@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.coordinator import TxOps, prepared_from_entry

@@ -28,7 +28,7 @@ import time
 import uuid
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlsplit
 
 import chdb
@@ -306,7 +306,7 @@ class Engine:
         self.dsn = f"file:{data_dir}" + (f"?config-file={config_file}" if config_file else "")
         self.max_session_timeout = max_session_timeout
         self.default_session_timeout = default_session_timeout
-        self._pool: "collections.OrderedDict[tuple, list[EngineConnection]]" = collections.OrderedDict()
+        self._pool: "collections.OrderedDict[tuple[Any, ...], list[EngineConnection]]" = collections.OrderedDict()
         self._pool_lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
@@ -327,7 +327,7 @@ class Engine:
         self._reaper.start()
 
     # pooled connections, keyed by (database, settings): each configured once
-    def borrow(self, settings: dict[str, str], database: str | None) -> tuple[EngineConnection, tuple]:
+    def borrow(self, settings: dict[str, str], database: str | None) -> tuple[EngineConnection, tuple[Any, ...]]:
         key = (database or "default", tuple(sorted(settings.items())))
         with self._pool_lock:
             idle = self._pool.get(key)
@@ -342,7 +342,7 @@ class Engine:
             raise
         return conn, key
 
-    def give_back(self, conn: EngineConnection, key: tuple, healthy: bool = True) -> None:
+    def give_back(self, conn: EngineConnection, key: tuple[Any, ...], healthy: bool = True) -> None:
         if not healthy or conn.dirty or self._stop.is_set():
             conn.close()
             return
@@ -352,11 +352,12 @@ class Engine:
             self._pool.move_to_end(key)
             if len(idle) < 8:
                 idle.append(conn)
-                conn = None
+            else:
+                evicted.append(conn)
             while sum(len(v) for v in self._pool.values()) > 64:
                 _, oldest = self._pool.popitem(last=False)
                 evicted.extend(oldest)
-        for c in evicted + ([conn] if conn else []):
+        for c in evicted:
             c.close()
 
     # sessions
@@ -464,8 +465,8 @@ def _decoder(encoding: str) -> Callable[[bytes], bytes] | None:
     if enc == "zstd":
         import zstandard
 
-        d = zstandard.ZstdDecompressor().decompressobj()
-        return d.decompress
+        zd = zstandard.ZstdDecompressor().decompressobj()
+        return zd.decompress
     if enc == "lz4":
         import lz4.frame
 
@@ -785,9 +786,8 @@ class Handler(BaseHTTPRequestHandler):
             if len(head) > _MAX_INSERT_HEAD:
                 break
         text = head.decode(errors="replace")
-        if _INSERT_HEAD.match(text) and _FORMAT_TAIL.search(text):
-            m = _FORMAT_TAIL.search(text)
-            return text[: m.start()].rstrip(), m.group(1), iter(())
+        if _INSERT_HEAD.match(text) and (tail := _FORMAT_TAIL.search(text)):
+            return text[: tail.start()].rstrip(), tail.group(1), iter(())
         return text, None, None
 
     @staticmethod

@@ -50,7 +50,7 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _RD_KAFKA_PRODUCER = 0
@@ -255,7 +255,7 @@ def _control_handler(cluster: MockCluster) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: object) -> None:
             pass  # keep the launcher log for the broker
 
-        def _reply(self, code: int, body: dict) -> None:
+        def _reply(self, code: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -378,7 +378,7 @@ def delete_records(control_url: str, topic: str, partition: int, before: int,
           {"topic": topic, "partition": partition, "before": before}, timeout_s)
 
 
-def _post(control_url: str, path: str, body: dict, timeout_s: float) -> None:
+def _post(control_url: str, path: str, body: dict[str, Any], timeout_s: float) -> None:
     req = urllib.request.Request(control_url.rstrip("/") + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     try:
@@ -398,7 +398,7 @@ def _post(control_url: str, path: str, body: dict, timeout_s: float) -> None:
 def start_broker(host: str = "127.0.0.1", port: int = 0,
                  topics: Sequence[tuple[str, int]] = (), *, log_file: Path | None = None,
                  ready_timeout_s: float = 30.0,
-                 control_port: int = 0) -> tuple[subprocess.Popen, str, str]:
+                 control_port: int = 0) -> tuple[subprocess.Popen[Any], str, str]:
     """Start the launcher as a child process and wait until it serves Kafka.
 
     ``port=0`` lets the kernel choose (no race with other tests). Returns
@@ -435,7 +435,7 @@ def start_broker(host: str = "127.0.0.1", port: int = 0,
     return proc, info["bootstrap"], info["control"]
 
 
-def stop_broker(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+def stop_broker(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
     """SIGTERM the launcher, wait, SIGKILL if it hangs (idempotent)."""
     if proc.poll() is not None:
         return

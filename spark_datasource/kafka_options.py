@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Mapping
+from typing import Any, Mapping
 
 from clickhouse_tx.errors import ConfigurationError
 
@@ -59,7 +59,7 @@ def _kafka_python_defaults() -> Mapping[str, object]:
     return KafkaConsumer.DEFAULT_CONFIG
 
 
-class _KafkaParams(tuple):
+class _KafkaParams(tuple[Any, ...]):
     """``(name, value)`` pairs for kafka-python; secrets are masked in ``repr``."""
 
     def __repr__(self) -> str:

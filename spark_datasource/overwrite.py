@@ -249,7 +249,7 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
     def display_table(self) -> str:
         return self.final_opts.qualified_table
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per job: commit into the stage, swap it in, drop the stage."""
         started = time.monotonic()
         report = _coordinator(self.opts, self.txn_id).commit_batch(0, _prepared(messages))
@@ -264,7 +264,7 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
                       durations={**report.durations, "swap_and_drop": time.monotonic() - started
                                  - report.durations.get("total", 0.0)})
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per failed job: roll back, drop the stage; the target is untouched."""
         try:
             self._abort(messages, 0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -43,11 +43,11 @@ log = logging.getLogger("clickhouse_tx.spark")
 class ClickHouseTxCommitMessage(WriterCommitMessage):
     """One prepared partition attempt, sent from an executor to the driver (picklable)."""
 
-    prepared: dict  # Prepared.to_json(): plain data so any Python on the driver unpickles it
+    prepared: dict[str, Any]  # Prepared.to_json(): plain data so any Python on the driver unpickles it
     prepare_seconds: float = 0.0
     bytes: int = 0  # Arrow bytes of the partition (buffer sizes), for metrics
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
         """What :mod:`spark_datasource.metrics` needs of this message (plain data)."""
         return {"rows": int(self.prepared.get("rows", 0)), "bytes": self.bytes,
                 "prepare_seconds": self.prepare_seconds,
@@ -165,11 +165,11 @@ class _WriterBase:
 class ClickHouseTxBatchWriter(_WriterBase, DataSourceArrowWriter):
     """Batch writes (``df.write``): one transaction per partition, committed together."""
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per job."""
         self._commit(messages, 0)
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per failed job."""
         self._abort(messages, 0)
 
