@@ -635,7 +635,7 @@ def _wait_first_progress(run: JobRun, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def summary_table(r: Mapping[str, object]) -> str:
+def summary_table(r: Mapping[str, Any]) -> str:
     """The human summary of one run."""
     rows = [
         ("mode", r["mode"]), ("trigger", f"{r['trigger_s']} s"),
@@ -651,7 +651,7 @@ def summary_table(r: Mapping[str, object]) -> str:
     ]
     if r.get("latency_ms"):
         lat = r["latency_ms"]
-        rows.append(("latency p50/p99", f"{lat['p50']:.0f} / {lat['p99']:.0f} ms" if lat["p50"] is not None else "-"))  # type: ignore[index]
+        rows.append(("latency p50/p99", f"{lat['p50']:.0f} / {lat['p99']:.0f} ms" if lat["p50"] is not None else "-"))
     w = max(len(k) for k, _ in rows)
     line = "+" + "-" * (w + 2) + "+" + "-" * 40 + "+"
     body = [line] + [f"| {k:<{w}} | {str(v):<38} |" for k, v in rows] + [line]

@@ -103,17 +103,17 @@ def reached(end_offsets: Mapping[str, Mapping[str, int]], committed: Mapping[str
     return True
 
 
-def _as_dict(p: object) -> dict[str, Any]:
+def _as_dict(p: Any) -> dict[str, Any]:
     """A StreamingQueryProgress (pyspark 4: an object with ``.json``) or a dict, as a dict."""
     if isinstance(p, dict):
         return p
-    return json.loads(p.json)  # type: ignore[attr-defined]
+    return json.loads(p.json)
 
 
-def _idle(q: object) -> bool:
+def _idle(q: Any) -> bool:
     """The query is up and waiting (Spark reports no progress for idle triggers at first)."""
     try:
-        st = q.status  # type: ignore[attr-defined]
+        st = q.status
     except Exception:  # not started yet
         return False
     return not st.get("isTriggerActive") and str(st.get("message", "")).startswith("Waiting for")

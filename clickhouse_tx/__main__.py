@@ -102,19 +102,19 @@ def _parser() -> argparse.ArgumentParser:
 class _ModeView:
     """The registry restricted to one commit mode (recovery must use that mode's I/O)."""
 
-    def __init__(self, inner: object, mode: str) -> None:
+    def __init__(self, inner: KeeperMapRegistry, mode: str) -> None:
         self.inner = inner
         self.mode = mode
 
     def list_open(self, older_than_s: float | None = None) -> list[Any]:
-        return [e for e in self.inner.list_open(older_than_s)  # type: ignore[attr-defined]
+        return [e for e in self.inner.list_open(older_than_s)
                 if getattr(e.mode, "value", e.mode) == self.mode]
 
     def list_txn(self, txn_id: str) -> list[Any]:
-        return [e for e in self.inner.list_txn(txn_id)  # type: ignore[attr-defined]
+        return [e for e in self.inner.list_txn(txn_id)
                 if getattr(e.mode, "value", e.mode) == self.mode]
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
@@ -194,9 +194,9 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
 
     mode_io = build_mode_io(args.mode)
     if args.command == "recover":
-        rep = resolve_in_doubt(target, mode_io, view, log_for, txn_ids=txn_ids)  # type: ignore[arg-type]
+        rep = resolve_in_doubt(target, mode_io, view, log_for, txn_ids=txn_ids)
     else:
-        rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_ids=txn_ids)  # type: ignore[arg-type]
+        rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_ids=txn_ids)
     doc = {"committed": list(rep.committed), "rolled_back": list(rep.rolled_back),
            "skipped": list(rep.skipped), "errors": dict(rep.errors),
            "forgotten": list(rep.forgotten), "dropped_stages": list(rep.dropped)}

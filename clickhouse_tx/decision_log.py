@@ -308,7 +308,8 @@ class FileDecisionLog:
 
     def _repair(self, batch: int, version: int) -> int:
         """Write files of claimed versions whose winner died before its PUT."""
-        while (body := self.arbiter.get(self._claim_key(batch, version + 1))) is not None:  # type: ignore[union-attr]
+        assert self.arbiter is not None  # called only with an arbiter (registry-cas)
+        while (body := self.arbiter.get(self._claim_key(batch, version + 1))) is not None:
             version += 1
             self._fs.create_dir(self.directory, recursive=True)
             self._put(self._version_path(batch, version), body)

@@ -216,7 +216,7 @@ def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: _
                 continue
             reachable, decision = _decision_of(log_for, cache, e)
             decided = decision is not None and e.xid in {c.xid for c in decision.chosen}
-            if not reachable or (decided and not decision.done):  # type: ignore[union-attr]
+            if not reachable or (decided and decision is not None and not decision.done):
                 continue
             if as_state(e.state) is TxState.COMMITTED and not (decision is not None and decision.done):
                 continue

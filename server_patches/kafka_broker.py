@@ -276,7 +276,7 @@ def _control_handler(cluster: MockCluster) -> type[BaseHTTPRequestHandler]:
                 if not isinstance(body, dict):
                     raise ValueError("request body must be a JSON object")
                 if self.path == "/topics":
-                    cluster.create_topic(body.get("name"), body.get("partitions", 1))  # type: ignore[arg-type]
+                    cluster.create_topic(body["name"], body.get("partitions", 1))
                     self._reply(201, {"created": body["name"]})
                 elif self.path == "/delete-records":
                     cluster.delete_records(str(body["topic"]), int(body["partition"]),

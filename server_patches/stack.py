@@ -476,10 +476,10 @@ def stack_status(stack_dir: Path | str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def running_stack(stack_dir: Path | str, **kwargs: object) -> Iterator[StackInfo]:
+def running_stack(stack_dir: Path | str, **kwargs: Any) -> Iterator[StackInfo]:
     """``with running_stack(dir, kafka=True) as info:`` — started on entry, stopped on exit."""
     try:
-        yield start_stack(stack_dir, **kwargs)  # type: ignore[arg-type]
+        yield start_stack(stack_dir, **kwargs)
     finally:
         stop_stack(stack_dir)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, overload
 
 from clickhouse_tx.errors import ConfigurationError
 
@@ -135,6 +135,14 @@ class KafkaOptions:
 
 def _fail(option: str, problem: str) -> ConfigurationError:
     return ConfigurationError(f"kafka_py option {option!r}: {problem}")
+
+
+@overload
+def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int, default: int) -> int: ...
+
+
+@overload
+def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int, default: None) -> int | None: ...
 
 
 def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int,
@@ -328,14 +336,14 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         fail_on_data_loss=_bool_option(opts, "failondataloss", "failOnDataLoss", True),
         poll_timeout_ms=_int_option(opts, "kafkaconsumer.polltimeoutms",
                                     "kafkaConsumer.pollTimeoutMs", minimum=1,
-                                    default=120_000),  # type: ignore[arg-type]
+                                    default=120_000),
         fetch_offset_num_retries=_int_option(opts, "fetchoffset.numretries",
                                              "fetchOffset.numRetries", minimum=1,
-                                             default=3),  # type: ignore[arg-type]
+                                             default=3),
         fetch_offset_retry_interval_ms=_int_option(opts, "fetchoffset.retryintervalms",
                                                    "fetchOffset.retryIntervalMs", minimum=0,
-                                                   default=1000),  # type: ignore[arg-type]
+                                                   default=1000),
         max_records_per_batch=_int_option(opts, "maxrecordsperbatch", "maxRecordsPerBatch",
-                                          minimum=1, default=10_000),  # type: ignore[arg-type]
+                                          minimum=1, default=10_000),
         kafka_params=_KafkaParams(kafka_params),
     )

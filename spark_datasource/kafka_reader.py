@@ -610,8 +610,8 @@ class KafkaDataSource(DataSource):
     there) and pickled to the workers that plan and read.
     """
 
-    def __init__(self, options: Mapping[str, str]) -> None:
-        super().__init__(options)  # type: ignore[arg-type]
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
         self.kafka_options = parse_kafka_options(options)
 
     @classmethod

@@ -136,10 +136,10 @@ class _WriterBase:
         return ClickHouseTxCommitMessage(prepared.to_json(), time.monotonic() - started, counted.bytes)
 
     def _metrics(self, batch: int, status: str, messages: Sequence[WriterCommitMessage | None],
-                 **kwargs: object) -> None:
+                 **kwargs: Any) -> None:
         record = batch_metrics(txn_id=self.txn_id, batch=batch, status=status,
                                mode=self.opts.mode.value, table=self.display_table,
-                               messages=[m.metrics() for m in _ours(messages)], **kwargs)  # type: ignore[arg-type]
+                               messages=[m.metrics() for m in _ours(messages)], **kwargs)
         append_metrics(self.opts.decision_log_uri(self.txn_id), record)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:

@@ -31,7 +31,7 @@ import os
 import re
 import tempfile
 import uuid
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from clickhouse_tx.errors import ConfigurationError
@@ -40,6 +40,9 @@ from clickhouse_tx.interfaces import Mode, Target
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.retry import RetryPolicy
+
+#: The parsed type of one option (``from_options``'s ``get``).
+T = TypeVar("T")
 
 __all__ = ["WriterOptions", "KNOWN_OPTIONS"]
 
@@ -418,7 +421,7 @@ class WriterOptions:
                 lines.append(k + (f" (did you mean {', '.join(close)}?)" if close else ""))
             raise ConfigurationError("unknown clickhouse_tx option(s): " + "; ".join(lines))
 
-        def get(name: str, conv: Callable[[str, str], object], default: object) -> object:
+        def get(name: str, conv: Callable[[str, str], T], default: T) -> T:
             return conv(name, opts[name]) if name in opts else default
 
         if "url" not in opts or not opts["url"].strip():
@@ -476,7 +479,8 @@ class WriterOptions:
         elif streaming:
             # The decision log lives at <checkpointLocation>/clickhouse_tx/<txn_id>/
             # (FileDecisionLog adds the clickhouse_tx/<txn_id> part), spelled one way.
-            decision_log = canonical_location(chk, os.getcwd())  # type: ignore[arg-type]
+            assert chk is not None  # refused above: streaming without a checkpoint or an explicit log
+            decision_log = canonical_location(chk, os.getcwd())
         else:
             decision_log = _batch_log(txn)
 
@@ -509,20 +513,20 @@ class WriterOptions:
             password=opts.get("password", ""), mode=mode, transactional_id=txn,
             streaming=streaming, checkpoint_location=chk, query_name=qname,
             decision_log=decision_log,
-            batch_size=get("batch_size", _positive_int, 65536),  # type: ignore[arg-type]
-            batch_bytes=get("batch_bytes", _positive_int, 64 * 1024 * 1024),  # type: ignore[arg-type]
-            connect_timeout_s=get("connect_timeout", _positive_float, 10.0),  # type: ignore[arg-type]
-            request_timeout_s=get("request_timeout", _positive_float, 300.0),  # type: ignore[arg-type]
-            session_timeout_s=get("session_timeout", _positive_int, 3600),  # type: ignore[arg-type]
-            create_table=get("create_table", _bool, False),  # type: ignore[arg-type]
-            order_by=order_by, partition_by=partition_by, engine=engine,  # type: ignore[arg-type]
+            batch_size=get("batch_size", _positive_int, 65536),
+            batch_bytes=get("batch_bytes", _positive_int, 64 * 1024 * 1024),
+            connect_timeout_s=get("connect_timeout", _positive_float, 10.0),
+            request_timeout_s=get("request_timeout", _positive_float, 300.0),
+            session_timeout_s=get("session_timeout", _positive_int, 3600),
+            create_table=get("create_table", _bool, False),
+            order_by=order_by, partition_by=partition_by, engine=engine,
             table_column=table_column, tables=tables,
-            allow_nullable_into_non_nullable=get(  # type: ignore[arg-type]
+            allow_nullable_into_non_nullable=get(
                 "allow_nullable_into_non_nullable", _bool, False),
-            strict_precision=get("strict_precision", _bool, False),  # type: ignore[arg-type]
+            strict_precision=get("strict_precision", _bool, False),
             dead_letter_table=dead_letter_table,
             retry_attempts=retry_attempts,
-            retry_max_seconds=get("retry.max_seconds", _positive_float, 60.0),  # type: ignore[arg-type]
+            retry_max_seconds=get("retry.max_seconds", _positive_float, 60.0),
             settings=settings, faults=faults,
             resumable_batch_job=not streaming and "transactional_id" in opts and "decision_log" in opts,
         )
