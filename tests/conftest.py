@@ -122,3 +122,24 @@ def ch_client(stack: StackInfo, database: str) -> Iterator[object]:
         yield client
     finally:
         client.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each collected test by what it needs, once per run at collection.
+
+    ``spark``: everything under tests/spark (a SparkSession in this process) and
+    tests/torture (a Spark driver in a child process). ``integration``: everything under
+    tests/integration and any test using the embedded stack (``stack``/``stack_factory``,
+    also through ``clickhouse_url``, ``database``, ...). So ``-m "not spark"`` or
+    ``-m "not integration"`` select by need rather than by path.
+    """
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            top = item.path.relative_to(root).parts[0]
+        except ValueError:
+            continue
+        if top in ("spark", "torture"):
+            item.add_marker(pytest.mark.spark)
+        if top == "integration" or {"stack", "stack_factory"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

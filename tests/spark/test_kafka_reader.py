@@ -337,7 +337,7 @@ def test_a_broker_that_is_down_fails_with_an_error_naming_bootstrap_servers() ->
 
 
 @pytest.fixture(scope="module")
-def kspark(spark):  # type: ignore[no-untyped-def]
+def kspark(spark):
     spark.dataSource.register(KafkaDataSource)
     return spark
 
@@ -384,7 +384,7 @@ def _run_stream(kspark, bootstrap: str, topic: str, chk: Path, out: Path, max_pe
     """
     ran: list[int] = []
 
-    def sink(df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+    def sink(df, batch_id: int) -> None:
         rows = df.select("partition", "offset", "value").toArrow()
         ran.append(batch_id)
         if batch_id == fail_on_batch:

@@ -219,7 +219,7 @@ def test_the_parser_refuses_absurd_nesting_and_length_without_crashing():
     with pytest.raises(ConfigurationError, match="too long"):
         parse_clickhouse_type("Tuple(" + "Int8, " * 20_000 + "Int8)")
     with pytest.raises(ConfigurationError, match="must be a string"):
-        parse_clickhouse_type(None)  # type: ignore[arg-type]
+        parse_clickhouse_type(None)
 
 
 def test_a_parse_error_quotes_a_long_type_only_in_part():
