@@ -3,13 +3,20 @@ PY := $(VENV)/bin/python
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: bootstrap test test-slow demo bench clean
+.PHONY: bootstrap lint test test-slow demo bench clean
 
 bootstrap:
 	@VENV=$(VENV) bash .ci/bootstrap.sh
 
-## make test: the default suite (unit, integration, spark); slow torture/benchmarks excluded
-test: bootstrap
+## make lint: ruff (lint and format check) and mypy (strict on clickhouse_tx); configured in pyproject.toml
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) .ci/function_length.py
+
+## make test: lint, then the default suite (unit, integration, spark); slow torture/benchmarks excluded
+test: lint
 	$(PY) -m pytest -q
 
 ## make test-slow: the torture and benchmark runs marked slow

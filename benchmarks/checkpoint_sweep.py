@@ -29,13 +29,11 @@ stack serves every run; each run has its own topic, table and checkpoint.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from benchmarks.pipeline_run import PipelineConfig, run_pipeline
 from benchmarks.results_file import write_result
@@ -51,7 +49,7 @@ def run_duration(interval: float, base_s: float) -> float:
     return max(base_s, 3 * interval + 2)
 
 
-def overheads(runs: Sequence[dict]) -> list[dict]:
+def overheads(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (interval, mode != none): throughput and latency overhead over ``none``."""
     base = {r["trigger_s"]: r for r in runs if r["mode"] == "none" and r.get("processing_rps")}
     out = []
@@ -71,7 +69,7 @@ def overheads(runs: Sequence[dict]) -> list[dict]:
     return out
 
 
-def plot(doc: dict, path: Path) -> None:
+def plot(doc: dict[str, Any], path: Path) -> None:
     """Three panels: processing rate, latency p50/p99, throughput overhead over ``none``."""
     import matplotlib
 
@@ -148,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from server_patches import stack as stack_mod
 
-    runs: list[dict] = []
+    runs: list[dict[str, Any]] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="chtx-sweep-") as tmp:
         info = stack_mod.start_stack(Path(tmp) / "stack", kafka=True)
@@ -165,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"{cfg.events} events at {rate:g}/s ...", flush=True)
                     try:
                         r = run_pipeline(cfg)
-                    except Exception as e:  # noqa: BLE001 - record and go on with the sweep
+                    except Exception as e:  # record and go on with the sweep
                         print(f"    FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
                         runs.append({"mode": mode, "trigger_s": interval, "error": f"{type(e).__name__}: {e}"})
                         continue

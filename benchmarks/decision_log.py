@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from typing import Any
 
 from benchmarks.results_file import write_result
 from clickhouse_tx.decision_log import FileDecisionLog
@@ -26,14 +27,14 @@ def _fill(log: FileDecisionLog, n: int) -> None:
         log.mark_done(b)
 
 
-def _ms(fn, repeat: int) -> float:  # noqa: ANN001
+def _ms(fn, repeat: int) -> float:
     t = time.perf_counter()
     for _ in range(repeat):
         fn()
     return (time.perf_counter() - t) / repeat * 1000
 
 
-def measure(n: int, repeat: int) -> dict:
+def measure(n: int, repeat: int) -> dict[str, Any]:
     """Milliseconds per read and per full listing with ``n`` done batches in the log."""
     with tempfile.TemporaryDirectory() as d:
         log = FileDecisionLog(d, "bench", compact_every=10**9)

@@ -15,6 +15,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -25,7 +26,7 @@ from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches import stack
 
 
-def _coordinators(url: str, checkpoint: str) -> dict:
+def _coordinators(url: str, checkpoint: str) -> dict[str, Any]:
     admin = ClickHouseHTTP(Target(url=url, database="default", table="x"))
     admin.command("CREATE DATABASE IF NOT EXISTS bench_dedup")
     out = {}
@@ -39,7 +40,7 @@ def _coordinators(url: str, checkpoint: str) -> dict:
     return out
 
 
-def measure(url: str, rows: int, batches: int) -> dict:
+def measure(url: str, rows: int, batches: int) -> dict[str, Any]:
     """p50 prepare milliseconds per mode (the first 5 batches are warm-up)."""
     with tempfile.TemporaryDirectory() as chk:
         cos = _coordinators(url, chk)

@@ -26,12 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
+import chdb
 import pyarrow as pa
 import requests
 
-import chdb
 from benchmarks.results_file import write_result
 
 DDL = "CREATE TABLE IF NOT EXISTS bench (id UInt64, ts DateTime64(3), payload String) ENGINE = MergeTree ORDER BY id"
@@ -53,7 +53,7 @@ def chunks(data: bytes, size: int = 1 << 20) -> Iterator[bytes]:
         yield data[i:i + size]
 
 
-def start_server(data_dir: str) -> tuple[subprocess.Popen, str]:
+def start_server(data_dir: str) -> tuple[subprocess.Popen[Any], str]:
     ready = os.path.join(data_dir, "ready.json")
     proc = subprocess.Popen([sys.executable, "-m", "server_patches.http_server", "--data-dir",
                              os.path.join(data_dir, "http"), "--port", "0", "--ready-file", ready,
@@ -68,7 +68,7 @@ def start_server(data_dir: str) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}/"
 
 
-def run(rows: int, repeat: int) -> dict:
+def run(rows: int, repeat: int) -> dict[str, Any]:
     data = make_stream(rows)
     with tempfile.TemporaryDirectory(prefix="ctx-bench-") as tmp:
         proc, url = start_server(tmp)

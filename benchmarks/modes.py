@@ -21,15 +21,16 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from benchmarks.results_file import write_result
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches.stack import running_stack
-from benchmarks.results_file import write_result
 
 MODES = ("none", "transaction", "staging", "dedup")
 DDL = ("CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, ts DateTime64(3), payload String) "
@@ -64,12 +65,12 @@ def run_batch(target: Target, mode: str, txn: str, log: str, batch: int, parts: 
     return t1 - t0, time.perf_counter() - t1
 
 
-def bench(url: str, rows: int, repeat: int, commits: int) -> dict:
+def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
     db = f"bench_{uuid.uuid4().hex[:8]}"
     admin = ClickHouseHTTP(Target(url=url, database="default", table="x"))
     admin.command(f"CREATE DATABASE {db}")
     logroot = tempfile.mkdtemp(prefix="ctx-bench-log-")
-    out: dict = {"benchmark": "commit_modes", "rows_per_batch": rows, "partitions": 4, "repeat": repeat,
+    out: dict[str, Any] = {"benchmark": "commit_modes", "rows_per_batch": rows, "partitions": 4, "repeat": repeat,
                  "throughput": {}, "commit_latency_ms": {}}
     try:
         for mode in MODES:

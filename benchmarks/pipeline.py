@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - the CLI reports, the finally blocks clean up
+    except Exception as e:  # the CLI reports, the finally blocks clean up
         print(f"pipeline failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print(summary_table(result))

@@ -36,14 +36,16 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+import pyarrow as pa
+import requests
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-import pyarrow as pa  # noqa: E402
-import requests  # noqa: E402
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage  # noqa: E402
 from benchmarks.results_file import write_result
+
+# Read when the SparkSession starts its Python workers, not at import.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "spark_write.json"
@@ -67,10 +69,10 @@ class NoopArrowWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Count:
         return _Count(sum(b.num_rows for b in iterator))
 
-    def commit(self, messages) -> None:  # type: ignore[override]
+    def commit(self, messages) -> None:
         pass
 
-    def abort(self, messages) -> None:  # type: ignore[override]
+    def abort(self, messages) -> None:
         pass
 
 
@@ -116,12 +118,12 @@ def _spark():
     return spark
 
 
-def run_typed(url: str, rows: int, repeat: int) -> dict:
+def run_typed(url: str, rows: int, repeat: int) -> dict[str, Any]:
     """The same job into a table of other column types vs one matching Spark's (transaction)."""
     spark = _spark()
     db = f"bench_{uuid.uuid4().hex[:8]}"
     _sql(url, f"CREATE DATABASE {db}")
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, Any]] = {}
     try:
         _typed_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
         for i in range(repeat):

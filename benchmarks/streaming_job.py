@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import time
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 #: The JSON each event carries (see :func:`benchmarks.pipeline_run.event_json`).
 EVENT_SCHEMA = "event_id LONG, user_id LONG, amount DOUBLE, ts LONG"
@@ -103,18 +103,18 @@ def reached(end_offsets: Mapping[str, Mapping[str, int]], committed: Mapping[str
     return True
 
 
-def _as_dict(p: object) -> dict:
+def _as_dict(p: Any) -> dict[str, Any]:
     """A StreamingQueryProgress (pyspark 4: an object with ``.json``) or a dict, as a dict."""
     if isinstance(p, dict):
         return p
-    return json.loads(p.json)  # type: ignore[attr-defined]
+    return json.loads(p.json)
 
 
-def _idle(q: object) -> bool:
+def _idle(q: Any) -> bool:
     """The query is up and waiting (Spark reports no progress for idle triggers at first)."""
     try:
-        st = q.status  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - not started yet
+        st = q.status
+    except Exception:  # not started yet
         return False
     return not st.get("isTriggerActive") and str(st.get("message", "")).startswith("Waiting for")
 
@@ -124,11 +124,11 @@ def _emit(kind: str, doc: Mapping[str, object]) -> None:
     sys.stdout.flush()
 
 
-def progress_line(p: Mapping[str, object]) -> dict:
+def progress_line(p: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a ``StreamingQueryProgress`` the pipeline shows and records."""
-    src = (p.get("sources") or [{}])[0]  # type: ignore[index]
+    src = (p.get("sources") or [{}])[0]
     dur = p.get("durationMs") or {}
-    end = src.get("endOffset")  # type: ignore[union-attr]
+    end = src.get("endOffset")
     if isinstance(end, str):
         end = json.loads(end)
     return {
@@ -136,9 +136,9 @@ def progress_line(p: Mapping[str, object]) -> dict:
         "rows": p.get("numInputRows"),
         "input_rps": p.get("inputRowsPerSecond"),
         "processed_rps": p.get("processedRowsPerSecond"),
-        "add_batch_ms": dur.get("addBatch"),  # type: ignore[union-attr]
-        "trigger_ms": dur.get("triggerExecution"),  # type: ignore[union-attr]
-        "wal_commit_ms": dur.get("walCommit"),  # type: ignore[union-attr]
+        "add_batch_ms": dur.get("addBatch"),
+        "trigger_ms": dur.get("triggerExecution"),
+        "wal_commit_ms": dur.get("walCommit"),
         "timestamp": p.get("timestamp"),
         "end_offset": end,
         "wall": time.time(),
@@ -188,8 +188,8 @@ def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
 
 def _plain_insert(url: str, table: str):
     """foreachBatch function: INSERT the batch as Arrow over HTTP (driver, once per batch)."""
-    import requests
     import pyarrow as pa
+    import requests
 
     from clickhouse_tx.sql import qualified, split_table
 
@@ -215,6 +215,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     a = _args(argv)
     end_offsets = json.loads(a.end_offsets) if a.end_offsets else None
     spark = build_session()
+    import spark_datasource
+
     import spark_datasource
 
     spark_datasource.register(spark)

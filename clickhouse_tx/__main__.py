@@ -31,10 +31,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from clickhouse_tx.errors import ClickHouseTxError
 from clickhouse_tx.interfaces import Mode
+
+if TYPE_CHECKING:  # imported where used: `python -m clickhouse_tx --help` stays quick
+    from clickhouse_tx.interfaces import Target
+    from clickhouse_tx.registry import KeeperMapRegistry
 
 EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
 
@@ -127,11 +131,11 @@ class _ModeView:
         return [e for e in self.inner.list_txn(txn_id)  # type: ignore[attr-defined]
                 if Mode(e.mode) is self.mode]
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
-def _registry_and_target(args: argparse.Namespace):  # -> (registry, Target)
+def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, Target]:
     from clickhouse_tx.factory import build_registry
     from clickhouse_tx.interfaces import Target
     from clickhouse_tx.sql import split_table
@@ -147,7 +151,7 @@ def _status(args: argparse.Namespace) -> int:
 
     registry, _ = _registry_and_target(args)
     s = status_summary(registry)
-    doc = {"open_by_state": dict(s.open_by_state), "in_doubt": list(s.in_doubt),
+    doc: dict[str, Any] = {"open_by_state": dict(s.open_by_state), "in_doubt": list(s.in_doubt),
            "oldest_open_age_s": s.oldest_open_age_s, "by_txn": dict(s.by_txn)}
     if args.txn_id:
         doc["by_txn"] = {k: v for k, v in doc["by_txn"].items() if k == args.txn_id}
@@ -217,7 +221,7 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
 
     mode_io = build_mode_io(args.mode)
     if args.command == "recover":
-        rep = resolve_in_doubt(target, mode_io, view, log_for, txn_ids=txn_ids)  # type: ignore[arg-type]
+        rep = resolve_in_doubt(target, mode_io, view, log_for, txn_ids=txn_ids)
     else:
         rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_ids=txn_ids,  # type: ignore[arg-type]
                        not_running=args.not_running)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 from clickhouse_tx.errors import ConfigurationError
 
@@ -58,8 +59,8 @@ class CHType:
     """
 
     name: str
-    args: tuple = ()
-    names: tuple = ()
+    args: tuple[Any, ...] = ()
+    names: tuple[Any, ...] = ()
 
     def __str__(self) -> str:
         if not self.args:
@@ -191,8 +192,8 @@ class _Parser:
             return CHType(name, (self.raw_body(),))
         if name in ("Enum8", "Enum16", "Enum"):
             return self.enum_body(name)
-        args: list = []
-        names: list = []
+        args: list[Any] = []
+        names: list[Any] = []
         if self.peek() == ")":
             self.pos += 1
         else:
@@ -229,7 +230,7 @@ class _Parser:
         return None, self.type_(depth + 1)
 
     def enum_body(self, name: str) -> CHType:
-        pairs = []
+        pairs: list[tuple[str, int]] = []
         while True:
             if self.peek() != "'":
                 raise self.fail("expected an enum label")
@@ -244,7 +245,7 @@ class _Parser:
                 break
         return CHType("Enum8" if name == "Enum" else name, tuple(pairs))
 
-    def normalise(self, name: str, args: tuple, names: tuple) -> CHType:
+    def normalise(self, name: str, args: tuple[Any, ...], names: tuple[Any, ...]) -> CHType:
         def types_only(n: int | None = None) -> None:
             if n is not None and len(args) != n:
                 raise self.fail(f"{name} takes {n} type argument(s), got {len(args)}")
@@ -284,9 +285,8 @@ class _Parser:
                 raise self.fail(f"{name} takes (precision[, 'timezone'])")
             if not 0 <= args[0] <= 9:
                 raise self.fail(f"{name} precision must be 0..9")
-        elif name == "DateTime":
-            if len(args) > 1 or (args and not isinstance(args[0], str)):
-                raise self.fail("DateTime takes (['timezone'])")
+        elif name == "DateTime" and (len(args) > 1 or (args and not isinstance(args[0], str))):
+            raise self.fail("DateTime takes (['timezone'])")
         return CHType(name, args)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -228,7 +228,7 @@ def _check(where: _Where, arr: pa.Array, bad: pa.Array | None, reason: str) -> N
 
 
 def _check_range(where: _Where, arr: pa.Array, values: pa.Array, lo: float, hi: float,
-                 reason: str) -> tuple[object, object]:
+                 reason: str) -> tuple[Any, Any]:
     """Fail unless every value is in ``[lo, hi]``; (min, max) of the values.
 
     One ``min_max`` pass in the common case; the element-wise mask only on failure.
@@ -567,7 +567,7 @@ class ConvertedBatches(Iterator[pa.RecordBatch]):
 
     def __init__(self, plan: ConversionPlan, batches: Iterable[pa.RecordBatch], *, eager: bool) -> None:
         self.plan = plan
-        self.dead_letters: list[dict] = []
+        self.dead_letters: list[dict[str, Any]] = []
         self._it: Iterator[pa.RecordBatch] = self._lazy(batches)
         if eager:
             self._it = iter(list(self._it))

@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
+from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import (
     DecisionConflictError,
     IllegalTransitionError,
@@ -289,7 +290,7 @@ class TxOps:
                               updated_ms=self.now_ms())
         try:
             self.call(lambda: self.registry.register(entry))
-        except Exception:  # noqa: BLE001 - exists already, or reply lost: read it back
+        except Exception:  # exists already, or reply lost: read it back
             pass
         return self.state(p.xid)
 
@@ -332,7 +333,7 @@ class TxOps:
         """Best-effort :meth:`abort` for cleanup paths (a later GC finishes the job)."""
         try:
             self.abort(p)
-        except Exception as exc:  # noqa: BLE001 - the original error matters more
+        except Exception as exc:  # the original error matters more
             log.warning("cleanup of xid %s failed: %s", p.xid, exc)
 
     def ensure_committed(self, p: Prepared, *, payload: Mapping[str, object] | None = None) -> bool:
@@ -558,7 +559,7 @@ class Coordinator:
             try:
                 if self.ops.abort(p):
                     done.append(p.xid)
-            except Exception as exc:  # noqa: BLE001 - only when quiet, see below
+            except Exception as exc:  # only when quiet, see below
                 if not quiet:
                     raise
                 log.warning("batch %d: rollback of xid %s (partition %d) failed, left to GC and "
@@ -802,7 +803,7 @@ class Coordinator:
                 if p.xid in ready:
                     return self.ops.commit_committing(p)
                 return self.ops.ensure_committed(p, payload=payload)
-            except Exception as exc:  # noqa: BLE001 - the others still commit; raised below
+            except Exception as exc:  # the others still commit; raised below
                 doubt[part] = exc
                 return False
 
@@ -839,7 +840,7 @@ class Coordinator:
             return
         try:
             forget(sorted(xids))
-        except Exception as exc:  # noqa: BLE001 - housekeeping never fails a commit
+        except Exception as exc:  # housekeeping never fails a commit
             log.info("could not drop finished registry entries: %s", exc)
 
     def _each(self, parts: Sequence[int], fn: Callable[[int], bool]) -> dict[int, bool]:
@@ -854,7 +855,7 @@ class Coordinator:
         for part, fut in futures.items():
             try:
                 results[part] = fut.result()
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, first one wins
+            except BaseException as exc:  # re-raised below, first one wins
                 error = error or exc
         if error is not None:
             raise error

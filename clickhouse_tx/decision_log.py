@@ -162,7 +162,7 @@ class FileDecisionLog:
         return [i.base_name for i in infos if i.type == pafs.FileType.File]
 
     def _exists(self, path: str) -> bool:
-        return self._fs.get_file_info(path).type != pafs.FileType.NotFound
+        return bool(self._fs.get_file_info(path).type != pafs.FileType.NotFound)
 
     # -- publishing --------------------------------------------------------------------
     def _publish(self, path: str, data: bytes) -> bool:
@@ -302,7 +302,8 @@ class FileDecisionLog:
 
     def _repair(self, batch: int, version: int) -> int:
         """Write files of claimed versions whose winner died before its PUT."""
-        while (body := self.arbiter.get(self._claim_key(batch, version + 1))) is not None:  # type: ignore[union-attr]
+        assert self.arbiter is not None  # called only with an arbiter (registry-cas)
+        while (body := self.arbiter.get(self._claim_key(batch, version + 1))) is not None:
             version += 1
             self._fs.create_dir(self.directory, recursive=True)
             self._put(self._version_path(batch, version), body)
@@ -318,7 +319,7 @@ class FileDecisionLog:
         if batch % self.compact_every == 0:
             try:
                 self.compact()
-            except Exception as exc:  # noqa: BLE001 - housekeeping never fails a commit
+            except Exception as exc:  # housekeeping never fails a commit
                 log.warning("compaction of %s failed (the next one retries): %s", self.directory, exc)
 
     def batches(self) -> Iterable[int]:

@@ -52,6 +52,13 @@ class ValueDoesNotFitError(NotCommittedError):
     the partition is prepared, before anything of it is visible). Deterministic: a
     retry of the same data fails the same way; fix the data or the table."""
 
+    # Set by the converter where it is raised, for dead letters: the row in the batch,
+    # the column (with its path inside a nested value), its ClickHouse type, and why.
+    row: int
+    column: str
+    ch_type: str
+    reason: str
+
 
 class OutcomeUnknownError(ClickHouseTxError):
     """Outcome unknown (e.g. a COMMIT whose reply was lost): resolve by lookup."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from clickhouse_tx.decision_log import DEFAULT_RETAIN_BATCHES
 from clickhouse_tx.interfaces import CommitModeIO, Mode, Target
 from clickhouse_tx.modes import mode_io_for
+from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,8 +35,8 @@ def build_mode_io(mode: "Mode | str", registry: KeeperMapRegistry | None = None)
     xid is still INITIALIZED (the fence of a zombie attempt); default the target's.
     """
     io = mode_io_for(mode)
-    if registry is not None and io.mode is Mode.DEDUP:
-        io.registry = registry  # type: ignore[attr-defined]
+    if registry is not None and isinstance(io, DedupMode):
+        io.registry = registry
     return io
 
 

@@ -241,8 +241,8 @@ def choose_stream_txn_id(*, explicit: str | None, stored: StoredQueryId | None,
                 "id); a different id needs a new checkpointLocation")
         return IdChoice(explicit, True, "the transactional_id option")
     others = sorted(legacy_dirs)
-    if legacy_id in legacy_dirs:
-        return IdChoice(legacy_id, True, "adopted: the decision log of the earlier default id")  # type: ignore[arg-type]
+    if legacy_id is not None and legacy_id in legacy_dirs:
+        return IdChoice(legacy_id, True, "adopted: the decision log of the earlier default id")
     if len(others) == 1:
         return IdChoice(others[0], True,
                         "adopted: the only decision log in the checkpoint (earlier default id)")

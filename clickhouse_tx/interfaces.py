@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from typing import Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import pyarrow as pa
 
@@ -81,20 +81,20 @@ class Prepared:
     table: str  # fully qualified, unquoted "db.table" for display
     rows: int
     checksum: int
-    details: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["mode"] = self.mode.value
         d["details"] = dict(self.details)
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> "Prepared":
+    def from_json(cls, d: Mapping[str, Any]) -> "Prepared":
         d = dict(d)
         d["mode"] = Mode(d["mode"])
         d["details"] = dict(d.get("details") or {})
-        return cls(**d)  # type: ignore[arg-type]
+        return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ be a cryptographic hash.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -115,7 +115,7 @@ class CommitMarkers:
         """Insert ``p``'s marker through ``client`` (e.g. the xid's session) or our own."""
         (client or self.client).command(self.insert_sql(p))
 
-    def _read(self, sql: str, params: dict[str, object]) -> list[dict]:
+    def _read(self, sql: str, params: dict[str, object]) -> list[dict[str, Any]]:
         """``sql`` read-committed: with ``implicit_transaction=1`` where the server has transactions.
 
         Without them (refused once, remembered by this object) no transaction can be
@@ -130,7 +130,7 @@ class CommitMarkers:
                 self._transactions = False
         return self.client.query_json(sql, params=params)
 
-    def lookup(self, xid: str) -> dict | None:
+    def lookup(self, xid: str) -> dict[str, Any] | None:
         """The committed marker row of ``xid`` or None (read-committed; no table = None)."""
         try:
             rows = self._read(f"SELECT {_SELECT} FROM {self.fq} WHERE xid = {{x:String}} LIMIT 1",
@@ -141,7 +141,7 @@ class CommitMarkers:
             raise
         return rows[0] if rows else None
 
-    def list(self, txn_id: str, batch: int | None = None) -> list[dict]:
+    def list(self, txn_id: str, batch: int | None = None) -> list[dict[str, Any]]:
         """Committed markers of one query (optionally one batch), ordered (read-committed)."""
         where = "txn_id = {t:String}"
         params: dict[str, object] = {"t": txn_id}
@@ -166,7 +166,7 @@ def _column_sum(arr: pa.ChunkedArray | pa.Array) -> int:
         arr = arr.cast(t.value_type) if isinstance(arr, pa.Array) else pa.chunked_array(
             [c.cast(t.value_type) for c in arr.chunks], t.value_type)
         t = arr.type
-    nulls = arr.null_count
+    nulls: int = arr.null_count
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         vals = pc.cast(arr, pa.int64(), safe=False) if not pa.types.is_int64(t) else arr
         s = pc.sum(vals).as_py() or 0
@@ -198,7 +198,7 @@ def _storage_int(t: pa.DataType) -> pa.DataType:
 
 def batch_checksum(batch: pa.RecordBatch) -> int:
     """Checksum contribution of one record batch (add contributions modulo 2**64)."""
-    total = batch.num_rows
+    total: int = batch.num_rows
     for i, col in enumerate(batch.columns):
         total += (_column_sum(col) * (2 * i + 3)) & _MASK64
     return total & _MASK64

@@ -28,7 +28,8 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     with fs.open_input_stream(path) as f:
-        return f.read()
+        data: bytes = f.read()
+        return data
 
 
 def spark_query_id(checkpoint: str) -> str:

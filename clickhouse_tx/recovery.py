@@ -17,7 +17,6 @@ import logging
 import time
 from typing import Callable, Collection, Iterable, Mapping, Sequence
 
-from clickhouse_tx.coordinator import TxOps, prepared_from_entry
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.ids import parse_xid, sanitize_txn
@@ -34,6 +33,9 @@ from clickhouse_tx.interfaces import (
 from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, is_overwrite_stage_of, tables_named
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState, as_state
+
+#: (reachable, decision) per (txn_id, batch), for one recovery pass.
+_DecisionCache = dict[tuple[str, int], tuple[bool, "Decision | None"]]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ class StatusSummary:
     by_txn: Mapping[str, int]
 
 
-def _decision_of(log_for: LogFor, cache: dict, e: RegistryEntry) -> tuple[bool, Decision | None]:
+def _decision_of(log_for: LogFor, cache: _DecisionCache, e: RegistryEntry) -> tuple[bool, Decision | None]:
     """(reachable, decision) of the entry's batch, cached per (txn_id, batch)."""
     key = (e.txn_id, e.batch)
     if key not in cache:
@@ -81,7 +83,7 @@ def _theirs(entries: Iterable[RegistryEntry], txn_ids: Collection[str] | None) -
     return [e for e in entries if txn_ids is None or e.txn_id in txn_ids]
 
 
-def _finish_committing(ops: TxOps, e: RegistryEntry, log_for: LogFor, cache: dict) -> str:
+def _finish_committing(ops: TxOps, e: RegistryEntry, log_for: LogFor, cache: _DecisionCache) -> str:
     """Settle one COMMITTING xid; returns "committed", "rolled_back" or "skipped".
 
     COMMITTING means the xid's query decided it: only that decision may roll it back
@@ -126,7 +128,7 @@ def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO
     ops = _ops(target, mode_io, registry, retry, clock)
     done: dict[str, list[str]] = {"committed": [], "rolled_back": [], "skipped": []}
     errors: dict[str, str] = {}
-    cache: dict = {}
+    cache: _DecisionCache = {}
     for e in _theirs(registry.list_open(None), txn_ids):
         try:
             state = as_state(e.state)
@@ -135,7 +137,7 @@ def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO
                 done["rolled_back"].append(e.xid)
             elif state is TxState.COMMITTING:
                 done[_finish_committing(ops, e, log_for, cache)].append(e.xid)
-        except Exception as exc:  # noqa: BLE001 - one bad xid must not stop the pass
+        except Exception as exc:  # one bad xid must not stop the pass
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
     return RecoveryReport(tuple(done["committed"]), tuple(done["rolled_back"]), tuple(done["skipped"]), errors)
 
@@ -186,7 +188,7 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
                 continue
             if ops.abort(prepared_from_entry(e)):
                 rolled.append(e.xid)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
     forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors,
                                  untouched if not_running else None)
@@ -224,11 +226,11 @@ def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -
         return
     try:
         forget(list(xids))
-    except Exception as exc:  # noqa: BLE001 - reported, the next gc tries again
+    except Exception as exc:  # reported, the next gc tries again
         errors.update({x: f"forget: {type(exc).__name__}: {exc}" for x in xids})
 
 
-def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: dict,
+def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: _DecisionCache,
                      txn_ids: Collection[str] | None, older_than_s: float, clock: Callable[[], float],
                      errors: dict[str, str], untouched: dict[tuple[str, int], bool] | None = None) -> list[str]:
     """Pass 2 of :func:`gc_stale`: the finished entries no replay will read; forgets them.
@@ -257,7 +259,7 @@ def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: d
                 if as_state(e.state) is TxState.ABORTED:
                     ops.rollback(prepared_from_entry(e))  # idempotent: drops what a failed prepare left
                 out.append(e.xid)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors[e.xid] = f"{type(exc).__name__}: {exc}"
     _forget(registry, out, errors)
     return out
@@ -291,7 +293,7 @@ def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: Regis
             else:
                 mode_io.rollback(target, p)
             dropped.append(xid)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[xid] = f"{type(exc).__name__}: {exc}"
     return dropped
 
@@ -318,7 +320,7 @@ def _drop_overwrite_stages(target: Target, registry: RegistryIO, txn_ids: Collec
             with ClickHouseHTTP(target) as c:
                 c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
             dropped.append(name)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"
     return dropped
 

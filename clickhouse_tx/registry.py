@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import re
+import threading
 import time
 import uuid
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.errors import IllegalTransitionError, OutcomeUnknownError, ServerError
@@ -126,7 +126,8 @@ class KeeperMapRegistry:
             if target_or_client.session_id is not None:
                 raise ValueError("the registry needs a client without a session_id")
             self.target = target_or_client.target
-            self._client: ClickHouseHTTP | None = target_or_client
+            # A given client, else a threading.local holding one client per thread.
+            self._client: Any = target_or_client
         else:
             self.target = target_or_client
             self._client = None
@@ -141,7 +142,7 @@ class KeeperMapRegistry:
     def __repr__(self) -> str:
         return f"KeeperMapRegistry({self.database}.{self.table}, server={safe_url(self.target.url)!r})"
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["_client"] = None
         d["_ready"] = False
@@ -382,15 +383,15 @@ class KeeperMapRegistry:
                           retry_on=is_transient_or_unknown, what=f"registry read-back of {self.table}")
 
 
-def _entry(row: Mapping[str, object]) -> RegistryEntry:
+def _entry(row: Mapping[str, Any]) -> RegistryEntry:
     payload_text = str(row.get("payload") or "")
     payload = json.loads(payload_text) if payload_text else {}
     return RegistryEntry(
-        xid=str(row["xid"]), txn_id=str(row["txn_id"]), batch=int(row["batch"]),  # type: ignore[arg-type]
-        partition=int(row["partition"]), attempt=int(row["attempt"]),  # type: ignore[arg-type]
+        xid=str(row["xid"]), txn_id=str(row["txn_id"]), batch=int(row["batch"]),
+        partition=int(row["partition"]), attempt=int(row["attempt"]),
         mode=Mode(str(row["mode"])), server=str(row["server"]), table=str(row["table"]),
         state=str(row["state"]), payload=payload,
-        created_ms=int(row["created_ms"]), updated_ms=int(row["updated_ms"]),  # type: ignore[arg-type]
+        created_ms=int(row["created_ms"]), updated_ms=int(row["updated_ms"]),
     )
 
 

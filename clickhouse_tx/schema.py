@@ -178,5 +178,5 @@ def conversion_columns(info: TableInfo, schema: pa.Schema,
     Driver, once per query, after :func:`check_schema` passed.
     """
     excluded = set(exclude)
-    return tuple((f.name, info.column(f.name).type) for f in schema  # type: ignore[union-attr]
-                 if f.name not in excluded and info.column(f.name) is not None)
+    return tuple((f.name, col.type) for f in schema
+                 if f.name not in excluded and (col := info.column(f.name)) is not None)

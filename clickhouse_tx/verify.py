@@ -113,7 +113,7 @@ class Anomaly:
     count: int
     detail: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -130,7 +130,7 @@ class PartitionSummary:
     expected_start: int | None = None
     expected_end: int | None = None  # exclusive: the next offset to be produced
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -164,7 +164,7 @@ class VerifyReport:
         """Offsets that should be stored and are not."""
         return self.count("gap")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         kinds = sorted({a.kind for a in self.anomalies})
         return {
             "table": self.table,
@@ -229,7 +229,7 @@ def parse_expected(spec: str | Mapping[str, Mapping[str, object]] | None) -> dic
                 if isinstance(v, (list, tuple)) and len(v) == 2:
                     start, end = int(v[0]), int(v[1])
                 else:
-                    start, end = 0, int(v)  # type: ignore[arg-type]
+                    start, end = 0, int(v)
                 part = int(p)
             except (TypeError, ValueError):
                 raise ConfigurationError(f"--expected: {topic!r}[{p!r}] = {v!r} is not an offset "

@@ -15,7 +15,7 @@ import hashlib
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 CONFIG_D = Path(__file__).resolve().parent / "config.d"
 STACK_ZK_ROOT = "/clickhouse_tx_stack"
@@ -141,12 +141,12 @@ def render(*, zookeeper: Sequence[tuple[str, int]], name: str,
     return header + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def write(path: Path, **kwargs: object) -> Path:
+def write(path: Path, **kwargs: Any) -> Path:
     """Render (see :func:`render`) and write atomically to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(**kwargs))  # type: ignore[arg-type]
+    tmp.write_text(render(**kwargs))
     tmp.replace(path)
     return path
 

@@ -50,7 +50,7 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _RD_KAFKA_PRODUCER = 0
@@ -252,10 +252,10 @@ def _control_handler(cluster: MockCluster) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         """``POST /topics`` {name, partitions}; ``POST /delete-records``; ``GET /health``."""
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass  # keep the launcher log for the broker
 
-        def _reply(self, code: int, body: dict) -> None:
+        def _reply(self, code: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -263,20 +263,20 @@ def _control_handler(cluster: MockCluster) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/health":
                 self._reply(200, {"bootstrap": cluster.bootstrap, "topics": cluster.topics})
             else:
                 self._reply(404, {"error": f"no such endpoint {self.path}"})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if not isinstance(body, dict):
                     raise ValueError("request body must be a JSON object")
                 if self.path == "/topics":
-                    cluster.create_topic(body.get("name"), body.get("partitions", 1))  # type: ignore[arg-type]
+                    cluster.create_topic(body["name"], body.get("partitions", 1))
                     self._reply(201, {"created": body["name"]})
                 elif self.path == "/delete-records":
                     cluster.delete_records(str(body["topic"]), int(body["partition"]),
@@ -378,7 +378,7 @@ def delete_records(control_url: str, topic: str, partition: int, before: int,
           {"topic": topic, "partition": partition, "before": before}, timeout_s)
 
 
-def _post(control_url: str, path: str, body: dict, timeout_s: float) -> None:
+def _post(control_url: str, path: str, body: dict[str, Any], timeout_s: float) -> None:
     req = urllib.request.Request(control_url.rstrip("/") + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     try:
@@ -398,7 +398,7 @@ def _post(control_url: str, path: str, body: dict, timeout_s: float) -> None:
 def start_broker(host: str = "127.0.0.1", port: int = 0,
                  topics: Sequence[tuple[str, int]] = (), *, log_file: Path | None = None,
                  ready_timeout_s: float = 30.0,
-                 control_port: int = 0) -> tuple[subprocess.Popen, str, str]:
+                 control_port: int = 0) -> tuple[subprocess.Popen[Any], str, str]:
     """Start the launcher as a child process and wait until it serves Kafka.
 
     ``port=0`` lets the kernel choose (no race with other tests). Returns
@@ -435,7 +435,7 @@ def start_broker(host: str = "127.0.0.1", port: int = 0,
     return proc, info["bootstrap"], info["control"]
 
 
-def stop_broker(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+def stop_broker(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
     """SIGTERM the launcher, wait, SIGKILL if it hangs (idempotent)."""
     if proc.poll() is not None:
         return

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,12 +28,12 @@ class ProcessRef:
     pid: int
     start_ticks: int
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "start_ticks": self.start_ticks}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> "ProcessRef":
-        return cls(pid=int(d["pid"]), start_ticks=int(d["start_ticks"]))  # type: ignore[arg-type]
+    def from_json(cls, d: Mapping[str, Any]) -> "ProcessRef":
+        return cls(pid=int(d["pid"]), start_ticks=int(d["start_ticks"]))
 
 
 def _stat_fields(pid: int) -> list[str] | None:

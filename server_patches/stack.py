@@ -31,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from server_patches import chdb_config, processes, zookeeper
 from server_patches.processes import ProcessRef
@@ -85,7 +85,7 @@ class StackInfo:
         """Component name → whether the process we started for it still runs."""
         return {k: processes.is_alive(v) for k, v in self.processes.items()}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "dir": str(self.dir),
             "clickhouse_url": self.clickhouse_url,
@@ -104,22 +104,22 @@ class StackInfo:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> "StackInfo":
+    def from_json(cls, d: Mapping[str, Any]) -> "StackInfo":
         return cls(
             dir=Path(str(d["dir"])),
             clickhouse_url=str(d["clickhouse_url"]),
             zookeeper=str(d["zookeeper"]),
-            kafka_bootstrap=d.get("kafka_bootstrap"),  # type: ignore[arg-type]
-            kafka_control=d.get("kafka_control"),  # type: ignore[arg-type]
-            processes={k: ProcessRef.from_json(v)  # type: ignore[arg-type]
-                       for k, v in dict(d.get("processes") or {}).items()},  # type: ignore[call-overload]
-            ports={k: int(v) for k, v in dict(d.get("ports") or {}).items()},  # type: ignore[call-overload]
-            data_dirs=dict(d.get("data_dirs") or {}),  # type: ignore[call-overload]
-            logs=dict(d.get("logs") or {}),  # type: ignore[call-overload]
+            kafka_bootstrap=d.get("kafka_bootstrap"),
+            kafka_control=d.get("kafka_control"),
+            processes={k: ProcessRef.from_json(v)
+                       for k, v in dict(d.get("processes") or {}).items()},
+            ports={k: int(v) for k, v in dict(d.get("ports") or {}).items()},
+            data_dirs=dict(d.get("data_dirs") or {}),
+            logs=dict(d.get("logs") or {}),
             config_file=str(d.get("config_file", "")),
-            user=d.get("user"),  # type: ignore[arg-type]
-            password_env=d.get("password_env"),  # type: ignore[arg-type]
-            max_session_timeout=int(d.get("max_session_timeout", 3600)),  # type: ignore[call-overload]
+            user=d.get("user"),
+            password_env=d.get("password_env"),
+            max_session_timeout=int(d.get("max_session_timeout", 3600)),
         )
 
 
@@ -179,7 +179,7 @@ def _wait_port_free(port: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _read_ready(path: Path) -> dict | None:
+def _read_ready(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
@@ -509,7 +509,7 @@ def stop_stack(stack_dir: Path | str, *, purge: bool = False,
         return was_running
 
 
-def stack_status(stack_dir: Path | str) -> dict:
+def stack_status(stack_dir: Path | str) -> dict[str, Any]:
     """What runs in ``stack_dir``: per component ``{"alive", "pid"}`` plus URLs.
 
     ``clickhouse`` is alive only if its process runs *and* ``/ping`` answers.
@@ -535,10 +535,10 @@ def stack_status(stack_dir: Path | str) -> dict:
 
 
 @contextlib.contextmanager
-def running_stack(stack_dir: Path | str, **kwargs: object) -> Iterator[StackInfo]:
+def running_stack(stack_dir: Path | str, **kwargs: Any) -> Iterator[StackInfo]:
     """``with running_stack(dir, kafka=True) as info:`` — started on entry, stopped on exit."""
     try:
-        yield start_stack(stack_dir, **kwargs)  # type: ignore[arg-type]
+        yield start_stack(stack_dir, **kwargs)
     finally:
         stop_stack(stack_dir)
 

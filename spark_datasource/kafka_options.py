@@ -15,14 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Mapping, Union
+from typing import Any, Mapping, overload
 
 from clickhouse_tx.errors import ConfigurationError
 
 #: Offsets keyed by (topic, partition). -2 means earliest, -1 latest (Spark's JSON).
 TopicPartitionOffsets = Mapping[tuple[str, int], int]
 #: ``"earliest"``, ``"latest"`` or explicit offsets per topic-partition.
-OffsetSpec = Union[str, tuple[tuple[tuple[str, int], int], ...]]
+OffsetSpec = str | tuple[tuple[tuple[str, int], int], ...]
 
 EARLIEST = -2
 LATEST = -1
@@ -59,7 +59,7 @@ def _kafka_python_defaults() -> Mapping[str, object]:
     return KafkaConsumer.DEFAULT_CONFIG
 
 
-class _KafkaParams(tuple):
+class _KafkaParams(tuple[Any, ...]):
     """``(name, value)`` pairs for kafka-python; secrets are masked in ``repr``."""
 
     def __repr__(self) -> str:
@@ -145,6 +145,14 @@ class KafkaOptions:
 
 def _fail(option: str, problem: str) -> ConfigurationError:
     return ConfigurationError(f"kafka_py option {option!r}: {problem}")
+
+
+@overload
+def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int, default: int) -> int: ...
+
+
+@overload
+def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int, default: None) -> int | None: ...
 
 
 def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int,
@@ -343,14 +351,14 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         fail_on_data_loss=_bool_option(opts, "failondataloss", "failOnDataLoss", True),
         poll_timeout_ms=_int_option(opts, "kafkaconsumer.polltimeoutms",
                                     "kafkaConsumer.pollTimeoutMs", minimum=1,
-                                    default=120_000),  # type: ignore[arg-type]
+                                    default=120_000),
         fetch_offset_num_retries=_int_option(opts, "fetchoffset.numretries",
                                              "fetchOffset.numRetries", minimum=1,
-                                             default=3),  # type: ignore[arg-type]
+                                             default=3),
         fetch_offset_retry_interval_ms=_int_option(opts, "fetchoffset.retryintervalms",
                                                    "fetchOffset.retryIntervalMs", minimum=0,
-                                                   default=1000),  # type: ignore[arg-type]
+                                                   default=1000),
         max_records_per_batch=_int_option(opts, "maxrecordsperbatch", "maxRecordsPerBatch",
-                                          minimum=1, default=10_000),  # type: ignore[arg-type]
+                                          minimum=1, default=10_000),
         kafka_params=_KafkaParams(kafka_params),
     )

@@ -300,7 +300,7 @@ def resolve_offsets(spec: object, tps: Sequence[TP], earliest: Mapping[TP, int],
         return {tp: earliest[tp] for tp in tps}
     if spec == "latest":
         return {tp: latest[tp] for tp in tps}
-    given = dict(spec)  # type: ignore[arg-type]
+    given = dict(cast("Iterable[tuple[TP, int]]", spec))  # explicit offsets: pairs
     unknown = sorted(tp for tp in given if tp not in set(tps))
     missing = sorted(tp for tp in tps if tp not in given)
     if unknown or missing:
@@ -713,7 +713,7 @@ def _after_out_of_range(opts: KafkaOptions, consumer, tp, rng: KafkaOffsetRange,
     return rng.end
 
 
-def _to_batch(records: list, topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
+def _to_batch(records: list[Any], topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
     """One Arrow record batch from one fetch of one partition (columns built from lists)."""
     n = len(records)
     keys = [r.key for r in records]
@@ -800,7 +800,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now: dict[TP, int] | None = None
         self._last_latest: dict[TP, int] | None = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # Executors need only the options; never ship a live consumer.
         return {"opts": self.opts, "_meta": None, "_available_now": None, "_last_latest": None}
 
@@ -809,7 +809,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._meta = _Metadata(self.opts)
         return self._meta
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         """Offsets a new query starts from (driver, once per new checkpoint)."""
         m = self._m()
         tps = m.topic_partitions()
@@ -822,7 +822,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxRows(self.opts.max_offsets_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """End offsets of the next micro-batch (driver, once per trigger)."""
         begin = from_json_offsets(start)
         m = self._m()
@@ -840,7 +840,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return start
         return to_json_offsets(end)
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
         return to_json_offsets(self._last_latest) if self._last_latest is not None else None
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -848,7 +848,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         m = self._m()
         self._available_now = m.latest(m.topic_partitions())
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Offset ranges of one micro-batch (driver; pure, so a replay plans the same)."""
         return group_ranges(plan_ranges(from_json_offsets(start), from_json_offsets(end),
                                         self.opts.min_partitions, self.opts.fail_on_data_loss),
@@ -857,7 +857,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the consumed offsets live in Spark's checkpoint, not in Kafka."""
 
     def stop(self) -> None:
@@ -873,8 +873,8 @@ class KafkaDataSource(DataSource):
     there) and pickled to the workers that plan and read.
     """
 
-    def __init__(self, options: Mapping[str, str]) -> None:
-        super().__init__(options)  # type: ignore[arg-type]
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
         self.kafka_options = parse_kafka_options(options)
 
     @classmethod

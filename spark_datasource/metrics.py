@@ -116,7 +116,7 @@ def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
         name = f"{path}.{record.get('txn_id')}.{record.get('batch')}.{record.get('status')}"
         with fs.open_output_stream(name) as out:
             out.write(line.encode())
-    except Exception as exc:  # noqa: BLE001 - see the docstring
+    except Exception as exc:  # see the docstring
         log.warning("could not append batch metrics under %s: %s", decision_log_uri, exc)
 
 

@@ -48,11 +48,11 @@ log = logging.getLogger("clickhouse_tx.spark")
 class ClickHouseTxCommitMessage(WriterCommitMessage):
     """One prepared partition attempt, sent from an executor to the driver (picklable)."""
 
-    prepared: dict  # Prepared.to_json(): plain data so any Python on the driver unpickles it
+    prepared: dict[str, Any]  # Prepared.to_json(): plain data so any Python on the driver unpickles it
     prepare_seconds: float = 0.0
     bytes: int = 0  # Arrow bytes of the partition (buffer sizes), for metrics
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
         """What :mod:`spark_datasource.metrics` needs of this message (plain data)."""
         return {"rows": int(self.prepared.get("rows", 0)), "bytes": self.bytes,
                 "prepare_seconds": self.prepare_seconds,
@@ -145,10 +145,10 @@ class _WriterBase:
         return ClickHouseTxCommitMessage(prepared.to_json(), time.monotonic() - started, counted.bytes)
 
     def _metrics(self, batch: int, status: str, messages: Sequence[WriterCommitMessage | None],
-                 **kwargs: object) -> None:
+                 **kwargs: Any) -> None:
         record = batch_metrics(txn_id=self.txn_id, batch=batch, status=status,
                                mode=self.opts.mode.value, table=self.display_table,
-                               messages=[m.metrics() for m in _ours(messages)], **kwargs)  # type: ignore[arg-type]
+                               messages=[m.metrics() for m in _ours(messages)], **kwargs)
         append_metrics(self.opts.decision_log_uri(self.txn_id), record)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:
@@ -179,11 +179,11 @@ class _WriterBase:
 class ClickHouseTxBatchWriter(_WriterBase, DataSourceArrowWriter):
     """Batch writes (``df.write``): one transaction per partition, committed together."""
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per job."""
         self._commit(messages, 0)
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per failed job."""
         self._abort(messages, 0)
 
@@ -193,11 +193,11 @@ class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
 
     streaming = True
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, once per micro-batch, in a fresh Python worker."""
         self._commit(messages, batchId)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, once per failed micro-batch."""
         self._abort(messages, batchId)
 
@@ -314,7 +314,7 @@ class ClickHouseTxDataSource(DataSource):
                  "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job")
         return ClickHouseTxBatchWriter(opts, schema, txn_id, plan)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
         """Driver, at query start and before every commit (fresh worker each time)."""
         opts, txn_id, plan = self._validated(schema, streaming=True)
         return ClickHouseTxStreamWriter(opts, schema, txn_id, plan)

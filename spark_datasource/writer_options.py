@@ -31,16 +31,19 @@ import os
 import re
 import tempfile
 import uuid
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.interfaces import Mode, Target
 from clickhouse_tx.sql import split_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.retry import RetryPolicy
+
+#: The parsed type of one option (``from_options``'s ``get``).
+T = TypeVar("T")
 
 __all__ = ["WriterOptions", "KNOWN_OPTIONS"]
 
@@ -98,7 +101,7 @@ def _url(value: str) -> str:
     v = value.strip()
     try:
         parts = urlsplit(v)
-        parts.port  # raises ValueError on a non-numeric port
+        _ = parts.port  # raises ValueError on a non-numeric port
     except ValueError:
         raise _bad("url", _redact_url(v), "http(s)://host[:port]") from None
     if parts.username is not None or parts.password is not None:

@@ -16,6 +16,9 @@ from typing import Callable, Iterator
 
 import pytest
 
+from server_patches import stack as stack_mod
+from server_patches.stack import StackInfo
+
 # Spark's Python workers must run this interpreter (the venv with pyarrow), not
 # whatever `python3` is on PATH. Set before any test module creates a SparkSession.
 os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -121,3 +124,24 @@ def ch_client(stack: StackInfo, database: str) -> Iterator[object]:
         yield client
     finally:
         client.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each collected test by what it needs, once per run at collection.
+
+    ``spark``: everything under tests/spark (a SparkSession in this process) and
+    tests/torture (a Spark driver in a child process). ``integration``: everything under
+    tests/integration and any test using the embedded stack (``stack``/``stack_factory``,
+    also through ``clickhouse_url``, ``database``, ...). So ``-m "not spark"`` or
+    ``-m "not integration"`` select by need rather than by path.
+    """
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            top = item.path.relative_to(root).parts[0]
+        except ValueError:
+            continue
+        if top in ("spark", "torture"):
+            item.add_marker(pytest.mark.spark)
+        if top == "integration" or {"stack", "stack_factory"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

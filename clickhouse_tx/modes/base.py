@@ -10,7 +10,6 @@ from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table
-from clickhouse_tx import sql as q
 
 
 class ModeBase:

@@ -358,7 +358,7 @@ class DedupMode(ModeBase):
         converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
-        seen: collections.Counter = collections.Counter()
+        seen: collections.Counter[Any] = collections.Counter()
         first_block: int | None = None
         first = ""
         if schema is not None:

@@ -37,7 +37,7 @@ import json
 import logging
 import re
 import uuid
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 
@@ -216,7 +216,7 @@ class StagingMode(ModeBase):
         for name in names:
             try:
                 c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
-            except Exception as exc:  # noqa: BLE001 - after a failed prepare: GC drops it later
+            except Exception as exc:  # after a failed prepare: GC drops it later
                 if not quiet:
                     raise
                 log.info("could not drop stage %s after a failed prepare: %s", name, exc)
@@ -253,12 +253,12 @@ def tables_named(target: Target, prefix: str) -> list[tuple[str, float]]:
     return [(str(r["name"]), float(r["age"])) for r in rows]
 
 
-def _record_plan(c: ClickHouseHTTP, stage: str, plan: dict) -> None:
+def _record_plan(c: ClickHouseHTTP, stage: str, plan: dict[str, Any]) -> None:
     """Executor: the stage's plan into its COMMENT (durable; read by commit and rollback)."""
     c.command(f"ALTER TABLE {stage} MODIFY COMMENT {q.quote_string(json.dumps(plan))}")
 
 
-def _plan_of(comment: str | None) -> dict:
+def _plan_of(comment: str | None) -> dict[str, Any]:
     """The plan :func:`_record_plan` wrote; empty if none (no table, or another comment)."""
     try:
         d = json.loads(comment or "")

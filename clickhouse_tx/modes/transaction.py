@@ -46,6 +46,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from clickhouse_tx import sql as q
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (ConfigurationError, NotCommittedError, OutcomeUnknownError,
                                   ServerError, TransientError)
@@ -300,7 +301,7 @@ class RoutedBatches:
 def _quiet_rollback(session: ClickHouseHTTP) -> None:
     try:
         session.command("ROLLBACK", session_check=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.debug("rollback of failed transaction %s: %s", session.session_id, exc)
 
 
@@ -400,7 +401,7 @@ class SessionKeepAlive:
             if e.code == SESSION_IS_LOCKED:
                 return True, False  # the driver is committing it right now
             return e.code not in (SESSION_NOT_FOUND, INVALID_TRANSACTION), False
-        except Exception as exc:  # noqa: BLE001 - server down: try again next round
+        except Exception as exc:  # server down: try again next round
             log.info("keep-alive of session %s failed: %s", xid, exc)
             return True, False
         finally:

@@ -12,19 +12,15 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
+from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.factory import build_coordinator, build_mode_io
 from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Decision, Target, WriteContext
-from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.registry import KeeperMapRegistry
 from clickhouse_tx.state import TxState
+from tests.helpers.cli import run_cli as _cli
 
 TXN = "cli"
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clickhouse_tx", *args], capture_output=True, text=True,
-                          timeout=120)
 
 
 def _setup(clickhouse_url: str, database: str) -> tuple[Target, ClickHouseHTTP]:

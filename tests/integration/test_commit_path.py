@@ -21,8 +21,7 @@ from clickhouse_tx._transport import SESSION_IS_LOCKED, SESSION_NOT_FOUND, Click
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
 from clickhouse_tx.retry import RetryPolicy
-
-from tests.integration.test_modes import TXN, admin, batches, committed_count, make_table, rows  # noqa: F401
+from tests.helpers.tables import TXN, batches, committed_count, make_table, rows
 
 UNKNOWN_STATUS_OF_TRANSACTION = 659
 

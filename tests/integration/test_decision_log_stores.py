@@ -16,7 +16,7 @@ from clickhouse_tx.errors import DecisionConflictError
 from clickhouse_tx.factory import build_decision_log
 from clickhouse_tx.interfaces import Decision, Mode, Prepared, Target
 from clickhouse_tx.registry import KeeperMapRegistry
-from tests.unit.test_decision_log import race
+from tests.helpers.decision_log import race
 
 BUCKET = "chk"
 
@@ -41,7 +41,7 @@ def s3_endpoint() -> Iterator[str]:
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto S3 server did not start on port {port}")
+                    raise RuntimeError(f"moto S3 server did not start on port {port}") from None
                 time.sleep(0.1)
         endpoint = f"127.0.0.1:{port}"
         _s3(endpoint).create_dir(BUCKET)

@@ -16,8 +16,7 @@ from clickhouse_tx.interfaces import WriteContext
 from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
 from clickhouse_tx.modes.dedup_layout import DedupLayoutError
 from clickhouse_tx.registry import KeeperMapRegistry
-from tests.integration.test_modes import (  # noqa: F401 - the admin fixture
-    admin, batches, committed_count, distinct_ids, make_table, markers, rows)
+from tests.helpers.tables import batches, committed_count, distinct_ids, make_table, markers, rows
 
 TXN = "dq"
 
@@ -35,7 +34,7 @@ def crashing_after(t: pa.Table, n_rows: int, size: int) -> Iterator[pa.RecordBat
         yield b
 
 
-def coordinator(target, tmp_path: Path, chunk_rows: int = 300, xid: str | None = None):  # noqa: ANN001, ANN201
+def coordinator(target, tmp_path: Path, chunk_rows: int = 300, xid: str | None = None):
     co = build_coordinator(target, "dedup", TXN, str(tmp_path))
     co.mode_io = co.ops.mode_io = DedupMode(chunk_rows=chunk_rows, registry=co.registry)
     if xid is not None:
@@ -43,7 +42,7 @@ def coordinator(target, tmp_path: Path, chunk_rows: int = 300, xid: str | None =
     return co
 
 
-def ids(admin: ClickHouseHTTP, target) -> list[int]:  # noqa: ANN001
+def ids(admin: ClickHouseHTTP, target) -> list[int]:
     fq = q.qualified(target.database, target.table)
     return [r["id"] for r in admin.query_json(f"SELECT id FROM {fq} ORDER BY id SETTINGS implicit_transaction = 1")]
 

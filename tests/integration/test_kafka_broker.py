@@ -109,7 +109,7 @@ def test_end_offsets_count_the_records_produced_to_each_partition(broker: tuple[
     create_topic(control, name, 3)
     p = KafkaProducer(bootstrap_servers=bootstrap)
     for part, n in ((0, 5), (1, 0), (2, 11)):
-        for i in range(n):
+        for _ in range(n):
             p.send(name, value=b"x", partition=part)
     p.flush()
     p.close()
@@ -167,11 +167,11 @@ def test_the_command_line_serves_on_the_fixed_port_and_writes_the_ready_file(
         tmp_path: Path) -> None:
     port = _free_port()
     ready = tmp_path / "ready.json"
-    log = open(tmp_path / "broker.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server_patches.kafka_broker", "--host", "127.0.0.1",
-         "--port", str(port), "--ready-file", str(ready), "--topics", "fixed:2"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "broker.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "server_patches.kafka_broker", "--host", "127.0.0.1",
+             "--port", str(port), "--ready-file", str(ready), "--topics", "fixed:2"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():
@@ -196,7 +196,6 @@ def test_the_command_line_serves_on_the_fixed_port_and_writes_the_ready_file(
     finally:
         proc.terminate()
         assert proc.wait(15) == 0  # SIGTERM is a clean shutdown
-        log.close()
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))  # the port is free again

@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pytest
@@ -18,66 +17,27 @@ from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, Not
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import MARKERS_TABLE, arrow_checksum
+from clickhouse_tx.markers import arrow_checksum
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.modes.staging import STAGE_PREFIX, StagingMode, stage_name
 from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
-
-TXN = "q1"
-PARTITIONS = 4  # the tables below are PARTITION BY id % 4
+from tests.helpers.tables import (
+    PARTITIONS,
+    TXN,
+    batches,
+    committed_count,
+    distinct_ids,
+    make_table,
+    markers,
+    rows,
+    tables,
+)
 
 
 class SimulatedCrash(BaseException):
     """The driver dies here (a BaseException: no retry or cleanup path catches it)."""
-
-
-def rows(n: int, start: int = 0) -> pa.Table:
-    return pa.table({"id": pa.array(range(start, start + n), pa.uint64()),
-                     "s": pa.array([f"v{i}" for i in range(start, start + n)])})
-
-
-def batches(t: pa.Table, size: int = 250) -> Iterator[pa.RecordBatch]:
-    return iter(t.to_batches(max_chunksize=size))
-
-
-@pytest.fixture
-def admin(clickhouse_url: str, database: str) -> Iterator[ClickHouseHTTP]:
-    c = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="events"))
-    yield c
-    c.close()
-
-
-def make_table(admin: ClickHouseHTTP, database: str, table: str = "events", *, engine: str = "MergeTree",
-               settings: str = "non_replicated_deduplication_window = 1000") -> Target:
-    tail = f" PARTITION BY id % {PARTITIONS} ORDER BY id" if "MergeTree" in engine else ""
-    if settings and "MergeTree" in engine:
-        tail += f" SETTINGS {settings}"
-    admin.command(f"CREATE TABLE {q.qualified(database, table)} (id UInt64, s String) ENGINE = {engine}{tail}")
-    return Target(url=admin.target.url, database=database, table=table)
-
-
-def committed_count(admin: ClickHouseHTTP, target: Target) -> int:
-    fq = q.qualified(target.database, target.table)
-    return admin.query_json(f"SELECT count() AS c FROM {fq} SETTINGS implicit_transaction = 1")[0]["c"]
-
-
-def distinct_ids(admin: ClickHouseHTTP, target: Target) -> int:
-    fq = q.qualified(target.database, target.table)
-    return admin.query_json(f"SELECT uniqExact(id) AS c FROM {fq} SETTINGS implicit_transaction = 1")[0]["c"]
-
-
-def tables(admin: ClickHouseHTTP, database: str) -> set[str]:
-    return {r["name"] for r in admin.query_json(
-        "SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})}
-
-
-def markers(admin: ClickHouseHTTP, database: str) -> list[dict]:
-    if MARKERS_TABLE not in tables(admin, database):
-        return []
-    return admin.query_json(f"SELECT xid, `partition`, rows FROM {q.qualified(database, MARKERS_TABLE)} "
-                            "ORDER BY `partition` SETTINGS implicit_transaction = 1")
 
 
 def prepare_all(co, data: pa.Table, *, batch: int = 0, attempt: int = 0) -> list[Prepared]:

@@ -93,7 +93,7 @@ def test_of_threads_racing_the_same_transition_exactly_one_wins(target: Target, 
         barrier.wait()
         try:
             results[i] = reg.transition(xid, [INIT], COMMITTING, {"winner": i})
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             results[i] = exc
 
     threads = [threading.Thread(target=racer, args=(i,)) for i in range(n)]

@@ -17,7 +17,8 @@ import pytest
 import requests
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from server_patches import chdb_config, stack as stack_mod, zookeeper
+from server_patches import chdb_config, zookeeper
+from server_patches import stack as stack_mod
 from server_patches.stack import StackError, StackInfo
 from tests.conftest import quote_ident
 

@@ -28,7 +28,7 @@ from clickhouse_tx.modes.staging import STAGE_PREFIX
 from clickhouse_tx.schema import check_schema, conversion_columns, describe_table
 
 MODES = ["transaction", "staging", "dedup"]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 I64 = pa.int64()
 TS = pa.timestamp("us", tz="UTC")
 
@@ -319,7 +319,7 @@ def test_gc_drops_the_dead_letter_stage_of_a_staging_prepare_no_batch_decided(
         admin, database: str, clickhouse_url: str, tmp_path: Path) -> None:
     from clickhouse_tx.dead_letters import dead_letter_ddl
     from clickhouse_tx.modes.staging import dead_letter_stage_name
-    from tests.integration.test_cli import _cli
+    from tests.helpers.cli import run_cli as _cli
 
     target = typed_table(admin, database, "UInt8", "typed")
     admin.command(dead_letter_ddl(database, "dlq"))

@@ -24,7 +24,7 @@ from clickhouse_tx.schema import Column, TableInfo, check_schema, conversion_col
 from spark_datasource.table_ddl import create_table_sql
 from spark_datasource.type_mapping import spark_schema_to_arrow
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 @pytest.fixture()

@@ -24,8 +24,16 @@ from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from server_patches import stack as stack_mod
-from tests.spark.test_writer_batch import (actual_totals, create_events_table, events, expected_totals,
-                                           open_registry_entries, run_sql, scalar, writer_options)
+from tests.spark.test_writer_batch import (
+    actual_totals,
+    create_events_table,
+    events,
+    expected_totals,
+    open_registry_entries,
+    run_sql,
+    scalar,
+    writer_options,
+)
 
 N = 3000
 
@@ -131,8 +139,7 @@ def _slow(seconds: float):
     def slow(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import time as t
 
-        for b in batches:
-            yield b
+        yield from batches
         t.sleep(seconds)
     return slow
 

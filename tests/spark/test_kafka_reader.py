@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from kafka import KafkaProducer
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import create_topic, delete_records, start_broker, stop_broker
@@ -38,7 +39,6 @@ from spark_datasource.kafka_reader import (
     read_range,
     to_json_offsets,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 # ------------------------------------------------------------------ pure planning
 
@@ -343,7 +343,7 @@ def test_a_broker_that_is_down_fails_with_an_error_naming_bootstrap_servers(
 
 
 @pytest.fixture(scope="module")
-def kspark(spark):  # type: ignore[no-untyped-def]
+def kspark(spark):
     spark.dataSource.register(KafkaDataSource)
     return spark
 
@@ -390,7 +390,7 @@ def _run_stream(kspark, bootstrap: str, topic: str, chk: Path, out: Path, max_pe
     """
     ran: list[int] = []
 
-    def sink(df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+    def sink(df, batch_id: int) -> None:
         rows = df.select("partition", "offset", "value").toArrow()
         ran.append(batch_id)
         if batch_id == fail_on_batch:

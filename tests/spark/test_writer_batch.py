@@ -11,7 +11,6 @@ also its entry point (``python -m tests.spark.test_writer_batch retry-job ...``)
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.spark.test_writer_batch import (open_registry_entries, read_committed, run_sql,
-                                           scalar, writer_options)
+from tests.spark.test_writer_batch import open_registry_entries, read_committed, run_sql, scalar, writer_options
 
 N = 10_000
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     mod = sys.modules.get("tests.unit.test_protocol_state_machine")
     if mod is None or not mod.SCHEDULES["started"]:
         return

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -39,6 +39,9 @@ from clickhouse_tx.interfaces import (
     WriteContext,
 )
 from clickhouse_tx.state import TxState, is_finished, next_state
+
+if TYPE_CHECKING:  # imported lazily at run time: the coordinator module imports much more
+    from clickhouse_tx.coordinator import Coordinator
 
 TARGET = Target(url="http://fake:8123", database="db", table="events", password="s3cret")
 
@@ -340,7 +343,7 @@ class World:
         self._xids += 1
         return f"{txn_id}-b{batch}-p{partition}-a{attempt}-{self._xids:08x}"
 
-    def coordinator(self, **kw) -> "Coordinator":  # noqa: F821 - imported lazily
+    def coordinator(self, **kw) -> Coordinator:
         from clickhouse_tx.coordinator import Coordinator
         from clickhouse_tx.retry import RetryPolicy
 

@@ -16,7 +16,7 @@ UTC = "UTC"
 
 
 def ts(*args: int) -> datetime.datetime:
-    return datetime.datetime(*args, tzinfo=datetime.timezone.utc)
+    return datetime.datetime(*args, tzinfo=datetime.UTC)
 
 
 def convert(ch: str, arr: pa.Array, **kw: bool) -> pa.Array:

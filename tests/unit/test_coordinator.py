@@ -22,7 +22,6 @@ from clickhouse_tx.errors import (
 from clickhouse_tx.interfaces import CommitOutcome, Decision, Mode, Prepared, RegistryEntry, WriteContext
 from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.state import TxState
-
 from tests.unit.fakes import TARGET, Crash, FaultPlan, World, arrow_batches
 
 ROWS = 5
@@ -545,8 +544,8 @@ def test_an_in_doubt_commit_names_the_visible_partitions_and_the_recover_command
             raise OutcomeUnknownError("UNKNOWN_STATUS_OF_TRANSACTION", xid=p.xid)
         real_commit(target, p)
     w.ch.commit = commit  # type: ignore[method-assign]
-    w.ch.lookup = lambda target, p: (CommitOutcome.COMMITTED if w.ch.tx[p.xid].status == "committed"
-                                     else CommitOutcome.PENDING)  # type: ignore[method-assign]
+    w.ch.lookup = lambda target, p: (CommitOutcome.COMMITTED  # type: ignore[method-assign]
+                                     if w.ch.tx[p.xid].status == "committed" else CommitOutcome.PENDING)
     with pytest.raises(OutcomeUnknownError) as info:
         w.coordinator().commit_batch(0, ms)
     text = str(info.value)

@@ -7,26 +7,14 @@ import dataclasses
 import errno
 import os
 import pathlib
-import threading
-from typing import Callable
 
 import pyarrow.fs as pafs
 import pytest
 
 from clickhouse_tx.decision_log import FileDecisionLog, TornDecisionError
 from clickhouse_tx.errors import ConfigurationError, DecisionConflictError
-from clickhouse_tx.interfaces import Decision, Mode, Prepared
-
-
-def prepared(xid: str, partition: int = 0, batch: int = 3) -> Prepared:
-    return Prepared(xid=xid, txn_id="q", batch=batch, partition=partition, attempt=0,
-                    mode=Mode.STAGING, server="http://h:8123", table="db.t", rows=10, checksum=7,
-                    details={"stage": f"stage_{xid}", "partition_ids": ["all"]})
-
-
-def decision(version: int = 1, batch: int = 3, xids: tuple[str, ...] = ("a", "b")) -> Decision:
-    return Decision(txn_id="q", batch=batch, version=version,
-                    chosen=tuple(prepared(x, i, batch) for i, x in enumerate(xids)))
+from clickhouse_tx.interfaces import Decision, Mode
+from tests.helpers.decision_log import decision, race
 
 
 def test_a_written_decision_reads_back_equal_and_not_done(tmp_path: pathlib.Path) -> None:
@@ -84,28 +72,6 @@ def test_no_temp_files_remain_after_writes(tmp_path: pathlib.Path) -> None:
     assert sorted(os.listdir(tmp_path / "clickhouse_tx" / "q")) == ["3.done", "3.v1.json"]
 
 
-def race(make_log: Callable[[], FileDecisionLog], writers: int = 8) -> list[str]:
-    """``writers`` threads, each with its own log, write version 1 of batch 3 at once: the winners."""
-    winners: list[str] = []
-    barrier = threading.Barrier(writers)
-
-    def writer(i: int) -> None:
-        log = make_log()
-        barrier.wait()
-        try:
-            log.write(decision(1, xids=(f"x{i}",)))
-            winners.append(f"x{i}")
-        except DecisionConflictError:
-            pass
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return winners
-
-
 def test_of_racing_writers_of_one_version_exactly_one_wins(tmp_path: pathlib.Path) -> None:
     winners = race(lambda: FileDecisionLog(str(tmp_path), "q"))
     assert len(winners) == 1
@@ -153,32 +119,32 @@ class CountingHandler(pafs.FileSystemHandler):
     def get_type_name(self) -> str:
         return "counting"
 
-    def get_file_info(self, paths):  # noqa: ANN001, ANN201 - pyarrow's handler interface
+    def get_file_info(self, paths):  # pyarrow's handler interface
         self.calls["get_file_info"] += 1
         self.infos += len(paths)
         return self.fs.get_file_info(paths)
 
-    def get_file_info_selector(self, selector):  # noqa: ANN001, ANN201
+    def get_file_info_selector(self, selector):
         self.calls["list_directory"] += 1
         out = self.fs.get_file_info(selector)
         self.infos += len(out)
         return out
 
-    def open_input_stream(self, path):  # noqa: ANN001, ANN201
+    def open_input_stream(self, path):
         self.calls["open"] += 1
         return self.fs.open_input_stream(path)
 
-    def open_input_file(self, path):  # noqa: ANN001, ANN201
+    def open_input_file(self, path):
         self.calls["open"] += 1
         return self.fs.open_input_file(path)
 
-    def normalize_path(self, path):  # noqa: ANN001, ANN201
+    def normalize_path(self, path):
         return path
 
-    def equals(self, other):  # noqa: ANN001, ANN201
+    def equals(self, other):
         return other is self
 
-    def _no(self, *args):  # noqa: ANN002, ANN202
+    def _no(self, *args):
         raise NotImplementedError("read-only in this test")
 
     create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = _no
@@ -301,13 +267,13 @@ def test_an_object_store_log_without_an_arbiter_refuses_to_write_and_says_why(tm
 
 def test_a_coordinator_over_a_compacting_log_replays_the_newest_and_a_compacted_batch_as_done(
         tmp_path: pathlib.Path) -> None:
-    from tests.unit.fakes import World, arrow_batches
     from clickhouse_tx.interfaces import WriteContext
+    from tests.unit.fakes import World, arrow_batches
 
     w = World()
     w.log = FileDecisionLog(str(tmp_path), w.txn_id, retain_batches=2, compact_every=1)
 
-    def run(batch: int, attempt: int):  # noqa: ANN202
+    def run(batch: int, attempt: int):
         co = w.coordinator()
         msgs = [co.prepare(WriteContext(w.txn_id, batch, p, attempt), arrow_batches(5, p)) for p in range(2)]
         return co.commit_batch(batch, msgs)

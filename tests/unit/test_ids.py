@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import (

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
-from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-
 import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from clickhouse_tx.errors import ClickHouseTxError, LostTransactionError
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
-
 from tests.unit.fakes import TARGET, Crash, World
 
 #: schedules (hypothesis examples) run in this process; reported by tests/unit/conftest.py

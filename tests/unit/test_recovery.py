@@ -6,7 +6,6 @@ import pytest
 
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.recovery import gc_stale, resolve_in_doubt, status_summary
-
 from tests.unit.fakes import TARGET, Crash, FakeDecisionLog, World, arrow_batches
 
 

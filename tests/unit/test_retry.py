@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError, TransientError
@@ -61,7 +63,7 @@ def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
     for rng_value in (0.0, 0.37, 0.999):
         t = FakeTime()
         fn, _ = failing(7, TransientError("x"))
-        retry_call(fn, policy, sleep=t.sleep, clock=t.clock, rng=lambda: rng_value)
+        retry_call(fn, policy, sleep=t.sleep, clock=t.clock, rng=lambda v=rng_value: v)
         caps = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
         assert t.sleeps == pytest.approx([rng_value * c for c in caps])
 
@@ -99,7 +101,7 @@ def test_a_simulated_crash_passes_through_untouched() -> None:
 
 def test_a_policy_is_frozen_and_rejects_nonsense() -> None:
     p = RetryPolicy()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         p.max_attempts = 2  # type: ignore[misc]
     with pytest.raises(ValueError, match="max_attempts"):
         RetryPolicy(max_attempts=0)

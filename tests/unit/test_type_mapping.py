@@ -6,13 +6,14 @@ import pickle
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from clickhouse_tx.errors import ConfigurationError
-from spark_datasource.table_ddl import create_table_sql, quote_identifier
 from clickhouse_tx.chtypes import CHType, parse_clickhouse_type
+from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.schema import Column, TableInfo, check_schema
+from spark_datasource.table_ddl import create_table_sql, quote_identifier
 from spark_datasource.type_mapping import arrow_to_clickhouse, spark_schema_to_arrow, spark_to_clickhouse
 
 # ---------------------------------------------------------------- Spark -> ClickHouse
@@ -218,7 +219,7 @@ def test_the_parser_refuses_absurd_nesting_and_length_without_crashing():
     with pytest.raises(ConfigurationError, match="too long"):
         parse_clickhouse_type("Tuple(" + "Int8, " * 20_000 + "Int8)")
     with pytest.raises(ConfigurationError, match="must be a string"):
-        parse_clickhouse_type(None)  # type: ignore[arg-type]
+        parse_clickhouse_type(None)
 
 
 def test_a_parse_error_quotes_a_long_type_only_in_part():

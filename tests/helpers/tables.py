@@ -1,0 +1,60 @@
+"""Test tables of ``(id UInt64, s String)`` on the embedded stack, and reads of what they hold.
+
+Used by the integration tests of the commit modes (``test_modes``, ``test_commit_path``,
+``test_dedup_mode``); every read is ``implicit_transaction = 1``, what a
+read-committed reader sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from clickhouse_tx import sql as q
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.interfaces import Target
+from clickhouse_tx.markers import MARKERS_TABLE
+
+TXN = "q1"
+PARTITIONS = 4  # the tables below are PARTITION BY id % 4
+
+
+def rows(n: int, start: int = 0) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + n), pa.uint64()),
+                     "s": pa.array([f"v{i}" for i in range(start, start + n)])})
+
+
+def batches(t: pa.Table, size: int = 250) -> Iterator[pa.RecordBatch]:
+    return iter(t.to_batches(max_chunksize=size))
+
+
+def make_table(admin: ClickHouseHTTP, database: str, table: str = "events", *, engine: str = "MergeTree",
+               settings: str = "non_replicated_deduplication_window = 1000") -> Target:
+    tail = f" PARTITION BY id % {PARTITIONS} ORDER BY id" if "MergeTree" in engine else ""
+    if settings and "MergeTree" in engine:
+        tail += f" SETTINGS {settings}"
+    admin.command(f"CREATE TABLE {q.qualified(database, table)} (id UInt64, s String) ENGINE = {engine}{tail}")
+    return Target(url=admin.target.url, database=database, table=table)
+
+
+def committed_count(admin: ClickHouseHTTP, target: Target) -> int:
+    fq = q.qualified(target.database, target.table)
+    return int(admin.query_json(f"SELECT count() AS c FROM {fq} SETTINGS implicit_transaction = 1")[0]["c"])
+
+
+def distinct_ids(admin: ClickHouseHTTP, target: Target) -> int:
+    fq = q.qualified(target.database, target.table)
+    return int(admin.query_json(f"SELECT uniqExact(id) AS c FROM {fq} SETTINGS implicit_transaction = 1")[0]["c"])
+
+
+def tables(admin: ClickHouseHTTP, database: str) -> set[str]:
+    return {r["name"] for r in admin.query_json(
+        "SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})}
+
+
+def markers(admin: ClickHouseHTTP, database: str) -> list[dict[str, Any]]:
+    if MARKERS_TABLE not in tables(admin, database):
+        return []
+    return admin.query_json(f"SELECT xid, `partition`, rows FROM {q.qualified(database, MARKERS_TABLE)} "
+                            "ORDER BY `partition` SETTINGS implicit_transaction = 1")

@@ -1,0 +1,18 @@
+"""Fixtures of the integration tests (the shared stack's fixtures are in ``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.interfaces import Target
+
+
+@pytest.fixture
+def admin(clickhouse_url: str, database: str) -> Iterator[ClickHouseHTTP]:
+    """A client of the test's database on the shared stack (default table ``events``), closed after the test."""
+    c = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="events"))
+    yield c
+    c.close()
