@@ -13,7 +13,6 @@ lint: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) .ci/function_length.py
 
 ## make test: lint, then the default suite (unit, integration, spark); slow torture/benchmarks excluded
 test: lint

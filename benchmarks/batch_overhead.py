@@ -47,7 +47,7 @@ from pyspark.sql.datasource import (
 
 from benchmarks import http_trace
 from benchmarks.results_file import write_result
-from benchmarks.spark_write import _sql
+from benchmarks.spark_write import run_sql
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "batch_overhead.json"
@@ -67,10 +67,10 @@ class NoopStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Count:
         return _Count(sum(b.num_rows for b in iterator))
 
-    def commit(self, messages, batchId) -> None:  # type: ignore[override]
+    def commit(self, messages, batchId) -> None:
         pass
 
-    def abort(self, messages, batchId) -> None:  # type: ignore[override]
+    def abort(self, messages, batchId) -> None:
         pass
 
 
@@ -101,11 +101,16 @@ def _spark(trace: Path | None):
         paths = [str(_trace_dir()), str(ROOT), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         os.environ[http_trace.ENV] = str(trace)
-    spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-batch-overhead")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-             .config("spark.driver.memory", "1g").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("clickhouse-tx-batch-overhead")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark_datasource.register(spark)
     spark.dataSource.register(NoopStreamSource)
@@ -113,9 +118,13 @@ def _spark(trace: Path | None):
 
 
 def _stream(spark, rows: int):
-    return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
-            .option("numPartitions", PARTITIONS).load()
-            .selectExpr("value AS id", "cast(value % 1000 AS int) AS k", "cast(value AS double) * 0.5 AS v"))
+    return (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", rows)
+        .option("numPartitions", PARTITIONS)
+        .load()
+        .selectExpr("value AS id", "cast(value % 1000 AS int) AS k", "cast(value AS double) * 0.5 AS v")
+    )
 
 
 def _run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, workdir: Path) -> list[dict]:
@@ -128,11 +137,18 @@ def _run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, wor
         writer = writer.format("noop_python_stream")
     else:
         settings = " SETTINGS non_replicated_deduplication_window = 1000" if sink == "dedup" else ""
-        _sql(url, f"CREATE TABLE {db}.{sink} (id Int64, k Int32, v Float64) "
-                  f"ENGINE = MergeTree ORDER BY id{settings}")
-        writer = (writer.format("clickhouse_tx").option("url", url).option("database", db)
-                  .option("table", sink).option("mode", sink)
-                  .option("allow_nullable_into_non_nullable", "true"))
+        run_sql(
+            url,
+            f"CREATE TABLE {db}.{sink} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}",
+        )
+        writer = (
+            writer.format("clickhouse_tx")
+            .option("url", url)
+            .option("database", db)
+            .option("table", sink)
+            .option("mode", sink)
+            .option("allow_nullable_into_non_nullable", "true")
+        )
     query = writer.start()
     try:
         deadline = time.monotonic() + 60 + 10 * (batches + WARMUP)
@@ -145,9 +161,9 @@ def _run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, wor
     finally:
         query.stop()
     progress = [json.loads(p.json) for p in query.recentProgress if p.numInputRows]
-    measured = progress[WARMUP:WARMUP + batches]
+    measured = progress[WARMUP : WARMUP + batches]
     if sink in MODES:
-        got = int(_sql(url, f"SELECT count() FROM {db}.{sink} SETTINGS implicit_transaction = 1").strip())
+        got = int(run_sql(url, f"SELECT count() FROM {db}.{sink} SETTINGS implicit_transaction = 1").strip())
         want = sum(p["numInputRows"] for p in progress)
         if got < want:  # batches past the last reported progress may have committed too
             raise RuntimeError(f"{sink}: {got} rows in the table, the progress reports {want}")
@@ -156,19 +172,29 @@ def _run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, wor
 
 def _stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"median": statistics.median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))],
-            "min": ordered[0], "max": ordered[-1]}
+    return {
+        "median": statistics.median(ordered),
+        "p90": ordered[int(0.9 * (len(ordered) - 1))],
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
 
 
 def _summary(progress: list[dict]) -> dict[str, Any]:
-    durations = {k: _stats([float(p["durationMs"].get(k, 0)) for p in progress])
-                 for k in ("triggerExecution", "addBatch", "commitOffsets", "walCommit",
-                           "queryPlanning", "latestOffset")}
-    wall = (time.mktime(time.strptime(progress[-1]["timestamp"][:19], "%Y-%m-%dT%H:%M:%S"))
-            - time.mktime(time.strptime(progress[0]["timestamp"][:19], "%Y-%m-%dT%H:%M:%S")))
-    return {"batches": len(progress), "durations_ms": durations,
-            "batches_per_s": 1000.0 / durations["triggerExecution"]["median"],
-            "rows_per_batch": progress[0]["numInputRows"], "wall_s_between_first_and_last": wall}
+    durations = {
+        k: _stats([float(p["durationMs"].get(k, 0)) for p in progress])
+        for k in ("triggerExecution", "addBatch", "commitOffsets", "walCommit", "queryPlanning", "latestOffset")
+    }
+    wall = time.mktime(time.strptime(progress[-1]["timestamp"][:19], "%Y-%m-%dT%H:%M:%S")) - time.mktime(
+        time.strptime(progress[0]["timestamp"][:19], "%Y-%m-%dT%H:%M:%S")
+    )
+    return {
+        "batches": len(progress),
+        "durations_ms": durations,
+        "batches_per_s": 1000.0 / durations["triggerExecution"]["median"],
+        "rows_per_batch": progress[0]["numInputRows"],
+        "wall_s_between_first_and_last": wall,
+    }
 
 
 def run(url: str, rows: int, batches: int, sinks: list[str], trace: bool) -> dict[str, Any]:
@@ -176,7 +202,7 @@ def run(url: str, rows: int, batches: int, sinks: list[str], trace: bool) -> dic
     trace_file = workdir / "http_trace.jsonl" if trace else None
     spark = _spark(trace_file)
     db = f"bench_{uuid.uuid4().hex[:8]}"
-    _sql(url, f"CREATE DATABASE {db}")
+    run_sql(url, f"CREATE DATABASE {db}")
     results: dict[str, Any] = {}
     try:
         for sink in sinks:
@@ -194,10 +220,13 @@ def run(url: str, rows: int, batches: int, sinks: list[str], trace: bool) -> dic
                 lines = [x for x in lines if t0 <= x["t"] <= t1]
                 results[sink]["http"] = http_trace.per_batch(lines, last - first + 1)
             med = results[sink]["durations_ms"]
-            print(f"{sink}: triggerExecution {med['triggerExecution']['median']:.0f} ms, "
-                  f"addBatch {med['addBatch']['median']:.0f} ms (median of {len(progress)})", flush=True)
+            print(
+                f"{sink}: triggerExecution {med['triggerExecution']['median']:.0f} ms, "
+                f"addBatch {med['addBatch']['median']:.0f} ms (median of {len(progress)})",
+                flush=True,
+            )
     finally:
-        _sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
+        run_sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
         spark.stop()
     return _report(results, rows, batches, trace)
 
@@ -216,18 +245,31 @@ def _report(results: dict[str, Any], rows: int, batches: int, trace: bool) -> di
         for base in ("noop_python", "none"):
             if base in results and base != mode:
                 ratios[f"{mode}_over_{base}"] = results[mode]["batches_per_s"] / results[base]["batches_per_s"]
-    fixed = {m: results[m]["durations_ms"]["triggerExecution"]["median"]
-             - results["noop_python"]["durations_ms"]["triggerExecution"]["median"]
-             for m in MODES if m in results and "noop_python" in results}
+    fixed = {
+        m: results[m]["durations_ms"]["triggerExecution"]["median"]
+        - results["noop_python"]["durations_ms"]["triggerExecution"]["median"]
+        for m in MODES
+        if m in results and "noop_python" in results
+    }
     return {
-        "benchmark": "batch_overhead", "rows_per_batch": rows, "partitions": PARTITIONS,
-        "measured_batches": batches, "warmup_batches": WARMUP, "trigger": "processingTime=0",
-        "master": "local[2]", "traced": trace, "results": results, "ratios": ratios,
+        "benchmark": "batch_overhead",
+        "rows_per_batch": rows,
+        "partitions": PARTITIONS,
+        "measured_batches": batches,
+        "warmup_batches": WARMUP,
+        "trigger": "processingTime=0",
+        "master": "local[2]",
+        "traced": trace,
+        "results": results,
+        "ratios": ratios,
         "sink_fixed_cost_ms_over_noop_python": fixed,
         "targets": {"fixed_cost_ms": 300},
         "targets_met": {f"{m}_fixed_cost_ms": v < 300 for m, v in fixed.items()},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "note": "shared with other developers' jobs while measured (loaded)"},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "note": "shared with other developers' jobs while measured (loaded)",
+        },
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -253,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_stack(d, purge=True)
     write_result(a.out, report)
-    print(json.dumps({"ratios": report["ratios"],
-                      "fixed_ms": report["sink_fixed_cost_ms_over_noop_python"]}, indent=2))
+    print(json.dumps({"ratios": report["ratios"], "fixed_ms": report["sink_fixed_cost_ms_over_noop_python"]}, indent=2))
     return 0
 
 

@@ -3,7 +3,7 @@
 The writer's per-batch path as Spark runs it, in one process: 8 partition attempts
 prepared (the executors' :meth:`Coordinator.prepare`, in 2 threads like ``local[2]``)
 and the driver's :meth:`Coordinator.commit_batch`, each through a coordinator built
-the way the writer builds one (:func:`spark_datasource.writer._coordinator`, so
+the way the writer builds one (:func:`spark_datasource.writer.coordinator_for`, so
 per-process caches behave as in a reused Python worker). Every ClickHouse HTTP
 request is recorded (:mod:`benchmarks.http_trace`); the report gives, per mode, the
 requests of one steady-state batch (the 3rd, after the per-process caches are warm) by
@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from benchmarks import http_trace
 from benchmarks.results_file import write_result
-from benchmarks.spark_write import _sql
+from benchmarks.spark_write import run_sql
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "batch_round_trips.json"
@@ -42,20 +42,30 @@ BATCHES = 3
 def _rows(batch: int, part: int, n: int = 10) -> pa.RecordBatch:
     start = (batch * PARTITIONS + part) * n
     ids = pa.array(range(start, start + n), pa.int64())
-    return pa.record_batch([ids, pa.array([i % 1000 for i in range(n)], pa.int32()),
-                            pa.array([i * 0.5 for i in range(n)], pa.float64())], names=["id", "k", "v"])
+    return pa.record_batch(
+        [ids, pa.array([i % 1000 for i in range(n)], pa.int32()), pa.array([i * 0.5 for i in range(n)], pa.float64())],
+        names=["id", "k", "v"],
+    )
 
 
 def _one_mode(url: str, db: str, mode: str, workdir: Path, trace: Path) -> dict[str, Any]:
     from clickhouse_tx.interfaces import WriteContext
-    from spark_datasource.writer import _coordinator
+    from spark_datasource.writer import coordinator_for
     from spark_datasource.writer_options import WriterOptions
 
     settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""
-    _sql(url, f"CREATE TABLE {db}.{mode} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}")
-    opts = WriterOptions.parse({"url": url, "database": db, "table": mode, "mode": mode,
-                                "transactional_id": f"rt_{mode}_{uuid.uuid4().hex[:6]}",
-                                "decision_log": f"file://{workdir}/{mode}"}, streaming=True)
+    run_sql(url, f"CREATE TABLE {db}.{mode} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}")
+    opts = WriterOptions.parse(
+        {
+            "url": url,
+            "database": db,
+            "table": mode,
+            "mode": mode,
+            "transactional_id": f"rt_{mode}_{uuid.uuid4().hex[:6]}",
+            "decision_log": f"file://{workdir}/{mode}",
+        },
+        streaming=True,
+    )
     txn = opts.txn_id()
     out: dict[str, Any] = {}
     for batch in range(BATCHES):
@@ -63,22 +73,27 @@ def _one_mode(url: str, db: str, mode: str, workdir: Path, trace: Path) -> dict[
 
         def prepare(part: int, batch: int = batch) -> Any:
             ctx = WriteContext(txn_id=txn, batch=batch, partition=part, attempt=0)
-            return _coordinator(opts, txn).prepare(ctx, iter([_rows(batch, part)]))
+            return coordinator_for(opts, txn).prepare(ctx, iter([_rows(batch, part)]))
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             prepared = list(pool.map(prepare, range(PARTITIONS)))
         t1 = time.time()
-        report = _coordinator(opts, txn).commit_batch(batch, prepared)
+        report = coordinator_for(opts, txn).commit_batch(batch, prepared)
         t2 = time.time()
         if batch == BATCHES - 1:
             lines = [x for x in http_trace.read(trace) if t0 <= x["t"] <= t2]
             prep = [x for x in lines if x["t"] < t1]
             comm = [x for x in lines if x["t"] >= t1]
-            out = {"prepare_requests": len(prep), "commit_requests": len(comm),
-                   "prepare_by_kind": _kinds(prep), "commit_by_kind": _kinds(comm),
-                   "prepare_wall_s": round(t1 - t0, 4), "commit_wall_s": round(t2 - t1, 4),
-                   "commit_steps_s": {k: round(v, 4) for k, v in report.durations.items()}}
-    got = int(_sql(url, f"SELECT count() FROM {db}.{mode} SETTINGS implicit_transaction = 1").strip())
+            out = {
+                "prepare_requests": len(prep),
+                "commit_requests": len(comm),
+                "prepare_by_kind": _kinds(prep),
+                "commit_by_kind": _kinds(comm),
+                "prepare_wall_s": round(t1 - t0, 4),
+                "commit_wall_s": round(t2 - t1, 4),
+                "commit_steps_s": {k: round(v, 4) for k, v in report.durations.items()},
+            }
+    got = int(run_sql(url, f"SELECT count() FROM {db}.{mode} SETTINGS implicit_transaction = 1").strip())
     if got != BATCHES * PARTITIONS * 10:
         raise RuntimeError(f"{mode}: {got} rows, expected {BATCHES * PARTITIONS * 10}")
     return out
@@ -97,15 +112,20 @@ def run(url: str, modes: list[str]) -> dict[str, Any]:
     os.environ[http_trace.ENV] = str(trace)
     http_trace.install()
     db = f"bench_{uuid.uuid4().hex[:8]}"
-    _sql(url, f"CREATE DATABASE {db}")
+    run_sql(url, f"CREATE DATABASE {db}")
     try:
         results = {m: _one_mode(url, db, m, workdir, trace) for m in modes}
     finally:
-        _sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
-    return {"benchmark": "batch_round_trips", "partitions": PARTITIONS, "rows_per_partition": 10,
-            "measured_batch": BATCHES - 1, "results": results,
-            "machine": {"cpus": os.cpu_count(), "note": "shared and loaded while measured: times are indicative"},
-            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        run_sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
+    return {
+        "benchmark": "batch_round_trips",
+        "partitions": PARTITIONS,
+        "rows_per_partition": 10,
+        "measured_batch": BATCHES - 1,
+        "results": results,
+        "machine": {"cpus": os.cpu_count(), "note": "shared and loaded while measured: times are indicative"},
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,14 +58,23 @@ def overheads(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["mode"] == "none" or b is None or not r.get("processing_rps"):
             continue
         lat, blat = r.get("latency_ms") or {}, b.get("latency_ms") or {}
-        out.append({
-            "trigger_s": r["trigger_s"], "mode": r["mode"],
-            "throughput_overhead_pct": round(100 * (1 - r["processing_rps"] / b["processing_rps"]), 1),
-            "p50_latency_overhead_ms": (round(lat["p50"] - blat["p50"], 1)
-                                        if lat.get("p50") is not None and blat.get("p50") is not None else None),
-            "p99_latency_overhead_ms": (round(lat["p99"] - blat["p99"], 1)
-                                        if lat.get("p99") is not None and blat.get("p99") is not None else None),
-        })
+        out.append(
+            {
+                "trigger_s": r["trigger_s"],
+                "mode": r["mode"],
+                "throughput_overhead_pct": round(100 * (1 - r["processing_rps"] / b["processing_rps"]), 1),
+                "p50_latency_overhead_ms": (
+                    round(lat["p50"] - blat["p50"], 1)
+                    if lat.get("p50") is not None and blat.get("p50") is not None
+                    else None
+                ),
+                "p99_latency_overhead_ms": (
+                    round(lat["p99"] - blat["p99"], 1)
+                    if lat.get("p99") is not None and blat.get("p99") is not None
+                    else None
+                ),
+            }
+        )
     return out
 
 
@@ -100,12 +109,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     width = 0.8 / max(1, len(em))
     for i, m in enumerate(em):
         pts = {o["trigger_s"]: o["throughput_overhead_pct"] for o in ov if o["mode"] == m}
-        ax[2].bar([j + i * width for j in range(len(intervals))], [pts.get(t, 0) for t in intervals],
-                  width, label=m)
+        ax[2].bar([j + i * width for j in range(len(intervals))], [pts.get(t, 0) for t in intervals], width, label=m)
     ax[2].axhline(10, color="grey", ls=":", lw=1, label="10% target")
     ax[2].axhline(0, color="black", lw=0.5)
-    ax[2].set_xticks([j + width * (len(em) - 1) / 2 for j in range(len(intervals))],
-                     [f"{t:g}" for t in intervals])
+    ax[2].set_xticks([j + width * (len(em) - 1) / 2 for j in range(len(intervals))], [f"{t:g}" for t in intervals])
     ax[2].set_xlabel("trigger interval (s)")
     ax[2].set_ylabel("% throughput below at-least-once")
     ax[2].set_title("overhead over at-least-once (none)")
@@ -113,8 +120,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         a.legend(fontsize=7)
         a.grid(alpha=0.3)
     env = doc["config"]
-    fig.suptitle(f"clickhouse-tx modes vs trigger interval: {env['rate']:g} events/s offered, "
-                 f"{env['partitions']} partitions, local[2] on 2 cores", fontsize=10)
+    fig.suptitle(
+        f"clickhouse-tx modes vs trigger interval: {env['rate']:g} events/s offered, "
+        f"{env['partitions']} partitions, local[2] on 2 cores",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -128,13 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--rate", type=float, default=None, help="offered events/s (default 4000, quick 2000)")
     ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--duration", type=float, default=None,
-                    help="seconds of production per run, at least 3 intervals (default 40, quick 20)")
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds of production per run, at least 3 intervals (default 40, quick 20)",
+    )
     ap.add_argument("--json", default=None, help="default benchmarks/results/checkpoint_sweep[_quick].json")
     ap.add_argument("--png", default=None, help="default next to the JSON")
     a = ap.parse_args(argv)
-    intervals = ([float(x) for x in a.intervals.split(",")] if a.intervals
-                 else list(QUICK_INTERVALS if a.quick else INTERVALS))
+    intervals = (
+        [float(x) for x in a.intervals.split(",")] if a.intervals else list(QUICK_INTERVALS if a.quick else INTERVALS)
+    )
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if "none" in modes:
         modes = ["none"] + [m for m in modes if m != "none"]
@@ -154,13 +169,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             for interval in intervals:
                 for mode in modes:
                     dur = run_duration(interval, base)
-                    cfg = PipelineConfig(events=int(rate * dur), partitions=a.partitions, mode=mode,
-                                         trigger=interval, crashes=0, rate=rate,
-                                         url=info.clickhouse_url, bootstrap=str(info.kafka_bootstrap),
-                                         kafka_control=info.kafka_control, work_dir=str(Path(tmp) / "work"),
-                                         measure_latency=True, quiet=True, seed=len(runs))
-                    print(f"[{time.monotonic() - t0:6.0f} s] interval {interval:g} s, mode {mode}: "
-                          f"{cfg.events} events at {rate:g}/s ...", flush=True)
+                    cfg = PipelineConfig(
+                        events=int(rate * dur),
+                        partitions=a.partitions,
+                        mode=mode,
+                        trigger=interval,
+                        crashes=0,
+                        rate=rate,
+                        url=info.clickhouse_url,
+                        bootstrap=str(info.kafka_bootstrap),
+                        kafka_control=info.kafka_control,
+                        work_dir=str(Path(tmp) / "work"),
+                        measure_latency=True,
+                        quiet=True,
+                        seed=len(runs),
+                    )
+                    print(
+                        f"[{time.monotonic() - t0:6.0f} s] interval {interval:g} s, mode {mode}: "
+                        f"{cfg.events} events at {rate:g}/s ...",
+                        flush=True,
+                    )
                     try:
                         r = run_pipeline(cfg)
                     except Exception as e:  # record and go on with the sweep
@@ -171,18 +199,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                     r.pop("kafka_end_offsets", None)
                     runs.append(r)
                     lat = r["latency_ms"] or {}
-                    print(f"    {r['processing_rps']:,.0f} rows/s processing, p50 {lat.get('p50') or 0:,.0f} ms, "
-                          f"p99 {lat.get('p99') or 0:,.0f} ms, {r['batches']} batches, "
-                          f"dup {r['duplicates']} lost {r['lost']}", flush=True)
+                    print(
+                        f"    {r['processing_rps']:,.0f} rows/s processing, p50 {lat.get('p50') or 0:,.0f} ms, "
+                        f"p99 {lat.get('p99') or 0:,.0f} ms, {r['batches']} batches, "
+                        f"dup {r['duplicates']} lost {r['lost']}",
+                        flush=True,
+                    )
         finally:
             stack_mod.stop_stack(Path(tmp) / "stack")
     doc = {
         "benchmark": "checkpoint_sweep",
         "quick": a.quick,
-        "config": {"intervals": intervals, "modes": modes, "rate": rate, "partitions": a.partitions,
-                   "base_duration_s": base, "latency_poll_ms": 100, "spark": "local[2]",
-                   "machine": "2 cores, shared", "throughput": "rows / sum(triggerExecution) of data batches",
-                   "latency": "Kafka timestamp -> first read-committed poll showing the offset"},
+        "config": {
+            "intervals": intervals,
+            "modes": modes,
+            "rate": rate,
+            "partitions": a.partitions,
+            "base_duration_s": base,
+            "latency_poll_ms": 100,
+            "spark": "local[2]",
+            "machine": "2 cores, shared",
+            "throughput": "rows / sum(triggerExecution) of data batches",
+            "latency": "Kafka timestamp -> first read-committed poll showing the offset",
+        },
         "runs": runs,
         "overheads": overheads([r for r in runs if "error" not in r]),
         "wall_s": round(time.monotonic() - t0, 1),
@@ -193,8 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(doc, ppath)
     print(f"wrote {jpath} and {ppath}")
     for o in doc["overheads"]:
-        print(f"  interval {o['trigger_s']:>4g} s {o['mode']:<12} throughput overhead "
-              f"{o['throughput_overhead_pct']:>6.1f}%  p50 latency +{o['p50_latency_overhead_ms']} ms")
+        print(
+            f"  interval {o['trigger_s']:>4g} s {o['mode']:<12} throughput overhead "
+            f"{o['throughput_overhead_pct']:>6.1f}%  p50 latency +{o['p50_latency_overhead_ms']} ms"
+        )
     return 0 if all("error" not in r for r in runs) else 1
 
 

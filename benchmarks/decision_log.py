@@ -21,8 +21,18 @@ from clickhouse_tx.interfaces import Decision, Mode, Prepared
 
 def _fill(log: FileDecisionLog, n: int) -> None:
     for b in range(n):
-        p = Prepared(xid=f"x{b}", txn_id=log.txn_id, batch=b, partition=0, attempt=0,
-                     mode=Mode.TRANSACTION, server="h", table="d.t", rows=1, checksum=1)
+        p = Prepared(
+            xid=f"x{b}",
+            txn_id=log.txn_id,
+            batch=b,
+            partition=0,
+            attempt=0,
+            mode=Mode.TRANSACTION,
+            server="h",
+            table="d.t",
+            rows=1,
+            checksum=1,
+        )
         log.write(Decision(txn_id=log.txn_id, batch=b, chosen=(p,)))
         log.mark_done(b)
 
@@ -39,8 +49,11 @@ def measure(n: int, repeat: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         log = FileDecisionLog(d, "bench", compact_every=10**9)
         _fill(log, n)
-        return {"batches": n, "read_ms": round(_ms(lambda: log.read(n - 1), repeat), 3),
-                "listing_ms": round(_ms(lambda: list(log.batches()), repeat), 3)}
+        return {
+            "batches": n,
+            "read_ms": round(_ms(lambda: log.read(n - 1), repeat), 3),
+            "listing_ms": round(_ms(lambda: list(log.batches()), repeat), 3),
+        }
 
 
 def main() -> None:

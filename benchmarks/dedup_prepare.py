@@ -31,10 +31,13 @@ def _coordinators(url: str, checkpoint: str) -> dict[str, Any]:
     admin.command("CREATE DATABASE IF NOT EXISTS bench_dedup")
     out = {}
     for mode in ("none", "dedup"):
-        admin.command(f"CREATE TABLE bench_dedup.{mode} (id UInt64, s String) ENGINE = MergeTree "
-                      "ORDER BY id SETTINGS non_replicated_deduplication_window = 1000")
-        co = build_coordinator(Target(url=url, database="bench_dedup", table=mode), mode, "bench",
-                               f"{checkpoint}/{mode}")
+        admin.command(
+            f"CREATE TABLE bench_dedup.{mode} (id UInt64, s String) ENGINE = MergeTree "
+            "ORDER BY id SETTINGS non_replicated_deduplication_window = 1000"
+        )
+        co = build_coordinator(
+            Target(url=url, database="bench_dedup", table=mode), mode, "bench", f"{checkpoint}/{mode}"
+        )
         co.validate(pa.schema([("id", pa.uint64()), ("s", pa.string())]))
         out[mode] = co
     return out
@@ -46,8 +49,9 @@ def measure(url: str, rows: int, batches: int) -> dict[str, Any]:
         cos = _coordinators(url, chk)
         times: dict[str, list[float]] = {m: [] for m in cos}
         for b in range(batches + 5):
-            data = pa.record_batch({"id": pa.array(range(b * rows, (b + 1) * rows), pa.uint64()),
-                                    "s": pa.array(["x"] * rows)})
+            data = pa.record_batch(
+                {"id": pa.array(range(b * rows, (b + 1) * rows), pa.uint64()), "s": pa.array(["x"] * rows)}
+            )
             for mode, co in cos.items():  # interleaved: a loaded machine slows both alike
                 t = time.perf_counter()
                 co.prepare(WriteContext("bench", b, 0, 0), iter([data]))
@@ -67,11 +71,14 @@ def main() -> None:
             p50 = measure(info.clickhouse_url, args.rows, args.batches)
         finally:
             stack.stop_stack(d)
-    print(f"prepare of one {args.rows}-row partition, p50 over {args.batches}: "
-          f"none {p50['none']} ms, dedup {p50['dedup']} ms")
+    print(
+        f"prepare of one {args.rows}-row partition, p50 over {args.batches}: "
+        f"none {p50['none']} ms, dedup {p50['dedup']} ms"
+    )
     if args.json:
-        write_result(args.json, {"benchmark": "dedup_prepare", "rows": args.rows,
-                                 "batches": args.batches, "p50_ms": p50})
+        write_result(
+            args.json, {"benchmark": "dedup_prepare", "rows": args.rows, "batches": args.batches, "p50_ms": p50}
+        )
 
 
 if __name__ == "__main__":

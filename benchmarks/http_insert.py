@@ -11,7 +11,8 @@ project's transport (``ClickHouseHTTP.insert_arrow_stream``: record batches stre
 an ArrowStream, one batch in memory) and clickhouse-connect (``Client.insert_arrow``:
 the whole table serialised to one Arrow buffer first). See ``docs/design.md``, Transport.
 
-    python -m benchmarks.http_insert --clients --rows 1000000 --repeat 5 --json benchmarks/results/http_insert_clients.json
+    python -m benchmarks.http_insert --clients --rows 1000000 --repeat 5 \
+        --json benchmarks/results/http_insert_clients.json
 """
 
 from __future__ import annotations
@@ -50,14 +51,26 @@ def make_stream(rows: int, chunk_rows: int = 65536) -> bytes:
 
 def chunks(data: bytes, size: int = 1 << 20) -> Iterator[bytes]:
     for i in range(0, len(data), size):
-        yield data[i:i + size]
+        yield data[i : i + size]
 
 
 def start_server(data_dir: str) -> tuple[subprocess.Popen[Any], str]:
     ready = os.path.join(data_dir, "ready.json")
-    proc = subprocess.Popen([sys.executable, "-m", "server_patches.http_server", "--data-dir",
-                             os.path.join(data_dir, "http"), "--port", "0", "--ready-file", ready,
-                             "--log-level", "WARNING"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server_patches.http_server",
+            "--data-dir",
+            os.path.join(data_dir, "http"),
+            "--port",
+            "0",
+            "--ready-file",
+            ready,
+            "--log-level",
+            "WARNING",
+        ]
+    )
     deadline = time.monotonic() + 60
     while not os.path.exists(ready):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -91,8 +104,11 @@ def run(rows: int, repeat: int) -> dict[str, Any]:
                     ins.append(c)
                 ins.finish()
                 local_s.append(time.perf_counter() - t0)
-                print(f"  round {i + 1}/{repeat}: http {rows / http_s[-1]:,.0f} rows/s, "
-                      f"in-process {rows / local_s[-1]:,.0f} rows/s", flush=True)
+                print(
+                    f"  round {i + 1}/{repeat}: http {rows / http_s[-1]:,.0f} rows/s, "
+                    f"in-process {rows / local_s[-1]:,.0f} rows/s",
+                    flush=True,
+                )
             http_count = int(http.post(url, data="SELECT count() FROM bench").text)
             local_count = int(str(conn.query("SELECT count() FROM bench", "CSV")).strip())
             conn.close()
@@ -145,8 +161,11 @@ def run_clients(rows: int, repeat: int) -> dict:
                 t0 = time.perf_counter()
                 theirs.insert_arrow("bench", table)
                 theirs_s.append(time.perf_counter() - t0)
-                print(f"  round {i + 1}/{repeat}: clickhouse_tx transport {rows / ours_s[-1]:,.0f} rows/s, "
-                      f"clickhouse-connect {rows / theirs_s[-1]:,.0f} rows/s", flush=True)
+                print(
+                    f"  round {i + 1}/{repeat}: clickhouse_tx transport {rows / ours_s[-1]:,.0f} rows/s, "
+                    f"clickhouse-connect {rows / theirs_s[-1]:,.0f} rows/s",
+                    flush=True,
+                )
             count = int(ours.command("SELECT count() FROM bench").strip())
             assert count == 2 * rows * repeat, count
             theirs.close()
@@ -164,8 +183,11 @@ def run_clients(rows: int, repeat: int) -> dict:
         "ratio_transport_vs_clickhouse_connect": round(ours_rate / theirs_rate, 3),
         "transport_seconds": ours_s,
         "clickhouse_connect_seconds": theirs_s,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "clickhouse_connect": clickhouse_connect.__version__},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "clickhouse_connect": clickhouse_connect.__version__,
+        },
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -175,8 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", help="write the result here")
-    ap.add_argument("--clients", action="store_true",
-                    help="compare the project's transport with clickhouse-connect on the same insert")
+    ap.add_argument(
+        "--clients",
+        action="store_true",
+        help="compare the project's transport with clickhouse-connect on the same insert",
+    )
     args = ap.parse_args(argv)
     if args.clients:
         print(f"Arrow insert, {args.rows:,} rows x {args.repeat}: clickhouse_tx transport vs clickhouse-connect")

@@ -30,13 +30,14 @@ def kind_of(sql: str) -> str:
     head = " ".join(words[:2]).upper() if words else ""
     if head.startswith("SELECT"):
         m = re.search(r"\bFROM\s+(\S+)", sql, re.IGNORECASE)
-        return "SELECT " + (m.group(1).split(".")[-1].strip("`\"") if m else words[1] if len(words) > 1 else "")
+        return "SELECT " + (m.group(1).split(".")[-1].strip('`"') if m else words[1] if len(words) > 1 else "")
     if head.startswith(("ALTER", "CREATE", "DROP")):
-        return " ".join(w for w in words[:3] if not w.startswith(("`", '"'))) .upper() + (
-            " <stage>" if "<stage>" in " ".join(words[:6]) else "")
+        return " ".join(w for w in words[:3] if not w.startswith(("`", '"'))).upper() + (
+            " <stage>" if "<stage>" in " ".join(words[:6]) else ""
+        )
     if head.startswith("INSERT"):
         m = re.search(r"\bINTO\s+(\S+)", sql, re.IGNORECASE)
-        return "INSERT " + (m.group(1).split(".")[-1].strip("`\"") if m else "")
+        return "INSERT " + (m.group(1).split(".")[-1].strip('`"') if m else "")
     return head
 
 
@@ -69,13 +70,21 @@ def install() -> None:
         finally:
             body = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
             sql = url_params.get("query") or (body if isinstance(body, str) else "")
-            line = json.dumps({"pid": os.getpid(), "role": _role(), "kind": kind_of(str(sql)),
-                               "session": "session_id" in url_params, "t": started,
-                               "s": time.time() - started, "ok": ok})
+            line = json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "role": _role(),
+                    "kind": kind_of(str(sql)),
+                    "session": "session_id" in url_params,
+                    "t": started,
+                    "s": time.time() - started,
+                    "ok": ok,
+                }
+            )
             with _lock, open(path, "a") as f:
                 f.write(line + "\n")
 
-    http_client.ClickHouseHTTP._post = traced  # type: ignore[method-assign]
+    setattr(http_client.ClickHouseHTTP, "_post", traced)  # noqa: B010 - patching a method on purpose
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:
@@ -93,6 +102,9 @@ def per_batch(lines: Iterable[dict[str, Any]], batches: int) -> dict[str, Any]:
     by_role: dict[str, Any] = {}
     for (role, kind), n in sorted(counts.items()):
         by_role.setdefault(role, {})[kind] = round(n / batches, 2)
-    return {"requests_per_batch": {r: round(sum(k.values()), 2) for r, k in by_role.items()},
-            "request_seconds_per_batch": {r: round(s / batches, 4) for r, s in seconds.items()},
-            "by_kind": by_role, "processes": len({x["pid"] for x in lines})}
+    return {
+        "requests_per_batch": {r: round(sum(k.values()), 2) for r, k in by_role.items()},
+        "request_seconds_per_batch": {r: round(s / batches, 4) for r, s in seconds.items()},
+        "by_kind": by_role,
+        "processes": len({x["pid"] for x in lines}),
+    }

@@ -33,18 +33,22 @@ from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches.stack import running_stack
 
 MODES = ("none", "transaction", "staging", "dedup")
-DDL = ("CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, ts DateTime64(3), payload String) "
-       "ENGINE = MergeTree ORDER BY id PARTITION BY intDiv(id, 100000000000) "
-       "SETTINGS non_replicated_deduplication_window = 1000")
+DDL = (
+    "CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, ts DateTime64(3), payload String) "
+    "ENGINE = MergeTree ORDER BY id PARTITION BY intDiv(id, 100000000000) "
+    "SETTINGS non_replicated_deduplication_window = 1000"
+)
 
 
 def make_partition(first: int, rows: int) -> pa.Table:
     ids = pa.array(range(first, first + rows), pa.int64())
-    return pa.table({
-        "id": ids,
-        "ts": pc.cast(pc.add(ids, 1_700_000_000_000), pa.timestamp("ms")),
-        "payload": pc.binary_join_element_wise("event-", pc.cast(pc.bit_wise_and(ids, 1023), pa.string()), ""),
-    })
+    return pa.table(
+        {
+            "id": ids,
+            "ts": pc.cast(pc.add(ids, 1_700_000_000_000), pa.timestamp("ms")),
+            "payload": pc.binary_join_element_wise("event-", pc.cast(pc.bit_wise_and(ids, 1023), pa.string()), ""),
+        }
+    )
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -52,14 +56,21 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def run_batch(target: Target, mode: str, txn: str, log: str, batch: int, parts: list[pa.Table],
-              first_partition: int = 0) -> tuple[float, float]:
+def run_batch(
+    target: Target, mode: str, txn: str, log: str, batch: int, parts: list[pa.Table], first_partition: int = 0
+) -> tuple[float, float]:
     """Prepare every partition (in parallel, as executors would), then commit; (prepare s, commit s)."""
     coord = build_coordinator(target, mode, txn, log)
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(min(4, len(parts))) as pool:
-        msgs = list(pool.map(lambda ip: coord.prepare(WriteContext(txn, batch, first_partition + ip[0], 0),
-                                                      iter(ip[1].to_batches(65536))), enumerate(parts)))
+        msgs = list(
+            pool.map(
+                lambda ip: coord.prepare(
+                    WriteContext(txn, batch, first_partition + ip[0], 0), iter(ip[1].to_batches(65536))
+                ),
+                enumerate(parts),
+            )
+        )
     t1 = time.perf_counter()
     build_coordinator(target, mode, txn, log).commit_batch(batch, msgs)  # fresh, as Spark does
     return t1 - t0, time.perf_counter() - t1
@@ -70,8 +81,14 @@ def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
     admin = ClickHouseHTTP(Target(url=url, database="default", table="x"))
     admin.command(f"CREATE DATABASE {db}")
     logroot = tempfile.mkdtemp(prefix="ctx-bench-log-")
-    out: dict[str, Any] = {"benchmark": "commit_modes", "rows_per_batch": rows, "partitions": 4, "repeat": repeat,
-                 "throughput": {}, "commit_latency_ms": {}}
+    out: dict[str, Any] = {
+        "benchmark": "commit_modes",
+        "rows_per_batch": rows,
+        "partitions": 4,
+        "repeat": repeat,
+        "throughput": {},
+        "commit_latency_ms": {},
+    }
     try:
         for mode in MODES:
             admin.command(DDL.format(db=db, t=f"t_{mode}"))
@@ -84,14 +101,21 @@ def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
                 target = Target(url=url, database=db, table=f"t_{mode}")
                 prep, com = run_batch(target, mode, f"tp-{mode}", logroot, r, parts)
                 secs[mode].append(prep + com)
-            print(f"  throughput round {r + 1}/{repeat}: " + ", ".join(
-                f"{m} {rows / secs[m][-1]:,.0f} rows/s" for m in MODES), flush=True)
+            print(
+                f"  throughput round {r + 1}/{repeat}: "
+                + ", ".join(f"{m} {rows / secs[m][-1]:,.0f} rows/s" for m in MODES),
+                flush=True,
+            )
         base = rows / statistics.median(secs["none"])
         for mode in MODES:
             rate = rows / statistics.median(secs[mode])
             count = int(admin.command(f"SELECT count() FROM {db}.t_{mode}", settings={}).strip() or 0)
-            out["throughput"][mode] = {"rows_per_s_median": round(rate), "ratio_to_none": round(rate / base, 3),
-                                       "rows_visible": count, "rows_expected": rows * repeat}
+            out["throughput"][mode] = {
+                "rows_per_s_median": round(rate),
+                "ratio_to_none": round(rate / base, 3),
+                "rows_visible": count,
+                "rows_expected": rows * repeat,
+            }
             if count != rows * repeat:
                 raise SystemExit(f"{mode}: {count} rows visible, expected {rows * repeat}")
         # Commit latency: small batches, so the protocol's own cost dominates.
@@ -105,10 +129,15 @@ def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
                     small = [make_partition(first + 1000 * i, 1000) for i in range(n)]
                     _, com = run_batch(target, mode, f"lat-{mode}-{n}", logroot, 1000 + b, small)
                     lat.append(com * 1000)
-                out["commit_latency_ms"][mode][str(n)] = {"p50": round(percentile(lat, 0.5), 1),
-                                                          "p99": round(percentile(lat, 0.99), 1)}
-                print(f"  commit latency {mode:11s} {n:2d} partitions: p50 {percentile(lat, 0.5):6.1f} ms, "
-                      f"p99 {percentile(lat, 0.99):6.1f} ms", flush=True)
+                out["commit_latency_ms"][mode][str(n)] = {
+                    "p50": round(percentile(lat, 0.5), 1),
+                    "p99": round(percentile(lat, 0.99), 1),
+                }
+                print(
+                    f"  commit latency {mode:11s} {n:2d} partitions: p50 {percentile(lat, 0.5):6.1f} ms, "
+                    f"p99 {percentile(lat, 0.99):6.1f} ms",
+                    flush=True,
+                )
     finally:
         admin.command(f"DROP DATABASE IF EXISTS {db} SYNC")
     out["targets"] = {"transaction_ratio_to_none": 0.9, "commit_16_partitions_p50_ms": 100}

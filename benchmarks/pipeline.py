@@ -27,17 +27,23 @@ from benchmarks.results_file import write_result
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespace]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.pipeline",
-                                 description=(__doc__ or "").split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--mode", default="transaction", choices=MODES)
     ap.add_argument("--trigger", type=float, default=2.0, help="processingTime interval, seconds (0: availableNow)")
     ap.add_argument("--crash", type=int, default=2, help="SIGKILL and restart the job this many times")
-    ap.add_argument("--crash-points", default="mixed",
-                    help="random | steps | mixed | comma-separated steps of: " + ", ".join(FAULT_STEPS))
-    ap.add_argument("--max-offsets-per-trigger", type=int, default=None,
-                    help="records per micro-batch (default: events/10 when producing up front)")
+    ap.add_argument(
+        "--crash-points",
+        default="mixed",
+        help="random | steps | mixed | comma-separated steps of: " + ", ".join(FAULT_STEPS),
+    )
+    ap.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        default=None,
+        help="records per micro-batch (default: events/10 when producing up front)",
+    )
     ap.add_argument("--rate", type=float, default=None, help="produce at this many events/s while the job runs")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--url", default=None, help="existing ClickHouse (with --bootstrap): no stack is started")
@@ -48,8 +54,12 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
     ap.add_argument("--keep", action="store_true", help="keep the temporary work dir")
     ap.add_argument("--latency", action="store_true", help="poll visibility and report end-to-end latency")
     ap.add_argument("--writer-option", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--sink", default="clickhouse_tx", choices=("clickhouse_tx", "foreach_insert"),
-                    help="foreach_insert: diagnostic at-least-once sink that bypasses the writer")
+    ap.add_argument(
+        "--sink",
+        default="clickhouse_tx",
+        choices=("clickhouse_tx", "foreach_insert"),
+        help="foreach_insert: diagnostic at-least-once sink that bypasses the writer",
+    )
     ap.add_argument("--job-timeout", type=float, default=900.0)
     ap.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--quiet", action="store_true")
@@ -58,12 +68,28 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
         ap.error("--events and --partitions must be positive, --crash not negative")
     if (a.url is None) != (a.bootstrap is None):
         ap.error("--url and --bootstrap go together (both existing servers) or neither (embedded stack)")
-    cfg = PipelineConfig(events=a.events, partitions=a.partitions, mode=a.mode, trigger=a.trigger,
-                         crashes=a.crash, crash_points=a.crash_points,
-                         max_offsets_per_trigger=a.max_offsets_per_trigger, rate=a.rate, seed=a.seed,
-                         url=a.url, bootstrap=a.bootstrap, kafka_control=a.kafka_control, table=a.table,
-                         work_dir=a.work_dir, keep=a.keep, measure_latency=a.latency,
-                         job_timeout_s=a.job_timeout, quiet=a.quiet, writer_options=tuple(a.writer_option), sink=a.sink)
+    cfg = PipelineConfig(
+        events=a.events,
+        partitions=a.partitions,
+        mode=a.mode,
+        trigger=a.trigger,
+        crashes=a.crash,
+        crash_points=a.crash_points,
+        max_offsets_per_trigger=a.max_offsets_per_trigger,
+        rate=a.rate,
+        seed=a.seed,
+        url=a.url,
+        bootstrap=a.bootstrap,
+        kafka_control=a.kafka_control,
+        table=a.table,
+        work_dir=a.work_dir,
+        keep=a.keep,
+        measure_latency=a.latency,
+        job_timeout_s=a.job_timeout,
+        quiet=a.quiet,
+        writer_options=tuple(a.writer_option),
+        sink=a.sink,
+    )
     return cfg, a
 
 

@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, cast
 
 import requests
 
@@ -55,8 +55,10 @@ FAULT_STEPS = ("after_prepare", "before_decision", "after_decision", "after_comm
 
 def event_json(event_id: int, ts_ms: int) -> bytes:
     """One event, ~60 bytes: small, because the dev broker keeps ~5 MiB per partition."""
-    return (f'{{"event_id":{event_id},"user_id":{event_id * 7919 % 100000},'
-            f'"amount":{event_id % 10000 / 100:.2f},"ts":{ts_ms}}}').encode()
+    return (
+        f'{{"event_id":{event_id},"user_id":{event_id * 7919 % 100000},'
+        f'"amount":{event_id % 10000 / 100:.2f},"ts":{ts_ms}}}'
+    ).encode()
 
 
 # ------------------------------------------------------------------------------ Kafka
@@ -75,9 +77,17 @@ def create_topic(bootstrap: str, control: str | None, topic: str, partitions: in
     fut[topic].result(30)
 
 
-def produce(bootstrap: str, topic: str, n: int, partitions: int, *, first_id: int = 0,
-            rate: float | None = None, stop: threading.Event | None = None,
-            on_progress: Callable[[int], None] | None = None) -> int:
+def produce(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    partitions: int,
+    *,
+    first_id: int = 0,
+    rate: float | None = None,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> int:
     """Produce events ``first_id .. first_id+n-1``, event i to partition i % partitions.
 
     ``rate`` paces production (events/s) so a running job sees a steady stream.
@@ -85,9 +95,17 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int, *, first_id: in
     """
     from confluent_kafka import Producer
 
-    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
-                     "queue.buffering.max.messages": 1_000_000, "compression.type": "none",
-                     "enable.idempotence": False, "acks": 1})
+    prod = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 1_000_000,
+            "compression.type": "none",
+            "enable.idempotence": False,
+            "acks": 1,
+        }
+    )
     errors: list[str] = []
     acked = [0]
 
@@ -128,8 +146,9 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[str, dict[s
     """``{topic: {partition: [low, high]}}`` watermarks, from Kafka."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "clickhouse-tx-pipeline-verify",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "clickhouse-tx-pipeline-verify", "enable.auto.commit": False}
+    )
     try:
         out = {}
         for p in range(partitions):
@@ -160,9 +179,12 @@ def create_target(url: str, table: str, mode: str) -> None:
     db, t = split_table(table)
     _ddl(url, f"CREATE DATABASE IF NOT EXISTS {quote_identifier(db)}")
     cols = ",\n  ".join(f"{quote_identifier(n)} {ty}" for n, ty in TABLE_COLUMNS)
-    _ddl(url, f"CREATE TABLE IF NOT EXISTS {qualified(db, t)} (\n  {cols}\n) "
-              "ENGINE = MergeTree ORDER BY (`topic`, `partition`, `offset`)"
-              + (" SETTINGS non_replicated_deduplication_window = 10000" if mode == "dedup" else ""))
+    _ddl(
+        url,
+        f"CREATE TABLE IF NOT EXISTS {qualified(db, t)} (\n  {cols}\n) "
+        "ENGINE = MergeTree ORDER BY (`topic`, `partition`, `offset`)"
+        + (" SETTINGS non_replicated_deduplication_window = 10000" if mode == "dedup" else ""),
+    )
 
 
 # ---------------------------------------------------------------------------- the job
@@ -198,7 +220,7 @@ def group_members(pgid: int) -> list[int]:
                 raw = fh.read()
         except OSError:
             continue
-        fields = raw[raw.rindex(")") + 2:].split()
+        fields = raw[raw.rindex(")") + 2 :].split()
         # fields[0] is the state, fields[2] the process group
         if fields[0] != "Z" and int(fields[2]) == pgid:
             out.append(int(name))
@@ -222,8 +244,9 @@ def kill_group(pgid: int, timeout_s: float = 30.0) -> None:
 class JobLauncher:
     """Starts :mod:`benchmarks.streaming_job` in its own session; parses its stdout."""
 
-    def __init__(self, argv: Sequence[str], work: Path,
-                 on_line: Callable[[JobRun, str, dict], None] | None = None) -> None:
+    def __init__(
+        self, argv: Sequence[str], work: Path, on_line: Callable[[JobRun, str, dict], None] | None = None
+    ) -> None:
         self.argv = list(argv)
         self.work = work
         self.on_line = on_line
@@ -237,11 +260,17 @@ class JobLauncher:
         if fault is not None:  # the planned crash is a test-only fault hook of the writer
             env[TEST_FAULTS_ENV] = "1"
         idx = len(self.runs)
-        err = open(self.work / f"job-{idx}.stderr", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.streaming_job", *self.argv, *extra],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err,
-                                start_new_session=True, text=True, bufsize=1)
-        err.close()
+        with open(self.work / f"job-{idx}.stderr", "wb") as err:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.streaming_job", *self.argv, *extra],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+            )
         run = JobRun(idx, fault, proc, time.monotonic())
         self.runs.append(run)
         threading.Thread(target=self._read, args=(run,), daemon=True).start()
@@ -337,8 +366,9 @@ class VisibilityPoller:
             self._stop.wait(self.interval_s)
 
 
-def latencies_ms(url: str, table: str, samples: Sequence[tuple[float, Mapping[int, int]]],
-                 since_s: float | None = None) -> list[float]:
+def latencies_ms(
+    url: str, table: str, samples: Sequence[tuple[float, Mapping[int, int]]], since_s: float | None = None
+) -> list[float]:
     """Per record: first poll time showing its offset visible − its Kafka timestamp, in ms.
 
     Only records whose Kafka timestamp is at or after ``since_s`` (epoch seconds) count.
@@ -347,10 +377,12 @@ def latencies_ms(url: str, table: str, samples: Sequence[tuple[float, Mapping[in
 
     ch = ClickHouseReader(url)
     try:
-        rows = ch.rows(f"SELECT `partition` AS p, groupArray(`offset`) AS o, "
-                       f"groupArray(toUnixTimestamp64Milli(kafka_ts)) AS ts FROM "
-                       f"(SELECT `partition`, `offset`, kafka_ts FROM {qualified(*split_table(table))} "
-                       f"ORDER BY `partition`, `offset`) GROUP BY p")
+        rows = ch.rows(
+            f"SELECT `partition` AS p, groupArray(`offset`) AS o, "
+            f"groupArray(toUnixTimestamp64Milli(kafka_ts)) AS ts FROM "
+            f"(SELECT `partition`, `offset`, kafka_ts FROM {qualified(*split_table(table))} "
+            f"ORDER BY `partition`, `offset`) GROUP BY p"
+        )
     finally:
         ch.close()
     out: list[np.ndarray] = []
@@ -486,7 +518,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
             _prepare_topic_and_table(r, control)
             r.launcher = JobLauncher(_job_argv(r), r.work, _progress_printer(r))
             poller = VisibilityPoller(url, r.table, cfg.latency_poll_s) if cfg.measure_latency else None
-            with (poller if poller else contextlib.nullcontext()):
+            with poller if poller else contextlib.nullcontext():
                 _run_through_crashes(r, r.launcher)
                 r.stop_producing.set()
                 if r.producer is not None:
@@ -508,10 +540,17 @@ def _new_run(cfg: PipelineConfig) -> _Run:
     work = Path(cfg.work_dir or tempfile.mkdtemp(prefix="chtx-pipeline-"))
     work.mkdir(parents=True, exist_ok=True)
     suffix = f"{int(time.time())}_{rng.randrange(1 << 30):x}"
-    return _Run(cfg=cfg, rng=rng, say=say, work=work, topic=f"events_{suffix}",
-                table=cfg.table or f"pipeline.events_{cfg.mode}_{suffix}",
-                checkpoint=work / f"checkpoint_{suffix}", crashes=plan_crashes(cfg, rng),
-                t_start=time.monotonic())
+    return _Run(
+        cfg=cfg,
+        rng=rng,
+        say=say,
+        work=work,
+        topic=f"events_{suffix}",
+        table=cfg.table or f"pipeline.events_{cfg.mode}_{suffix}",
+        checkpoint=work / f"checkpoint_{suffix}",
+        crashes=plan_crashes(cfg, rng),
+        t_start=time.monotonic(),
+    )
 
 
 def _prepare_topic_and_table(r: _Run, control: str | None) -> None:
@@ -519,8 +558,10 @@ def _prepare_topic_and_table(r: _Run, control: str | None) -> None:
     cfg = r.cfg
     create_topic(r.bootstrap, control, r.topic, cfg.partitions)
     create_target(r.url, r.table, cfg.mode)
-    r.say(f"topic {r.topic} ({cfg.partitions} partitions) -> {r.table} [{cfg.mode}], "
-          f"trigger {cfg.trigger:g} s, {len(r.crashes)} crashes planned: {', '.join(r.crashes) or '-'}")
+    r.say(
+        f"topic {r.topic} ({cfg.partitions} partitions) -> {r.table} [{cfg.mode}], "
+        f"trigger {cfg.trigger:g} s, {len(r.crashes)} crashes planned: {', '.join(r.crashes) or '-'}"
+    )
     if cfg.rate is None:
         t_prod = time.monotonic()
         r.produced = produce(r.bootstrap, r.topic, cfg.events, cfg.partitions)
@@ -530,15 +571,31 @@ def _prepare_topic_and_table(r: _Run, control: str | None) -> None:
 def _job_argv(r: _Run) -> list[str]:
     """The streaming job's command line (the same for every restart)."""
     cfg = r.cfg
-    ends = {r.topic: {str(p): (cfg.events - p + cfg.partitions - 1) // cfg.partitions
-                      for p in range(cfg.partitions)}}
+    ends = {r.topic: {str(p): (cfg.events - p + cfg.partitions - 1) // cfg.partitions for p in range(cfg.partitions)}}
     mopt = cfg.max_offsets_per_trigger
     if mopt is None and cfg.rate is None:
         # several batches, so that crashes land mid-stream
         mopt = max(1000, cfg.events // 10)
-    argv = ["--bootstrap", r.bootstrap, "--topic", r.topic, "--url", r.url, "--table", r.table,
-            "--mode", cfg.mode, "--checkpoint", str(r.checkpoint), "--trigger", str(cfg.trigger),
-            "--end-offsets", json.dumps(ends), "--timeout", str(cfg.job_timeout_s)]
+    argv = [
+        "--bootstrap",
+        r.bootstrap,
+        "--topic",
+        r.topic,
+        "--url",
+        r.url,
+        "--table",
+        r.table,
+        "--mode",
+        cfg.mode,
+        "--checkpoint",
+        str(r.checkpoint),
+        "--trigger",
+        str(cfg.trigger),
+        "--end-offsets",
+        json.dumps(ends),
+        "--timeout",
+        str(cfg.job_timeout_s),
+    ]
     if mopt:
         argv += ["--max-offsets-per-trigger", str(mopt)]
     for kv in cfg.writer_options:
@@ -558,9 +615,11 @@ def _progress_printer(r: _Run) -> Callable[[JobRun, str, dict], None]:
         end = (doc.get("end_offset") or {}).get(r.topic, {})
         r.committed = sum(int(v) for v in end.values())
         rps = doc.get("processed_rps") or 0
-        r.say(f"  [run {run.index}] batch {doc.get('batch')}: {doc.get('rows') or 0:>7} rows, "
-              f"{rps:>9,.0f} rows/s, write+commit {doc.get('add_batch_ms') or 0:>6} ms | "
-              f"committed {r.committed:>8}/{total} ({100 * r.committed / max(1, total):.0f}%)")
+        r.say(
+            f"  [run {run.index}] batch {doc.get('batch')}: {doc.get('rows') or 0:>7} rows, "
+            f"{rps:>9,.0f} rows/s, write+commit {doc.get('add_batch_ms') or 0:>6} ms | "
+            f"committed {r.committed:>8}/{total} ({100 * r.committed / max(1, total):.0f}%)"
+        )
 
     return on_line
 
@@ -574,21 +633,28 @@ def _run_through_crashes(r: _Run, launcher: JobLauncher) -> None:
         rc = _wait_job(r, launcher, run, kill_at)
         fired = fault is not None and (r.work / f"fault-{run.index}.once").exists()
         if run.killed_by_us or fired:
-            r.crashes_done.append({"run": run.index, "point": fault or "random",
-                                   "after_s": round((run.ended or time.monotonic()) - run.started, 2),
-                                   "committed_before": r.committed})
-            r.say(f"  ** crash {len(r.crashes_done)}: SIGKILL {'at ' + fault if fired else 'from outside'}"
-                  f" after {r.crashes_done[-1]['after_s']} s (exit {rc}); restarting on the same checkpoint")
+            r.crashes_done.append(
+                {
+                    "run": run.index,
+                    "point": fault or "random",
+                    "after_s": round((run.ended or time.monotonic()) - run.started, 2),
+                    "committed_before": r.committed,
+                }
+            )
+            r.say(
+                f"  ** crash {len(r.crashes_done)}: SIGKILL {f'at {fault}' if fired else 'from outside'}"
+                f" after {r.crashes_done[-1]['after_s']} s (exit {rc}); restarting on the same checkpoint"
+            )
             pending.pop(0)
             continue
         if rc == 0 and run.done is not None:
             if pending:
                 # finished before the planned fault could fire (e.g. no more batches)
-                r.say(f"  job finished before crash point {pending[0]} fired; "
-                      f"{len(pending)} crash(es) not done")
+                r.say(f"  job finished before crash point {pending[0]} fired; {len(pending)} crash(es) not done")
             return
-        raise RuntimeError(f"the streaming job exited with {rc} (run {run.index}); stderr tail:\n"
-                           f"{launcher.stderr_tail(run)}")
+        raise RuntimeError(
+            f"the streaming job exited with {rc} (run {run.index}); stderr tail:\n{launcher.stderr_tail(run)}"
+        )
 
 
 def _start_job(r: _Run, launcher: JobLauncher, point: str | None) -> tuple[JobRun, str | None, float | None]:
@@ -597,8 +663,14 @@ def _start_job(r: _Run, launcher: JobLauncher, point: str | None) -> tuple[JobRu
     fault = None
     if point and point != "random":
         fault = point
-        extra = ["--fault-step", point, "--fault-action", "kill",
-                 "--fault-once-file", str(r.work / f"fault-{len(launcher.runs)}.once")]
+        extra = [
+            "--fault-step",
+            point,
+            "--fault-action",
+            "kill",
+            "--fault-once-file",
+            str(r.work / f"fault-{len(launcher.runs)}.once"),
+        ]
     run = launcher.start(extra, fault)
     if r.cfg.rate is not None and r.producer is None:
         # start the steady stream once the first job is up, so start-up time does not
@@ -616,8 +688,7 @@ def _start_job(r: _Run, launcher: JobLauncher, point: str | None) -> tuple[JobRu
 
 
 def _produce_at_rate(r: _Run) -> None:
-    r.produced = produce(r.bootstrap, r.topic, r.cfg.events, r.cfg.partitions,
-                         rate=r.cfg.rate, stop=r.stop_producing)
+    r.produced = produce(r.bootstrap, r.topic, r.cfg.events, r.cfg.partitions, rate=r.cfg.rate, stop=r.stop_producing)
 
 
 def _wait_job(r: _Run, launcher: JobLauncher, run: JobRun, kill_at: float | None) -> int | None:
@@ -631,8 +702,9 @@ def _wait_job(r: _Run, launcher: JobLauncher, run: JobRun, kill_at: float | None
         rc = launcher.wait(run, 0.2)
     if rc is None and run.proc.poll() is None:
         launcher.kill(run)
-        raise RuntimeError(f"the job did not finish within {r.cfg.job_timeout_s:.0f} s; "
-                           f"stderr:\n{launcher.stderr_tail(run)}")
+        raise RuntimeError(
+            f"the job did not finish within {r.cfg.job_timeout_s:.0f} s; stderr:\n{launcher.stderr_tail(run)}"
+        )
     return run.proc.returncode
 
 
@@ -643,33 +715,59 @@ def _figures(r: _Run, launcher: JobLauncher, poller: VisibilityPoller | None) ->
     job_wall = sum(((j.ended or time.monotonic()) - j.started) for j in launcher.runs)
     kafka_offsets = end_offsets(r.bootstrap, r.topic, cfg.partitions)
     expected = {r.topic: {p: [0, hi] for p, (lo, hi) in kafka_offsets[r.topic].items()}}
-    report = verify(r.url, r.table, expected={(r.topic, int(p)): (0, hi) for p, (lo, hi)
-                                              in kafka_offsets[r.topic].items()}, markers=False)
+    report = verify(
+        r.url,
+        r.table,
+        expected={(r.topic, int(p)): (0, hi) for p, (lo, hi) in kafka_offsets[r.topic].items()},
+        markers=False,
+    )
     ch = ClickHouseReader(r.url)
     try:
-        ev = ch.rows(f"SELECT count() AS n, uniqExact(event_id) AS u, min(event_id) AS lo, "
-                     f"max(event_id) AS hi FROM {qualified(*split_table(r.table))}")[0]
+        ev = ch.rows(
+            f"SELECT count() AS n, uniqExact(event_id) AS u, min(event_id) AS lo, "
+            f"max(event_id) AS hi FROM {qualified(*split_table(r.table))}"
+        )[0]
     finally:
         ch.close()
     batches = [p for j in launcher.runs for p in j.progress if p.get("rows")]
     lat = latencies_ms(r.url, r.table, poller.samples, r.latency_since) if poller else []
     result = {
-        "mode": cfg.mode, "trigger_s": cfg.trigger, "events": cfg.events,
-        "partitions": cfg.partitions, "produced": r.produced, "kafka_end_offsets": expected,
-        "rows_in_clickhouse": report.rows, "distinct_offsets": report.distinct,
-        "distinct_event_ids": int(ev["u"]), "duplicates": report.duplicates, "lost": report.missing,
+        "mode": cfg.mode,
+        "trigger_s": cfg.trigger,
+        "events": cfg.events,
+        "partitions": cfg.partitions,
+        "produced": r.produced,
+        "kafka_end_offsets": expected,
+        "rows_in_clickhouse": report.rows,
+        "distinct_offsets": report.distinct,
+        "distinct_event_ids": int(ev["u"]),
+        "duplicates": report.duplicates,
+        "lost": report.missing,
         "lost_event_ids": cfg.events - int(ev["u"]) if report.rows else cfg.events,
         "anomalies": [a.to_json() for a in report.anomalies[:50]],
-        "crashes_planned": len(r.crashes), "crashes": len(r.crashes_done), "crash_log": r.crashes_done,
-        "restarts": len(launcher.runs) - 1, "job_runs": len(launcher.runs),
-        **_batch_figures(batches, cfg.events, job_wall), "wall_s": round(wall, 2), "rate": cfg.rate,
-        "latency_ms": {"p50": percentile(lat, 50), "p99": percentile(lat, 99),
-                       "max": max(lat) if lat else None, "records": len(lat),
-                       "poll_interval_ms": cfg.latency_poll_s * 1000} if poller else None,
-        "table": r.table, "topic": r.topic,
+        "crashes_planned": len(r.crashes),
+        "crashes": len(r.crashes_done),
+        "crash_log": r.crashes_done,
+        "restarts": len(launcher.runs) - 1,
+        "job_runs": len(launcher.runs),
+        **_batch_figures(batches, cfg.events, job_wall),
+        "wall_s": round(wall, 2),
+        "rate": cfg.rate,
+        "latency_ms": {
+            "p50": percentile(lat, 50),
+            "p99": percentile(lat, 99),
+            "max": max(lat) if lat else None,
+            "records": len(lat),
+            "poll_interval_ms": cfg.latency_poll_s * 1000,
+        }
+        if poller
+        else None,
+        "table": r.table,
+        "topic": r.topic,
     }
-    result["ok"] = result["lost"] == 0 and result["lost_event_ids"] == 0 and (
-        cfg.mode == "none" or result["duplicates"] == 0)
+    result["ok"] = (
+        result["lost"] == 0 and result["lost_event_ids"] == 0 and (cfg.mode == "none" or result["duplicates"] == 0)
+    )
     return result
 
 
@@ -685,7 +783,8 @@ def _batch_figures(batches: Sequence[dict], events: int, job_wall: float) -> dic
         "processing_rps": round(rows_all / proc_s, 1) if proc_s else None,
         "mean_batch_ms": round(1000 * proc_s / len(batches), 1) if batches else None,
         "mean_write_commit_ms": round(sum((p.get("add_batch_ms") or 0) for p in batches) / len(batches), 1)
-        if batches else None,
+        if batches
+        else None,
     }
 
 
@@ -698,23 +797,33 @@ def _wait_first_progress(run: JobRun, timeout_s: float) -> None:
 def summary_table(r: Mapping[str, object]) -> str:
     """The human summary of one run."""
     rows = [
-        ("mode", r["mode"]), ("trigger", f"{r['trigger_s']} s"),
-        ("events produced", r["produced"]), ("rows in ClickHouse", r["rows_in_clickhouse"]),
-        ("distinct offsets", r["distinct_offsets"]), ("duplicates", r["duplicates"]),
-        ("lost", r["lost"]), ("lost event ids", r["lost_event_ids"]),
+        ("mode", r["mode"]),
+        ("trigger", f"{r['trigger_s']} s"),
+        ("events produced", r["produced"]),
+        ("rows in ClickHouse", r["rows_in_clickhouse"]),
+        ("distinct offsets", r["distinct_offsets"]),
+        ("duplicates", r["duplicates"]),
+        ("lost", r["lost"]),
+        ("lost event ids", r["lost_event_ids"]),
         ("crashes (SIGKILL)", f"{r['crashes']} of {r['crashes_planned']} planned"),
-        ("restarts", r["restarts"]), ("micro-batches", r["batches"]),
+        ("restarts", r["restarts"]),
+        ("micro-batches", r["batches"]),
         ("wall time", f"{r['wall_s']} s (job {r['job_wall_s']} s)"),
         ("throughput", f"{r['throughput_rps']:,} events/s end to end" if r["throughput_rps"] else "-"),
         ("processing rate", f"{r['processing_rps']:,} rows/s in batches" if r["processing_rps"] else "-"),
         ("mean write+commit", f"{r['mean_write_commit_ms']} ms per batch"),
     ]
     if r.get("latency_ms"):
-        lat = r["latency_ms"]  # type: ignore[index]
-        rows.append(("latency p50/p99", f"{lat['p50']:.0f} / {lat['p99']:.0f} ms" if lat["p50"] is not None else "-"))  # type: ignore[index]
+        lat = cast("dict[str, Any]", r["latency_ms"])
+        rows.append(("latency p50/p99", f"{lat['p50']:.0f} / {lat['p99']:.0f} ms" if lat["p50"] is not None else "-"))
     w = max(len(k) for k, _ in rows)
     line = "+" + "-" * (w + 2) + "+" + "-" * 40 + "+"
     body = [line] + [f"| {k:<{w}} | {str(v):<38} |" for k, v in rows] + [line]
-    verdict = "EXACTLY ONCE: duplicates=0 lost=0" if r["duplicates"] == 0 and r["lost"] == 0 else (
-        f"duplicates={r['duplicates']} lost={r['lost']}" + (" (at-least-once mode)" if r["mode"] == "none" else ""))
+    verdict = (
+        "EXACTLY ONCE: duplicates=0 lost=0"
+        if r["duplicates"] == 0 and r["lost"] == 0
+        else (
+            f"duplicates={r['duplicates']} lost={r['lost']}" + (" (at-least-once mode)" if r["mode"] == "none" else "")
+        )
+    )
     return "\n".join(body + [verdict])

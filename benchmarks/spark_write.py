@@ -87,7 +87,7 @@ class NoopDataSource(DataSource):
         return NoopArrowWriter()
 
 
-def _sql(url: str, text: str) -> str:
+def run_sql(url: str, text: str) -> str:
     r = requests.post(url, data=text.encode(), timeout=600)
     if r.status_code != 200:
         raise RuntimeError(f"{text!r}: {r.text.strip()}")
@@ -95,13 +95,13 @@ def _sql(url: str, text: str) -> str:
 
 
 def _frame(spark, rows: int):
-    return spark.range(0, rows, 1, 2).selectExpr("id", "cast(id % 1000 as int) as k",
-                                                   "cast(id as double) * 0.5 as v")
+    return spark.range(0, rows, 1, 2).selectExpr("id", "cast(id % 1000 as int) as k", "cast(id as double) * 0.5 as v")
 
 
 def _typed_frame(spark, rows: int):
     return spark.range(0, rows, 1, 2).selectExpr(
-        "id", "timestamp_micros(1700000000000000 + id * 1000001) as ts", "cast(id as double) * 0.5 as v")
+        "id", "timestamp_micros(1700000000000000 + id * 1000001) as ts", "cast(id as double) * 0.5 as v"
+    )
 
 
 def _spark():
@@ -109,9 +109,14 @@ def _spark():
 
     import spark_datasource
 
-    spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "2g").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("clickhouse-tx-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark_datasource.register(spark)
     spark.dataSource.register(NoopDataSource)
@@ -122,36 +127,52 @@ def run_typed(url: str, rows: int, repeat: int) -> dict[str, Any]:
     """The same job into a table of other column types vs one matching Spark's (transaction)."""
     spark = _spark()
     db = f"bench_{uuid.uuid4().hex[:8]}"
-    _sql(url, f"CREATE DATABASE {db}")
+    run_sql(url, f"CREATE DATABASE {db}")
     results: dict[str, dict[str, Any]] = {}
     try:
         _typed_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
         for i in range(repeat):
             for name, columns in TYPED_TABLES.items():  # interleaved: same conditions for both
                 table = f"{name}_{i}"
-                _sql(url, f"CREATE TABLE {db}.{table} {columns} ENGINE = MergeTree ORDER BY id")
+                run_sql(url, f"CREATE TABLE {db}.{table} {columns} ENGINE = MergeTree ORDER BY id")
                 t = time.perf_counter()
-                (_typed_frame(spark, rows).write.format("clickhouse_tx").option("url", url)
-                 .option("database", db).option("table", table).mode("append").save())
+                (
+                    _typed_frame(spark, rows)
+                    .write.format("clickhouse_tx")
+                    .option("url", url)
+                    .option("database", db)
+                    .option("table", table)
+                    .mode("append")
+                    .save()
+                )
                 elapsed = time.perf_counter() - t
-                got = _sql(url, f"SELECT count(), max(id), toUnixTimestamp(max(ts)) FROM {db}.{table} "
-                                "SETTINGS implicit_transaction = 1 FORMAT TSV").split()
+                got = run_sql(
+                    url,
+                    f"SELECT count(), max(id), toUnixTimestamp(max(ts)) FROM {db}.{table} "
+                    "SETTINGS implicit_transaction = 1 FORMAT TSV",
+                ).split()
                 last_s = (1700000000000000 + (rows - 1) * 1000001) // 1_000_000
                 if [int(x) for x in got] != [rows, rows - 1, last_s]:
                     raise RuntimeError(f"{name}: table holds {got}, expected {[rows, rows - 1, last_s]}")
-                _sql(url, f"DROP TABLE {db}.{table} SYNC")
+                run_sql(url, f"DROP TABLE {db}.{table} SYNC")
                 best = min(results.get(name, {}).get("seconds", 1e9), elapsed)
                 results[name] = {"seconds": best, "rows_per_s": rows / best, "columns": columns}
                 print(f"{name} {columns}: {rows / elapsed:,.0f} rows/s", flush=True)
     finally:
-        _sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
+        run_sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
         spark.stop()
     ratio = results["typed"]["rows_per_s"] / results["matching"]["rows_per_s"]
     return {
-        "benchmark": "spark_write_typed", "mode": "transaction",
-        "rows": rows, "columns": 3, "master": "local[2]", "spark_partitions": 2, "repeat": repeat,
+        "benchmark": "spark_write_typed",
+        "mode": "transaction",
+        "rows": rows,
+        "columns": 3,
+        "master": "local[2]",
+        "spark_partitions": 2,
+        "repeat": repeat,
         "spark_types": "id long, ts timestamp, v double",
-        "results": results, "ratios": {"typed_over_matching": ratio},
+        "results": results,
+        "ratios": {"typed_over_matching": ratio},
         "targets": {"typed_over_matching": 0.9},
         "targets_met": {"typed_over_matching": ratio >= 0.9},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -166,17 +187,24 @@ def _timed_write(spark, url: str, db: str, mode: str, table: str, rows: int) -> 
         _frame(spark, rows).write.format("noop_arrow").mode("append").save()
         return time.perf_counter() - t
     settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""
-    _sql(url, f"CREATE TABLE {db}.{table} (id Int64, k Int32, v Float64) "
-              f"ENGINE = MergeTree ORDER BY id{settings}")
+    run_sql(url, f"CREATE TABLE {db}.{table} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}")
     t = time.perf_counter()
-    (_frame(spark, rows).write.format("clickhouse_tx").option("url", url)
-     .option("database", db).option("table", table).option("mode", mode)
-     .option("allow_nullable_into_non_nullable", "true").mode("append").save())
+    (
+        _frame(spark, rows)
+        .write.format("clickhouse_tx")
+        .option("url", url)
+        .option("database", db)
+        .option("table", table)
+        .option("mode", mode)
+        .option("allow_nullable_into_non_nullable", "true")
+        .mode("append")
+        .save()
+    )
     elapsed = time.perf_counter() - t
-    got = int(_sql(url, f"SELECT count() FROM {db}.{table} SETTINGS implicit_transaction = 1").strip())
+    got = int(run_sql(url, f"SELECT count() FROM {db}.{table} SETTINGS implicit_transaction = 1").strip())
     if got != rows:
         raise RuntimeError(f"mode {mode}: {got} rows in the table, expected {rows}")
-    _sql(url, f"DROP TABLE {db}.{table} SYNC")
+    run_sql(url, f"DROP TABLE {db}.{table} SYNC")
     return elapsed
 
 
@@ -191,7 +219,7 @@ def run(url: str, rows: int, repeat: int) -> dict:
     so a burst of load from other processes hits one round rather than one mode."""
     spark = _spark()
     db = f"bench_{uuid.uuid4().hex[:8]}"
-    _sql(url, f"CREATE DATABASE {db}")
+    run_sql(url, f"CREATE DATABASE {db}")
     runs: dict[str, list[float]] = {m: [] for m in ("noop", *MODES)}
     try:
         _frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
@@ -201,11 +229,10 @@ def run(url: str, rows: int, repeat: int) -> dict:
                 runs[mode].append(elapsed)
                 print(f"round {i} {mode}: {rows / elapsed:,.0f} rows/s ({elapsed:.2f} s)", flush=True)
     finally:
-        _sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
+        run_sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
         spark.stop()
-    results = {m: {"seconds": min(s), "rows_per_s": rows / min(s), "all_seconds": s}
-               for m, s in runs.items()}
-    best = {m: results[m]["rows_per_s"] for m in results}
+    results = {m: {"seconds": min(s), "rows_per_s": rows / min(s), "all_seconds": s} for m, s in runs.items()}
+    best: dict[str, float] = {m: rows / min(s) for m, s in runs.items()}
     ratios = {
         "transaction_over_none": best["transaction"] / best["none"],
         "staging_over_none": best["staging"] / best["none"],
@@ -214,12 +241,16 @@ def run(url: str, rows: int, repeat: int) -> dict:
     }
     spread = {f"{m}_over_none": _spread(runs, m, "none") for m in ("transaction", "staging", "dedup")}
     spread["none_over_noop"] = _spread(runs, "none", "noop")
-    targets = {"transaction_over_none": 0.9, "staging_over_none": 0.8, "dedup_over_none": 0.9,
-               "none_over_noop": 0.6}
+    targets = {"transaction_over_none": 0.9, "staging_over_none": 0.8, "dedup_over_none": 0.9, "none_over_noop": 0.6}
     return {
         "benchmark": "spark_write",
-        "rows": rows, "columns": 3, "master": "local[2]", "spark_partitions": 2, "repeat": repeat,
-        "results": results, "ratios": ratios,
+        "rows": rows,
+        "columns": 3,
+        "master": "local[2]",
+        "spark_partitions": 2,
+        "repeat": repeat,
+        "results": results,
+        "ratios": ratios,
         "ratio_spread_per_round": spread,
         "targets": targets,
         "targets_met": {k: ratios[k] >= v for k, v in targets.items()},
@@ -233,8 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=20_000_000)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--url", help="ClickHouse HTTP url (default: start a private stack)")
-    ap.add_argument("--typed", action="store_true",
-                    help="typed table (UInt64, DateTime, Float32) vs matching table, transaction mode")
+    ap.add_argument(
+        "--typed",
+        action="store_true",
+        help="typed table (UInt64, DateTime, Float32) vs matching table, transaction mode",
+    )
     ap.add_argument("--out", default=None, help="result file (default: by benchmark)")
     a = ap.parse_args(argv)
     bench = run_typed if a.typed else run

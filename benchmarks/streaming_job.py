@@ -50,21 +50,32 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--mode", default="transaction", choices=("transaction", "staging", "dedup", "none"))
     ap.add_argument("--checkpoint", required=True, help="checkpointLocation")
     ap.add_argument("--query-name", default="events_to_clickhouse")
-    ap.add_argument("--trigger", type=float, default=1.0,
-                    help="processingTime trigger interval, seconds; 0 = Trigger.AvailableNow")
+    ap.add_argument(
+        "--trigger", type=float, default=1.0, help="processingTime trigger interval, seconds; 0 = Trigger.AvailableNow"
+    )
     ap.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    ap.add_argument("--end-offsets", default=None,
-                    help='stop once the sink committed up to these offsets: {"topic": {"0": end}}')
+    ap.add_argument(
+        "--end-offsets", default=None, help='stop once the sink committed up to these offsets: {"topic": {"0": end}}'
+    )
     ap.add_argument("--starting-offsets", default="earliest")
     ap.add_argument("--fault-step", default=None, help="fault.step of the writer (tests and the demo)")
     ap.add_argument("--fault-action", default="kill")
     ap.add_argument("--fault-once-file", default=None)
     ap.add_argument("--fault-batch", default=None)
-    ap.add_argument("--writer-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra clickhouse_tx option (repeatable)")
-    ap.add_argument("--sink", default="clickhouse_tx", choices=("clickhouse_tx", "foreach_insert"),
-                    help="foreach_insert: a diagnostic at-least-once sink (foreachBatch + plain "
-                         "INSERT over HTTP) that bypasses the clickhouse_tx writer")
+    ap.add_argument(
+        "--writer-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra clickhouse_tx option (repeatable)",
+    )
+    ap.add_argument(
+        "--sink",
+        default="clickhouse_tx",
+        choices=("clickhouse_tx", "foreach_insert"),
+        help="foreach_insert: a diagnostic at-least-once sink (foreachBatch + plain "
+        "INSERT over HTTP) that bypasses the clickhouse_tx writer",
+    )
     ap.add_argument("--shuffle-partitions", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
     return ap.parse_args(argv)
@@ -79,15 +90,18 @@ def build_session():  # -> SparkSession
     os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("clickhouse-tx-pipeline")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.default.parallelism", "2")
-             .config("spark.driver.memory", "1g")
-             .config("spark.pyspark.python", sys.executable)
-             .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("clickhouse-tx-pipeline")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.memory", "1g")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -163,15 +177,17 @@ def parse_events(raw):  # (DataFrame) -> DataFrame
 
 
 def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
-    w = (df.writeStream.format("clickhouse_tx")
-         .queryName(a.query_name)
-         .option("url", a.url)
-         .option("table", a.table)
-         .option("mode", a.mode)
-         # from_json and the Kafka columns are nullable in Spark's schema; the events
-         # always carry every field, so the non-Nullable table columns are kept
-         .option("allow_nullable_into_non_nullable", "true")
-         .option("checkpointLocation", a.checkpoint))
+    w = (
+        df.writeStream.format("clickhouse_tx")
+        .queryName(a.query_name)
+        .option("url", a.url)
+        .option("table", a.table)
+        .option("mode", a.mode)
+        # from_json and the Kafka columns are nullable in Spark's schema; the events
+        # always carry every field, so the non-Nullable table columns are kept
+        .option("allow_nullable_into_non_nullable", "true")
+        .option("checkpointLocation", a.checkpoint)
+    )
     if a.fault_step:
         w = w.option("fault.step", a.fault_step).option("fault.action", a.fault_action)
         if a.fault_once_file:
@@ -202,8 +218,7 @@ def _plain_insert(url: str, table: str):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, tbl.schema) as wr:
             wr.write_table(tbl)
-        r = requests.post(url.rstrip("/") + "/", params={"query": sql}, data=sink.getvalue().to_pybytes(),
-                          timeout=300)
+        r = requests.post(url.rstrip("/") + "/", params={"query": sql}, data=sink.getvalue().to_pybytes(), timeout=300)
         if r.status_code != 200:
             raise RuntimeError(f"batch {batch_id}: INSERT into {table} failed: {r.text.strip()[:500]}")
 
@@ -217,19 +232,22 @@ def run(argv: Sequence[str] | None = None) -> int:
     spark = build_session()
     import spark_datasource
 
-    import spark_datasource
-
     spark_datasource.register(spark)
-    reader = (spark.readStream.format("kafka_py")
-              .option("bootstrap.servers", a.bootstrap)
-              .option("subscribe", a.topic)
-              .option("startingOffsets", a.starting_offsets))
+    reader = (
+        spark.readStream.format("kafka_py")
+        .option("bootstrap.servers", a.bootstrap)
+        .option("subscribe", a.topic)
+        .option("startingOffsets", a.starting_offsets)
+    )
     if a.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(a.max_offsets_per_trigger))
     df = parse_events(reader.load())
     if a.sink == "foreach_insert":
-        w = (df.writeStream.queryName(a.query_name).foreachBatch(_plain_insert(a.url, a.table))
-             .option("checkpointLocation", a.checkpoint))
+        w = (
+            df.writeStream.queryName(a.query_name)
+            .foreachBatch(_plain_insert(a.url, a.table))
+            .option("checkpointLocation", a.checkpoint)
+        )
     else:
         w = clickhouse_tx_writer(df, a)
     w = w.trigger(availableNow=True) if a.trigger <= 0 else w.trigger(processingTime=f"{a.trigger} seconds")

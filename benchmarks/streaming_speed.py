@@ -12,10 +12,10 @@
 2. **Fixed cost**: a streaming ``noop`` query over batches of a few records per
    partition (8 partitions): its median ``triggerExecution`` is what a micro-batch
    costs whatever its size.
-3. **Triggers and latency**: :func:`benchmarks.pipeline.run_pipeline` (the streaming job
+3. **Triggers and latency**: :func:`benchmarks.pipeline_run.run_pipeline` (the streaming job
    in its own process, a producer offering a steady ``--rate``) per mode and trigger
    interval: processing rate and end-to-end latency p50/p99, Kafka timestamp → visible
-   to a read-committed reader (the pipeline's :class:`~benchmarks.pipeline.VisibilityPoller`).
+   to a read-committed reader (the pipeline's :class:`~benchmarks.pipeline_run.VisibilityPoller`).
 4. **Ramp**: per mode at a 1 s trigger, offered rates doubling from ``--ramp-start``
    until a batch takes longer than the trigger (the lag then grows without bound);
    the last rate that kept up is the mode's sustained maximum. Then ``transaction`` at
@@ -28,6 +28,7 @@ Ratios (streaming/batch, transaction/none) are computed within the run. Writes J
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import statistics
@@ -45,8 +46,7 @@ MODES = ("none", "transaction", "staging", "dedup")
 TRIGGERS = (0.5, 1.0, 5.0, 10.0)
 RESULTS = Path(__file__).resolve().parent / "results"
 #: durationMs entries Spark reports for a micro-batch, in the order they happen.
-SPLIT_KEYS = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch",
-              "commitOffsets", "triggerExecution")
+SPLIT_KEYS = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
 
 # ------------------------------------------------------------------ pure pieces
@@ -64,14 +64,21 @@ def batch_split(progress: Sequence[Mapping[str, Any]], skip_first: bool = True) 
         return {"batches": 0, "rows": 0, "rows_per_s": None, "mean_ms": {}}
     rows = sum(int(p["numInputRows"]) for p in batches)
     trig = sum(float((p.get("durationMs") or {}).get("triggerExecution") or 0) for p in batches)
-    mean = {k: round(statistics.fmean(float((p.get("durationMs") or {}).get(k) or 0)
-                                      for p in batches), 1) for k in SPLIT_KEYS}
-    return {"batches": len(batches), "rows": rows,
-            "rows_per_s": round(1000 * rows / trig, 1) if trig else None, "mean_ms": mean}
+    mean = {
+        k: round(statistics.fmean(float((p.get("durationMs") or {}).get(k) or 0) for p in batches), 1)
+        for k in SPLIT_KEYS
+    }
+    return {
+        "batches": len(batches),
+        "rows": rows,
+        "rows_per_s": round(1000 * rows / trig, 1) if trig else None,
+        "mean_ms": mean,
+    }
 
 
 def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
     """The ratios the issue asks for, from one run's figures (None when a part is missing)."""
+
     def div(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a and b else None
 
@@ -86,8 +93,7 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
         out[f"available_now {mode}/none"] = div(avail.get(mode), avail.get("none"))
     by = {(r["mode"], r["trigger_s"]): r.get("processing_rps") for r in doc.get("triggers", [])}
     for trig in sorted({t for _, t in by}):
-        out[f"trigger {trig:g}s transaction/none"] = div(by.get(("transaction", trig)),
-                                                          by.get(("none", trig)))
+        out[f"trigger {trig:g}s transaction/none"] = div(by.get(("transaction", trig)), by.get(("none", trig)))
     return out
 
 
@@ -97,8 +103,9 @@ def kept_up(run: Mapping[str, Any], trigger_s: float) -> bool:
     return bool(run.get("ok")) and mean is not None and mean <= 1000 * trigger_s
 
 
-def ramp(measure: Callable[[float], Mapping[str, Any]], start: float, steps: int,
-         trigger_s: float) -> tuple[float | None, list[dict[str, Any]]]:
+def ramp(
+    measure: Callable[[float], Mapping[str, Any]], start: float, steps: int, trigger_s: float
+) -> tuple[float | None, list[dict[str, Any]]]:
     """Double the offered rate from ``start`` until a run does not keep up (at most ``steps``).
 
     Returns the highest rate that kept up (None if the first did not) and every run.
@@ -120,8 +127,9 @@ def ramp(measure: Callable[[float], Mapping[str, Any]], start: float, steps: int
 # ------------------------------------------------------------------ in-process runs
 
 
-def range_reads(bootstrap: str, topic: str, partitions: int, sizes: Sequence[int],
-                rounds: int = 3) -> list[dict[str, Any]]:
+def range_reads(
+    bootstrap: str, topic: str, partitions: int, sizes: Sequence[int], rounds: int = 3
+) -> list[dict[str, Any]]:
     """ms per range read by :func:`read_range` in this process, fresh consumer vs pooled.
 
     "fresh" is the source before the pool (a consumer per range: connect, version
@@ -140,52 +148,75 @@ def range_reads(bootstrap: str, topic: str, partitions: int, sizes: Sequence[int
             for r in range(rounds + 1):
                 for p in range(partitions):
                     t = time.monotonic()
-                    n = sum(b.num_rows for b in read_range(
-                        opts, KafkaOffsetRange(topic, p, r * size, (r + 1) * size), pool))
+                    n = sum(
+                        b.num_rows for b in read_range(opts, KafkaOffsetRange(topic, p, r * size, (r + 1) * size), pool)
+                    )
                     if r and n == size:  # round 0 warms the pool (and this process)
                         times.append(1000 * (time.monotonic() - t))
             pool.close_all()
-            out.append({"records": size, "consumer": kind, "reads": len(times),
-                        "median_ms": round(statistics.median(times), 2) if times else None})
+            out.append(
+                {
+                    "records": size,
+                    "consumer": kind,
+                    "reads": len(times),
+                    "median_ms": round(statistics.median(times), 2) if times else None,
+                }
+            )
     return out
-
-
 
 
 def _progress(q: Any) -> list[dict[str, Any]]:
     return [json.loads(p.json) for p in q.recentProgress]
 
 
-def _run_stream(spark: Any, bootstrap: str, topic: str, max_per: int, sink: str,
-                url: str | None, work: Path) -> dict[str, Any]:
+def _run_stream(
+    spark: Any, bootstrap: str, topic: str, max_per: int, sink: str, url: str | None, work: Path
+) -> dict[str, Any]:
     """One availableNow query from the earliest offset; its progress and wall time."""
-    from benchmarks.pipeline import create_target
+    from benchmarks.pipeline_run import create_target
     from benchmarks.streaming_job import clickhouse_tx_writer, parse_events
 
-    raw = (spark.readStream.format("kafka_py").option("bootstrap.servers", bootstrap)
-           .option("subscribe", topic).option("startingOffsets", "earliest")
-           .option("maxOffsetsPerTrigger", str(max_per)).load())
+    raw = (
+        spark.readStream.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max_per))
+        .load()
+    )
     chk = work / f"chk_{uuid.uuid4().hex[:8]}"
     if sink == "noop":
         w = raw.writeStream.format("noop").option("checkpointLocation", str(chk))
     else:
         table = f"speed.events_{sink}_{uuid.uuid4().hex[:8]}"
         create_target(str(url), table, sink)
-        w = clickhouse_tx_writer(parse_events(raw), argparse.Namespace(
-            url=url, table=table, mode=sink, query_name=f"speed_{sink}_{uuid.uuid4().hex[:6]}",
-            checkpoint=str(chk), fault_step=None, writer_option=[]))
+        w = clickhouse_tx_writer(
+            parse_events(raw),
+            argparse.Namespace(
+                url=url,
+                table=table,
+                mode=sink,
+                query_name=f"speed_{sink}_{uuid.uuid4().hex[:6]}",
+                checkpoint=str(chk),
+                fault_step=None,
+                writer_option=[],
+            ),
+        )
     t0 = time.monotonic()
     q = w.trigger(availableNow=True).start()
     q.awaitTermination()
     wall = time.monotonic() - t0
     prog = _progress(q)
-    out = {"sink": sink, "wall_s": round(wall, 2), **batch_split(prog),
-           "all_batches": batch_split(prog, skip_first=False)}
+    out = {
+        "sink": sink,
+        "wall_s": round(wall, 2),
+        **batch_split(prog),
+        "all_batches": batch_split(prog, skip_first=False),
+    }
     return out
 
 
-def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any],
-             tries: int = 2) -> dict[str, Any]:
+def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any], tries: int = 2) -> dict[str, Any]:
     """``run()``, once more if it fails; a run that fails twice is recorded, not raised.
 
     On a loaded machine pyspark sometimes gives up on a Python worker that starts too
@@ -206,17 +237,24 @@ def _batch_noop(spark: Any, bootstrap: str, topic: str, rows: int) -> dict[str, 
     runs = []
     for _ in range(2):
         t0 = time.monotonic()
-        (spark.read.format("kafka_py").option("bootstrap.servers", bootstrap)
-         .option("subscribe", topic).load().write.format("noop").mode("overwrite").save())
+        (
+            spark.read.format("kafka_py")
+            .option("bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+            .load()
+            .write.format("noop")
+            .mode("overwrite")
+            .save()
+        )
         runs.append(time.monotonic() - t0)
-    return {"rows": rows, "seconds": [round(s, 2) for s in runs],
-            "rows_per_s": round(rows / runs[-1], 1)}
+    return {"rows": rows, "seconds": [round(s, 2) for s in runs], "rows_per_s": round(rows / runs[-1], 1)}
 
 
-def in_process(bootstrap: str, control: str | None, url: str, a: argparse.Namespace,
-               work: Path, say: Callable[[str], None]) -> dict[str, Any]:
+def in_process(
+    bootstrap: str, control: str | None, url: str, a: argparse.Namespace, work: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
     """Sections 1 and 2: ceiling, availableNow per sink, and the fixed cost per batch."""
-    from benchmarks.pipeline import create_topic, produce
+    from benchmarks.pipeline_run import create_topic, produce
     from benchmarks.streaming_job import build_session
 
     topic = f"speed_{uuid.uuid4().hex[:8]}"
@@ -238,40 +276,64 @@ def in_process(bootstrap: str, control: str | None, url: str, a: argparse.Namesp
         say(f"batch kafka_py -> noop: {batch['rows_per_s']:,.0f} rows/s")
         avail = []
         for sink in ["noop", *a.modes]:
-            r = _attempt(lambda sink=sink: _run_stream(spark, bootstrap, topic, a.max_offsets,
-                                                       sink, url, work), {"sink": sink})
+            r = _attempt(
+                functools.partial(_run_stream, spark, bootstrap, topic, a.max_offsets, sink, url, work), {"sink": sink}
+            )
             avail.append(r)
-            say(f"availableNow {sink}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
-                f"{r.get('batches')} batches, mean ms {r.get('mean_ms')} {r.get('error', '')}")
-        fixed = _attempt(lambda: _run_stream(spark, bootstrap, small, per_batch, "noop", None,
-                                             work), {"sink": "noop"})
-        say(f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions: "
-            f"{(fixed.get('mean_ms') or {}).get('triggerExecution')} ms (mean)")
+            say(
+                f"availableNow {sink}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
+                f"{r.get('batches')} batches, mean ms {r.get('mean_ms')} {r.get('error', '')}"
+            )
+        fixed = _attempt(lambda: _run_stream(spark, bootstrap, small, per_batch, "noop", None, work), {"sink": "noop"})
+        say(
+            f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions: "
+            f"{(fixed.get('mean_ms') or {}).get('triggerExecution')} ms (mean)"
+        )
     finally:
         spark.stop()
-    return {"range_reads": reads, "batch_noop": batch, "available_now": avail,
-            "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, **fixed}}
+    return {
+        "range_reads": reads,
+        "batch_noop": batch,
+        "available_now": avail,
+        "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, **fixed},
+    }
 
 
 # ------------------------------------------------------------------ pipeline runs
 
 
-def _pipeline_run(info: Any, work: Path, mode: str, trigger: float, rate: float,
-                  duration: float, seed: int) -> dict[str, Any]:
+def _pipeline_run(
+    info: Any, work: Path, mode: str, trigger: float, rate: float, duration: float, seed: int
+) -> dict[str, Any]:
     from benchmarks.checkpoint_sweep import run_duration
-    from benchmarks.pipeline import PipelineConfig, run_pipeline
+    from benchmarks.pipeline_run import PipelineConfig, run_pipeline
 
     dur = run_duration(trigger, duration)
-    cfg = PipelineConfig(events=int(rate * dur), partitions=8, mode=mode, trigger=trigger,
-                         crashes=0, rate=rate, url=info.clickhouse_url,
-                         bootstrap=str(info.kafka_bootstrap), kafka_control=info.kafka_control,
-                         work_dir=str(work / "pipeline"), measure_latency=True, quiet=True,
-                         seed=seed)
+    cfg = PipelineConfig(
+        events=int(rate * dur),
+        partitions=8,
+        mode=mode,
+        trigger=trigger,
+        crashes=0,
+        rate=rate,
+        url=info.clickhouse_url,
+        bootstrap=str(info.kafka_bootstrap),
+        kafka_control=info.kafka_control,
+        work_dir=str(work / "pipeline"),
+        measure_latency=True,
+        quiet=True,
+        seed=seed,
+    )
     try:
         r = run_pipeline(cfg)
     except Exception as e:  # noqa: BLE001 - record and go on with the benchmark
-        return {"mode": mode, "trigger_s": trigger, "rate": rate, "ok": False,
-                "error": f"{type(e).__name__}: {str(e)[:400]}"}
+        return {
+            "mode": mode,
+            "trigger_s": trigger,
+            "rate": rate,
+            "ok": False,
+            "error": f"{type(e).__name__}: {str(e)[:400]}",
+        }
     for k in ("anomalies", "kafka_end_offsets", "crash_log"):
         r.pop(k, None)
     return r
@@ -281,13 +343,21 @@ def _fmt_run(r: Mapping[str, Any]) -> str:
     if "error" in r:
         return f"FAILED {r['error'][:200]}"
     lat = r.get("latency_ms") or {}
-    return (f"{r.get('processing_rps') or 0:,.0f} rows/s, mean batch {r.get('mean_batch_ms')} ms, "
-            f"p50 {lat.get('p50') or 0:,.0f} ms, p99 {lat.get('p99') or 0:,.0f} ms, "
-            f"dup {r.get('duplicates')} lost {r.get('lost')}")
+    return (
+        f"{r.get('processing_rps') or 0:,.0f} rows/s, mean batch {r.get('mean_batch_ms')} ms, "
+        f"p50 {lat.get('p50') or 0:,.0f} ms, p99 {lat.get('p99') or 0:,.0f} ms, "
+        f"dup {r.get('duplicates')} lost {r.get('lost')}"
+    )
 
 
-def pipeline_sections(doc: dict[str, Any], info: Any, a: argparse.Namespace, work: Path,
-                      say: Callable[[str], None], save: Callable[[], None]) -> None:
+def pipeline_sections(
+    doc: dict[str, Any],
+    info: Any,
+    a: argparse.Namespace,
+    work: Path,
+    say: Callable[[str], None],
+    save: Callable[[], None],
+) -> None:
     """Sections 3 and 4 into ``doc``: each mode per trigger at ``--rate``, then the ramp."""
     runs: list[dict[str, Any]] = []
     ramps: dict[str, Any] = {}
@@ -299,6 +369,7 @@ def pipeline_sections(doc: dict[str, Any], info: Any, a: argparse.Namespace, wor
             say(f"trigger {trig:g} s {mode}: {_fmt_run(r)}")
             save()
     for mode in a.ramp_modes:
+
         def measure(rate: float, mode: str = mode) -> Mapping[str, Any]:
             r = _pipeline_run(info, work, mode, 1.0, rate, a.duration, 1000 + len(runs))
             say(f"ramp {mode} at {rate:g}/s: {_fmt_run(r)}")
@@ -337,8 +408,7 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
         if rs:
             xs = [r["trigger_s"] for r in rs]
             ax[1].plot(xs, [(r["latency_ms"] or {}).get("p50") for r in rs], marker="o", label=f"{m} p50")
-            ax[1].plot(xs, [(r["latency_ms"] or {}).get("p99") for r in rs], marker="x", ls="--",
-                       label=f"{m} p99")
+            ax[1].plot(xs, [(r["latency_ms"] or {}).get("p99") for r in rs], marker="x", ls="--", label=f"{m} p99")
     ax[1].set_xscale("log")
     ax[1].set_xlabel("trigger interval (s)")
     ax[1].set_ylabel("ms, Kafka timestamp -> visible (read committed)")
@@ -355,8 +425,7 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
         x.grid(alpha=0.3)
     ax[1].legend(fontsize=7)
     ax[2].legend(fontsize=7)
-    fig.suptitle("streaming_speed: local[2], 2 shared cores, "
-                 f"{doc['config']['partitions']} partitions", fontsize=10)
+    fig.suptitle(f"streaming_speed: local[2], 2 shared cores, {doc['config']['partitions']} partitions", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -364,10 +433,14 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.streaming_speed",
-                                 description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="a few minutes: fewer events, triggers 1 and 5 s, modes none and transaction")
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.streaming_speed", description=(__doc__ or "").split("\n")[0]
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few minutes: fewer events, triggers 1 and 5 s, modes none and transaction",
+    )
     ap.add_argument("--events", type=int, default=None, help="default 1000000, quick 150000")
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--max-offsets", type=int, default=50_000, help="maxOffsetsPerTrigger")
@@ -394,10 +467,20 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def _save(doc: dict[str, Any], a: argparse.Namespace, jpath: Path, t0: float) -> None:
     """Write what has been measured so far (after every section: a long run cut short
     still leaves its figures)."""
-    doc["config"] = {"events": a.events, "partitions": a.partitions, "max_offsets_per_trigger": a.max_offsets,
-                     "modes": a.modes, "triggers": a.triggers, "rate": a.rate, "duration_s": a.duration,
-                     "ramp_modes": a.ramp_modes, "ramp_start": a.ramp_start, "quick": a.quick,
-                     "spark": "local[2]", "machine": "2 cores, shared with other jobs"}
+    doc["config"] = {
+        "events": a.events,
+        "partitions": a.partitions,
+        "max_offsets_per_trigger": a.max_offsets,
+        "modes": a.modes,
+        "triggers": a.triggers,
+        "rate": a.rate,
+        "duration_s": a.duration,
+        "ramp_modes": a.ramp_modes,
+        "ramp_start": a.ramp_start,
+        "quick": a.quick,
+        "spark": "local[2]",
+        "machine": "2 cores, shared with other jobs",
+    }
     doc["ratios"] = ratios(doc)
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     write_result(jpath, doc)
@@ -421,8 +504,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         info = stack_mod.start_stack(work / "stack", kafka=True)
         try:
-            doc: dict[str, Any] = in_process(str(info.kafka_bootstrap), info.kafka_control,
-                                             info.clickhouse_url, a, work, say)
+            doc: dict[str, Any] = in_process(
+                str(info.kafka_bootstrap), info.kafka_control, info.clickhouse_url, a, work, say
+            )
             _save(doc, a, jpath, t0)
             if not a.skip_pipeline:
                 pipeline_sections(doc, info, a, work, say, lambda: _save(doc, a, jpath, t0))

@@ -46,8 +46,11 @@ EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
 def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, help="ClickHouse HTTP endpoint, e.g. http://127.0.0.1:8123")
     p.add_argument("--user", default="default")
-    p.add_argument("--password-env", metavar="VAR",
-                   help="name of the environment variable holding the password (never pass it on the command line)")
+    p.add_argument(
+        "--password-env",
+        metavar="VAR",
+        help="name of the environment variable holding the password (never pass it on the command line)",
+    )
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -63,73 +66,100 @@ def _mode_arg(value: str) -> Mode:
         return Mode(value)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"invalid mode {value!r} (choose from {', '.join(m.value for m in Mode)})") from None
+            f"invalid mode {value!r} (choose from {', '.join(m.value for m in Mode)})"
+        ) from None
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m clickhouse_tx",
-                                 description="clickhouse-tx operator tools")
+    ap = argparse.ArgumentParser(prog="python -m clickhouse_tx", description="clickhouse-tx operator tools")
     sub = ap.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("verify", help="check a table for duplicate, missing, overlapping offsets",
-                       description="Exit code: 0 clean, 1 anomalies, 2 error.")
+    v = sub.add_parser(
+        "verify",
+        help="check a table for duplicate, missing, overlapping offsets",
+        description="Exit code: 0 clean, 1 anomalies, 2 error.",
+    )
     _add_connection(v)
     v.add_argument("--table", required=True, help="database.table to check")
     v.add_argument("--topic-col", default="topic", help="column holding the Kafka topic ('' for none)")
     v.add_argument("--partition-col", default="partition")
     v.add_argument("--offset-col", default="offset")
-    v.add_argument("--segment-col", default=None,
-                   help="a column constant per committed insert (e.g. an ingestion time): "
-                        "enables the overlap/backward checks between inserts")
-    v.add_argument("--expected", default=None,
-                   help='JSON (or a JSON file) of end offsets: {"topic": {"0": 1000, "1": [10, 900]}}')
+    v.add_argument(
+        "--segment-col",
+        default=None,
+        help="a column constant per committed insert (e.g. an ingestion time): "
+        "enables the overlap/backward checks between inserts",
+    )
+    v.add_argument(
+        "--expected", default=None, help='JSON (or a JSON file) of end offsets: {"topic": {"0": 1000, "1": [10, 900]}}'
+    )
     v.add_argument("--txn-id", default=None, help="restrict marker/decision checks to this transactional id")
-    v.add_argument("--checkpoint", default=None,
-                   help="the query's checkpointLocation: check its decision logs against the markers")
+    v.add_argument(
+        "--checkpoint", default=None, help="the query's checkpointLocation: check its decision logs against the markers"
+    )
     v.add_argument("--no-markers", action="store_true", help="skip the markers table checks")
     v.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON ('-' for stdout)")
     v.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    for name, helptext in (("status", "open transactions of the registry"),
-                           ("recover", "finish in-doubt transactions left by dead drivers"),
-                           ("gc", "roll back stale prepares that no decision names")):
+    for name, helptext in (
+        ("status", "open transactions of the registry"),
+        ("recover", "finish in-doubt transactions left by dead drivers"),
+        ("gc", "roll back stale prepares that no decision names"),
+    ):
         c = sub.add_parser(name, help=helptext)
         _add_connection(c)
-        c.add_argument("--table", required=True,
-                       help="database.table: the target (the registry lives in its database)")
+        c.add_argument("--table", required=True, help="database.table: the target (the registry lives in its database)")
         c.add_argument("--registry-table", default=None, help="registry table (default clickhouse_tx_registry)")
-        c.add_argument("--txn-id", default=None, help="only this query's transactions (recover/gc: default "
-                       "every query with a decision log under --checkpoint)")
+        c.add_argument(
+            "--txn-id",
+            default=None,
+            help="only this query's transactions (recover/gc: default "
+            "every query with a decision log under --checkpoint)",
+        )
         c.add_argument("--json", action="store_true", help="print the result as JSON")
         if name != "status":
-            c.add_argument("--mode", required=True, type=_mode_arg, metavar="{" + ",".join(m.value for m in Mode) + "}",
-                           help="act on the xids of this commit mode")
-            c.add_argument("--checkpoint", default=None,
-                           help="the query's checkpointLocation (its decision logs); without it, "
-                                "xids whose fate depends on a decision are skipped")
+            c.add_argument(
+                "--mode",
+                required=True,
+                type=_mode_arg,
+                metavar="{" + ",".join(m.value for m in Mode) + "}",
+                help="act on the xids of this commit mode",
+            )
+            c.add_argument(
+                "--checkpoint",
+                default=None,
+                help="the query's checkpointLocation (its decision logs); without it, "
+                "xids whose fate depends on a decision are skipped",
+            )
         if name == "gc":
-            c.add_argument("--older-than", type=float, required=True, metavar="SECONDS",
-                           help="only prepares older than this; must exceed the longest batch")
-            c.add_argument("--not-running", action="store_true",
-                           help="the named query (--txn-id, or the one --checkpoint holds) is stopped: "
-                                "also roll back the prepares of batches no decision log records, "
-                                "e.g. of a query that never decided a batch (never for a batch with "
-                                "a committing or committed xid)")
+            c.add_argument(
+                "--older-than",
+                type=float,
+                required=True,
+                metavar="SECONDS",
+                help="only prepares older than this; must exceed the longest batch",
+            )
+            c.add_argument(
+                "--not-running",
+                action="store_true",
+                help="the named query (--txn-id, or the one --checkpoint holds) is stopped: "
+                "also roll back the prepares of batches no decision log records, "
+                "e.g. of a query that never decided a batch (never for a batch with "
+                "a committing or committed xid)",
+            )
     return ap
 
 
 class _ModeView:
     """The registry restricted to one commit mode (recovery must use that mode's I/O)."""
 
-    def __init__(self, inner: object, mode: Mode) -> None:
+    def __init__(self, inner: Any, mode: Mode) -> None:
         self.inner = inner
         self.mode = mode
 
-    def list_open(self, older_than_s: float | None = None) -> list:
-        return [e for e in self.inner.list_open(older_than_s)  # type: ignore[attr-defined]
-                if Mode(e.mode) is self.mode]
+    def list_open(self, older_than_s: float | None = None) -> list[Any]:
+        return [e for e in self.inner.list_open(older_than_s) if Mode(e.mode) is self.mode]
 
-    def list_txn(self, txn_id: str) -> list:
-        return [e for e in self.inner.list_txn(txn_id)  # type: ignore[attr-defined]
-                if Mode(e.mode) is self.mode]
+    def list_txn(self, txn_id: str) -> list[Any]:
+        return [e for e in self.inner.list_txn(txn_id) if Mode(e.mode) is self.mode]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -151,16 +181,22 @@ def _status(args: argparse.Namespace) -> int:
 
     registry, _ = _registry_and_target(args)
     s = status_summary(registry)
-    doc: dict[str, Any] = {"open_by_state": dict(s.open_by_state), "in_doubt": list(s.in_doubt),
-           "oldest_open_age_s": s.oldest_open_age_s, "by_txn": dict(s.by_txn)}
+    doc: dict[str, Any] = {
+        "open_by_state": dict(s.open_by_state),
+        "in_doubt": list(s.in_doubt),
+        "oldest_open_age_s": s.oldest_open_age_s,
+        "by_txn": dict(s.by_txn),
+    }
     if args.txn_id:
         doc["by_txn"] = {k: v for k, v in doc["by_txn"].items() if k == args.txn_id}
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
     else:
         total = sum(doc["open_by_state"].values())
-        print(f"{total} open transactions: " + (", ".join(f"{k}={v}" for k, v in sorted(doc["open_by_state"].items()))
-                                                 or "none"))
+        print(
+            f"{total} open transactions: "
+            + (", ".join(f"{k}={v}" for k, v in sorted(doc["open_by_state"].items())) or "none")
+        )
         if doc["oldest_open_age_s"] is not None:
             print(f"oldest open: {doc['oldest_open_age_s']:.0f} s")
         for txn, n in sorted(doc["by_txn"].items()):
@@ -187,20 +223,23 @@ def _txn_ids_to_touch(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     if args.txn_id and args.checkpoint and args.txn_id not in found and args.txn_id != stored:
         raise ClickHouseTxError(
             f"--checkpoint {args.checkpoint} holds no decision log of txn id {args.txn_id!r} "
-            f"(it holds: {', '.join(found) or 'none'}); pass that query's own checkpointLocation")
+            f"(it holds: {', '.join(found) or 'none'}); pass that query's own checkpointLocation"
+        )
     if args.txn_id:
         return [args.txn_id], found
     if not args.checkpoint:
         raise ClickHouseTxError(
             f"{args.command} needs --txn-id ID and/or --checkpoint CHK: the registry is shared by every "
-            "query of the database, and without them it would act on all of them")
+            "query of the database, and without them it would act on all of them"
+        )
     if stored:
         return [stored], found
     if not found:
         raise ClickHouseTxError(
             f"--checkpoint {args.checkpoint} holds no decision log (<checkpoint>/clickhouse_tx/<txn id>/): "
             "nothing to act on; name the query with --txn-id (gc of a query that never decided a batch: "
-            "add --not-running once it is stopped)")
+            "add --not-running once it is stopped)"
+        )
     return found, found
 
 
@@ -214,7 +253,7 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
     view = _ModeView(registry, args.mode)
     checkpoint = args.checkpoint
 
-    def log_for(txn_id: str):  # -> FileDecisionLog | None
+    def log_for(txn_id: str) -> FileDecisionLog | None:
         # Only a query whose decisions are under the checkpoint: another's log would be
         # empty here, and an empty log would let gc roll back that query's decided xids.
         return FileDecisionLog(checkpoint, txn_id) if checkpoint and txn_id in logged else None
@@ -223,17 +262,31 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
     if args.command == "recover":
         rep = resolve_in_doubt(target, mode_io, view, log_for, txn_ids=txn_ids)
     else:
-        rep = gc_stale(target, mode_io, view, log_for, args.older_than, txn_ids=txn_ids,  # type: ignore[arg-type]
-                       not_running=args.not_running)
-    doc = {"committed": list(rep.committed), "rolled_back": list(rep.rolled_back),
-           "skipped": list(rep.skipped), "errors": dict(rep.errors),
-           "forgotten": list(rep.forgotten), "dropped_stages": list(rep.dropped)}
+        rep = gc_stale(
+            target,
+            mode_io,
+            view,
+            log_for,
+            args.older_than,
+            txn_ids=txn_ids,
+            not_running=args.not_running,
+        )
+    doc = {
+        "committed": list(rep.committed),
+        "rolled_back": list(rep.rolled_back),
+        "skipped": list(rep.skipped),
+        "errors": dict(rep.errors),
+        "forgotten": list(rep.forgotten),
+        "dropped_stages": list(rep.dropped),
+    }
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
     else:
-        print(f"{args.command}: committed {len(rep.committed)}, rolled back {len(rep.rolled_back)}, "
-              f"skipped {len(rep.skipped)}, forgotten {len(rep.forgotten)}, "
-              f"stages dropped {len(rep.dropped)}, errors {len(rep.errors)}")
+        print(
+            f"{args.command}: committed {len(rep.committed)}, rolled back {len(rep.rolled_back)}, "
+            f"skipped {len(rep.skipped)}, forgotten {len(rep.forgotten)}, "
+            f"stages dropped {len(rep.dropped)}, errors {len(rep.errors)}"
+        )
         for xid, err in sorted(rep.errors.items()):
             print(f"  {xid}: {err}")
     return EXIT_ANOMALIES if rep.errors else EXIT_CLEAN
@@ -242,12 +295,20 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from clickhouse_tx.verify import parse_expected, verify
 
-    report = verify(args.url, args.table, topic_col=args.topic_col or None,
-                    partition_col=args.partition_col, offset_col=args.offset_col,
-                    expected=parse_expected(args.expected), segment_col=args.segment_col,
-                    txn_id=args.txn_id, checkpoint=args.checkpoint,
-                    markers=False if args.no_markers else None,
-                    user=args.user, password=_password(args))
+    report = verify(
+        args.url,
+        args.table,
+        topic_col=args.topic_col or None,
+        partition_col=args.partition_col,
+        offset_col=args.offset_col,
+        expected=parse_expected(args.expected),
+        segment_col=args.segment_col,
+        txn_id=args.txn_id,
+        checkpoint=args.checkpoint,
+        markers=False if args.no_markers else None,
+        user=args.user,
+        password=_password(args),
+    )
     if args.json == "-":
         json.dump(report.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")

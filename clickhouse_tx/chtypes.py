@@ -30,11 +30,24 @@ _MAX_DEPTH = 64
 
 # Aliases system.columns never prints but users may type.
 _ALIASES = {
-    "boolean": "Bool", "bool": "Bool", "tinyint": "Int8", "smallint": "Int16",
-    "int": "Int32", "integer": "Int32", "bigint": "Int64", "float": "Float32",
-    "double": "Float64", "real": "Float32", "text": "String", "varchar": "String",
-    "char": "String", "blob": "String", "bytea": "String", "date": "Date",
-    "datetime": "DateTime", "timestamp": "DateTime",
+    "boolean": "Bool",
+    "bool": "Bool",
+    "tinyint": "Int8",
+    "smallint": "Int16",
+    "int": "Int32",
+    "integer": "Int32",
+    "bigint": "Int64",
+    "float": "Float32",
+    "double": "Float64",
+    "real": "Float32",
+    "text": "String",
+    "varchar": "String",
+    "char": "String",
+    "blob": "String",
+    "bytea": "String",
+    "date": "Date",
+    "datetime": "DateTime",
+    "timestamp": "DateTime",
 }
 _DECIMAL_N = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}
 # Bodies we keep as raw text: settings-like arguments the relation never inspects.
@@ -111,14 +124,14 @@ class _Parser:
         """A bare or backquoted identifier."""
         self.ws()
         t = self.text
-        if self.pos < len(t) and t[self.pos] in "`\"":
+        if self.pos < len(t) and t[self.pos] in '`"':
             return self.quoted(t[self.pos])
         start = self.pos
         while self.pos < len(t) and (t[self.pos].isalnum() or t[self.pos] in "_."):
             self.pos += 1
         if start == self.pos:
             raise self.fail("expected a name")
-        return t[start:self.pos]
+        return t[start : self.pos]
 
     def quoted(self, q: str) -> str:
         t = self.text
@@ -152,9 +165,9 @@ class _Parser:
             self.pos += 1
         while self.pos < len(t) and t[self.pos].isdigit():
             self.pos += 1
-        if self.pos == start or not t[start:self.pos].lstrip("+-"):
+        if self.pos == start or not t[start : self.pos].lstrip("+-"):
             raise self.fail("expected a number")
-        return int(t[start:self.pos])
+        return int(t[start : self.pos])
 
     def raw_body(self) -> str:
         """Text up to the matching ')' (quotes respected); the ')' is consumed."""
@@ -170,7 +183,7 @@ class _Parser:
                 depth += 1
             elif c == ")":
                 if depth == 0:
-                    body = t[start:self.pos].strip()
+                    body = t[start : self.pos].strip()
                     self.pos += 1
                     return body
                 depth -= 1
@@ -183,8 +196,16 @@ class _Parser:
         name = self.ident()
         name = _ALIASES.get(name.lower(), name)
         if self.peek() != "(":
-            if name in _DECIMAL_N or name in ("Nullable", "Array", "LowCardinality", "Map",
-                                              "FixedString", "Enum8", "Enum16", "Decimal"):
+            if name in _DECIMAL_N or name in (
+                "Nullable",
+                "Array",
+                "LowCardinality",
+                "Map",
+                "FixedString",
+                "Enum8",
+                "Enum16",
+                "Decimal",
+            ):
                 raise self.fail(f"{name} needs arguments")
             return CHType(name)
         self.pos += 1
@@ -224,7 +245,7 @@ class _Parser:
             save = self.pos
             first = self.ident()
             nxt = self.peek()
-            if nxt and (nxt.isalpha() or nxt in "_`\""):
+            if nxt and (nxt.isalpha() or nxt in '_`"'):
                 return first, self.type_(depth + 1)
             self.pos = save
         return None, self.type_(depth + 1)
@@ -262,8 +283,7 @@ class _Parser:
             types_only(2)
         elif name in ("Tuple", "Variant", "Nested"):
             types_only()
-            if name == "Tuple" and names and any(n is not None for n in names) \
-                    and any(n is None for n in names):
+            if name == "Tuple" and names and any(n is not None for n in names) and any(n is None for n in names):
                 raise self.fail("Tuple mixes named and unnamed elements")
             return CHType(name, args, names if any(n is not None for n in names) else ())
         elif name in _DECIMAL_N:
@@ -280,8 +300,12 @@ class _Parser:
             if args[0] < 1:
                 raise self.fail("FixedString length must be positive")
         elif name in ("DateTime64", "Time64"):
-            if not args or not isinstance(args[0], int) or len(args) > 2 or \
-                    (len(args) == 2 and not isinstance(args[1], str)):
+            if (
+                not args
+                or not isinstance(args[0], int)
+                or len(args) > 2
+                or (len(args) == 2 and not isinstance(args[1], str))
+            ):
                 raise self.fail(f"{name} takes (precision[, 'timezone'])")
             if not 0 <= args[0] <= 9:
                 raise self.fail(f"{name} precision must be 0..9")

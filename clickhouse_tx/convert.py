@@ -43,8 +43,14 @@ __all__ = ["ConversionPlan", "ConvertedBatches", "KAFKA_COLUMNS", "fit_problem"]
 KAFKA_COLUMNS = ("topic", "partition", "offset")
 
 _INT_TYPES = {
-    "Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(), "Int64": pa.int64(),
-    "UInt8": pa.uint8(), "UInt16": pa.uint16(), "UInt32": pa.uint32(), "UInt64": pa.uint64(),
+    "Int8": pa.int8(),
+    "Int16": pa.int16(),
+    "Int32": pa.int32(),
+    "Int64": pa.int64(),
+    "UInt8": pa.uint8(),
+    "UInt16": pa.uint16(),
+    "UInt32": pa.uint32(),
+    "UInt64": pa.uint64(),
 }
 _WIDE_INTS = {"Int128", "Int256", "UInt128", "UInt256"}  # no Arrow type: checked, sent as is
 _CONTAINERS = ("Array", "Map", "Tuple")
@@ -70,22 +76,39 @@ _IPV6_RE = r"^[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*$|" + _IPV4_RE[1:-1].join("^$")
 
 # --------------------------------------------------------------------------- kinds
 
+
 def _kind(at: pa.DataType) -> str:
     """The family of an Arrow type, as far as the relation below cares."""
     checks: list[tuple[Callable[[pa.DataType], bool], str]] = [
-        (pa.types.is_boolean, "bool"), (pa.types.is_integer, "int"),
-        (pa.types.is_floating, "float"), (pa.types.is_decimal, "decimal"),
-        (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)
-         or getattr(pa.types, "is_string_view", lambda _: False)(t), "string"),
+        (pa.types.is_boolean, "bool"),
+        (pa.types.is_integer, "int"),
+        (pa.types.is_floating, "float"),
+        (pa.types.is_decimal, "decimal"),
+        (
+            lambda t: (
+                pa.types.is_string(t)
+                or pa.types.is_large_string(t)
+                or getattr(pa.types, "is_string_view", lambda _: False)(t)
+            ),
+            "string",
+        ),
         (pa.types.is_fixed_size_binary, "binary"),
-        (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)
-         or getattr(pa.types, "is_binary_view", lambda _: False)(t), "binary"),
-        (pa.types.is_date, "date"), (pa.types.is_timestamp, "timestamp"),
-        (pa.types.is_duration, "duration"), (pa.types.is_time, "time"),
+        (
+            lambda t: (
+                pa.types.is_binary(t)
+                or pa.types.is_large_binary(t)
+                or getattr(pa.types, "is_binary_view", lambda _: False)(t)
+            ),
+            "binary",
+        ),
+        (pa.types.is_date, "date"),
+        (pa.types.is_timestamp, "timestamp"),
+        (pa.types.is_duration, "duration"),
+        (pa.types.is_time, "time"),
         (pa.types.is_map, "map"),
-        (lambda t: pa.types.is_list(t) or pa.types.is_large_list(t)
-         or pa.types.is_fixed_size_list(t), "list"),
-        (pa.types.is_struct, "struct"), (pa.types.is_null, "null"),
+        (lambda t: pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t), "list"),
+        (pa.types.is_struct, "struct"),
+        (pa.types.is_null, "null"),
     ]
     return next((kind for fn, kind in checks if fn(at)), "other")
 
@@ -93,15 +116,26 @@ def _kind(at: pa.DataType) -> str:
 #: ClickHouse type name -> Arrow kinds whose values may fit (checked value by value).
 _ACCEPTS: dict[str, frozenset[str]] = {
     **{n: frozenset({"bool", "int", "decimal"}) for n in (*_INT_TYPES, *_WIDE_INTS)},
-    "Float32": frozenset({"bool", "int", "float"}), "Float64": frozenset({"bool", "int", "float"}),
-    "Bool": frozenset({"bool", "int"}), "Decimal": frozenset({"int", "decimal"}),
-    "String": frozenset({"string", "binary"}), "FixedString": frozenset({"string", "binary"}),
-    "Enum8": frozenset({"string", "int"}), "Enum16": frozenset({"string", "int"}),
-    "UUID": frozenset({"string"}), "IPv4": frozenset({"string"}), "IPv6": frozenset({"string"}),
-    "Date": frozenset({"date"}), "Date32": frozenset({"date"}),
-    "DateTime": frozenset({"timestamp"}), "DateTime64": frozenset({"timestamp"}),
-    "Time": frozenset({"time"}), "Time64": frozenset({"time"}),
-    "Array": frozenset({"list"}), "Map": frozenset({"map"}), "Tuple": frozenset({"struct"}),
+    "Float32": frozenset({"bool", "int", "float"}),
+    "Float64": frozenset({"bool", "int", "float"}),
+    "Bool": frozenset({"bool", "int"}),
+    "Decimal": frozenset({"int", "decimal"}),
+    "String": frozenset({"string", "binary"}),
+    "FixedString": frozenset({"string", "binary"}),
+    "Enum8": frozenset({"string", "int"}),
+    "Enum16": frozenset({"string", "int"}),
+    "UUID": frozenset({"string"}),
+    "IPv4": frozenset({"string"}),
+    "IPv6": frozenset({"string"}),
+    "Date": frozenset({"date"}),
+    "Date32": frozenset({"date"}),
+    "DateTime": frozenset({"timestamp"}),
+    "DateTime64": frozenset({"timestamp"}),
+    "Time": frozenset({"time"}),
+    "Time64": frozenset({"time"}),
+    "Array": frozenset({"list"}),
+    "Map": frozenset({"map"}),
+    "Tuple": frozenset({"struct"}),
 }
 _HINTS = {
     ("float", "int"): "floats are never rounded into integers: round or cast in Spark first",
@@ -109,7 +143,8 @@ _HINTS = {
     ("decimal", "float"): "cast to double in Spark first if rounding is acceptable",
     ("date", "timestamp"): "cast to a timestamp in Spark first (and pick its time zone)",
     ("timestamp", "date"): "cast to a date in Spark first (and pick its time zone)",
-    ("string", "int"): "parse it in Spark first", ("string", "date"): "parse it in Spark first",
+    ("string", "int"): "parse it in Spark first",
+    ("string", "date"): "parse it in Spark first",
 }
 
 
@@ -135,8 +170,7 @@ def fit_problem(at: pa.DataType, ch: CHType) -> str | None:
     if accepted is None:
         return f"no known conversion into {inner.name}"
     if kind not in accepted:
-        target_kind = next((k for k in ("int", "float", "decimal", "date", "timestamp")
-                            if k in accepted), "")
+        target_kind = next((k for k in ("int", "float", "decimal", "date", "timestamp") if k in accepted), "")
         hint = _HINTS.get((kind, target_kind))
         return "cross-kind" + (f": {hint}" if hint else "")
     if kind == "time" and inner.name == "Time64":
@@ -161,8 +195,7 @@ def _nested_fit_problem(at: pa.DataType, inner: CHType) -> str | None:
             # Measured: the server matches struct fields to Tuple elements by name and
             # silently drops fields the Tuple lacks; so require the same names.
             if sorted(f.name for f in fields) != sorted(inner.names):
-                return (f"struct fields {[f.name for f in fields]} are not the Tuple's "
-                        f"elements {list(inner.names)}")
+                return f"struct fields {[f.name for f in fields]} are not the Tuple's elements {list(inner.names)}"
             pairs = [(f, dict(zip(inner.names, inner.args))[f.name]) for f in fields]
         elif len(fields) != len(inner.args):
             return f"{len(fields)} struct fields into a Tuple of {len(inner.args)} elements"
@@ -176,6 +209,7 @@ def _nested_fit_problem(at: pa.DataType, inner: CHType) -> str | None:
 
 
 # --------------------------------------------------------------------------- errors
+
 
 @dataclasses.dataclass(frozen=True)
 class _Where:
@@ -211,7 +245,8 @@ class _Where:
         err = ValueDoesNotFitError(
             f"{self.plan.table}: value {shown} of column {where} at row {self.first_row + row} "
             f"of this partition{kafka} does not fit ClickHouse type {self.ch_type}: {reason}; "
-            "nothing of this partition was written")
+            "nothing of this partition was written"
+        )
         # Plain data for dead letters: where the bad row is and why.
         err.row, err.column, err.ch_type, err.reason = row, self.column + self.path, self.ch_type, reason
         return err
@@ -227,8 +262,7 @@ def _check(where: _Where, arr: pa.Array, bad: pa.Array | None, reason: str) -> N
         raise where.fail(arr, bad, reason)
 
 
-def _check_range(where: _Where, arr: pa.Array, values: pa.Array, lo: float, hi: float,
-                 reason: str) -> tuple[Any, Any]:
+def _check_range(where: _Where, arr: pa.Array, values: pa.Array, lo: float, hi: float, reason: str) -> tuple[Any, Any]:
     """Fail unless every value is in ``[lo, hi]``; (min, max) of the values.
 
     One ``min_max`` pass in the common case; the element-wise mask only on failure.
@@ -260,6 +294,7 @@ def _checked_cast(where: _Where, arr: pa.Array, to: pa.DataType, reason: str) ->
 
 # --------------------------------------------------------------------------- scalars
 
+
 def _convert_int(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     if ch.name in _WIDE_INTS:
         if ch.name.startswith("U") and _kind(arr.type) == "int":
@@ -274,15 +309,16 @@ def _convert_float(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
         out = _checked_cast(where, arr, pa.float64(), "not exact in floating point (beyond 2^53)")
         if ch.name == "Float64":
             return out
-        _check(where, arr, pc.greater(pc.abs(out), 2.0 ** 24), "not exact in Float32 (beyond 2^24)")
+        _check(where, arr, pc.greater(pc.abs(out), 2.0**24), "not exact in Float32 (beyond 2^24)")
         return out.cast(pa.float32())
     if ch.name == "Float64":
         return arr.cast(pa.float64())
     mm = pc.min_max(arr)  # NaN is skipped; ±inf fit (Float32 has them)
     vmin, vmax = mm["min"].as_py(), mm["max"].as_py()
     if vmin is not None and (abs(vmin) > _FLOAT32_MAX or abs(vmax) > _FLOAT32_MAX):
-        _check(where, arr, pc.and_(pc.is_finite(arr), pc.greater(pc.abs(arr), _FLOAT32_MAX)),
-               "beyond the range of Float32")
+        _check(
+            where, arr, pc.and_(pc.is_finite(arr), pc.greater(pc.abs(arr), _FLOAT32_MAX)), "beyond the range of Float32"
+        )
     return arr.cast(pa.float32())
 
 
@@ -299,7 +335,7 @@ def _convert_decimal(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     if _kind(arr.type) == "int":
         # Arrow casts an integer only into a decimal wide enough for its whole type;
         # go through that exact decimal, then check the value against (p, s).
-        arr = arr.cast(pa.decimal128(len(str(2 ** arr.type.bit_width)), 0))
+        arr = arr.cast(pa.decimal128(len(str(2**arr.type.bit_width)), 0))
     return _checked_cast(where, arr, to, f"does not fit Decimal({p}, {s}) (digits would be lost)")
 
 
@@ -315,8 +351,11 @@ def _convert_string(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
 
 
 def _convert_text(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
-    pattern, what = {"UUID": (_UUID_RE, "not a UUID"), "IPv4": (_IPV4_RE, "not an IPv4 address"),
-                     "IPv6": (_IPV6_RE, "not an IPv6 address")}[ch.name]
+    pattern, what = {
+        "UUID": (_UUID_RE, "not a UUID"),
+        "IPv4": (_IPV4_RE, "not an IPv4 address"),
+        "IPv6": (_IPV6_RE, "not an IPv6 address"),
+    }[ch.name]
     _check(where, arr, pc.invert(pc.match_substring_regex(arr, pattern)), what)
     return arr
 
@@ -334,9 +373,14 @@ def _convert_enum(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
 def _convert_date(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     days = arr.cast(pa.date32()).cast(pa.int32())
     lo, hi = _DATE_DAYS if ch.name == "Date" else _DATE32_DAYS
-    _check_range(where, arr, days, lo, hi,
-                 f"outside {ch.name}'s range {_EPOCH + datetime.timedelta(lo)}.."
-                 f"{_EPOCH + datetime.timedelta(hi)}")
+    _check_range(
+        where,
+        arr,
+        days,
+        lo,
+        hi,
+        f"outside {ch.name}'s range {_EPOCH + datetime.timedelta(lo)}..{_EPOCH + datetime.timedelta(hi)}",
+    )
     return arr.cast(pa.date32())
 
 
@@ -348,16 +392,26 @@ def _convert_datetime(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     if digits == 9:
         hi = _DATETIME64_9_MAX_S
     per_s = _UNIT_PER_S[unit]
-    vmin, _ = _check_range(where, arr, ticks, lo * per_s, hi * per_s + per_s - 1,
-                           f"outside {ch.name}'s range {_EPOCH_DT + datetime.timedelta(seconds=lo)}.."
-                           f"{_EPOCH_DT + datetime.timedelta(seconds=hi)} UTC")
+    vmin, _ = _check_range(
+        where,
+        arr,
+        ticks,
+        lo * per_s,
+        hi * per_s + per_s - 1,
+        f"outside {ch.name}'s range {_EPOCH_DT + datetime.timedelta(seconds=lo)}.."
+        f"{_EPOCH_DT + datetime.timedelta(seconds=hi)} UTC",
+    )
     if digits >= _UNIT_DIGITS[unit]:
         return arr
     step = 10 ** (_UNIT_DIGITS[unit] - digits)
     q = _floor_div(ticks, step, negative=vmin is not None and vmin < 0)
     if where.plan.strict_precision:
-        _check(where, arr, pc.not_equal(pc.multiply(q, step), ticks),
-               f"has sub-second digits {ch.name} cannot hold (strict_precision=true)")
+        _check(
+            where,
+            arr,
+            pc.not_equal(pc.multiply(q, step), ticks),
+            f"has sub-second digits {ch.name} cannot hold (strict_precision=true)",
+        )
     out_unit = next(u for u in ("s", "ms", "us", "ns") if _UNIT_DIGITS[u] >= digits)
     scale = 10 ** (_UNIT_DIGITS[out_unit] - digits)  # q counts 10^-digits s; out_unit is finer or equal
     out = q if scale == 1 else pc.multiply(q, scale)
@@ -375,15 +429,26 @@ def _floor_div(ticks: pa.Array, step: int, *, negative: bool) -> pa.Array:
 
 _SCALARS: dict[str, Callable[[_Where, pa.Array, CHType], pa.Array]] = {
     **{n: _convert_int for n in (*_INT_TYPES, *_WIDE_INTS)},
-    "Float32": _convert_float, "Float64": _convert_float, "Bool": _convert_bool,
-    "Decimal": _convert_decimal, "String": _convert_string, "FixedString": _convert_string,
-    "UUID": _convert_text, "IPv4": _convert_text, "IPv6": _convert_text,
-    "Enum8": _convert_enum, "Enum16": _convert_enum, "Date": _convert_date, "Date32": _convert_date,
-    "DateTime": _convert_datetime, "DateTime64": _convert_datetime,
+    "Float32": _convert_float,
+    "Float64": _convert_float,
+    "Bool": _convert_bool,
+    "Decimal": _convert_decimal,
+    "String": _convert_string,
+    "FixedString": _convert_string,
+    "UUID": _convert_text,
+    "IPv4": _convert_text,
+    "IPv6": _convert_text,
+    "Enum8": _convert_enum,
+    "Enum16": _convert_enum,
+    "Date": _convert_date,
+    "Date32": _convert_date,
+    "DateTime": _convert_datetime,
+    "DateTime64": _convert_datetime,
 }
 
 
 # --------------------------------------------------------------------------- nested
+
 
 def _convert(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     """``arr`` converted to the Arrow type of ``ch``, every value checked."""
@@ -396,11 +461,18 @@ def _convert(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
         return arr
     # Array/Map/Tuple cannot be Nullable on most servers: a null there becomes an
     # empty value (documented); a null scalar into a non-Nullable column does not fit.
-    if arr.null_count and not nullable and inner.name not in _CONTAINERS \
-            and not where.plan.allow_nullable_into_non_nullable:
-        raise where.fail(arr, pc.is_null(arr),
-                         "null into a non-Nullable column (set allow_nullable_into_non_nullable="
-                         "true to store the column's default instead)")
+    if (
+        arr.null_count
+        and not nullable
+        and inner.name not in _CONTAINERS
+        and not where.plan.allow_nullable_into_non_nullable
+    ):
+        raise where.fail(
+            arr,
+            pc.is_null(arr),
+            "null into a non-Nullable column (set allow_nullable_into_non_nullable="
+            "true to store the column's default instead)",
+        )
     if inner.name == "Array":
         return _convert_list(where, arr, inner)
     if inner.name == "Map":
@@ -435,8 +507,7 @@ def _convert_list(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
     out = _convert(where.child("[]", _parents(offsets)), values, ch.args[0])
     mask = arr.is_null() if arr.null_count else None
     cls = pa.LargeListArray if pa.types.is_large_list(arr.type) else pa.ListArray
-    return cls.from_arrays(pa.array(offsets, pa.int64() if cls is pa.LargeListArray else pa.int32()),
-                           out, mask=mask)
+    return cls.from_arrays(pa.array(offsets, pa.int64() if cls is pa.LargeListArray else pa.int32()), out, mask=mask)
 
 
 def _convert_map(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
@@ -463,6 +534,7 @@ def _convert_struct(where: _Where, arr: pa.Array, ch: CHType) -> pa.Array:
 
 
 # --------------------------------------------------------------------------- the plan
+
 
 @dataclasses.dataclass(frozen=True)
 class ConversionPlan:
@@ -555,6 +627,7 @@ class ConversionPlan:
 
 # --------------------------------------------------------------------------- dead letters
 
+
 class ConvertedBatches(Iterator[pa.RecordBatch]):
     """One partition's batches, converted (what :meth:`ConversionPlan.apply` returns).
 
@@ -593,15 +666,22 @@ class ConvertedBatches(Iterator[pa.RecordBatch]):
                 return self.plan.convert(current, first_row)
             except ValueDoesNotFitError as e:
                 original = int(keep[e.row])
-                self.dead_letters.append({
-                    "row": first_row + original, "column": e.column, "clickhouse_type": e.ch_type,
-                    "reason": e.reason, "row_json": _row_json(batch, original)})
+                self.dead_letters.append(
+                    {
+                        "row": first_row + original,
+                        "column": e.column,
+                        "clickhouse_type": e.ch_type,
+                        "reason": e.reason,
+                        "row_json": _row_json(batch, original),
+                    }
+                )
                 keep = np.delete(keep, e.row)
                 current = batch.take(pa.array(keep, pa.int64()))
 
 
 def _row_json(batch: pa.RecordBatch, i: int) -> str:
     """The whole row as JSON (bytes as latin-1 text, other values by ``str``)."""
+
     def plain(v: object) -> object:
         if isinstance(v, bytes):
             return v.decode("latin-1")

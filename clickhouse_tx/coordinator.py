@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
+from clickhouse_tx._transport import safe_url
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import (
     DecisionConflictError,
@@ -37,8 +38,6 @@ from clickhouse_tx.errors import (
     OutcomeUnknownError,
     ValueDoesNotFitError,
 )
-from clickhouse_tx.convert import ConversionPlan
-from clickhouse_tx._transport import safe_url
 from clickhouse_tx.ids import new_xid
 from clickhouse_tx.interfaces import (
     CommitModeIO,
@@ -63,6 +62,7 @@ T = TypeVar("T")
 # Pure planning
 # ----------------------------------------------------------------------------------------
 
+
 def _attempt_order(p: Prepared) -> tuple[int, str]:
     return (p.attempt, p.xid)
 
@@ -73,9 +73,19 @@ def prepared_from_entry(e: RegistryEntry) -> Prepared:
     Zombie and speculative attempts never reach the driver as messages; their
     registry entry is all there is (rows and checksum are unknown, so 0).
     """
-    return Prepared(xid=e.xid, txn_id=e.txn_id, batch=e.batch, partition=e.partition,
-                    attempt=e.attempt, mode=e.mode, server=e.server, table=e.table,
-                    rows=0, checksum=0, details=dict(e.payload or {}))
+    return Prepared(
+        xid=e.xid,
+        txn_id=e.txn_id,
+        batch=e.batch,
+        partition=e.partition,
+        attempt=e.attempt,
+        mode=e.mode,
+        server=e.server,
+        table=e.table,
+        rows=0,
+        checksum=0,
+        details=dict(e.payload or {}),
+    )
 
 
 def same_rows(a: Prepared, b: Prepared) -> bool:
@@ -86,8 +96,9 @@ def same_rows(a: Prepared, b: Prepared) -> bool:
     return a.rows == b.rows and a.checksum == b.checksum
 
 
-def choose_per_partition(messages: Iterable[Prepared],
-                         states: Mapping[str, TxState]) -> tuple[dict[int, Prepared], dict[int, tuple[Prepared, ...]]]:
+def choose_per_partition(
+    messages: Iterable[Prepared], states: Mapping[str, TxState]
+) -> tuple[dict[int, Prepared], dict[int, tuple[Prepared, ...]]]:
     """Pick one committable message per partition, deterministically.
 
     Committable means INITIALIZED in the registry. Among several (speculative
@@ -140,8 +151,14 @@ class CommitPlan:
         return not self.write_decision
 
 
-def plan_commit(decision: Decision | None, messages: Sequence[Prepared],
-                registry_entries: Sequence[RegistryEntry], *, txn_id: str, batch: int) -> CommitPlan:
+def plan_commit(
+    decision: Decision | None,
+    messages: Sequence[Prepared],
+    registry_entries: Sequence[RegistryEntry],
+    *,
+    txn_id: str,
+    batch: int,
+) -> CommitPlan:
     """Decide how to commit ``batch`` from what is durable and what Spark sent.
 
     Raises
@@ -161,8 +178,14 @@ def plan_commit(decision: Decision | None, messages: Sequence[Prepared],
         decided = {p.xid for p in decision.chosen}
         spares_all: dict[int, tuple[Prepared, ...]] = {}
         for d in decision.chosen:
-            ms = [m for m in messages if m.partition == d.partition and m.xid not in decided
-                  and same_rows(m, d) and states.get(m.xid) is TxState.INITIALIZED]
+            ms = [
+                m
+                for m in messages
+                if m.partition == d.partition
+                and m.xid not in decided
+                and same_rows(m, d)
+                and states.get(m.xid) is TxState.INITIALIZED
+            ]
             spares_all[d.partition] = tuple(sorted({m.xid: m for m in ms}.values(), key=_attempt_order))
         return CommitPlan(decision=decision, write_decision=False, spares=spares_all)
     chosen, spares = choose_per_partition(messages, states)
@@ -172,14 +195,15 @@ def plan_commit(decision: Decision | None, messages: Sequence[Prepared],
         raise NotCommittedError(
             f"batch {batch}: partitions {missing} have no committable message "
             f"(registry states of {bad}: {[states.get(x, TxState.UNKNOWN).value for x in bad]}); "
-            "nothing was committed")
-    new = Decision(txn_id=txn_id, batch=batch,
-                   chosen=tuple(chosen[p] for p in sorted(chosen)), version=1)
+            "nothing was committed"
+        )
+    new = Decision(txn_id=txn_id, batch=batch, chosen=tuple(chosen[p] for p in sorted(chosen)), version=1)
     return CommitPlan(decision=new, write_decision=True, spares=spares)
 
 
-def plan_rollback(keep_xids: Iterable[str], messages: Sequence[Prepared],
-                  registry_entries: Sequence[RegistryEntry]) -> tuple[Prepared, ...]:
+def plan_rollback(
+    keep_xids: Iterable[str], messages: Sequence[Prepared], registry_entries: Sequence[RegistryEntry]
+) -> tuple[Prepared, ...]:
     """Everything of the batch to roll back: not kept and not finished.
 
     Covers the messages Spark sent and every registered xid of the batch (zombies
@@ -195,13 +219,13 @@ def plan_rollback(keep_xids: Iterable[str], messages: Sequence[Prepared],
         todo[e.xid] = prepared_from_entry(e)
     for m in messages:
         todo[m.xid] = m
-    return tuple(p for x, p in sorted(todo.items())
-                 if x not in keep and not is_finished(states.get(x)))
+    return tuple(p for x, p in sorted(todo.items()) if x not in keep and not is_finished(states.get(x)))
 
 
 # ----------------------------------------------------------------------------------------
 # Reports
 # ----------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class CommitReport:
@@ -232,6 +256,7 @@ class AbortReport:
 # Per-xid operations (shared with clickhouse_tx.recovery)
 # ----------------------------------------------------------------------------------------
 
+
 class TxOps:
     """Idempotent per-xid steps over the registry and a commit mode.
 
@@ -240,9 +265,16 @@ class TxOps:
     already in the target state is a no-op, anything else illegal raises.
     """
 
-    def __init__(self, target: Target, mode_io: CommitModeIO, registry: RegistryIO, *,
-                 retry: RetryPolicy | None = None, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        target: Target,
+        mode_io: CommitModeIO,
+        registry: RegistryIO,
+        *,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.target = target
         self.mode_io = mode_io
         self.registry = registry
@@ -252,8 +284,13 @@ class TxOps:
 
     def call(self, fn: Callable[[], T], retry_on: Callable[[BaseException], bool] = is_transient) -> T:
         """``fn`` through the one retry helper; every retry is logged at WARNING."""
-        return retry_call(fn, self.retry, retry_on=retry_on, sleep=self.sleep,
-                          what=getattr(fn, "__qualname__", "coordinator I/O").replace(".<locals>.<lambda>", ""))
+        return retry_call(
+            fn,
+            self.retry,
+            retry_on=retry_on,
+            sleep=self.sleep,
+            what=getattr(fn, "__qualname__", "coordinator I/O").replace(".<locals>.<lambda>", ""),
+        )
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -284,10 +321,19 @@ class TxOps:
 
         Returns the state the xid is in afterwards (someone may have registered it first).
         """
-        entry = RegistryEntry(xid=p.xid, txn_id=p.txn_id, batch=p.batch, partition=p.partition,
-                              attempt=p.attempt, mode=p.mode, server=p.server, table=p.table,
-                              state=TxState.ABORTED.value, created_ms=self.now_ms(),
-                              updated_ms=self.now_ms())
+        entry = RegistryEntry(
+            xid=p.xid,
+            txn_id=p.txn_id,
+            batch=p.batch,
+            partition=p.partition,
+            attempt=p.attempt,
+            mode=p.mode,
+            server=p.server,
+            table=p.table,
+            state=TxState.ABORTED.value,
+            created_ms=self.now_ms(),
+            updated_ms=self.now_ms(),
+        )
         try:
             self.call(lambda: self.registry.register(entry))
         except Exception:  # exists already, or reply lost: read it back
@@ -350,9 +396,11 @@ class TxOps:
         # The common case first: one CAS, no read (a read per xid is a round trip).
         cur: TxState | None = None
         try:
-            if self.call(lambda: self.registry.transition(
-                    p.xid, [TxState.INITIALIZED.value, TxState.COMMITTING.value],
-                    TxState.COMMITTING.value, payload)):
+            if self.call(
+                lambda: self.registry.transition(
+                    p.xid, [TxState.INITIALIZED.value, TxState.COMMITTING.value], TxState.COMMITTING.value, payload
+                )
+            ):
                 cur = TxState.COMMITTING
         except OutcomeUnknownError:
             pass  # the CAS may have happened: the read below decides
@@ -394,11 +442,15 @@ class TxOps:
                     return True
                 if outcome is CommitOutcome.NOT_COMMITTED:
                     return False
-        raise OutcomeUnknownError(
-            f"xid still pending after {self.retry.max_attempts} commit attempts", xid=p.xid)
+        raise OutcomeUnknownError(f"xid still pending after {self.retry.max_attempts} commit attempts", xid=p.xid)
 
-    def bulk_move(self, xids: Sequence[str], expected: Sequence[TxState], new: TxState,
-                  payload: Mapping[str, object] | None = None) -> set[str]:
+    def bulk_move(
+        self,
+        xids: Sequence[str],
+        expected: Sequence[TxState],
+        new: TxState,
+        payload: Mapping[str, object] | None = None,
+    ) -> set[str]:
         """The xids one bulk CAS moved to ``new`` (empty when the registry has no bulk CAS)."""
         many = getattr(self.registry, "transition_many", None)
         if many is None or not xids:
@@ -412,6 +464,7 @@ class TxOps:
 # ----------------------------------------------------------------------------------------
 # The coordinator
 # ----------------------------------------------------------------------------------------
+
 
 class Coordinator:
     """Two-phase commit of micro-batches of one query (``txn_id``) into one target.
@@ -440,12 +493,21 @@ class Coordinator:
         checks every value before it is sent (None: the batches go as they are).
     """
 
-    def __init__(self, txn_id: str, target: Target, mode_io: CommitModeIO, registry: RegistryIO,
-                 log: DecisionLogIO, *, retry: RetryPolicy | None = None, parallelism: int = 1,
-                 clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep,
-                 xid_factory: Callable[[str, int, int, int], str] = new_xid,
-                 conversion: ConversionPlan | None = None) -> None:
+    def __init__(
+        self,
+        txn_id: str,
+        target: Target,
+        mode_io: CommitModeIO,
+        registry: RegistryIO,
+        log: DecisionLogIO,
+        *,
+        retry: RetryPolicy | None = None,
+        parallelism: int = 1,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        xid_factory: Callable[[str, int, int, int], str] = new_xid,
+        conversion: ConversionPlan | None = None,
+    ) -> None:
         self.txn_id = txn_id
         self.conversion = conversion
         self.xid_factory = xid_factory
@@ -479,14 +541,32 @@ class Coordinator:
         if ctx.txn_id != self.txn_id:
             raise ValueError(f"WriteContext txn_id {ctx.txn_id!r} != coordinator's {self.txn_id!r}")
         xid = self.xid_factory(ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt)
-        provisional = Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
-                               attempt=ctx.attempt, mode=self.mode_io.mode, server=safe_url(self.target.url),
-                               table=f"{self.target.database}.{self.target.table}", rows=0, checksum=0)
+        provisional = Prepared(
+            xid=xid,
+            txn_id=ctx.txn_id,
+            batch=ctx.batch,
+            partition=ctx.partition,
+            attempt=ctx.attempt,
+            mode=self.mode_io.mode,
+            server=safe_url(self.target.url),
+            table=f"{self.target.database}.{self.target.table}",
+            rows=0,
+            checksum=0,
+        )
         now = self.ops.now_ms()
-        entry = RegistryEntry(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
-                              attempt=ctx.attempt, mode=self.mode_io.mode, server=safe_url(self.target.url),
-                              table=provisional.table, state=TxState.INITIALIZED.value,
-                              created_ms=now, updated_ms=now)
+        entry = RegistryEntry(
+            xid=xid,
+            txn_id=ctx.txn_id,
+            batch=ctx.batch,
+            partition=ctx.partition,
+            attempt=ctx.attempt,
+            mode=self.mode_io.mode,
+            server=safe_url(self.target.url),
+            table=provisional.table,
+            state=TxState.INITIALIZED.value,
+            created_ms=now,
+            updated_ms=now,
+        )
         try:
             self.ops.call(lambda: self.registry.register(entry))
         except Exception as exc:
@@ -523,8 +603,10 @@ class Coordinator:
             if not isinstance(m, Prepared):
                 raise TypeError(f"commit message must be a Prepared, got {type(m).__name__}")
             if m.txn_id != self.txn_id or m.batch != batch:
-                raise ValueError(f"message {m.xid} is of txn_id={m.txn_id!r} batch={m.batch}, "
-                                 f"not of txn_id={self.txn_id!r} batch={batch}")
+                raise ValueError(
+                    f"message {m.xid} is of txn_id={m.txn_id!r} batch={m.batch}, "
+                    f"not of txn_id={self.txn_id!r} batch={batch}"
+                )
             out.append(m)
         return out
 
@@ -541,8 +623,11 @@ class Coordinator:
             return
         except (OutcomeUnknownError, DecisionConflictError):
             back = self._read(decision.batch)
-            if (back is not None and back.version == decision.version
-                    and [p.xid for p in back.chosen] == [p.xid for p in decision.chosen]):
+            if (
+                back is not None
+                and back.version == decision.version
+                and [p.xid for p in back.chosen] == [p.xid for p in decision.chosen]
+            ):
                 return  # our own write, whose reply was lost
             raise
 
@@ -562,8 +647,13 @@ class Coordinator:
             except Exception as exc:  # only when quiet, see below
                 if not quiet:
                     raise
-                log.warning("batch %d: rollback of xid %s (partition %d) failed, left to GC and "
-                            "session expiry: %s", p.batch, p.xid, p.partition, exc)
+                log.warning(
+                    "batch %d: rollback of xid %s (partition %d) failed, left to GC and session expiry: %s",
+                    p.batch,
+                    p.xid,
+                    p.partition,
+                    exc,
+                )
         return done
 
     def commit_batch(self, batch: int, messages: Sequence[Prepared | None]) -> CommitReport:
@@ -619,10 +709,16 @@ class Coordinator:
         self._forget(keep | set(run.rolled) | {e.xid for e in registered})
         durations["total"] = self.clock() - t0
         chosen = run.chosen
-        return CommitReport(batch=batch, committed=tuple(p.xid for _, p in sorted(chosen.items())),
-                            rolled_back=tuple(run.rolled), rows=sum(p.rows for p in chosen.values()),
-                            replaced=tuple(run.replaced), durations=durations, replay=plan.replay,
-                            decision_version=run.decision.version)
+        return CommitReport(
+            batch=batch,
+            committed=tuple(p.xid for _, p in sorted(chosen.items())),
+            rolled_back=tuple(run.rolled),
+            rows=sum(p.rows for p in chosen.values()),
+            replaced=tuple(run.replaced),
+            durations=durations,
+            replay=plan.replay,
+            decision_version=run.decision.version,
+        )
 
     def _check_layout(self, batch: int, msgs: Sequence[Prepared]) -> None:
         """A mode that records how a batch was cut (dedup) refuses a run that cut it otherwise."""
@@ -630,17 +726,25 @@ class Coordinator:
         if check is not None:
             self.ops.call(lambda: check(self.target, batch, msgs), is_transient_or_unknown)
 
-    def _replay_of_done(self, decision: Decision, msgs: Sequence[Prepared], t0: float,
-                        durations: dict[str, float]) -> CommitReport:
+    def _replay_of_done(
+        self, decision: Decision, msgs: Sequence[Prepared], t0: float, durations: dict[str, float]
+    ) -> CommitReport:
         """A done batch again (Spark replays it after a crash past mark_done): roll back only."""
         t = self.clock()
         keep = {p.xid for p in decision.chosen}
         rolled = self._rollback_all(plan_rollback(keep, msgs, self._entries(decision.batch)), quiet=True)
         durations["rollback"] = self.clock() - t
         durations["total"] = self.clock() - t0
-        return CommitReport(batch=decision.batch, committed=tuple(sorted(keep)), rolled_back=tuple(rolled),
-                            rows=sum(p.rows for p in decision.chosen), durations=durations,
-                            replay=True, already_done=True, decision_version=decision.version)
+        return CommitReport(
+            batch=decision.batch,
+            committed=tuple(sorted(keep)),
+            rolled_back=tuple(rolled),
+            rows=sum(p.rows for p in decision.chosen),
+            durations=durations,
+            replay=True,
+            already_done=True,
+            decision_version=decision.version,
+        )
 
     def _renew(self, p: Prepared) -> bool:
         """True if ``p``'s prepared work is still there (and its session renewed)."""
@@ -682,7 +786,8 @@ class Coordinator:
                 "again) and writes it once; supervise streaming queries to restart them. "
                 "Tasks that wait longer than session_timeout for the commit need a larger "
                 "session_timeout option (the server caps it at max_session_timeout)",
-                xid=dead[0].xid)
+                xid=dead[0].xid,
+            )
         run.decision = dataclasses.replace(run.decision, chosen=tuple(run.chosen[p] for p in parts))
 
     def _redecide(self, run: "_Run", msgs: Sequence[Prepared]) -> dict[int, bool] | None:
@@ -705,16 +810,19 @@ class Coordinator:
         for p in old.values():
             self.ops.abort(p, known_dead=True)
             run.rolled.append(p.xid)
-        new = _Run(dataclasses.replace(fresh.decision, version=run.decision.version + 1),
-                   dict(fresh.spares))
+        new = _Run(dataclasses.replace(fresh.decision, version=run.decision.version + 1), dict(fresh.spares))
         self._check_sessions(new, msgs)
         self._write(new.decision)
         run.decision, run.chosen, run.spares = new.decision, new.chosen, new.spares
-        run.replaced += [(p.xid, run.chosen[part].xid) for part, p in sorted(old.items())
-                         if part in run.chosen]
-        log.warning("batch %d: no decided xid could commit; decided again from this run's %d "
-                    "partitions (decision v%d, was %d partitions)", batch, len(run.chosen),
-                    run.decision.version, len(old))
+        run.replaced += [(p.xid, run.chosen[part].xid) for part, p in sorted(old.items()) if part in run.chosen]
+        log.warning(
+            "batch %d: no decided xid could commit; decided again from this run's %d "
+            "partitions (decision v%d, was %d partitions)",
+            batch,
+            len(run.chosen),
+            run.decision.version,
+            len(old),
+        )
         return self._commit_all(run)
 
     def _replace_dead(self, run: "_Run", committed: Mapping[int, bool]) -> None:
@@ -735,14 +843,24 @@ class Coordinator:
                 if nxt is None:
                     run.lost.append(current)
                     break
-                spares = spares[spares.index(nxt) + 1:]
+                spares = spares[spares.index(nxt) + 1 :]
                 run.chosen[part] = nxt
-                run.decision = Decision(txn_id=self.txn_id, batch=batch, version=run.decision.version + 1,
-                                        chosen=tuple(run.chosen[p] for p in sorted(run.chosen)))
+                run.decision = Decision(
+                    txn_id=self.txn_id,
+                    batch=batch,
+                    version=run.decision.version + 1,
+                    chosen=tuple(run.chosen[p] for p in sorted(run.chosen)),
+                )
                 self._write(run.decision)  # before the replacement's COMMIT, as for v1
                 run.replaced.append((current.xid, nxt.xid))
-                log.warning("batch %d partition %d: xid %s cannot commit, replaced by %s (decision v%d)",
-                            batch, part, current.xid, nxt.xid, run.decision.version)
+                log.warning(
+                    "batch %d partition %d: xid %s cannot commit, replaced by %s (decision v%d)",
+                    batch,
+                    part,
+                    current.xid,
+                    nxt.xid,
+                    run.decision.version,
+                )
                 current = nxt
                 ok = self.ops.ensure_committed(current, payload={"decision_version": run.decision.version})
 
@@ -751,9 +869,11 @@ class Coordinator:
 
     def _way_out(self) -> str:
         root = self._log_root()
-        return (f"python -m clickhouse_tx recover --url {safe_url(self.target.url)} "
-                f"--table {self.target.database}.{self.target.table} --mode {self.mode_io.mode.value} "
-                f"--txn-id {self.txn_id} --checkpoint {root}")
+        return (
+            f"python -m clickhouse_tx recover --url {safe_url(self.target.url)} "
+            f"--table {self.target.database}.{self.target.table} --mode {self.mode_io.mode.value} "
+            f"--txn-id {self.txn_id} --checkpoint {root}"
+        )
 
     def _lost_message(self, run: "_Run", msgs: Sequence[Prepared]) -> str:
         lost = {p.partition for p in run.lost}
@@ -771,7 +891,8 @@ class Coordinator:
             "streaming query: restart it on the same "
             f"checkpoint) and the original partitioning ({len(run.chosen)} partitions: the same "
             "repartition(n), minPartitions and Kafka partitions), which re-writes and matches the "
-            "missing partitions and keeps the visible ones")
+            "missing partitions and keeps the visible ones"
+        )
 
     def _commit_all(self, run: "_Run") -> dict[int, bool]:
         """First COMMIT of every decided partition.
@@ -793,8 +914,12 @@ class Coordinator:
         chosen, version = run.chosen, run.decision.version
         payload = {"decision_version": version}
         parts = sorted(chosen)
-        ready = self.ops.bulk_move([chosen[p].xid for p in parts] if len(parts) > 1 else [],
-                                   (TxState.INITIALIZED, TxState.COMMITTING), TxState.COMMITTING, payload)
+        ready = self.ops.bulk_move(
+            [chosen[p].xid for p in parts] if len(parts) > 1 else [],
+            (TxState.INITIALIZED, TxState.COMMITTING),
+            TxState.COMMITTING,
+            payload,
+        )
         doubt: dict[int, Exception] = {}
 
         def commit_one(part: int) -> bool:
@@ -824,8 +949,11 @@ class Coordinator:
                 f"transactional_id '{self.txn_id}' and decision_log '{self._log_root()}'), or "
                 f"finish it with `{self._way_out()}`; "
                 "running the job again under a new transactional_id would write the visible "
-                "partitions twice", xid=chosen[part].xid,
-                code=getattr(first, "code", None), name=getattr(first, "name", None)) from first
+                "partitions twice",
+                xid=chosen[part].xid,
+                code=getattr(first, "code", None),
+                name=getattr(first, "name", None),
+            ) from first
         return results
 
     def _forget(self, xids: Iterable[str]) -> None:
@@ -847,8 +975,9 @@ class Coordinator:
         """``fn`` over the partitions, ``parallelism`` at a time; the first error is raised."""
         if self.parallelism <= 1 or len(parts) <= 1:
             return {part: fn(part) for part in parts}
-        with concurrent.futures.ThreadPoolExecutor(min(self.parallelism, len(parts)),
-                                                   thread_name_prefix="clickhouse-tx-commit") as pool:
+        with concurrent.futures.ThreadPoolExecutor(
+            min(self.parallelism, len(parts)), thread_name_prefix="clickhouse-tx-commit"
+        ) as pool:
             futures = {part: pool.submit(fn, part) for part in parts}
         results: dict[int, bool] = {}
         error: BaseException | None = None

@@ -14,22 +14,38 @@ from __future__ import annotations
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
-from clickhouse_tx.convert import ConvertedBatches
 from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.convert import ConvertedBatches
 
 __all__ = ["DEAD_LETTER_COLUMNS", "dead_letter_ddl", "write_dead_letters"]
 
 #: Columns of a dead-letter table (created by the writer on the driver when missing).
 DEAD_LETTER_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("table", "String"), ("txn_id", "String"), ("batch", "Int64"), ("partition", "Int64"),
-    ("xid", "String"), ("row", "UInt64"), ("column", "String"), ("clickhouse_type", "String"),
-    ("reason", "String"), ("row_json", "String"),
+    ("table", "String"),
+    ("txn_id", "String"),
+    ("batch", "Int64"),
+    ("partition", "Int64"),
+    ("xid", "String"),
+    ("row", "UInt64"),
+    ("column", "String"),
+    ("clickhouse_type", "String"),
+    ("reason", "String"),
+    ("row_json", "String"),
 )
 
 
-def write_dead_letters(session: ClickHouseHTTP, batches: object, *, table: str, txn_id: str,
-                       batch: int, partition: int, xid: str, token: str | None = None,
-                       stage: str | None = None) -> int:
+def write_dead_letters(
+    session: ClickHouseHTTP,
+    batches: object,
+    *,
+    table: str,
+    txn_id: str,
+    batch: int,
+    partition: int,
+    xid: str,
+    token: str | None = None,
+    stage: str | None = None,
+) -> int:
     """Executor: insert the partition's dead letters through ``session``; their count.
 
     Called by a mode's prepare after the good rows went in: in mode ``transaction``
@@ -46,16 +62,24 @@ def write_dead_letters(session: ClickHouseHTTP, batches: object, *, table: str, 
     letters = batches.dead_letters
     if letters:
         n = len(letters)
-        data = pa.record_batch({
-            "table": pa.array([table] * n), "txn_id": pa.array([txn_id] * n),
-            "batch": pa.array([batch] * n, pa.int64()), "partition": pa.array([partition] * n, pa.int64()),
-            "xid": pa.array([xid] * n), "row": pa.array([d["row"] for d in letters], pa.uint64()),
-            **{k: pa.array([d[k] for d in letters]) for k in ("column", "clickhouse_type", "reason", "row_json")},
-        })
+        data = pa.record_batch(
+            {
+                "table": pa.array([table] * n),
+                "txn_id": pa.array([txn_id] * n),
+                "batch": pa.array([batch] * n, pa.int64()),
+                "partition": pa.array([partition] * n, pa.int64()),
+                "xid": pa.array([xid] * n),
+                "row": pa.array([d["row"] for d in letters], pa.uint64()),
+                **{k: pa.array([d[k] for d in letters]) for k in ("column", "clickhouse_type", "reason", "row_json")},
+            }
+        )
         into = stage or q.qualified(*batches.plan.dead_letter_table)
-        session.insert_arrow_stream(into, data.schema, iter([data]),
-                                    settings={"insert_deduplicate": "1",
-                                              "insert_deduplication_token": token or f"{xid}:dead_letters"})
+        session.insert_arrow_stream(
+            into,
+            data.schema,
+            iter([data]),
+            settings={"insert_deduplicate": "1", "insert_deduplication_token": token or f"{xid}:dead_letters"},
+        )
     return len(letters)
 
 
@@ -68,5 +92,7 @@ def dead_letter_ddl(database: str, table: str, *, dedup_window: bool = False) ->
     """
     cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in DEAD_LETTER_COLUMNS)
     window = " SETTINGS non_replicated_deduplication_window = 1000" if dedup_window else ""
-    return (f"CREATE TABLE IF NOT EXISTS {q.qualified(database, table)} ({cols}) "
-            f"ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`){window}")
+    return (
+        f"CREATE TABLE IF NOT EXISTS {q.qualified(database, table)} ({cols}) "
+        f"ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`){window}"
+    )

@@ -70,8 +70,7 @@ _OBJECT_STORES = {"s3", "gcs"}
 #: Version names checked per ``get_file_info`` call (replacements are rare: one call).
 _PROBE = 4
 #: ``link`` errors that mean "this filesystem has no hard links", not "name taken".
-_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK,
-             errno.ENOSYS, errno.EACCES}
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.EACCES}
 DEFAULT_RETAIN_BATCHES = 100
 DEFAULT_COMPACT_EVERY = 10
 
@@ -116,16 +115,23 @@ class FileDecisionLog:
         A ready ``(filesystem, root path)`` instead of opening ``root_uri``.
     """
 
-    def __init__(self, root_uri: str, txn_id: str, *, arbiter: Arbiter | None = None,
-                 retain_batches: int = DEFAULT_RETAIN_BATCHES,
-                 compact_every: int = DEFAULT_COMPACT_EVERY,
-                 filesystem: tuple[pafs.FileSystem, str] | None = None) -> None:
+    def __init__(
+        self,
+        root_uri: str,
+        txn_id: str,
+        *,
+        arbiter: Arbiter | None = None,
+        retain_batches: int = DEFAULT_RETAIN_BATCHES,
+        compact_every: int = DEFAULT_COMPACT_EVERY,
+        filesystem: tuple[pafs.FileSystem, str] | None = None,
+    ) -> None:
         if not txn_id or "/" in txn_id or txn_id in (".", ".."):
             raise ValueError(f"txn_id {txn_id!r} is not a safe directory name")
         if retain_batches < 1 or compact_every < 1:
             raise ConfigurationError(
                 f"decision log retain_batches ({retain_batches}) and compact_every ({compact_every}) "
-                "must be >= 1: Spark replays the newest batch, whose decision must stay")
+                "must be >= 1: Spark replays the newest batch, whose decision must stay"
+            )
         self.root_uri = root_uri
         self.txn_id = txn_id
         self.arbiter = arbiter
@@ -157,8 +163,7 @@ class FileDecisionLog:
         return f"decision:{self.txn_id}:{batch}:v{version}"
 
     def _names(self, directory: str | None = None) -> list[str]:
-        infos = self._fs.get_file_info(pafs.FileSelector(directory or self.directory,
-                                                         allow_not_found=True))
+        infos = self._fs.get_file_info(pafs.FileSelector(directory or self.directory, allow_not_found=True))
         return [i.base_name for i in infos if i.type == pafs.FileType.File]
 
     def _exists(self, path: str) -> bool:
@@ -227,7 +232,8 @@ class FileDecisionLog:
             raise ConfigurationError(
                 f"the decision log {self.directory} is on {self._fs.type_name!r}, where a write "
                 "is not exclusive: it needs an arbiter (build the coordinator with "
-                "clickhouse_tx.factory.build_coordinator, which uses the registry's compare-and-set)")
+                "clickhouse_tx.factory.build_coordinator, which uses the registry's compare-and-set)"
+            )
         won = self.arbiter.claim(self._claim_key(decision.batch, decision.version), body)
         if won != body:
             return False
@@ -276,7 +282,8 @@ class FileDecisionLog:
         except (ValueError, KeyError) as exc:
             raise TornDecisionError(
                 f"{path} is incomplete ({len(raw)} bytes): its writer died mid-write, before "
-                "any COMMIT could follow it; delete the file and restart the query") from exc
+                "any COMMIT could follow it; delete the file and restart the query"
+            ) from exc
         if decision.txn_id != self.txn_id or decision.batch != batch:
             raise ValueError(f"{path} holds txn_id={decision.txn_id!r} batch={decision.batch}")
         return dataclasses.replace(decision, done=done) if done else decision
@@ -290,8 +297,7 @@ class FileDecisionLog:
             infos = self._fs.get_file_info(paths + ([done_path] if start == 1 else []))
             if start == 1:
                 done = infos.pop().type != pafs.FileType.NotFound
-            found = [v for v, i in zip(range(start, start + _PROBE), infos)
-                     if i.type != pafs.FileType.NotFound]
+            found = [v for v, i in zip(range(start, start + _PROBE), infos) if i.type != pafs.FileType.NotFound]
             version = max(found, default=version)
             if len(found) < _PROBE:
                 break
@@ -341,7 +347,7 @@ class FileDecisionLog:
         """
         names = self._names()
         done = sorted({int(m["batch"]) for n in names if (m := _DONE.match(n))}, reverse=True)
-        drop = set(done[self.retain_batches:])
+        drop = set(done[self.retain_batches :])
         if not drop:
             return []
         mark = max(drop)
@@ -369,8 +375,7 @@ def txn_ids_with_decisions(root_uri: str) -> list[str]:
     once per call, one listing of ``<root>/clickhouse_tx`` and one per log found.
     """
     fs, root = layout.open_location(root_uri)
-    return [t for t in layout.txn_dirs(fs, root)
-            if list(FileDecisionLog(root_uri, t, filesystem=(fs, root)).batches())]
+    return [t for t in layout.txn_dirs(fs, root) if list(FileDecisionLog(root_uri, t, filesystem=(fs, root)).batches())]
 
 
 def _write_new(path: str, data: bytes) -> None:
@@ -379,7 +384,7 @@ def _write_new(path: str, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -411,9 +416,18 @@ class RegistryArbiter:
         from clickhouse_tx.registry import AlreadyRegisteredError
 
         d = json.loads(body)
-        entry = RegistryEntry(xid=key, txn_id=str(d["txn_id"]), batch=int(d["batch"]), partition=0,
-                              attempt=int(d["version"]), mode=Mode.NONE, server="", table="",
-                              state="committed", payload={"body": body.decode()})
+        entry = RegistryEntry(
+            xid=key,
+            txn_id=str(d["txn_id"]),
+            batch=int(d["batch"]),
+            partition=0,
+            attempt=int(d["version"]),
+            mode=Mode.NONE,
+            server="",
+            table="",
+            state="committed",
+            payload={"body": body.decode()},
+        )
         try:
             self.registry.register(entry)
             return body

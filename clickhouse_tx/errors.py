@@ -14,12 +14,12 @@ Passwords never reach a message: build messages from :class:`Target` reprs only.
 from __future__ import annotations
 
 
-
 class ClickHouseTxError(Exception):
     """Base of every error raised by clickhouse_tx."""
 
-    def __init__(self, message: str, *, xid: str | None = None, code: int | None = None,
-                 name: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, xid: str | None = None, code: int | None = None, name: str | None = None
+    ) -> None:
         self.xid = xid
         self.code = code
         self.name = name

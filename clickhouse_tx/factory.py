@@ -40,15 +40,19 @@ def build_mode_io(mode: "Mode | str", registry: KeeperMapRegistry | None = None)
     return io
 
 
-def build_registry(target: Target, *, table: str = DEFAULT_TABLE,
-                   database: str | None = None) -> KeeperMapRegistry:
+def build_registry(target: Target, *, table: str = DEFAULT_TABLE, database: str | None = None) -> KeeperMapRegistry:
     """The KeeperMap registry (in the target's database unless ``database`` is given)."""
     return KeeperMapRegistry(target, table=table, database=database)
 
 
-def build_decision_log(target: Target, txn_id: str, decision_log_uri: str, *,
-                       registry_database: str | None = None,
-                       retain_batches: int = DEFAULT_RETAIN_BATCHES) -> "FileDecisionLog":
+def build_decision_log(
+    target: Target,
+    txn_id: str,
+    decision_log_uri: str,
+    *,
+    registry_database: str | None = None,
+    retain_batches: int = DEFAULT_RETAIN_BATCHES,
+) -> "FileDecisionLog":
     """The decision log of ``txn_id`` under ``decision_log_uri``, atomic on its store.
 
     Driver, wherever a coordinator commits. On a store without an exclusive create
@@ -59,16 +63,22 @@ def build_decision_log(target: Target, txn_id: str, decision_log_uri: str, *,
 
     log = FileDecisionLog(decision_log_uri, txn_id, retain_batches=retain_batches)
     if log.semantics == "registry-cas":
-        log.arbiter = RegistryArbiter(build_registry(target, table=RegistryArbiter.TABLE,
-                                                     database=registry_database))
+        log.arbiter = RegistryArbiter(build_registry(target, table=RegistryArbiter.TABLE, database=registry_database))
     return log
 
 
-def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_log_uri: str, *,
-                      registry_table: str = DEFAULT_TABLE, registry_database: str | None = None,
-                      retry: "RetryPolicy | None" = None,
-                      retain_batches: int = DEFAULT_RETAIN_BATCHES,
-                      conversion: "ConversionPlan | None" = None) -> "Coordinator":
+def build_coordinator(
+    target: Target,
+    mode: "Mode | str",
+    txn_id: str,
+    decision_log_uri: str,
+    *,
+    registry_table: str = DEFAULT_TABLE,
+    registry_database: str | None = None,
+    retry: "RetryPolicy | None" = None,
+    retain_batches: int = DEFAULT_RETAIN_BATCHES,
+    conversion: "ConversionPlan | None" = None,
+) -> "Coordinator":
     """A :class:`~clickhouse_tx.coordinator.Coordinator` for one query into one target.
 
     Parameters
@@ -93,8 +103,15 @@ def build_coordinator(target: Target, mode: "Mode | str", txn_id: str, decision_
     registry = build_registry(target, table=registry_table, database=registry_database)
     if retry is not None:
         registry.retry = retry  # its read-backs of unknown writes share the coordinator's budget
-    return Coordinator(txn_id, target, build_mode_io(mode, registry), registry,
-                       build_decision_log(target, txn_id, decision_log_uri,
-                                          registry_database=registry_database,
-                                          retain_batches=retain_batches),
-                       retry=retry, parallelism=COMMIT_PARALLELISM, conversion=conversion)
+    return Coordinator(
+        txn_id,
+        target,
+        build_mode_io(mode, registry),
+        registry,
+        build_decision_log(
+            target, txn_id, decision_log_uri, registry_database=registry_database, retain_batches=retain_batches
+        ),
+        retry=retry,
+        parallelism=COMMIT_PARALLELISM,
+        conversion=conversion,
+    )

@@ -69,7 +69,8 @@ def check_enabled(names: Iterable[str], environ: Mapping[str, str] | None = None
         raise ConfigurationError(
             f"option(s) {', '.join(given)}: fault.* options are test-only hooks (they can "
             f"SIGKILL the process group) and are refused unless {TEST_FAULTS_ENV}=1 is set "
-            "in the environment of the Spark driver and executors; remove them")
+            "in the environment of the Spark driver and executors; remove them"
+        )
 
 
 class InjectedFault(RuntimeError):
@@ -108,8 +109,13 @@ class FaultPlan:
         if action not in ACTIONS:
             raise ValueError(f"fault.action must be one of {', '.join(ACTIONS)} (got {action!r})")
         batch = options.get("batch") or options.get("fault.batch")
-        return cls(step=step, action=action, nth=int(nth or 1), batch=int(batch) if batch else None,
-                   once_file=options.get("once_file") or options.get("fault.once_file"))
+        return cls(
+            step=step,
+            action=action,
+            nth=int(nth or 1),
+            batch=int(batch) if batch else None,
+            once_file=options.get("once_file") or options.get("fault.once_file"),
+        )
 
     def hit(self, step: str, batch: int, count: int = 1) -> None:
         if step != self.step or count != self.nth or (self.batch is not None and batch != self.batch):
@@ -173,8 +179,7 @@ class FaultyModeIO:
     def validate(self, target: Target, schema: pa.Schema) -> None:
         self.inner.validate(target, schema)
 
-    def prepare(self, target: Target, ctx: WriteContext, xid: str,
-                batches: Iterator[pa.RecordBatch]) -> Prepared:
+    def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         p = self.inner.prepare(target, ctx, xid, batches)
         self.plan.hit("after_prepare", ctx.batch)
         return p
@@ -199,6 +204,13 @@ def with_faults(coordinator: Coordinator, plan: FaultPlan) -> Coordinator:
     """The same coordinator with its mode I/O and decision log wrapped by ``plan``."""
     from .coordinator import Coordinator
 
-    return Coordinator(coordinator.txn_id, coordinator.target, FaultyModeIO(coordinator.mode_io, plan),
-                       coordinator.registry, FaultyDecisionLog(coordinator.log, plan),
-                       retry=coordinator.retry, parallelism=coordinator.parallelism, clock=coordinator.clock)
+    return Coordinator(
+        coordinator.txn_id,
+        coordinator.target,
+        FaultyModeIO(coordinator.mode_io, plan),
+        coordinator.registry,
+        FaultyDecisionLog(coordinator.log, plan),
+        retry=coordinator.retry,
+        parallelism=coordinator.parallelism,
+        clock=coordinator.clock,
+    )

@@ -21,6 +21,17 @@ from clickhouse_tx._transport import (
     safe_url,
 )
 
-__all__ = ["INVALID_TRANSACTION", "KEEPER_EXCEPTION", "NOT_IMPLEMENTED", "SESSION_IS_LOCKED", "SESSION_NOT_FOUND",
-           "TABLE_ALREADY_EXISTS", "UNKNOWN_DATABASE", "UNKNOWN_TABLE", "ClickHouseHTTP", "ReplyLostError",
-           "RequestNotSentError", "safe_url"]
+__all__ = [
+    "INVALID_TRANSACTION",
+    "KEEPER_EXCEPTION",
+    "NOT_IMPLEMENTED",
+    "SESSION_IS_LOCKED",
+    "SESSION_NOT_FOUND",
+    "TABLE_ALREADY_EXISTS",
+    "UNKNOWN_DATABASE",
+    "UNKNOWN_TABLE",
+    "ClickHouseHTTP",
+    "ReplyLostError",
+    "RequestNotSentError",
+    "safe_url",
+]

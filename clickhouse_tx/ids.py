@@ -24,8 +24,10 @@ from clickhouse_tx.errors import ConfigurationError
 #: Longest sanitised txn part kept verbatim; longer ones are cut and given a hash suffix.
 MAX_TXN_PART = 40
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
-_XID = re.compile(r"^(?P<txn>[A-Za-z0-9_]+)-b(?P<batch>\d+)-p(?P<partition>\d+)"
-                  r"-a(?P<attempt>\d+)-(?P<rand>[0-9a-f]{8})$")
+_XID = re.compile(
+    r"^(?P<txn>[A-Za-z0-9_]+)-b(?P<batch>\d+)-p(?P<partition>\d+)"
+    r"-a(?P<attempt>\d+)-(?P<rand>[0-9a-f]{8})$"
+)
 
 
 def _short_hash(text: str, n: int = 8) -> str:
@@ -44,7 +46,7 @@ def sanitize_txn(txn_id: str) -> str:
     if clean == txn_id and len(clean) <= MAX_TXN_PART:
         return clean
     h = _short_hash(txn_id)
-    return f"{clean[:MAX_TXN_PART - len(h) - 1]}_{h}"
+    return f"{clean[: MAX_TXN_PART - len(h) - 1]}_{h}"
 
 
 def new_xid(txn_id: str, batch: int, partition: int, attempt: int) -> str:
@@ -101,8 +103,7 @@ def txn_id_for_spark_query(spark_query_id: str) -> str:
     try:
         return "q_" + uuid.UUID(spark_query_id.strip()).hex
     except (ValueError, AttributeError):
-        raise ConfigurationError(
-            f"Spark's query id {spark_query_id!r} (checkpoint metadata) is not a UUID") from None
+        raise ConfigurationError(f"Spark's query id {spark_query_id!r} (checkpoint metadata) is not a UUID") from None
 
 
 _SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]+):(?P<rest>.*)$", re.S)
@@ -141,7 +142,8 @@ def canonical_location(raw: str, cwd: str) -> str:
         if authority not in ("", "localhost") or not path.startswith("/"):
             raise ConfigurationError(
                 f"option checkpointLocation={raw!r}: a file: URI must be absolute and local "
-                "(file:///path or file:/path)")
+                "(file:///path or file:/path)"
+            )
         return _normal_path(path)
     return f"{_SCHEME_ALIASES.get(scheme, scheme)}://{authority}{_normal_path(path)}"
 
@@ -159,8 +161,9 @@ class StoredQueryId:
     spark_query_id: str
 
     def to_json(self) -> bytes:
-        return json.dumps({"transactional_id": self.transactional_id,
-                           "spark_query_id": self.spark_query_id}, sort_keys=True).encode()
+        return json.dumps(
+            {"transactional_id": self.transactional_id, "spark_query_id": self.spark_query_id}, sort_keys=True
+        ).encode()
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> "StoredQueryId":
@@ -171,7 +174,8 @@ class StoredQueryId:
             raise ConfigurationError(
                 f"{where} is not a clickhouse_tx query id record (expected JSON with "
                 "transactional_id and spark_query_id); restore it from a backup, or remove it "
-                "together with the checkpoint to start the query afresh") from None
+                "together with the checkpoint to start the query afresh"
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,9 +187,15 @@ class IdChoice:
     reason: str
 
 
-def choose_stream_txn_id(*, explicit: str | None, stored: StoredQueryId | None,
-                         spark_query_id: str, legacy_dirs: Sequence[str],
-                         legacy_id: str | None, where: str) -> IdChoice:
+def choose_stream_txn_id(
+    *,
+    explicit: str | None,
+    stored: StoredQueryId | None,
+    spark_query_id: str,
+    legacy_dirs: Sequence[str],
+    legacy_id: str | None,
+    where: str,
+) -> IdChoice:
     """The transactional id of a streaming query, from what its checkpoint holds; pure.
 
     Runs on the driver each time the stream writer is built (query start and every
@@ -223,13 +233,15 @@ def choose_stream_txn_id(*, explicit: str | None, stored: StoredQueryId | None,
                 f"stored {stored.spark_query_id} with transactional_id {stored.transactional_id!r}. "
                 "Spark's metadata was recreated while clickhouse_tx/ was kept, so batch ids "
                 "restart at 0 and would meet old decisions (rows silently skipped). Use a new "
-                "checkpointLocation, or delete the whole checkpoint directory")
+                "checkpointLocation, or delete the whole checkpoint directory"
+            )
         if explicit and explicit != stored.transactional_id:
             raise ConfigurationError(
                 f"option transactional_id={explicit!r} differs from {stored.transactional_id!r}, "
                 f"the id this query's checkpoint {where} was written under. Changing it would "
                 "re-write batches committed under the old id. Remove the option (or set it to "
-                f"{stored.transactional_id!r}); a different id needs a new checkpointLocation")
+                f"{stored.transactional_id!r}); a different id needs a new checkpointLocation"
+            )
         return IdChoice(stored.transactional_id, False, "stored in the checkpoint")
     if explicit:
         others = sorted(set(legacy_dirs) - {explicit})
@@ -238,18 +250,19 @@ def choose_stream_txn_id(*, explicit: str | None, stored: StoredQueryId | None,
                 f"option transactional_id={explicit!r}: checkpoint {where} already holds "
                 f"decisions under {', '.join(map(repr, others))}. Changing the id would re-write "
                 "batches committed under the old one. Remove the option (or set it to the old "
-                "id); a different id needs a new checkpointLocation")
+                "id); a different id needs a new checkpointLocation"
+            )
         return IdChoice(explicit, True, "the transactional_id option")
     others = sorted(legacy_dirs)
     if legacy_id is not None and legacy_id in legacy_dirs:
         return IdChoice(legacy_id, True, "adopted: the decision log of the earlier default id")
     if len(others) == 1:
-        return IdChoice(others[0], True,
-                        "adopted: the only decision log in the checkpoint (earlier default id)")
+        return IdChoice(others[0], True, "adopted: the only decision log in the checkpoint (earlier default id)")
     if others:
         raise ConfigurationError(
             f"checkpoint {where} holds decision logs of several transactional ids "
             f"({', '.join(map(repr, others))}), written by earlier versions under different "
             "spellings of the location or query name. Set the option transactional_id to the "
-            "one holding the highest batch number (the latest run); it is then stored")
+            "one holding the highest batch number (the latest run); it is then stored"
+        )
     return IdChoice(txn_id_for_spark_query(spark_query_id), True, "derived from Spark's query id")

@@ -157,8 +157,7 @@ class CommitModeIO(Protocol):
     def validate(self, target: Target, schema: pa.Schema) -> None:
         """Driver, once per query/job, before any task writes: raise ConfigurationError."""
 
-    def prepare(self, target: Target, ctx: WriteContext, xid: str,
-                batches: Iterator[pa.RecordBatch]) -> Prepared:
+    def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor, once per partition attempt: write without making visible."""
 
     def commit(self, target: Target, p: Prepared) -> None:
@@ -178,8 +177,9 @@ class RegistryIO(Protocol):
     def register(self, p_or_ctx: "RegistryEntry") -> None:
         """Create the entry in INITIALIZED; raise if the xid exists (fenced)."""
 
-    def transition(self, xid: str, expected: Sequence[str], new: str,
-                   payload: Mapping[str, object] | None = None) -> bool:
+    def transition(
+        self, xid: str, expected: Sequence[str], new: str, payload: Mapping[str, object] | None = None
+    ) -> bool:
         """Compare-and-set the state; False if the current state is not expected."""
 
     def get(self, xid: str) -> "RegistryEntry | None": ...

@@ -21,8 +21,17 @@ from typing import cast
 
 import pyarrow.fs as pafs
 
-__all__ = ["SUBDIR", "QUERY_RECORD", "METRICS_FILE", "open_location", "library_dir", "decision_dir",
-           "query_record_path", "metrics_path", "txn_dirs"]
+__all__ = [
+    "SUBDIR",
+    "QUERY_RECORD",
+    "METRICS_FILE",
+    "open_location",
+    "library_dir",
+    "decision_dir",
+    "query_record_path",
+    "metrics_path",
+    "txn_dirs",
+]
 
 #: The library's subdirectory of a checkpoint location or decision log root.
 SUBDIR = "clickhouse_tx"

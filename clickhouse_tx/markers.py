@@ -35,9 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clickhouse_tx import sql as q
+from clickhouse_tx._transport import TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP, transactions_unsupported
 from clickhouse_tx.errors import ServerError
-from clickhouse_tx._transport import (TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP,
-                                      transactions_unsupported)
 from clickhouse_tx.interfaces import Prepared, Target
 
 MARKERS_TABLE = "clickhouse_tx_commits"
@@ -95,8 +94,10 @@ class CommitMarkers:
         if key in _CREATED:
             return
         cols = ", ".join(f"{q.quote_identifier(c)} {t}" for c, t in _COLUMNS)
-        ddl = (f"CREATE TABLE IF NOT EXISTS {self.fq} ({cols}) ENGINE = MergeTree "
-               f"ORDER BY (txn_id, batch, `partition`, xid)")
+        ddl = (
+            f"CREATE TABLE IF NOT EXISTS {self.fq} ({cols}) ENGINE = MergeTree "
+            f"ORDER BY (txn_id, batch, `partition`, xid)"
+        )
         try:
             self.client.command(ddl)
         except ServerError as e:
@@ -106,9 +107,17 @@ class CommitMarkers:
 
     def insert_sql(self, p: Prepared) -> str:
         """The ``INSERT`` of ``p``'s marker (run it through any client/session)."""
-        values = [q.quote_string(p.txn_id), str(int(p.batch)), str(int(p.partition)),
-                  q.quote_string(p.xid), q.quote_string(p.table), str(int(p.rows)),
-                  str(int(p.checksum) & _MASK64), q.quote_string(p.mode.value), "now64(3)"]
+        values = [
+            q.quote_string(p.txn_id),
+            str(int(p.batch)),
+            str(int(p.partition)),
+            q.quote_string(p.xid),
+            q.quote_string(p.table),
+            str(int(p.rows)),
+            str(int(p.checksum) & _MASK64),
+            q.quote_string(p.mode.value),
+            "now64(3)",
+        ]
         return f"INSERT INTO {self.fq} ({_SELECT}) VALUES ({', '.join(values)})"
 
     def insert(self, p: Prepared, client: ClickHouseHTTP | None = None) -> None:
@@ -133,8 +142,7 @@ class CommitMarkers:
     def lookup(self, xid: str) -> dict[str, Any] | None:
         """The committed marker row of ``xid`` or None (read-committed; no table = None)."""
         try:
-            rows = self._read(f"SELECT {_SELECT} FROM {self.fq} WHERE xid = {{x:String}} LIMIT 1",
-                              {"x": xid})
+            rows = self._read(f"SELECT {_SELECT} FROM {self.fq} WHERE xid = {{x:String}} LIMIT 1", {"x": xid})
         except ServerError as e:
             if e.code == UNKNOWN_TABLE:  # nothing was ever committed here
                 return None
@@ -149,8 +157,7 @@ class CommitMarkers:
             where += " AND batch = {b:UInt64}"
             params["b"] = int(batch)
         try:
-            return self._read(f"SELECT {_SELECT} FROM {self.fq} WHERE {where} ORDER BY batch, `partition`, xid",
-                              params)
+            return self._read(f"SELECT {_SELECT} FROM {self.fq} WHERE {where} ORDER BY batch, `partition`, xid", params)
         except ServerError as e:
             if e.code == UNKNOWN_TABLE:
                 return []
@@ -159,12 +166,16 @@ class CommitMarkers:
 
 # ---------------------------------------------------------------------- checksum
 
+
 def _column_sum(arr: pa.ChunkedArray | pa.Array) -> int:
     """Order-independent contribution of one column (see the module docstring)."""
     t = arr.type
     if pa.types.is_dictionary(t):
-        arr = arr.cast(t.value_type) if isinstance(arr, pa.Array) else pa.chunked_array(
-            [c.cast(t.value_type) for c in arr.chunks], t.value_type)
+        arr = (
+            arr.cast(t.value_type)
+            if isinstance(arr, pa.Array)
+            else pa.chunked_array([c.cast(t.value_type) for c in arr.chunks], t.value_type)
+        )
         t = arr.type
     nulls: int = arr.null_count
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
@@ -174,10 +185,15 @@ def _column_sum(arr: pa.ChunkedArray | pa.Array) -> int:
         s = pc.sum(pc.cast(pc.cast(arr, _storage_int(t)), pa.int64(), safe=False)).as_py() or 0
     elif pa.types.is_decimal(t):
         # Each value as a whole number of units of its scale (deterministic per value).
-        as_int = pc.cast(pc.multiply(pc.cast(arr, pa.float64()), 10 ** t.scale), pa.int64(), safe=False)
+        as_int = pc.cast(pc.multiply(pc.cast(arr, pa.float64()), 10**t.scale), pa.int64(), safe=False)
         s = pc.sum(as_int).as_py() or 0
-    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+    elif (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+    ):
         s = pc.sum(pc.binary_length(arr)).as_py() or 0
     elif pa.types.is_map(t):
         # list_value_length has no kernel for maps: count the entries from the offsets.
@@ -252,5 +268,13 @@ def marker_exists(markers: CommitMarkers, xid: str) -> bool:
     return markers.lookup(xid) is not None
 
 
-__all__ = ["MARKERS_TABLE", "CommitMarkers", "CountingBatches", "arrow_checksum", "batch_checksum",
-           "READ_COMMITTED", "marker_exists", "transactions_unsupported"]
+__all__ = [
+    "MARKERS_TABLE",
+    "CommitMarkers",
+    "CountingBatches",
+    "arrow_checksum",
+    "batch_checksum",
+    "READ_COMMITTED",
+    "marker_exists",
+    "transactions_unsupported",
+]

@@ -24,6 +24,7 @@ from clickhouse_tx.ids import StoredQueryId, choose_stream_txn_id, legacy_txn_id
 
 log = logging.getLogger(__name__)
 
+
 def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
@@ -49,11 +50,12 @@ def spark_query_id(checkpoint: str) -> str:
         raise ConfigurationError(
             f"Spark's query metadata is not at {checkpoint}/metadata (option checkpointLocation, "
             "as Python resolves it). Give checkpointLocation as an absolute URI that Spark and "
-            "pyarrow read alike (file:///..., hdfs://namenode/..., s3://...)")
+            "pyarrow read alike (file:///..., hdfs://namenode/..., s3://...)"
+        )
     try:
         return str(json.loads(data.decode("utf-8").splitlines()[0])["id"])
     except (ValueError, KeyError, IndexError, TypeError):
-        raise ConfigurationError(f"{path} is not Spark's query metadata ({{\"id\": ...}})") from None
+        raise ConfigurationError(f'{path} is not Spark\'s query metadata ({{"id": ...}})') from None
 
 
 def stored_txn_id(checkpoint: str) -> str | None:
@@ -84,8 +86,9 @@ def _store(fs: pafs.FileSystem, path: str, record: StoredQueryId) -> StoredQuery
     return record if data is None else StoredQueryId.from_json(data, path)
 
 
-def resolve_stream_txn_id(*, checkpoint: str, raw_checkpoint: str, query_name: str | None,
-                          explicit: str | None, decision_root: str) -> str:
+def resolve_stream_txn_id(
+    *, checkpoint: str, raw_checkpoint: str, query_name: str | None, explicit: str | None, decision_root: str
+) -> str:
     """The query's transactional id; stored in the checkpoint on first use.
 
     Parameters
@@ -111,14 +114,21 @@ def resolve_stream_txn_id(*, checkpoint: str, raw_checkpoint: str, query_name: s
     stored = None if data is None else StoredQueryId.from_json(data, path)
     legacy = [] if stored else txn_ids_with_decisions(decision_root)
     choice = choose_stream_txn_id(
-        explicit=explicit, stored=stored, spark_query_id=query_id, legacy_dirs=legacy,
-        legacy_id=legacy_txn_id(query_name, raw_checkpoint), where=checkpoint)
+        explicit=explicit,
+        stored=stored,
+        spark_query_id=query_id,
+        legacy_dirs=legacy,
+        legacy_id=legacy_txn_id(query_name, raw_checkpoint),
+        where=checkpoint,
+    )
     if not choice.store:
         return choice.txn_id
     kept = _store(fs, path, StoredQueryId(choice.txn_id, query_id))
     # A concurrent first use stored another record: apply the same rules to it.
-    txn_id = choose_stream_txn_id(explicit=explicit, stored=kept, spark_query_id=query_id,
-                                  legacy_dirs=(), legacy_id=None, where=checkpoint).txn_id
-    log.info("clickhouse_tx: checkpoint %s: transactional_id %r (%s), stored in %s",
-             checkpoint, txn_id, choice.reason, path)
+    txn_id = choose_stream_txn_id(
+        explicit=explicit, stored=kept, spark_query_id=query_id, legacy_dirs=(), legacy_id=None, where=checkpoint
+    ).txn_id
+    log.info(
+        "clickhouse_tx: checkpoint %s: transactional_id %r (%s), stored in %s", checkpoint, txn_id, choice.reason, path
+    )
     return txn_id

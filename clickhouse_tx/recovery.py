@@ -19,6 +19,7 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
+from clickhouse_tx.coordinator import TxOps, prepared_from_entry
 from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
     CommitModeIO,
@@ -73,8 +74,9 @@ def _decision_of(log_for: LogFor, cache: _DecisionCache, e: RegistryEntry) -> tu
     return cache[key]
 
 
-def _ops(target: Target, mode_io: CommitModeIO, registry: RegistryIO,
-         retry: RetryPolicy | None, clock: Callable[[], float]) -> TxOps:
+def _ops(
+    target: Target, mode_io: CommitModeIO, registry: RegistryIO, retry: RetryPolicy | None, clock: Callable[[], float]
+) -> TxOps:
     return TxOps(target, mode_io, registry, retry=retry, clock=clock)
 
 
@@ -99,8 +101,13 @@ def _finish_committing(ops: TxOps, e: RegistryEntry, log_for: LogFor, cache: _De
     reachable, decision = _decision_of(log_for, cache, e)
     if not reachable or decision is None:
         if reachable:
-            log.warning("xid %s is COMMITTING but the decision log has no decision for batch %d of %s: "
-                        "left alone (is this the query's checkpoint?)", e.xid, e.batch, e.txn_id)
+            log.warning(
+                "xid %s is COMMITTING but the decision log has no decision for batch %d of %s: "
+                "left alone (is this the query's checkpoint?)",
+                e.xid,
+                e.batch,
+                e.txn_id,
+            )
         return "skipped"
     chosen = next((c for c in decision.chosen if c.xid == e.xid), None)
     if chosen is None:  # replaced by a later decision version
@@ -112,9 +119,16 @@ def _finish_committing(ops: TxOps, e: RegistryEntry, log_for: LogFor, cache: _De
     return "rolled_back"
 
 
-def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_for: LogFor, *,
-                     txn_ids: Collection[str] | None = None, retry: RetryPolicy | None = None,
-                     clock: Callable[[], float] = time.time) -> RecoveryReport:
+def resolve_in_doubt(
+    target: Target,
+    mode_io: CommitModeIO,
+    registry: RegistryIO,
+    log_for: LogFor,
+    *,
+    txn_ids: Collection[str] | None = None,
+    retry: RetryPolicy | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RecoveryReport:
     """Finish xids a dead driver left COMMITTING or ABORTING.
 
     Runs on an operator's machine (``python -m clickhouse_tx recover``), once per call.
@@ -142,10 +156,19 @@ def resolve_in_doubt(target: Target, mode_io: CommitModeIO, registry: RegistryIO
     return RecoveryReport(tuple(done["committed"]), tuple(done["rolled_back"]), tuple(done["skipped"]), errors)
 
 
-def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_for: LogFor,
-             older_than_s: float, *, txn_ids: Collection[str] | None = None, retry: RetryPolicy | None = None,
-             clock: Callable[[], float] = time.time, overwrite_stages: bool = True,
-             not_running: bool = False) -> RecoveryReport:
+def gc_stale(
+    target: Target,
+    mode_io: CommitModeIO,
+    registry: RegistryIO,
+    log_for: LogFor,
+    older_than_s: float,
+    *,
+    txn_ids: Collection[str] | None = None,
+    retry: RetryPolicy | None = None,
+    clock: Callable[[], float] = time.time,
+    overwrite_stages: bool = True,
+    not_running: bool = False,
+) -> RecoveryReport:
     """Remove what dead executors, zombies and crashed drivers left behind.
 
     Runs on an operator's machine (``python -m clickhouse_tx gc``), once per call;
@@ -174,7 +197,7 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
         raise ValueError("gc with not_running needs the queries named (txn_ids)")
     ops = _ops(target, mode_io, registry, retry, clock)
     rolled, skipped, errors = [], [], {}
-    cache: dict = {}
+    cache: _DecisionCache = {}
     untouched: dict[tuple[str, int], bool] = {}
     for e in _theirs(registry.list_open(older_than_s), txn_ids):
         if as_state(e.state) is not TxState.INITIALIZED:
@@ -190,14 +213,20 @@ def gc_stale(target: Target, mode_io: CommitModeIO, registry: RegistryIO, log_fo
                 rolled.append(e.xid)
         except Exception as exc:
             errors[e.xid] = f"{type(exc).__name__}: {exc}"
-    forgotten = _forget_finished(ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors,
-                                 untouched if not_running else None)
+    forgotten = _forget_finished(
+        ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors, untouched if not_running else None
+    )
     _forget(registry, rolled, errors)
     dropped = _drop_leftover_stages(target, mode_io, registry, txn_ids, older_than_s, errors)
     if overwrite_stages:
         dropped += _drop_overwrite_stages(target, registry, txn_ids, older_than_s, errors)
-    return RecoveryReport(rolled_back=tuple(rolled), skipped=tuple(skipped), errors=errors,
-                          forgotten=tuple(sorted(set(forgotten) | set(rolled))), dropped=tuple(dropped))
+    return RecoveryReport(
+        rolled_back=tuple(rolled),
+        skipped=tuple(skipped),
+        errors=errors,
+        forgotten=tuple(sorted(set(forgotten) | set(rolled))),
+        dropped=tuple(dropped),
+    )
 
 
 def untouched_batch(registry: RegistryIO, e: RegistryEntry, cache: dict[tuple[str, int], bool]) -> bool:
@@ -230,9 +259,17 @@ def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -
         errors.update({x: f"forget: {type(exc).__name__}: {exc}" for x in xids})
 
 
-def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: _DecisionCache,
-                     txn_ids: Collection[str] | None, older_than_s: float, clock: Callable[[], float],
-                     errors: dict[str, str], untouched: dict[tuple[str, int], bool] | None = None) -> list[str]:
+def _forget_finished(
+    ops: TxOps,
+    registry: RegistryIO,
+    log_for: LogFor,
+    cache: _DecisionCache,
+    txn_ids: Collection[str] | None,
+    older_than_s: float,
+    clock: Callable[[], float],
+    errors: dict[str, str],
+    untouched: dict[tuple[str, int], bool] | None = None,
+) -> list[str]:
     """Pass 2 of :func:`gc_stale`: the finished entries no replay will read; forgets them.
 
     ``untouched`` (``gc --not-running``): an ABORTED entry without a reachable
@@ -265,9 +302,14 @@ def _forget_finished(ops: TxOps, registry: RegistryIO, log_for: LogFor, cache: _
     return out
 
 
-def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: RegistryIO,
-                          txn_ids: Collection[str] | None, older_than_s: float,
-                          errors: dict[str, str]) -> list[str]:
+def _drop_leftover_stages(
+    target: Target,
+    mode_io: CommitModeIO,
+    registry: RegistryIO,
+    txn_ids: Collection[str] | None,
+    older_than_s: float,
+    errors: dict[str, str],
+) -> list[str]:
     """Pass 3 of :func:`gc_stale`: stage tables of the given queries that no live xid owns."""
     leftover_stages = getattr(mode_io, "leftover_stages", None)
     if leftover_stages is None:
@@ -284,9 +326,18 @@ def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: Regis
         entry = registry.get(xid)
         if entry is not None and as_state(entry.state) is not TxState.ABORTED:
             continue  # a live or decided xid: the passes above or its replay settle it
-        p = Prepared(xid=xid, txn_id=parts.txn, batch=parts.batch, partition=parts.partition,
-                     attempt=parts.attempt, mode=mode_io.mode, server=safe_url(target.url),
-                     table=f"{target.database}.{target.table}", rows=0, checksum=0)
+        p = Prepared(
+            xid=xid,
+            txn_id=parts.txn,
+            batch=parts.batch,
+            partition=parts.partition,
+            attempt=parts.attempt,
+            mode=mode_io.mode,
+            server=safe_url(target.url),
+            table=f"{target.database}.{target.table}",
+            rows=0,
+            checksum=0,
+        )
         try:
             if mode_io.lookup(target, p) is CommitOutcome.COMMITTED:
                 mode_io.commit(target, p)  # all moved, marker written: only the drop was missing
@@ -298,8 +349,9 @@ def _drop_leftover_stages(target: Target, mode_io: CommitModeIO, registry: Regis
     return dropped
 
 
-def _drop_overwrite_stages(target: Target, registry: RegistryIO, txn_ids: Collection[str] | None,
-                           older_than_s: float, errors: dict[str, str]) -> list[str]:
+def _drop_overwrite_stages(
+    target: Target, registry: RegistryIO, txn_ids: Collection[str] | None, older_than_s: float, errors: dict[str, str]
+) -> list[str]:
     """Pass 4 of :func:`gc_stale`: stage tables of overwrite jobs of the given queries.
 
     An overwrite job whose driver died before its swap leaves ``_ctx_ow_<txn>_<hex>``
@@ -313,8 +365,11 @@ def _drop_overwrite_stages(target: Target, registry: RegistryIO, txn_ids: Collec
     busy = {e.table for e in everyone.list_open(None)}
     dropped = []
     for name, age_s in tables_named(target, OVERWRITE_STAGE_PREFIX):
-        if (age_s < older_than_s or f"{target.database}.{name}" in busy
-                or not any(is_overwrite_stage_of(name, t) for t in txn_ids)):
+        if (
+            age_s < older_than_s
+            or f"{target.database}.{name}" in busy
+            or not any(is_overwrite_stage_of(name, t) for t in txn_ids)
+        ):
             continue
         try:
             with ClickHouseHTTP(target) as c:
@@ -331,9 +386,11 @@ def status_summary(registry: RegistryIO, *, clock: Callable[[], float] = time.ti
     now_ms = clock() * 1000
     by_state = collections.Counter(as_state(e.state).value for e in entries)
     by_txn = collections.Counter(e.txn_id for e in entries)
-    in_doubt = tuple(sorted(e.xid for e in entries
-                            if as_state(e.state) in (TxState.COMMITTING, TxState.ABORTING)))
+    in_doubt = tuple(sorted(e.xid for e in entries if as_state(e.state) in (TxState.COMMITTING, TxState.ABORTING)))
     oldest = min((e.created_ms for e in entries), default=None)
-    return StatusSummary(open_by_state=dict(by_state), in_doubt=in_doubt,
-                         oldest_open_age_s=None if oldest is None else max(0.0, (now_ms - oldest) / 1000),
-                         by_txn=dict(by_txn))
+    return StatusSummary(
+        open_by_state=dict(by_state),
+        in_doubt=in_doubt,
+        oldest_open_age_s=None if oldest is None else max(0.0, (now_ms - oldest) / 1000),
+        by_txn=dict(by_txn),
+    )

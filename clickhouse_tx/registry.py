@@ -40,9 +40,8 @@ import uuid
 from typing import Any, Callable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
+from clickhouse_tx._transport import TABLE_ALREADY_EXISTS, ClickHouseHTTP, KeeperError, is_keeper_error, safe_url
 from clickhouse_tx.errors import IllegalTransitionError, OutcomeUnknownError, ServerError
-from clickhouse_tx._transport import (TABLE_ALREADY_EXISTS, ClickHouseHTTP, KeeperError,
-                                      is_keeper_error, safe_url)
 from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
 from clickhouse_tx.retry import RetryPolicy, is_transient_or_unknown, retry_call
 
@@ -119,9 +118,16 @@ class KeeperMapRegistry:
     rebuilt on first use.
     """
 
-    def __init__(self, target_or_client: Target | ClickHouseHTTP, table: str = DEFAULT_TABLE,
-                 database: str | None = None, *, keeper_path: str | None = None,
-                 clock: Callable[[], float] = time.time, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        target_or_client: Target | ClickHouseHTTP,
+        table: str = DEFAULT_TABLE,
+        database: str | None = None,
+        *,
+        keeper_path: str | None = None,
+        clock: Callable[[], float] = time.time,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         if isinstance(target_or_client, ClickHouseHTTP):
             if target_or_client.session_id is not None:
                 raise ValueError("the registry needs a client without a session_id")
@@ -171,9 +177,11 @@ class KeeperMapRegistry:
             self._ready = True
             return
         cols = ", ".join(f"{q.quote_identifier(c)} {t}" for c, t in _COLUMNS)
-        ddl = (f"CREATE TABLE IF NOT EXISTS {self._fq} ({cols}) "
-               f"ENGINE = KeeperMap({q.quote_string(self.keeper_path)}) "
-               f"PRIMARY KEY {q.quote_identifier('xid')}")
+        ddl = (
+            f"CREATE TABLE IF NOT EXISTS {self._fq} ({cols}) "
+            f"ENGINE = KeeperMap({q.quote_string(self.keeper_path)}) "
+            f"PRIMARY KEY {q.quote_identifier('xid')}"
+        )
         try:
             self.client.command(ddl)
         except ServerError as e:
@@ -199,15 +207,21 @@ class KeeperMapRegistry:
         token = uuid.uuid4().hex
         now = self._now_ms()
         values = [
-            q.quote_string(entry.xid), q.quote_string(entry.txn_id), str(int(entry.batch)),
-            str(int(entry.partition)), str(int(entry.attempt)),
-            q.quote_string(Mode(entry.mode).value), q.quote_string(entry.server),
-            q.quote_string(entry.table), q.quote_string(str(entry.state)),
+            q.quote_string(entry.xid),
+            q.quote_string(entry.txn_id),
+            str(int(entry.batch)),
+            str(int(entry.partition)),
+            str(int(entry.attempt)),
+            q.quote_string(Mode(entry.mode).value),
+            q.quote_string(entry.server),
+            q.quote_string(entry.table),
+            q.quote_string(str(entry.state)),
             q.quote_string(json.dumps(dict(entry.payload or {}), sort_keys=True)),
-            str(int(entry.created_ms or now)), str(int(entry.updated_ms or now)),
+            str(int(entry.created_ms or now)),
+            str(int(entry.updated_ms or now)),
             q.quote_string(token),
         ]
-        sql = (f"INSERT INTO {self._fq} ({_SELECT}) VALUES ({', '.join(values)})")
+        sql = f"INSERT INTO {self._fq} ({_SELECT}) VALUES ({', '.join(values)})"
         for _ in range(2):
             try:
                 self.client.command(sql, settings=_STRICT)
@@ -222,12 +236,13 @@ class KeeperMapRegistry:
                 if cur_token == token:
                     return  # it was our own insert whose reply got lost
                 raise AlreadyRegisteredError(
-                    f"xid is already registered (state {current.state}); not registering again",
-                    xid=entry.xid)
+                    f"xid is already registered (state {current.state}); not registering again", xid=entry.xid
+                )
         raise OutcomeUnknownError("registration reply lost twice; state unknown", xid=entry.xid)
 
-    def transition(self, xid: str, expected: Sequence[str], new: str,
-                   payload: Mapping[str, object] | None = None) -> bool:
+    def transition(
+        self, xid: str, expected: Sequence[str], new: str, payload: Mapping[str, object] | None = None
+    ) -> bool:
         """Compare-and-set ``state``: ``expected`` -> ``new``; True iff this call changed it.
 
         ``payload``, when given, replaces the stored payload in the same write.
@@ -265,21 +280,28 @@ class KeeperMapRegistry:
             # moved it between two expected states. Try again on the fresh version.
         raise OutcomeUnknownError(f"CAS to {new} kept losing races", xid=xid)
 
-    def _cas_sql(self, xid_condition: str, expected: Sequence[str], new: str,
-                 payload: Mapping[str, object] | None, token: str) -> str:
+    def _cas_sql(
+        self, xid_condition: str, expected: Sequence[str], new: str, payload: Mapping[str, object] | None, token: str
+    ) -> str:
         """``ALTER ... UPDATE state, cas_token WHERE xid <condition> AND state IN expected``."""
-        sets = [f"{q.quote_identifier('state')} = {q.quote_string(str(new))}",
-                f"{q.quote_identifier('cas_token')} = {q.quote_string(token)}",
-                f"{q.quote_identifier('updated_ms')} = {self._now_ms()}"]
+        sets = [
+            f"{q.quote_identifier('state')} = {q.quote_string(str(new))}",
+            f"{q.quote_identifier('cas_token')} = {q.quote_string(token)}",
+            f"{q.quote_identifier('updated_ms')} = {self._now_ms()}",
+        ]
         if payload is not None:
-            sets.append(f"{q.quote_identifier('payload')} = "
-                        f"{q.quote_string(json.dumps(dict(payload), sort_keys=True))}")
-        return (f"ALTER TABLE {self._fq} UPDATE {', '.join(sets)} "
-                f"WHERE {q.quote_identifier('xid')} {xid_condition} "
-                f"AND {q.quote_identifier('state')} IN {q.quote_strings(expected)}")
+            sets.append(
+                f"{q.quote_identifier('payload')} = {q.quote_string(json.dumps(dict(payload), sort_keys=True))}"
+            )
+        return (
+            f"ALTER TABLE {self._fq} UPDATE {', '.join(sets)} "
+            f"WHERE {q.quote_identifier('xid')} {xid_condition} "
+            f"AND {q.quote_identifier('state')} IN {q.quote_strings(expected)}"
+        )
 
-    def transition_many(self, xids: Sequence[str], expected: Sequence[str], new: str,
-                        payload: Mapping[str, object] | None = None) -> list[str]:
+    def transition_many(
+        self, xids: Sequence[str], expected: Sequence[str], new: str, payload: Mapping[str, object] | None = None
+    ) -> list[str]:
         """One compare-and-set over many xids: the ones this call moved to ``new``.
 
         Driver, once or twice per batch commit. One ``ALTER ... WHERE xid IN (...)``
@@ -303,8 +325,7 @@ class KeeperMapRegistry:
             if not is_keeper_error(e, KeeperError.BAD_VERSION):
                 raise
             return []  # a concurrent writer changed one of them: nothing of ours landed
-        rows = self._read_back(
-            f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}", {})
+        rows = self._read_back(f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}", {})
         return [str(r["xid"]) for r in rows if r["cas_token"] == token]
 
     def get(self, xid: str) -> RegistryEntry | None:
@@ -343,7 +364,9 @@ class KeeperMapRegistry:
         self.ensure_table()
         self.client.command(
             f"ALTER TABLE {self._fq} DELETE WHERE {q.quote_identifier('xid')} IN {q.quote_strings(xids)} "
-            f"AND state IN {q.quote_strings(FINISHED_STATES)}", settings=_STRICT)
+            f"AND state IN {q.quote_strings(FINISHED_STATES)}",
+            settings=_STRICT,
+        )
 
     def purge_finished(self, older_than_s: float) -> None:
         """Delete committed/aborted entries not updated for ``older_than_s`` (housekeeping).
@@ -354,8 +377,9 @@ class KeeperMapRegistry:
         self.ensure_table()
         cut = max(0, self._now_ms() - int(older_than_s * 1000))
         self.client.command(
-            f"ALTER TABLE {self._fq} DELETE WHERE state IN {q.quote_strings(FINISHED_STATES)} "
-            f"AND updated_ms <= {cut}", settings=_STRICT)
+            f"ALTER TABLE {self._fq} DELETE WHERE state IN {q.quote_strings(FINISHED_STATES)} AND updated_ms <= {cut}",
+            settings=_STRICT,
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -370,28 +394,39 @@ class KeeperMapRegistry:
     def _select(self, where: str, params: Mapping[str, object]) -> list[RegistryEntry]:
         self.ensure_table()
         rows = self.client.query_json(
-            f"SELECT {_SELECT} FROM {self._fq} WHERE {where} ORDER BY partition, attempt, xid",
-            params=params)
+            f"SELECT {_SELECT} FROM {self._fq} WHERE {where} ORDER BY partition, attempt, xid", params=params
+        )
         return [_entry(r) for r in rows]
 
-    def _read_back(self, sql: str, params: Mapping[str, object]) -> list[dict]:
+    def _read_back(self, sql: str, params: Mapping[str, object]) -> list[dict[str, Any]]:
         """The read that decides a write whose outcome is unknown, repeated within
         ``self.retry`` while it fails transiently (a read is idempotent, so a lost reply
         or Keeper connection is retried too): without it the write's outcome stays
         unknown to the caller, who cannot repeat the write blindly."""
-        return retry_call(lambda: self.client.query_json(sql, params=params), self.retry,
-                          retry_on=is_transient_or_unknown, what=f"registry read-back of {self.table}")
+        return retry_call(
+            lambda: self.client.query_json(sql, params=params),
+            self.retry,
+            retry_on=is_transient_or_unknown,
+            what=f"registry read-back of {self.table}",
+        )
 
 
 def _entry(row: Mapping[str, Any]) -> RegistryEntry:
     payload_text = str(row.get("payload") or "")
     payload = json.loads(payload_text) if payload_text else {}
     return RegistryEntry(
-        xid=str(row["xid"]), txn_id=str(row["txn_id"]), batch=int(row["batch"]),
-        partition=int(row["partition"]), attempt=int(row["attempt"]),
-        mode=Mode(str(row["mode"])), server=str(row["server"]), table=str(row["table"]),
-        state=str(row["state"]), payload=payload,
-        created_ms=int(row["created_ms"]), updated_ms=int(row["updated_ms"]),
+        xid=str(row["xid"]),
+        txn_id=str(row["txn_id"]),
+        batch=int(row["batch"]),
+        partition=int(row["partition"]),
+        attempt=int(row["attempt"]),
+        mode=Mode(str(row["mode"])),
+        server=str(row["server"]),
+        table=str(row["table"]),
+        state=str(row["state"]),
+        payload=payload,
+        created_ms=int(row["created_ms"]),
+        updated_ms=int(row["updated_ms"]),
     )
 
 

@@ -69,13 +69,17 @@ def is_transient_or_unknown(exc: BaseException) -> bool:
     return isinstance(exc, OutcomeUnknownError) or is_transient(exc)
 
 
-def retry_call(fn: Callable[[], T], policy: RetryPolicy, *,
-               retry_on: Callable[[BaseException], bool] = is_transient,
-               sleep: Callable[[float], None] = time.sleep,
-               clock: Callable[[], float] = time.monotonic,
-               rng: Callable[[], float] = random.random,
-               on_retry: Callable[[int, BaseException, float], None] | None = None,
-               what: str | None = None) -> T:
+def retry_call(
+    fn: Callable[[], T],
+    policy: RetryPolicy,
+    *,
+    retry_on: Callable[[BaseException], bool] = is_transient,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    rng: Callable[[], float] = random.random,
+    on_retry: Callable[[int, BaseException, float], None] | None = None,
+    what: str | None = None,
+) -> T:
     """Call ``fn`` until it returns, an error ``retry_on`` rejects, or the policy runs out.
 
     The last error is re-raised unchanged. Only :class:`Exception` is caught: a
@@ -103,14 +107,24 @@ def retry_call(fn: Callable[[], T], policy: RetryPolicy, *,
             sleep(delay)
 
 
-def logging_on_retry(what: str, policy: RetryPolicy,
-                     logger: logging.Logger = log) -> Callable[[int, BaseException, float], None]:
+def logging_on_retry(
+    what: str, policy: RetryPolicy, logger: logging.Logger = log
+) -> Callable[[int, BaseException, float], None]:
     """An ``on_retry`` that logs one WARNING per retry: what, attempt/limit, the error.
 
     The error is logged by its message, which the project builds without passwords
     (URLs pass through :func:`clickhouse_tx._transport.safe_url`).
     """
+
     def on_retry(failures: int, exc: BaseException, delay: float) -> None:
-        logger.warning("%s failed (attempt %d of %d), retrying in %.2f s: %s: %s", what, failures,
-                       policy.max_attempts, delay, type(exc).__name__, exc)
+        logger.warning(
+            "%s failed (attempt %d of %d), retrying in %.2f s: %s: %s",
+            what,
+            failures,
+            policy.max_attempts,
+            delay,
+            type(exc).__name__,
+            exc,
+        )
+
     return on_retry

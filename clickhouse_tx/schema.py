@@ -21,9 +21,9 @@ from typing import Iterable, Mapping
 
 import pyarrow as pa
 
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.chtypes import parse_clickhouse_type, strip_wrappers
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx._transport import ClickHouseHTTP
 
 _WINDOW_RE = re.compile(r"\bnon_replicated_deduplication_window\s*=\s*(\d+)")
 _REPL_WINDOW_RE = re.compile(r"\breplicated_deduplication_window\s*=\s*(\d+)")
@@ -73,34 +73,48 @@ def describe_table(client: ClickHouseHTTP, database: str, table: str) -> TableIn
         The table (or database) does not exist.
     """
     rows = client.query_json(
-        "SELECT engine, create_table_query FROM system.tables "
-        "WHERE database = {d:String} AND name = {t:String}", params={"d": database, "t": table})
+        "SELECT engine, create_table_query FROM system.tables WHERE database = {d:String} AND name = {t:String}",
+        params={"d": database, "t": table},
+    )
     if not rows:
         raise ConfigurationError(
-            f"table {database}.{table} does not exist on {client.server}: create it first "
-            "(or check the table option)")
+            f"table {database}.{table} does not exist on {client.server}: create it first (or check the table option)"
+        )
     engine = str(rows[0]["engine"])
     ddl = str(rows[0]["create_table_query"])
     cols = client.query_json(
         "SELECT name, type, default_kind FROM system.columns "
         "WHERE database = {d:String} AND table = {t:String} ORDER BY position",
-        params={"d": database, "t": table})
-    defaults = {r["name"]: int(r["value"]) for r in client.query_json(
-        "SELECT name, value FROM system.merge_tree_settings WHERE name IN "
-        "('non_replicated_deduplication_window', 'replicated_deduplication_window')")}
+        params={"d": database, "t": table},
+    )
+    defaults = {
+        r["name"]: int(r["value"])
+        for r in client.query_json(
+            "SELECT name, value FROM system.merge_tree_settings WHERE name IN "
+            "('non_replicated_deduplication_window', 'replicated_deduplication_window')"
+        )
+    }
     m = _WINDOW_RE.search(ddl)
     window = int(m.group(1)) if m else defaults.get("non_replicated_deduplication_window", 0)
     m = _REPL_WINDOW_RE.search(ddl.replace("non_replicated_deduplication_window", "_"))
     rwindow = int(m.group(1)) if m else defaults.get("replicated_deduplication_window", 0)
-    return TableInfo(database, table, engine,
-                     tuple(Column(str(c["name"]), str(c["type"]), str(c.get("default_kind") or ""))
-                           for c in cols), ddl, window, rwindow)
+    return TableInfo(
+        database,
+        table,
+        engine,
+        tuple(Column(str(c["name"]), str(c["type"]), str(c.get("default_kind") or "")) for c in cols),
+        ddl,
+        window,
+        rwindow,
+    )
 
 
 # ---------------------------------------------------------------------- the check
 
-def check_schema(info: TableInfo, schema: pa.Schema, *, exclude: Iterable[str] = (),
-                 source_types: Mapping[str, str] | None = None) -> None:
+
+def check_schema(
+    info: TableInfo, schema: pa.Schema, *, exclude: Iterable[str] = (), source_types: Mapping[str, str] | None = None
+) -> None:
     """Raise ConfigurationError unless every data column *can* go into the table.
 
     Driver, once per query (each mode's ``validate``), before any task writes. It
@@ -142,16 +156,19 @@ def check_schema(info: TableInfo, schema: pa.Schema, *, exclude: Iterable[str] =
             why = fit_problem(f.type, parse_clickhouse_type(col.type))
             if why:
                 shown = (source_types or {}).get(f.name) or f"Arrow {f.type}"
-                problem = (f"column `{f.name}`: {shown} can never go into ClickHouse type "
-                           f"{col.type} of {info.display} ({why})")
+                problem = (
+                    f"column `{f.name}`: {shown} can never go into ClickHouse type {col.type} of {info.display} ({why})"
+                )
         if problem:
             problems.append(problem)
     for c in info.columns:
         if c.name in seen or c.default_kind:
             continue
         if not strip_wrappers(parse_clickhouse_type(c.type))[1]:
-            problems.append(f"column `{c.name}` of {info.display} ({c.type}) has no data, no DEFAULT "
-                            "and is not Nullable: it would be silently filled with a default value")
+            problems.append(
+                f"column `{c.name}` of {info.display} ({c.type}) has no data, no DEFAULT "
+                "and is not Nullable: it would be silently filled with a default value"
+            )
     if problems:
         raise ConfigurationError(f"schema does not fit {info.display}:\n  - " + "\n  - ".join(problems))
 
@@ -160,23 +177,23 @@ def _column_problem(info: TableInfo, f: pa.Field, col: Column | None, shown: str
     """A data column the table lacks or cannot take at all (None: its values decide)."""
     if col is None:
         names = [c.name for c in info.columns]
-        close = [n for n in names if n.lower() == f.name.lower()] or \
-            difflib.get_close_matches(f.name, names, n=3)
+        close = [n for n in names if n.lower() == f.name.lower()] or difflib.get_close_matches(f.name, names, n=3)
         hint = f" (did you mean {', '.join(f'`{c}`' for c in close)}?)" if close else ""
-        return (f"data column `{f.name}` ({shown or f.type}) is not a column of {info.display}"
-                f"{hint}")
+        return f"data column `{f.name}` ({shown or f.type}) is not a column of {info.display}{hint}"
     if col.default_kind.upper() in ("MATERIALIZED", "ALIAS"):
-        return (f"column `{f.name}` of {info.display} is {col.default_kind.upper()} ({col.type}): "
-                "it cannot be inserted into; drop it from the data")
+        return (
+            f"column `{f.name}` of {info.display} is {col.default_kind.upper()} ({col.type}): "
+            "it cannot be inserted into; drop it from the data"
+        )
     return None
 
 
-def conversion_columns(info: TableInfo, schema: pa.Schema,
-                       exclude: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
+def conversion_columns(info: TableInfo, schema: pa.Schema, exclude: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
     """``(name, ClickHouse type)`` of each data column, for a :class:`~clickhouse_tx.convert.ConversionPlan`.
 
     Driver, once per query, after :func:`check_schema` passed.
     """
     excluded = set(exclude)
-    return tuple((f.name, col.type) for f in schema
-                 if f.name not in excluded and (col := info.column(f.name)) is not None)
+    return tuple(
+        (f.name, col.type) for f in schema if f.name not in excluded and (col := info.column(f.name)) is not None
+    )

@@ -30,19 +30,21 @@ class TxState(str, enum.Enum):
 
 
 #: Every legal (current, target) pair; pairs with current == target are idempotent no-ops.
-TRANSITIONS: frozenset[tuple[TxState, TxState]] = frozenset({
-    (TxState.UNKNOWN, TxState.INITIALIZED),
-    (TxState.UNKNOWN, TxState.ABORTED),
-    (TxState.INITIALIZED, TxState.COMMITTING),
-    (TxState.INITIALIZED, TxState.ABORTING),
-    (TxState.COMMITTING, TxState.COMMITTED),
-    (TxState.COMMITTING, TxState.ABORTING),
-    (TxState.ABORTING, TxState.ABORTED),
-    (TxState.COMMITTING, TxState.COMMITTING),
-    (TxState.COMMITTED, TxState.COMMITTED),
-    (TxState.ABORTING, TxState.ABORTING),
-    (TxState.ABORTED, TxState.ABORTED),
-})
+TRANSITIONS: frozenset[tuple[TxState, TxState]] = frozenset(
+    {
+        (TxState.UNKNOWN, TxState.INITIALIZED),
+        (TxState.UNKNOWN, TxState.ABORTED),
+        (TxState.INITIALIZED, TxState.COMMITTING),
+        (TxState.INITIALIZED, TxState.ABORTING),
+        (TxState.COMMITTING, TxState.COMMITTED),
+        (TxState.COMMITTING, TxState.ABORTING),
+        (TxState.ABORTING, TxState.ABORTED),
+        (TxState.COMMITTING, TxState.COMMITTING),
+        (TxState.COMMITTED, TxState.COMMITTED),
+        (TxState.ABORTING, TxState.ABORTING),
+        (TxState.ABORTED, TxState.ABORTED),
+    }
+)
 
 FINISHED: frozenset[TxState] = frozenset({TxState.COMMITTED, TxState.ABORTED})
 
@@ -69,8 +71,7 @@ def can_transition(current: "TxState | str | None", target: "TxState | str") -> 
     return (as_state(current), as_state(target)) in TRANSITIONS
 
 
-def next_state(current: "TxState | str | None", target: "TxState | str", *,
-               xid: str | None = None) -> TxState:
+def next_state(current: "TxState | str | None", target: "TxState | str", *, xid: str | None = None) -> TxState:
     """Apply the transition table: return ``target`` or raise.
 
     Raises
@@ -85,8 +86,7 @@ def next_state(current: "TxState | str | None", target: "TxState | str", *,
     if (cur, tgt) in TRANSITIONS:
         return tgt
     if cur in FINISHED:
-        raise TransactionFinishedError(
-            f"transaction already {cur.value}, cannot move to {tgt.value}", xid=xid)
+        raise TransactionFinishedError(f"transaction already {cur.value}, cannot move to {tgt.value}", xid=xid)
     raise IllegalTransitionError(f"illegal transition {cur.value} -> {tgt.value}", xid=xid)
 
 

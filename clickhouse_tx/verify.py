@@ -59,12 +59,12 @@ class ClickHouseReader:
     The password is sent as a header and never appears in ``repr`` or errors.
     """
 
-    def __init__(self, url: str, *, user: str = "default", password: str = "",
-                 timeout_s: float = 300.0) -> None:
+    def __init__(self, url: str, *, user: str = "default", password: str = "", timeout_s: float = 300.0) -> None:
         self.url = safe_url(url.rstrip("/"))
         self.user = user
-        self._client = ClickHouseHTTP(Target(url=url, database="", table="", user=user,
-                                             password=password, request_timeout_s=timeout_s))
+        self._client = ClickHouseHTTP(
+            Target(url=url, database="", table="", user=user, password=password, request_timeout_s=timeout_s)
+        )
         self._transactions = True  # until the server refuses implicit_transaction
 
     def __repr__(self) -> str:
@@ -73,8 +73,9 @@ class ClickHouseReader:
     def close(self) -> None:
         self._client.close()
 
-    def rows(self, sql: str, params: Mapping[str, object] | None = None, *,
-             committed: bool = True) -> list[dict[str, Any]]:
+    def rows(
+        self, sql: str, params: Mapping[str, object] | None = None, *, committed: bool = True
+    ) -> list[dict[str, Any]]:
         """Run a SELECT and return its rows as dicts (64-bit integers as ints).
 
         ``committed`` reads with ``implicit_transaction=1`` (only MergeTree-family
@@ -92,9 +93,12 @@ class ClickHouseReader:
 
     def columns(self, database: str, table: str) -> dict[str, str]:
         """Column name → type of ``database.table`` (empty if the table does not exist)."""
-        out = self.rows("SELECT name, type FROM system.columns WHERE database = {d:String} "
-                        "AND table = {t:String} ORDER BY position", {"d": database, "t": table},
-                        committed=False)
+        out = self.rows(
+            "SELECT name, type FROM system.columns WHERE database = {d:String} "
+            "AND table = {t:String} ORDER BY position",
+            {"d": database, "t": table},
+            committed=False,
+        )
         return {r["name"]: r["type"] for r in out}
 
 
@@ -182,12 +186,16 @@ class VerifyReport:
 
     def summary(self) -> str:
         """A few human lines: verdict, counts per kind, the first anomalies."""
-        head = (f"{self.table}: {self.rows} rows, {self.distinct} distinct offsets in "
-                f"{len(self.partitions)} partitions; checks: {', '.join(self.checks)}")
+        head = (
+            f"{self.table}: {self.rows} rows, {self.distinct} distinct offsets in "
+            f"{len(self.partitions)} partitions; checks: {', '.join(self.checks)}"
+        )
         if self.clean:
             return head + "\nCLEAN: no duplicates, gaps, overlaps or uncommitted decisions"
-        lines = [head, "ANOMALIES: " + ", ".join(
-            f"{k}={self.count(k)}" for k in sorted({a.kind for a in self.anomalies}))]
+        lines = [
+            head,
+            "ANOMALIES: " + ", ".join(f"{k}={self.count(k)}" for k in sorted({a.kind for a in self.anomalies})),
+        ]
         for a in self.anomalies[:20]:
             where = f"{a.topic}[{a.partition}]" if a.partition is not None else "-"
             rng = f" offsets {a.first}..{a.last}" if a.first is not None else ""
@@ -232,8 +240,9 @@ def parse_expected(spec: str | Mapping[str, Mapping[str, object]] | None) -> dic
                     start, end = 0, int(v)
                 part = int(p)
             except (TypeError, ValueError):
-                raise ConfigurationError(f"--expected: {topic!r}[{p!r}] = {v!r} is not an offset "
-                                         "or [start, end]") from None
+                raise ConfigurationError(
+                    f"--expected: {topic!r}[{p!r}] = {v!r} is not an offset or [start, end]"
+                ) from None
             if start < 0 or end < start:
                 raise ConfigurationError(f"--expected: {topic!r}[{p}] has start {start} > end {end}")
             out[(str(topic), part)] = (start, end)
@@ -276,48 +285,117 @@ def check_segments(topic: str | None, partition: int, segments: Sequence[Segment
         if cur.first == prev.last + 1:
             continue
         if cur.first > prev.last + 1:
-            out.append(Anomaly("gap", topic, partition, prev.last + 1, cur.first - 1,
-                               cur.first - prev.last - 1,
-                               f"insert {cur.key} starts at {cur.first}, after insert {prev.key} ended at {prev.last}"))
+            out.append(
+                Anomaly(
+                    "gap",
+                    topic,
+                    partition,
+                    prev.last + 1,
+                    cur.first - 1,
+                    cur.first - prev.last - 1,
+                    f"insert {cur.key} starts at {cur.first}, after insert {prev.key} ended at {prev.last}",
+                )
+            )
         elif cur.last < prev.first:
-            out.append(Anomaly("backward", topic, partition, cur.first, cur.last, cur.rows,
-                               f"insert {cur.key} [{cur.first}, {cur.last}] lies before the earlier "
-                               f"insert {prev.key} [{prev.first}, {prev.last}]"))
+            out.append(
+                Anomaly(
+                    "backward",
+                    topic,
+                    partition,
+                    cur.first,
+                    cur.last,
+                    cur.rows,
+                    f"insert {cur.key} [{cur.first}, {cur.last}] lies before the earlier "
+                    f"insert {prev.key} [{prev.first}, {prev.last}]",
+                )
+            )
         else:
             lo, hi = max(cur.first, prev.first), min(cur.last, prev.last)
-            out.append(Anomaly("overlap", topic, partition, lo, hi, max(0, hi - lo + 1),
-                               f"insert {cur.key} [{cur.first}, {cur.last}] overlaps the earlier "
-                               f"insert {prev.key} [{prev.first}, {prev.last}]"))
+            out.append(
+                Anomaly(
+                    "overlap",
+                    topic,
+                    partition,
+                    lo,
+                    hi,
+                    max(0, hi - lo + 1),
+                    f"insert {cur.key} [{cur.first}, {cur.last}] overlaps the earlier "
+                    f"insert {prev.key} [{prev.first}, {prev.last}]",
+                )
+            )
     return out
 
 
-def check_expected(summaries: Mapping[TP, PartitionSummary],
-                   expected: Mapping[TP, tuple[int, int]]) -> list[Anomaly]:
+def check_expected(summaries: Mapping[TP, PartitionSummary], expected: Mapping[TP, tuple[int, int]]) -> list[Anomaly]:
     """Head/tail gaps, missing partitions and offsets past the expected end."""
     out: list[Anomaly] = []
     for tp, (start, end) in sorted(expected.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         s = summaries.get(tp)
         if s is None:
             if end > start:
-                out.append(Anomaly("gap", tp[0], tp[1], start, end - 1, end - start,
-                                   "partition has no rows at all"))
+                out.append(Anomaly("gap", tp[0], tp[1], start, end - 1, end - start, "partition has no rows at all"))
             continue
         if s.min_offset > start:
-            out.append(Anomaly("gap", tp[0], tp[1], start, s.min_offset - 1, s.min_offset - start,
-                               f"head missing: first stored offset is {s.min_offset}, expected {start}"))
+            out.append(
+                Anomaly(
+                    "gap",
+                    tp[0],
+                    tp[1],
+                    start,
+                    s.min_offset - 1,
+                    s.min_offset - start,
+                    f"head missing: first stored offset is {s.min_offset}, expected {start}",
+                )
+            )
         if s.max_offset < end - 1:
-            out.append(Anomaly("gap", tp[0], tp[1], s.max_offset + 1, end - 1, end - 1 - s.max_offset,
-                               f"tail missing: last stored offset is {s.max_offset}, expected {end - 1}"))
+            out.append(
+                Anomaly(
+                    "gap",
+                    tp[0],
+                    tp[1],
+                    s.max_offset + 1,
+                    end - 1,
+                    end - 1 - s.max_offset,
+                    f"tail missing: last stored offset is {s.max_offset}, expected {end - 1}",
+                )
+            )
         if s.min_offset < start:
-            out.append(Anomaly("unexpected", tp[0], tp[1], s.min_offset, start - 1, start - s.min_offset,
-                               f"offsets below the expected start {start}"))
+            out.append(
+                Anomaly(
+                    "unexpected",
+                    tp[0],
+                    tp[1],
+                    s.min_offset,
+                    start - 1,
+                    start - s.min_offset,
+                    f"offsets below the expected start {start}",
+                )
+            )
         if s.max_offset >= end:
-            out.append(Anomaly("unexpected", tp[0], tp[1], end, s.max_offset, s.max_offset - end + 1,
-                               f"offsets at or past the expected end {end}"))
+            out.append(
+                Anomaly(
+                    "unexpected",
+                    tp[0],
+                    tp[1],
+                    end,
+                    s.max_offset,
+                    s.max_offset - end + 1,
+                    f"offsets at or past the expected end {end}",
+                )
+            )
     for tp, s in sorted(summaries.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         if expected and tp not in expected:
-            out.append(Anomaly("unexpected", tp[0], tp[1], s.min_offset, s.max_offset, s.rows,
-                               "partition not in the expected offsets"))
+            out.append(
+                Anomaly(
+                    "unexpected",
+                    tp[0],
+                    tp[1],
+                    s.min_offset,
+                    s.max_offset,
+                    s.rows,
+                    "partition not in the expected offsets",
+                )
+            )
     return out
 
 
@@ -339,12 +417,22 @@ def _tp(cols: _Cols, r: Mapping[str, Any]) -> TP:
     return (r["topic"] if cols.topic else None, int(r["partition"]))
 
 
-def verify(url: str, table: str, *, topic_col: str | None = "topic", partition_col: str = "partition",
-           offset_col: str = "offset", expected: Mapping[TP, tuple[int, int]] | None = None,
-           segment_col: str | None = None, txn_id: str | None = None,
-           checkpoint: str | None = None, markers: bool | None = None,
-           user: str = "default", password: str = "",
-           sample_limit: int = DEFAULT_SAMPLE_LIMIT) -> VerifyReport:
+def verify(
+    url: str,
+    table: str,
+    *,
+    topic_col: str | None = "topic",
+    partition_col: str = "partition",
+    offset_col: str = "offset",
+    expected: Mapping[TP, tuple[int, int]] | None = None,
+    segment_col: str | None = None,
+    txn_id: str | None = None,
+    checkpoint: str | None = None,
+    markers: bool | None = None,
+    user: str = "default",
+    password: str = "",
+    sample_limit: int = DEFAULT_SAMPLE_LIMIT,
+) -> VerifyReport:
     """Check ``table`` for exactly-once anomalies (see the module docstring).
 
     Parameters
@@ -374,10 +462,22 @@ def verify(url: str, table: str, *, topic_col: str | None = "topic", partition_c
     db, t = split_table(table)
     ch = ClickHouseReader(url, user=user, password=password)
     try:
-        _check_columns(ch, db, t, url, topic_col=topic_col, partition_col=partition_col,
-                       offset_col=offset_col, segment_col=segment_col)
-        scan = _Scan(ch, _Cols(topic_col or None, partition_col, offset_col),
-                     f"{quote_ident(db)}.{quote_ident(t)}", int(sample_limit))
+        _check_columns(
+            ch,
+            db,
+            t,
+            url,
+            topic_col=topic_col,
+            partition_col=partition_col,
+            offset_col=offset_col,
+            segment_col=segment_col,
+        )
+        scan = _Scan(
+            ch,
+            _Cols(topic_col or None, partition_col, offset_col),
+            f"{quote_ident(db)}.{quote_ident(t)}",
+            int(sample_limit),
+        )
         if expected and not scan.cols.topic:
             # a table without a topic column is checked by partition alone
             expected = {(None, p): v for (_, p), v in expected.items()}
@@ -391,13 +491,19 @@ def verify(url: str, table: str, *, topic_col: str | None = "topic", partition_c
         if segment_col:
             checks.append(f"segments by {segment_col}")
             anomalies.extend(_segment_anomalies(scan, segment_col))
-        marker_info = _marker_and_decision_checks(ch, db, t, total, txn_id=txn_id,
-                                                  checkpoint=checkpoint, markers=markers,
-                                                  checks=checks, anomalies=anomalies)
+        marker_info = _marker_and_decision_checks(
+            ch, db, t, total, txn_id=txn_id, checkpoint=checkpoint, markers=markers, checks=checks, anomalies=anomalies
+        )
         distinct = sum(s.distinct for s in summaries.values())
-        return VerifyReport(table=table, rows=total, distinct=distinct,
-                            partitions=tuple(summaries[k] for k in sorted(summaries, key=_tp_order)),
-                            anomalies=tuple(anomalies), checks=tuple(checks), markers=marker_info)
+        return VerifyReport(
+            table=table,
+            rows=total,
+            distinct=distinct,
+            partitions=tuple(summaries[k] for k in sorted(summaries, key=_tp_order)),
+            anomalies=tuple(anomalies),
+            checks=tuple(checks),
+            markers=marker_info,
+        )
     finally:
         ch.close()
 
@@ -427,22 +533,32 @@ def _check_columns(ch: ClickHouseReader, db: str, t: str, url: str, **named: str
         raise ConfigurationError(f"table {db}.{t} does not exist on {safe_url(url)}")
     for opt, c in named.items():
         if c and c not in types:
-            raise ConfigurationError(f"{opt.replace('_col', ' column')} {c!r} is not a column of "
-                                     f"{db}.{t} (columns: {', '.join(types)})")
+            raise ConfigurationError(
+                f"{opt.replace('_col', ' column')} {c!r} is not a column of {db}.{t} (columns: {', '.join(types)})"
+            )
 
 
 def _summaries(scan: _Scan, expected: Mapping[TP, tuple[int, int]]) -> dict[TP, PartitionSummary]:
     """Rows, distinct offsets and the offset range per topic-partition (one query)."""
-    parts = scan.ch.rows(f"SELECT topic, partition, count() AS rows, uniqExact(offset) AS distinct, "
-                         f"min(offset) AS lo, max(offset) AS hi FROM {scan.key_source()} "
-                         f"GROUP BY topic, partition ORDER BY topic, partition")
+    parts = scan.ch.rows(
+        f"SELECT topic, partition, count() AS rows, uniqExact(offset) AS distinct, "
+        f"min(offset) AS lo, max(offset) AS hi FROM {scan.key_source()} "
+        f"GROUP BY topic, partition ORDER BY topic, partition"
+    )
     summaries: dict[TP, PartitionSummary] = {}
     for r in parts:
         tp = _tp(scan.cols, r)
         se = expected.get(tp)
-        summaries[tp] = PartitionSummary(tp[0], tp[1], int(r["rows"]), int(r["distinct"]),
-                                         int(r["lo"]), int(r["hi"]),
-                                         se[0] if se else None, se[1] if se else None)
+        summaries[tp] = PartitionSummary(
+            tp[0],
+            tp[1],
+            int(r["rows"]),
+            int(r["distinct"]),
+            int(r["lo"]),
+            int(r["hi"]),
+            se[0] if se else None,
+            se[1] if se else None,
+        )
     return summaries
 
 
@@ -450,9 +566,11 @@ def _duplicates(scan: _Scan, summaries: Mapping[TP, PartitionSummary]) -> list[A
     """Duplicated offsets: exact counts per partition, ranges from a bounded sample."""
     if all(s.rows == s.distinct for s in summaries.values()):
         return []
-    dups = scan.ch.rows(f"SELECT topic, partition, offset, count() AS c FROM {scan.key_source()} "
-                        f"GROUP BY topic, partition, offset HAVING c > 1 "
-                        f"ORDER BY topic, partition, offset LIMIT {scan.limit}")
+    dups = scan.ch.rows(
+        f"SELECT topic, partition, offset, count() AS c FROM {scan.key_source()} "
+        f"GROUP BY topic, partition, offset HAVING c > 1 "
+        f"ORDER BY topic, partition, offset LIMIT {scan.limit}"
+    )
     by_tp: dict[TP, list[tuple[int, int]]] = {}
     for r in dups:
         by_tp.setdefault(_tp(scan.cols, r), []).append((int(r["offset"]), int(r["c"])))
@@ -468,19 +586,31 @@ def _duplicate_runs(tp: TP, extra: int, sample: list[tuple[int, int]]) -> list[A
     copies = dict(sample)
     rs = runs(o for o, _ in sample)
     if not rs:
-        return [Anomaly("duplicate", tp[0], tp[1], None, None, extra,
-                        f"{extra} duplicate rows (beyond the sample limit)")]
+        return [
+            Anomaly("duplicate", tp[0], tp[1], None, None, extra, f"{extra} duplicate rows (beyond the sample limit)")
+        ]
     out: list[Anomaly] = []
     shown = 0
     for a, b in rs:
         n = sum(copies[o] - 1 for o in range(a, b + 1))
         shown += n
-        out.append(Anomaly("duplicate", tp[0], tp[1], a, b, n,
-                           f"{b - a + 1} offsets stored {max(copies[o] for o in range(a, b + 1))}x"
-                           if b > a else f"offset stored {copies[a]}x"))
+        out.append(
+            Anomaly(
+                "duplicate",
+                tp[0],
+                tp[1],
+                a,
+                b,
+                n,
+                f"{b - a + 1} offsets stored {max(copies[o] for o in range(a, b + 1))}x"
+                if b > a
+                else f"offset stored {copies[a]}x",
+            )
+        )
     if shown < extra:
-        out.append(Anomaly("duplicate", tp[0], tp[1], None, None, extra - shown,
-                           "more duplicate rows beyond the sample limit"))
+        out.append(
+            Anomaly("duplicate", tp[0], tp[1], None, None, extra - shown, "more duplicate rows beyond the sample limit")
+        )
     return out
 
 
@@ -496,19 +626,30 @@ def _gaps(scan: _Scan, summaries: Mapping[TP, PartitionSummary]) -> list[Anomaly
         f"ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS prev, "
         f"row_number() OVER (PARTITION BY topic, partition ORDER BY offset) AS rn "
         f"FROM {scan.key_source(distinct=True)}) WHERE rn > 1 AND offset - prev > 1 "
-        f"ORDER BY topic, partition, first LIMIT {scan.limit}")
+        f"ORDER BY topic, partition, first LIMIT {scan.limit}"
+    )
     out: list[Anomaly] = []
     shown_by: dict[TP, int] = {}
     for r in gaps:
         tp = _tp(scan.cols, r)
         n = int(r["last"]) - int(r["first"]) + 1
         shown_by[tp] = shown_by.get(tp, 0) + n
-        out.append(Anomaly("gap", tp[0], tp[1], int(r["first"]), int(r["last"]), n,
-                           "offsets missing between stored ones"))
+        out.append(
+            Anomaly("gap", tp[0], tp[1], int(r["first"]), int(r["last"]), n, "offsets missing between stored ones")
+        )
     for tp, n in holes.items():
         if n > shown_by.get(tp, 0):
-            out.append(Anomaly("gap", tp[0], tp[1], None, None, n - shown_by.get(tp, 0),
-                               "more missing offsets beyond the sample limit"))
+            out.append(
+                Anomaly(
+                    "gap",
+                    tp[0],
+                    tp[1],
+                    None,
+                    None,
+                    n - shown_by.get(tp, 0),
+                    "more missing offsets beyond the sample limit",
+                )
+            )
     return out
 
 
@@ -518,11 +659,13 @@ def _segment_anomalies(scan: _Scan, segment_col: str) -> list[Anomaly]:
         f"SELECT topic, partition, toString(seg) AS seg, min(offset) AS first, max(offset) AS last, "
         f"count() AS rows FROM {scan.key_source(extra=f', {quote_ident(segment_col)} AS seg')} "
         f"GROUP BY topic, partition, seg ORDER BY topic, partition, seg, first "
-        f"LIMIT {scan.limit}")
+        f"LIMIT {scan.limit}"
+    )
     grouped: dict[TP, list[Segment]] = {}
     for r in seg:
         grouped.setdefault(_tp(scan.cols, r), []).append(
-            Segment(r["seg"], int(r["first"]), int(r["last"]), int(r["rows"])))
+            Segment(r["seg"], int(r["first"]), int(r["last"]), int(r["rows"]))
+        )
     out: list[Anomaly] = []
     for tp, segs in sorted(grouped.items(), key=lambda kv: _tp_order(kv[0])):
         # a gap between inserts is already a table gap; keep overlap/backward only
@@ -530,9 +673,18 @@ def _segment_anomalies(scan: _Scan, segment_col: str) -> list[Anomaly]:
     return out
 
 
-def _marker_and_decision_checks(ch: ClickHouseReader, db: str, t: str, total: int, *,
-                                txn_id: str | None, checkpoint: str | None, markers: bool | None,
-                                checks: list[str], anomalies: list[Anomaly]) -> dict[str, object] | None:
+def _marker_and_decision_checks(
+    ch: ClickHouseReader,
+    db: str,
+    t: str,
+    total: int,
+    *,
+    txn_id: str | None,
+    checkpoint: str | None,
+    markers: bool | None,
+    checks: list[str],
+    anomalies: list[Anomaly],
+) -> dict[str, object] | None:
     """The markers table and the decision logs, when present or asked for.
 
     Appends to ``checks`` and ``anomalies``; returns the markers' totals (None: not checked).
@@ -542,8 +694,10 @@ def _marker_and_decision_checks(ch: ClickHouseReader, db: str, t: str, total: in
         raise ConfigurationError(f"the markers table {db}.{MARKERS_TABLE} does not exist")
     if not mtypes or markers is False:
         if checkpoint:
-            raise ConfigurationError(f"checking the decision logs of {checkpoint} needs the markers "
-                                     f"table {db}.{MARKERS_TABLE}, which does not exist")
+            raise ConfigurationError(
+                f"checking the decision logs of {checkpoint} needs the markers "
+                f"table {db}.{MARKERS_TABLE}, which does not exist"
+            )
         return None
     checks.append("markers")
     marker_info, found = _check_markers(ch, db, t, mtypes, total, txn_id)
@@ -554,8 +708,9 @@ def _marker_and_decision_checks(ch: ClickHouseReader, db: str, t: str, total: in
     return marker_info
 
 
-def _marker_filter(db: str, t: str, mtypes: Mapping[str, str], txn_id: str | None) -> tuple[str, dict]:
-    conds, params = [], {}
+def _marker_filter(db: str, t: str, mtypes: Mapping[str, str], txn_id: str | None) -> tuple[str, dict[str, object]]:
+    conds: list[str] = []
+    params: dict[str, object] = {}
     if "table" in mtypes:
         # markers name the target as "db.table" or as the bare table
         conds.append("(`table` = {mt_full:String} OR `table` = {mt_bare:String})")
@@ -566,32 +721,57 @@ def _marker_filter(db: str, t: str, mtypes: Mapping[str, str], txn_id: str | Non
     return (" WHERE " + " AND ".join(conds)) if conds else "", params
 
 
-def _check_markers(ch: ClickHouseReader, db: str, t: str, mtypes: Mapping[str, str], table_rows: int,
-                   txn_id: str | None) -> tuple[dict[str, object], list[Anomaly]]:
+def _check_markers(
+    ch: ClickHouseReader, db: str, t: str, mtypes: Mapping[str, str], table_rows: int, txn_id: str | None
+) -> tuple[dict[str, object], list[Anomaly]]:
     src = f"{quote_ident(db)}.{quote_ident(MARKERS_TABLE)}"
     where, params = _marker_filter(db, t, mtypes, txn_id)
     out: list[Anomaly] = []
-    agg = ch.rows(f"SELECT count() AS markers, sum(`rows`) AS rows, uniqExact(txn_id) AS txns "
-                  f"FROM {src}{where}", params)[0]
-    info: dict[str, object] = {"markers": int(agg["markers"]), "rows": int(agg["rows"] or 0),
-                               "txn_ids": int(agg["txns"])}
-    doubles = ch.rows(f"SELECT txn_id, batch, `partition` AS p, groupArray(xid) AS xids FROM {src}{where} "
-                      f"GROUP BY txn_id, batch, p HAVING count() > 1 ORDER BY txn_id, batch, p LIMIT 1000",
-                      params)
+    agg = ch.rows(
+        f"SELECT count() AS markers, sum(`rows`) AS rows, uniqExact(txn_id) AS txns FROM {src}{where}", params
+    )[0]
+    info: dict[str, object] = {
+        "markers": int(agg["markers"]),
+        "rows": int(agg["rows"] or 0),
+        "txn_ids": int(agg["txns"]),
+    }
+    doubles = ch.rows(
+        f"SELECT txn_id, batch, `partition` AS p, groupArray(xid) AS xids FROM {src}{where} "
+        f"GROUP BY txn_id, batch, p HAVING count() > 1 ORDER BY txn_id, batch, p LIMIT 1000",
+        params,
+    )
     for r in doubles:
-        out.append(Anomaly("double_commit", None, None, None, None, len(r["xids"]) - 1,
-                           f"txn {r['txn_id']} batch {r['batch']} spark partition {r['p']} committed "
-                           f"by {len(r['xids'])} xids: {', '.join(r['xids'])}"))
+        out.append(
+            Anomaly(
+                "double_commit",
+                None,
+                None,
+                None,
+                None,
+                len(r["xids"]) - 1,
+                f"txn {r['txn_id']} batch {r['batch']} spark partition {r['p']} committed "
+                f"by {len(r['xids'])} xids: {', '.join(r['xids'])}",
+            )
+        )
     # Only a table filled by this one query can be compared with its markers' row counts.
     if int(agg["markers"]) and int(agg["rows"] or 0) != table_rows and (txn_id is None or int(agg["txns"]) == 1):
-        out.append(Anomaly("marker_count_mismatch", None, None, None, None,
-                           abs(int(agg["rows"] or 0) - table_rows),
-                           f"markers account for {int(agg['rows'] or 0)} rows, the table holds {table_rows}"))
+        out.append(
+            Anomaly(
+                "marker_count_mismatch",
+                None,
+                None,
+                None,
+                None,
+                abs(int(agg["rows"] or 0) - table_rows),
+                f"markers account for {int(agg['rows'] or 0)} rows, the table holds {table_rows}",
+            )
+        )
     return info, out
 
 
-def _check_decisions(ch: ClickHouseReader, db: str, mtypes: Mapping[str, str], checkpoint: str,
-                     txn_id: str | None) -> list[Anomaly]:
+def _check_decisions(
+    ch: ClickHouseReader, db: str, mtypes: Mapping[str, str], checkpoint: str, txn_id: str | None
+) -> list[Anomaly]:
     """Every xid a decision log names must have a visible marker (every mode but none)."""
     from clickhouse_tx.decision_log import FileDecisionLog, txn_ids_with_decisions
 
@@ -608,7 +788,16 @@ def _check_decisions(ch: ClickHouseReader, db: str, mtypes: Mapping[str, str], c
             missing = [p for p in d.chosen if p.xid not in seen and p.mode.value != "none"]
             if missing:
                 state = "marked done" if d.done else "not marked done (a replay would roll it forward)"
-                out.append(Anomaly("decided_not_committed", None, None, None, None, len(missing),
-                                   f"txn {txn} batch {b} (decision v{d.version}, {state}): no marker for "
-                                   + ", ".join(f"partition {p.partition} xid {p.xid}" for p in missing)))
+                out.append(
+                    Anomaly(
+                        "decided_not_committed",
+                        None,
+                        None,
+                        None,
+                        None,
+                        len(missing),
+                        f"txn {txn} batch {b} (decision v{d.version}, {state}): no marker for "
+                        + ", ".join(f"partition {p.partition} xid {p.xid}" for p in missing),
+                    )
+                )
     return out

@@ -18,8 +18,9 @@ from server_patches.zookeeper import ZooKeeperError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m server_patches",
-                                description="Run the embedded ClickHouse + ZooKeeper (+ Kafka) stack.")
+    p = argparse.ArgumentParser(
+        prog="python -m server_patches", description="Run the embedded ClickHouse + ZooKeeper (+ Kafka) stack."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the stack (idempotent) and print it as JSON")
     up.add_argument("--dir", required=True, help="stack directory (data, logs, stack.json)")
@@ -27,18 +28,26 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, help="ClickHouse HTTP port (default: previous or free)")
     up.add_argument("--zk-port", type=int, help="ZooKeeper client port (default: previous or free)")
     up.add_argument("--user", help="require this ClickHouse user")
-    up.add_argument("--password-env", metavar="VAR",
-                    help="name of the environment variable holding the user's password")
-    up.add_argument("--max-session-timeout", type=int,
-                    help="longest session_timeout a client may ask for, seconds "
-                         "(default: config.d/sessions.xml)")
-    up.add_argument("--timeout", type=float, default=stack.DEFAULT_START_TIMEOUT_S,
-                    help="seconds to wait for each component to answer")
+    up.add_argument(
+        "--password-env", metavar="VAR", help="name of the environment variable holding the user's password"
+    )
+    up.add_argument(
+        "--max-session-timeout",
+        type=int,
+        help="longest session_timeout a client may ask for, seconds (default: config.d/sessions.xml)",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=stack.DEFAULT_START_TIMEOUT_S,
+        help="seconds to wait for each component to answer",
+    )
     down = sub.add_parser("down", help="stop every process of the stack")
     down.add_argument("--dir", required=True)
     down.add_argument("--purge", action="store_true", help="also delete data, logs and stack.json")
-    down.add_argument("--timeout", type=float, default=stack.DEFAULT_STOP_TIMEOUT_S,
-                      help="seconds between SIGTERM and SIGKILL")
+    down.add_argument(
+        "--timeout", type=float, default=stack.DEFAULT_STOP_TIMEOUT_S, help="seconds between SIGTERM and SIGKILL"
+    )
     status = sub.add_parser("status", help="print which components are alive")
     status.add_argument("--dir", required=True)
     return p
@@ -50,12 +59,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "up":
             before = stack.stack_status(args.dir)
             info = stack.start_stack(
-                args.dir, kafka=args.kafka, port=args.port, zk_port=args.zk_port,
-                user=args.user, password_env=args.password_env,
-                max_session_timeout=args.max_session_timeout, timeout_s=args.timeout)
+                args.dir,
+                kafka=args.kafka,
+                port=args.port,
+                zk_port=args.zk_port,
+                user=args.user,
+                password_env=args.password_env,
+                max_session_timeout=args.max_session_timeout,
+                timeout_s=args.timeout,
+            )
             out = info.to_json()
             out["already_running"] = bool(before.get("running")) and (
-                not args.kafka or bool(before.get("kafka_bootstrap")))
+                not args.kafka or bool(before.get("kafka_bootstrap"))
+            )
             print(json.dumps(out, sort_keys=True), flush=True)
             return 0
         if args.command == "down":

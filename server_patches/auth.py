@@ -21,8 +21,10 @@ def authenticate(headers: Mapping[str, str], params: Mapping[str, str], users: M
     user, password = _credentials(headers, params)
     expected = users.get(user)
     if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
-        raise HTTPError(AUTHENTICATION_FAILED,
-                        f"{user}: Authentication failed: password is incorrect, or there is no user with such name")
+        raise HTTPError(
+            AUTHENTICATION_FAILED,
+            f"{user}: Authentication failed: password is incorrect, or there is no user with such name",
+        )
     return user
 
 

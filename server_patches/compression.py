@@ -11,10 +11,17 @@ import struct
 import zlib
 from typing import IO, Callable, Iterator, Mapping
 
-from server_patches.errors import (BAD_ARGUMENTS, CANNOT_DECOMPRESS, NOT_IMPLEMENTED, TOO_LARGE_SIZE_COMPRESSED,
-                                   UNKNOWN_COMPRESSION_METHOD, HTTPError)
+from server_patches.errors import (
+    BAD_ARGUMENTS,
+    CANNOT_DECOMPRESS,
+    NOT_IMPLEMENTED,
+    TOO_LARGE_SIZE_COMPRESSED,
+    UNKNOWN_COMPRESSION_METHOD,
+    HTTPError,
+)
 
 Headers = Mapping[str, str]
+
 
 def _raw_body(rfile: IO[bytes], headers: Headers) -> Iterator[bytes]:
     """The request body as it arrives: Content-Length or chunked, never whole in memory."""
@@ -63,15 +70,16 @@ def _decoder(encoding: str) -> Callable[[bytes], bytes] | None:
     if enc == "zstd":
         import zstandard
 
-        d = zstandard.ZstdDecompressor().decompressobj()
-        return d.decompress
+        return zstandard.ZstdDecompressor().decompressobj().decompress
     if enc == "lz4":
         import lz4.frame
 
         d = lz4.frame.LZ4FrameDecompressor()
         return d.decompress
     if enc in ("br",):
-        raise HTTPError(NOT_IMPLEMENTED, f"Content-Encoding {encoding} is not supported here; use gzip, deflate, zstd or lz4")
+        raise HTTPError(
+            NOT_IMPLEMENTED, f"Content-Encoding {encoding} is not supported here; use gzip, deflate, zstd or lz4"
+        )
     raise HTTPError(BAD_ARGUMENTS, f"Unknown Content-Encoding: {encoding}")
 
 
@@ -102,17 +110,21 @@ def native_blocks(chunks: Iterator[bytes]) -> Iterator[bytes]:
         method = buf[16]
         compressed, raw = struct.unpack_from("<II", buf, 17)
         if method not in (0x02, 0x82, 0x90):
-            raise HTTPError(UNKNOWN_COMPRESSION_METHOD,
-                            f"Unknown compression method 0x{method:02x} in a decompress=1 body",
-                            "UNKNOWN_COMPRESSION_METHOD")
+            raise HTTPError(
+                UNKNOWN_COMPRESSION_METHOD,
+                f"Unknown compression method 0x{method:02x} in a decompress=1 body",
+                "UNKNOWN_COMPRESSION_METHOD",
+            )
         if compressed < 9 or compressed > _MAX_BLOCK or raw > _MAX_BLOCK:
-            raise HTTPError(TOO_LARGE_SIZE_COMPRESSED,
-                            f"Compressed block size {compressed} (raw {raw}) is out of bounds",
-                            "TOO_LARGE_SIZE_COMPRESSED")
+            raise HTTPError(
+                TOO_LARGE_SIZE_COMPRESSED,
+                f"Compressed block size {compressed} (raw {raw}) is out of bounds",
+                "TOO_LARGE_SIZE_COMPRESSED",
+            )
         if not need(16 + compressed):
             raise HTTPError(CANNOT_DECOMPRESS, "Cannot decompress: truncated compressed block")
-        payload = bytes(buf[16 + 9:16 + compressed])
-        del buf[:16 + compressed]
+        payload = bytes(buf[16 + 9 : 16 + compressed])
+        del buf[: 16 + compressed]
         try:
             if method == 0x02:
                 out = payload
@@ -146,6 +158,8 @@ def _http_decoded(rfile: IO[bytes], headers: Headers) -> Iterator[bytes]:
         try:
             out = dec(chunk)
         except Exception as exc:
-            raise HTTPError(CANNOT_DECOMPRESS, f"Cannot decompress request body ({headers.get('Content-Encoding')}): {exc}") from None
+            raise HTTPError(
+                CANNOT_DECOMPRESS, f"Cannot decompress request body ({headers.get('Content-Encoding')}): {exc}"
+            ) from None
         if out:
             yield out

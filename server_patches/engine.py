@@ -14,7 +14,7 @@ import collections
 import os
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Iterable, Sequence
 
 import chdb
 
@@ -57,7 +57,7 @@ class EngineConnection:
         except Exception as exc:  # chdb raises RuntimeError subclasses with ClickHouse text
             raise HTTPError.from_engine(exc) from None
 
-    def stream(self, sql: str, fmt: str, params: dict[str, str]) -> Iterator[Any]:
+    def stream(self, sql: str, fmt: str, params: dict[str, str]) -> Generator[Any, None, None]:
         """Run a SELECT block by block (chdb's streaming query); yields result chunks.
 
         Started at the first ``next``; closing the generator early cancels the query.
@@ -231,8 +231,14 @@ class ConnectionPool:
 class Engine:
     """Connections to one chdb data path: a pool for session-less requests, one per session."""
 
-    def __init__(self, data_dir: str, config_file: str | None, *, max_session_timeout: float = 3600,
-                 default_session_timeout: float = 60) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        config_file: str | None,
+        *,
+        max_session_timeout: float = 3600,
+        default_session_timeout: float = 60,
+    ) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.dsn = f"file:{data_dir}" + (f"?config-file={config_file}" if config_file else "")
         self.pool = ConnectionPool(self.dsn)
@@ -241,8 +247,9 @@ class Engine:
         self.timezone = first.text("SELECT timezone()")
         self.version = first.text("SELECT version()")
         self.pool.add(("default", ()), first)
-        self.sessions = SessionStore(lambda: EngineConnection(self.dsn), max_timeout=max_session_timeout,
-                                     default_timeout=default_session_timeout)
+        self.sessions = SessionStore(
+            lambda: EngineConnection(self.dsn), max_timeout=max_session_timeout, default_timeout=default_session_timeout
+        )
 
     @property
     def max_session_timeout(self) -> float:

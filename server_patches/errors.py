@@ -32,34 +32,78 @@ TOO_LARGE_SIZE_COMPRESSED = 39
 READONLY = 164
 
 ERROR_NAMES = {
-    UNKNOWN_SETTING: "UNKNOWN_SETTING", SESSION_NOT_FOUND: "SESSION_NOT_FOUND",
-    SESSION_IS_LOCKED: "SESSION_IS_LOCKED", INVALID_SESSION_TIMEOUT: "INVALID_SESSION_TIMEOUT",
-    AUTHENTICATION_FAILED: "AUTHENTICATION_FAILED", CANNOT_DECOMPRESS: "CANNOT_DECOMPRESS",
-    BAD_ARGUMENTS: "BAD_ARGUMENTS", HTTP_LENGTH_REQUIRED: "HTTP_LENGTH_REQUIRED",
-    NOT_IMPLEMENTED: "NOT_IMPLEMENTED", TIMEOUT_EXCEEDED: "TIMEOUT_EXCEEDED",
+    UNKNOWN_SETTING: "UNKNOWN_SETTING",
+    SESSION_NOT_FOUND: "SESSION_NOT_FOUND",
+    SESSION_IS_LOCKED: "SESSION_IS_LOCKED",
+    INVALID_SESSION_TIMEOUT: "INVALID_SESSION_TIMEOUT",
+    AUTHENTICATION_FAILED: "AUTHENTICATION_FAILED",
+    CANNOT_DECOMPRESS: "CANNOT_DECOMPRESS",
+    BAD_ARGUMENTS: "BAD_ARGUMENTS",
+    HTTP_LENGTH_REQUIRED: "HTTP_LENGTH_REQUIRED",
+    NOT_IMPLEMENTED: "NOT_IMPLEMENTED",
+    TIMEOUT_EXCEEDED: "TIMEOUT_EXCEEDED",
 }
 
 # ClickHouse's exceptionCodeToHTTPStatus, by error name; codes are resolved from the
 # engine itself at start-up (errorCodeToName) so no number is typed twice.
 _STATUS_BY_NAME: dict[str, int] = {
     "REQUIRED_PASSWORD": 401,
-    **dict.fromkeys(("UNKNOWN_USER", "WRONG_PASSWORD", "AUTHENTICATION_FAILED", "SET_NON_GRANTED_ROLE",
-                     "ACCESS_DENIED"), 403),
-    **dict.fromkeys((
-        "BAD_ARGUMENTS", "CANNOT_COMPILE_REGEXP", "CANNOT_PARSE_TEXT", "CANNOT_PARSE_ESCAPE_SEQUENCE",
-        "CANNOT_PARSE_QUOTED_STRING", "CANNOT_PARSE_DATE", "CANNOT_PARSE_DATETIME", "CANNOT_PARSE_NUMBER",
-        "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING", "CANNOT_PARSE_IPV4", "CANNOT_PARSE_IPV6",
-        "CANNOT_PARSE_INPUT_ASSERTION_FAILED", "CANNOT_PARSE_UUID", "DUPLICATE_COLUMN", "ILLEGAL_COLUMN",
-        "UNKNOWN_ELEMENT_IN_AST", "UNKNOWN_TYPE_OF_AST_NODE", "THERE_IS_NO_COLUMN", "TOO_DEEP_AST",
-        "TOO_BIG_AST", "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH",
-        "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"), 400),
-    **dict.fromkeys((
-        "UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE", "UNKNOWN_STORAGE",
-        "UNKNOWN_DATABASE", "UNKNOWN_SETTING", "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION",
-        "UNKNOWN_FORMAT", "UNKNOWN_DATABASE_ENGINE", "UNKNOWN_TYPE_OF_QUERY", "UNKNOWN_ROLE"), 404),
+    **dict.fromkeys(
+        ("UNKNOWN_USER", "WRONG_PASSWORD", "AUTHENTICATION_FAILED", "SET_NON_GRANTED_ROLE", "ACCESS_DENIED"), 403
+    ),
+    **dict.fromkeys(
+        (
+            "BAD_ARGUMENTS",
+            "CANNOT_COMPILE_REGEXP",
+            "CANNOT_PARSE_TEXT",
+            "CANNOT_PARSE_ESCAPE_SEQUENCE",
+            "CANNOT_PARSE_QUOTED_STRING",
+            "CANNOT_PARSE_DATE",
+            "CANNOT_PARSE_DATETIME",
+            "CANNOT_PARSE_NUMBER",
+            "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
+            "CANNOT_PARSE_IPV4",
+            "CANNOT_PARSE_IPV6",
+            "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+            "CANNOT_PARSE_UUID",
+            "DUPLICATE_COLUMN",
+            "ILLEGAL_COLUMN",
+            "UNKNOWN_ELEMENT_IN_AST",
+            "UNKNOWN_TYPE_OF_AST_NODE",
+            "THERE_IS_NO_COLUMN",
+            "TOO_DEEP_AST",
+            "TOO_BIG_AST",
+            "UNEXPECTED_AST_STRUCTURE",
+            "SYNTAX_ERROR",
+            "INCORRECT_DATA",
+            "TYPE_MISMATCH",
+            "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",
+        ),
+        400,
+    ),
+    **dict.fromkeys(
+        (
+            "UNKNOWN_TABLE",
+            "UNKNOWN_FUNCTION",
+            "UNKNOWN_IDENTIFIER",
+            "UNKNOWN_TYPE",
+            "UNKNOWN_STORAGE",
+            "UNKNOWN_DATABASE",
+            "UNKNOWN_SETTING",
+            "UNKNOWN_DIRECTION_OF_SORTING",
+            "UNKNOWN_AGGREGATE_FUNCTION",
+            "UNKNOWN_FORMAT",
+            "UNKNOWN_DATABASE_ENGINE",
+            "UNKNOWN_TYPE_OF_QUERY",
+            "UNKNOWN_ROLE",
+        ),
+        404,
+    ),
     "QUERY_IS_TOO_LARGE": 413,
     "NOT_IMPLEMENTED": 501,
-    "SOCKET_TIMEOUT": 503, "CANNOT_OPEN_FILE": 503, "CANNOT_SCHEDULE_TASK": 503,
+    "SOCKET_TIMEOUT": 503,
+    "CANNOT_OPEN_FILE": 503,
+    "CANNOT_SCHEDULE_TASK": 503,
     "HTTP_LENGTH_REQUIRED": 411,
     "TIMEOUT_EXCEEDED": 408,
     "UNSUPPORTED_MEDIA_TYPE": 415,
@@ -130,8 +174,12 @@ def _tidy_engine_text(text: str) -> str:
 
 def undecodable_error() -> HTTPError:
     """The engine's message quoted binary input that is not UTF-8, so its text is lost."""
-    return HTTPError(117, "Cannot parse input: the data is not valid for the format "
-                          "(the engine's message quoted bytes that are not UTF-8)", "INCORRECT_DATA")
+    return HTTPError(
+        117,
+        "Cannot parse input: the data is not valid for the format "
+        "(the engine's message quoted bytes that are not UTF-8)",
+        "INCORRECT_DATA",
+    )
 
 
 def load_error_table(run_tsv: Callable[[str], str]) -> None:
@@ -141,8 +189,7 @@ def load_error_table(run_tsv: Callable[[str], str]) -> None:
     """
     if _HTTP_STATUS:
         return
-    codes = run_tsv("SELECT number, errorCodeToName(number) FROM numbers(2000) "
-                    "WHERE errorCodeToName(number) != ''")
+    codes = run_tsv("SELECT number, errorCodeToName(number) FROM numbers(2000) WHERE errorCodeToName(number) != ''")
     for line in codes.splitlines():
         code, name = line.split("\t")
         ERROR_NAMES.setdefault(int(code), name)

@@ -23,7 +23,7 @@ import secrets
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Iterator
+from typing import IO, Any, Generator, Iterator, Mapping, cast
 from urllib.parse import urlsplit
 
 from server_patches.auth import authenticate
@@ -32,15 +32,37 @@ from server_patches.engine import Engine, EngineConnection, PoolKey
 from server_patches.errors import BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, UNKNOWN_TABLE, HTTPError
 from server_patches.http_params import RequestParams, is_multipart, read_multipart, request_params, url_params
 from server_patches.sessions import Session
-from server_patches.statements import (READ_ONLY_KEYWORDS, SHOW_CREATE_SYSTEM_TABLE, TRANSACTION_KEYWORDS, Statement,
-                                       statement_of, system_table_in_show_create)
+from server_patches.statements import (
+    READ_ONLY_KEYWORDS,
+    SHOW_CREATE_SYSTEM_TABLE,
+    TRANSACTION_KEYWORDS,
+    Statement,
+    statement_of,
+    system_table_in_show_create,
+)
 
 log = logging.getLogger("server_patches.http_server")
 
 #: Row formats whose blocks concatenate into one valid reply (no header, no footer).
-STREAMABLE_FORMATS = frozenset(f.lower() for f in (
-    "Native", "RowBinary", "TabSeparated", "TSV", "TabSeparatedRaw", "TSVRaw", "CSV", "JSONEachRow",
-    "JSONStringsEachRow", "JSONCompactEachRow", "JSONCompactStringsEachRow", "JSONLines", "NDJSON", "Null"))
+STREAMABLE_FORMATS = frozenset(
+    f.lower()
+    for f in (
+        "Native",
+        "RowBinary",
+        "TabSeparated",
+        "TSV",
+        "TabSeparatedRaw",
+        "TSVRaw",
+        "CSV",
+        "JSONEachRow",
+        "JSONStringsEachRow",
+        "JSONCompactEachRow",
+        "JSONCompactStringsEachRow",
+        "JSONLines",
+        "NDJSON",
+        "Null",
+    )
+)
 #: A streamed reply is held back until it is this large or this old, so short results
 #: keep Content-Length, a complete summary, and a proper error status.
 STREAM_BUFFER_BYTES = 1 << 20
@@ -120,11 +142,17 @@ class Handler(BaseHTTPRequestHandler):
                     pass
             except Exception:
                 self.close_connection = True
-        self._reply(Reply(err.status, err.body(), {
-            "Content-Type": "text/plain; charset=UTF-8",
-            "X-ClickHouse-Exception-Code": str(err.code),
-            "X-ClickHouse-Query-Id": query_id,
-        }))
+        self._reply(
+            Reply(
+                err.status,
+                err.body(),
+                {
+                    "Content-Type": "text/plain; charset=UTF-8",
+                    "X-ClickHouse-Exception-Code": str(err.code),
+                    "X-ClickHouse-Query-Id": query_id,
+                },
+            )
+        )
 
     # ------------------------------------------------------------------ request
 
@@ -140,7 +168,7 @@ class Handler(BaseHTTPRequestHandler):
             if url.path not in ("/", ""):
                 raise HTTPError(BAD_ARGUMENTS, f"There is no handle {url.path}")
             body = self._body(params)
-            authenticate(self.headers, params, self.users)
+            authenticate(cast("Mapping[str, str]", self.headers), params, self.users)
             req, body = self._request(params, body)
             if "query" not in req.http and body is None:
                 self._reply(Reply(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"}))
@@ -156,13 +184,20 @@ class Handler(BaseHTTPRequestHandler):
 
     def _body(self, params: dict[str, str]) -> Iterator[bytes] | None:
         """The decoded request body as it arrives, or None when the request has none."""
-        has_body = bool(self.headers.get("Content-Length") not in (None, "0")
-                        or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower())
+        has_body = bool(
+            self.headers.get("Content-Length") not in (None, "0")
+            or "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+        )
         native = params.get("decompress") in ("1", "true")
-        return decoded_body(self.rfile, self.headers, native) if has_body else None
+        return (
+            decoded_body(cast("IO[bytes]", self.rfile), cast("Mapping[str, str]", self.headers), native)
+            if has_body
+            else None
+        )
 
-    def _request(self, params: dict[str, str],
-                 body: Iterator[bytes] | None) -> tuple[RequestParams, Iterator[bytes] | None]:
+    def _request(
+        self, params: dict[str, str], body: Iterator[bytes] | None
+    ) -> tuple[RequestParams, Iterator[bytes] | None]:
         """The request's parameters; a multipart body adds its fields and files and is used up."""
         content_type = self.headers.get("Content-Type")
         if body is None or not is_multipart(content_type):
@@ -170,12 +205,12 @@ class Handler(BaseHTTPRequestHandler):
         fields, files = read_multipart(content_type or "", body)
         return request_params({**params, **fields}, files), None
 
-    def _execute(self, req: RequestParams, body: Iterator[bytes] | None, query_id: str,
-                 readonly: bool) -> None:
+    def _execute(self, req: RequestParams, body: Iterator[bytes] | None, query_id: str, readonly: bool) -> None:
         stmt = statement_of(req.http.get("query", ""), body)
         if readonly and self.command == "GET" and stmt.keyword not in READ_ONLY_KEYWORDS:
-            raise HTTPError(READONLY, "Cannot execute query in readonly mode: use POST for queries that write",
-                            "READONLY")
+            raise HTTPError(
+                READONLY, "Cannot execute query in readonly mode: use POST for queries that write", "READONLY"
+            )
         lease = self._lease(req, stmt)
         try:
             reply = self._run(lease, req, stmt, query_id)
@@ -197,8 +232,10 @@ class Handler(BaseHTTPRequestHandler):
         sid = req.http.get("session_id")
         if not sid:
             if stmt.keyword in TRANSACTION_KEYWORDS:
-                raise HTTPError(NOT_IMPLEMENTED,
-                                "Transactions need a session: pass session_id (each session is one transaction context)")
+                raise HTTPError(
+                    NOT_IMPLEMENTED,
+                    "Transactions need a session: pass session_id (each session is one transaction context)",
+                )
             conn, key = self.engine.borrow(req.settings, database)
             return Lease(self.engine, conn, pool_key=key)
         session = self.engine.sessions.acquire(sid, req.http.get("session_timeout"), req.flag("session_check"))
@@ -237,13 +274,17 @@ class Handler(BaseHTTPRequestHandler):
             conn.remember_user_statement(stmt.sql)
         return Reply(200, body, self._ok_headers(req, stmt, fmt, query_id, summary))
 
-    def _ok_headers(self, req: RequestParams, stmt: Statement, fmt: str, query_id: str,
-                    summary: dict[str, str]) -> dict[str, str]:
+    def _ok_headers(
+        self, req: RequestParams, stmt: Statement, fmt: str, query_id: str, summary: dict[str, str]
+    ) -> dict[str, str]:
         sid = req.http.get("session_id")
         # As ClickHouse: only a statement with a result set names its format; clients
         # (clickhouse-connect's command()) answer a summary for the others.
-        result = {"Content-Type": _content_type(fmt), "X-ClickHouse-Format": fmt} if stmt.has_result else {
-            "Content-Type": "text/plain; charset=UTF-8"}
+        result = (
+            {"Content-Type": _content_type(fmt), "X-ClickHouse-Format": fmt}
+            if stmt.has_result
+            else {"Content-Type": "text/plain; charset=UTF-8"}
+        )
         return {
             **result,
             "X-ClickHouse-Query-Id": query_id,
@@ -255,12 +296,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _streams(self, req: RequestParams, stmt: Statement, fmt: str) -> bool:
         """Whether the SELECT's reply goes out block by block (``wait_end_of_query=0``)."""
-        return (stmt.insert_format is None and stmt.keyword in ("SELECT", "WITH") and not req.external
-                and fmt.lower() in STREAMABLE_FORMATS and not req.flag("wait_end_of_query")
-                and self.command != "HEAD")
+        return (
+            stmt.insert_format is None
+            and stmt.keyword in ("SELECT", "WITH")
+            and not req.external
+            and fmt.lower() in STREAMABLE_FORMATS
+            and not req.flag("wait_end_of_query")
+            and self.command != "HEAD"
+        )
 
-    def _stream(self, lease: Lease, req: RequestParams, stmt: Statement, fmt: str,
-                query_id: str) -> Reply | None:
+    def _stream(self, lease: Lease, req: RequestParams, stmt: Statement, fmt: str, query_id: str) -> Reply | None:
         """Buffer the first blocks; a short result is one ordinary reply, a long one is streamed."""
         chunks = lease.conn.stream(stmt.sql, fmt, req.query_params)
         head: list[bytes] = []
@@ -283,8 +328,9 @@ class Handler(BaseHTTPRequestHandler):
         self._send_streamed(lease, chunks, head, headers)
         return None
 
-    def _send_streamed(self, lease: Lease, chunks: Iterator[Any], head: list[bytes],
-                       headers: dict[str, str]) -> None:
+    def _send_streamed(
+        self, lease: Lease, chunks: Generator[Any, None, None], head: list[bytes], headers: dict[str, str]
+    ) -> None:
         tag = secrets.token_hex(8)
         self._start_reply(200, {**headers, "Transfer-Encoding": "chunked", "X-ClickHouse-Exception-Tag": tag})
         try:
@@ -316,42 +362,64 @@ def _query(conn: EngineConnection, stmt: Statement, fmt: str, params: dict[str, 
         return conn.run(stmt.sql, fmt, params)
     except HTTPError as err:
         table = system_table_in_show_create(stmt.sql) if err.code == UNKNOWN_TABLE else None
-        exists = table is not None and conn.run(
-            "SELECT count() FROM system.tables WHERE database = 'system' AND name = {t:String}",
-            "TabSeparated", {"t": table}).bytes().strip() == b"1"
+        exists = (
+            table is not None
+            and conn.run(
+                "SELECT count() FROM system.tables WHERE database = 'system' AND name = {t:String}",
+                "TabSeparated",
+                {"t": table},
+            )
+            .bytes()
+            .strip()
+            == b"1"
+        )
         if not exists:
             raise
-        return conn.run(SHOW_CREATE_SYSTEM_TABLE, fmt, {"table": table})
+        return conn.run(SHOW_CREATE_SYSTEM_TABLE, fmt, {"table": str(table)})
 
 
 def _exception_block(err: HTTPError, tag: str) -> bytes:
     """ClickHouse's in-body exception (25.11+): the text between tagged markers."""
     text = err.body().rstrip(b"\n")
-    return (b"__exception__\r\n%b\r\n%b\n%d %b\r\n__exception__\r\n"
-            % (tag.encode(), text, len(text), tag.encode()))
+    return b"__exception__\r\n%b\r\n%b\n%d %b\r\n__exception__\r\n" % (tag.encode(), text, len(text), tag.encode())
 
 
 def _query_summary(res: Any, body: bytes) -> dict[str, str]:
     return {
-        "read_rows": str(res.rows_read()), "read_bytes": str(res.bytes_read()),
-        "written_rows": str(res.rows_written()), "written_bytes": str(res.bytes_written()),
-        "total_rows_to_read": str(res.rows_read()), "result_rows": "0",
+        "read_rows": str(res.rows_read()),
+        "read_bytes": str(res.bytes_read()),
+        "written_rows": str(res.rows_written()),
+        "written_bytes": str(res.bytes_written()),
+        "total_rows_to_read": str(res.rows_read()),
+        "result_rows": "0",
         "result_bytes": str(len(body)),
     }
 
 
 def _stream_summary(read: dict[str, int], body: bytes) -> dict[str, str]:
-    return {"read_rows": str(read["read_rows"]), "read_bytes": str(read["read_bytes"]),
-            "written_rows": "0", "written_bytes": "0", "total_rows_to_read": str(read["read_rows"]),
-            "result_rows": "0", "result_bytes": str(len(body))}
+    return {
+        "read_rows": str(read["read_rows"]),
+        "read_bytes": str(read["read_bytes"]),
+        "written_rows": "0",
+        "written_bytes": "0",
+        "total_rows_to_read": str(read["read_rows"]),
+        "result_rows": "0",
+        "result_bytes": str(len(body)),
+    }
 
 
 def _insert_summary(result: Any) -> dict[str, str]:
     rows = getattr(result, "rows_written", 0)
     written = getattr(result, "bytes_written", 0)
-    return {"read_rows": str(rows), "read_bytes": str(written), "written_rows": str(rows),
-            "written_bytes": str(written), "total_rows_to_read": "0", "result_rows": "0",
-            "result_bytes": "0"}
+    return {
+        "read_rows": str(rows),
+        "read_bytes": str(written),
+        "written_rows": str(rows),
+        "written_bytes": str(written),
+        "total_rows_to_read": "0",
+        "result_rows": "0",
+        "result_bytes": "0",
+    }
 
 
 def _content_type(fmt: str) -> str:

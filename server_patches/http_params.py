@@ -20,13 +20,32 @@ from server_patches.errors import BAD_ARGUMENTS, HTTPError
 from server_patches.statements import decode_text
 
 # URL parameters the HTTP layer consumes itself; everything else is a setting.
-HTTP_PARAMS = frozenset({
-    "query", "session_id", "session_timeout", "session_check", "query_id", "database",
-    "default_format", "user", "password", "quota_key", "compress", "decompress",
-    "buffer_size", "wait_end_of_query", "client_protocol_version", "stacktrace", "role",
-    "enable_http_compression", "http_zlib_compression_level", "add_http_cors_header",
-    "http_response_buffer_size", "max_query_size_http",
-})
+HTTP_PARAMS = frozenset(
+    {
+        "query",
+        "session_id",
+        "session_timeout",
+        "session_check",
+        "query_id",
+        "database",
+        "default_format",
+        "user",
+        "password",
+        "quota_key",
+        "compress",
+        "decompress",
+        "buffer_size",
+        "wait_end_of_query",
+        "client_protocol_version",
+        "stacktrace",
+        "role",
+        "enable_http_compression",
+        "http_zlib_compression_level",
+        "add_http_cors_header",
+        "http_response_buffer_size",
+        "max_query_size_http",
+    }
+)
 _EXTERNAL_SUFFIXES = ("_structure", "_types", "_format")
 _MAX_FORM_BYTES = 1 << 30
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.I)
@@ -90,8 +109,11 @@ def _external_table(name: str, data: bytes, params: Mapping[str, str]) -> Extern
         types = [t.strip() for t in params[f"{name}_types"].split(",")]
         columns = ", ".join(f"_{i} {t}" for i, t in enumerate(types, 1))
     else:
-        raise HTTPError(BAD_ARGUMENTS, f"Neither structure nor types have not been provided for external "
-                                       f"table {name}. Use fields {name}_structure or {name}_types to do so.")
+        raise HTTPError(
+            BAD_ARGUMENTS,
+            f"Neither structure nor types have not been provided for external "
+            f"table {name}. Use fields {name}_structure or {name}_types to do so.",
+        )
     return ExternalTable(name, data, fmt, columns)
 
 

@@ -45,8 +45,9 @@ def make_server(engine: Engine, host: str, port: int, users: dict[str, str]) -> 
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m server_patches.http_server",
-                                 description="ClickHouse HTTP interface on the chdb engine")
+    ap = argparse.ArgumentParser(
+        prog="python -m server_patches.http_server", description="ClickHouse HTTP interface on the chdb engine"
+    )
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--config-file")
     ap.add_argument("--host", default="127.0.0.1")
@@ -72,11 +73,16 @@ def _write_ready_file(path: str, port: int, version: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; then close every session (rolling back its transaction)."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(filename=args.log_file, level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        filename=args.log_file, level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     password = os.environ.get(args.password_env, "") if args.password_env else ""
-    engine = Engine(args.data_dir, args.config_file, max_session_timeout=args.max_session_timeout,
-                    default_session_timeout=args.default_session_timeout)
+    engine = Engine(
+        args.data_dir,
+        args.config_file,
+        max_session_timeout=args.max_session_timeout,
+        default_session_timeout=args.default_session_timeout,
+    )
     server = make_server(engine, args.host, args.port, {args.user: password})
     port = server.server_address[1]
     stopping = threading.Event()

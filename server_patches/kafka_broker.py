@@ -57,9 +57,15 @@ _RD_KAFKA_PRODUCER = 0
 _ERR_TOPIC_ALREADY_EXISTS = 36
 
 # rd_kafka_resp_err_t values the control endpoint may report, by name.
-_ERR_NAMES = {0: "NO_ERROR", 36: "TOPIC_ALREADY_EXISTS", 37: "INVALID_PARTITIONS",
-              38: "INVALID_REPLICATION_FACTOR", 3: "UNKNOWN_TOPIC_OR_PART",
-              1: "OFFSET_OUT_OF_RANGE", -186: "_INVALID_ARG"}
+_ERR_NAMES = {
+    0: "NO_ERROR",
+    36: "TOPIC_ALREADY_EXISTS",
+    37: "INVALID_PARTITIONS",
+    38: "INVALID_REPLICATION_FACTOR",
+    3: "UNKNOWN_TOPIC_OR_PART",
+    1: "OFFSET_OUT_OF_RANGE",
+    -186: "_INVALID_ARG",
+}
 
 
 class BrokerError(RuntimeError):
@@ -76,14 +82,17 @@ def find_librdkafka() -> Path:
     """
     spec = importlib.util.find_spec("confluent_kafka")
     if spec is None or spec.origin is None:
-        raise BrokerError("confluent-kafka is not installed: the dev Kafka broker needs its "
-                          "bundled librdkafka (pip install confluent-kafka)")
+        raise BrokerError(
+            "confluent-kafka is not installed: the dev Kafka broker needs its "
+            "bundled librdkafka (pip install confluent-kafka)"
+        )
     pkg = Path(spec.origin).parent
     candidates = sorted(glob.glob(str(pkg.parent / "confluent_kafka.libs" / "librdkafka*.so*")))
     candidates += sorted(glob.glob(str(pkg / "**" / "librdkafka*.so*"), recursive=True))
     if not candidates:
-        raise BrokerError(f"no librdkafka shared library found next to {pkg} "
-                          "(looked in confluent_kafka.libs/ and the package)")
+        raise BrokerError(
+            f"no librdkafka shared library found next to {pkg} (looked in confluent_kafka.libs/ and the package)"
+        )
     return Path(candidates[0])
 
 
@@ -119,9 +128,12 @@ def _listening_fd(port: int) -> int:
         except OSError:
             continue  # not a socket (or already closed)
         try:
-            if probe.family == socket.AF_INET and probe.type == socket.SOCK_STREAM \
-                    and probe.getsockname() == ("127.0.0.1", port) \
-                    and probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            if (
+                probe.family == socket.AF_INET
+                and probe.type == socket.SOCK_STREAM
+                and probe.getsockname() == ("127.0.0.1", port)
+                and probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            ):
                 return fd
         except OSError:
             pass
@@ -199,8 +211,9 @@ class MockCluster:
         with self._lock:
             err = self._lib.rd_kafka_mock_topic_create(self._mc, name.encode(), partitions, 1)
             if err:
-                raise BrokerError(f"cannot create topic {name!r} with {partitions} partitions: "
-                                  f"{_ERR_NAMES.get(err, err)}")
+                raise BrokerError(
+                    f"cannot create topic {name!r} with {partitions} partitions: {_ERR_NAMES.get(err, err)}"
+                )
             self.topics[name] = partitions
 
     def delete_records(self, topic: str, partition: int, before: int) -> None:
@@ -210,11 +223,11 @@ class MockCluster:
         batches, so the new log start may stay below ``before``.
         """
         with self._lock:
-            err = self._lib.rd_kafka_mock_partition_delete_records(
-                self._mc, topic.encode(), partition, before)
+            err = self._lib.rd_kafka_mock_partition_delete_records(self._mc, topic.encode(), partition, before)
             if err:
-                raise BrokerError(f"cannot delete records of {topic!r}[{partition}] before "
-                                  f"{before}: {_ERR_NAMES.get(err, err)}")
+                raise BrokerError(
+                    f"cannot delete records of {topic!r}[{partition}] before {before}: {_ERR_NAMES.get(err, err)}"
+                )
 
     def close(self) -> None:
         """Destroy the cluster and its bookkeeping handle (idempotent)."""
@@ -230,8 +243,7 @@ def _check_topic(name: object, partitions: object) -> None:
     if not isinstance(name, str) or not _TOPIC_NAME.match(name) or name in (".", ".."):
         raise ValueError(f"invalid topic name {name!r}: use 1-249 of [A-Za-z0-9._-]")
     if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10000:
-        raise ValueError(f"invalid partition count {partitions!r} for topic {name!r}: "
-                         "an integer from 1 to 10000")
+        raise ValueError(f"invalid partition count {partitions!r} for topic {name!r}: an integer from 1 to 10000")
 
 
 def parse_topics(spec: str) -> list[tuple[str, int]]:
@@ -279,8 +291,7 @@ def _control_handler(cluster: MockCluster) -> type[BaseHTTPRequestHandler]:
                     cluster.create_topic(body["name"], body.get("partitions", 1))
                     self._reply(201, {"created": body["name"]})
                 elif self.path == "/delete-records":
-                    cluster.delete_records(str(body["topic"]), int(body["partition"]),
-                                           int(body["before"]))
+                    cluster.delete_records(str(body["topic"]), int(body["partition"]), int(body["before"]))
                     self._reply(200, {"deleted_before": int(body["before"])})
                 else:
                     self._reply(404, {"error": f"no such endpoint {self.path}"})
@@ -298,8 +309,13 @@ def _wait_kafka_ready(bootstrap: str, timeout_s: float) -> None:
     host, port = bootstrap.rsplit(":", 1)
     # ApiVersions v0 request: size, api_key=18, version=0, correlation_id=1, client_id="ready".
     client = b"ready"
-    payload = (18).to_bytes(2, "big") + (0).to_bytes(2, "big") + (1).to_bytes(4, "big") \
-        + len(client).to_bytes(2, "big") + client
+    payload = (
+        (18).to_bytes(2, "big")
+        + (0).to_bytes(2, "big")
+        + (1).to_bytes(4, "big")
+        + len(client).to_bytes(2, "big")
+        + client
+    )
     request = len(payload).to_bytes(4, "big") + payload
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
@@ -314,8 +330,7 @@ def _wait_kafka_ready(bootstrap: str, timeout_s: float) -> None:
         except OSError as e:
             last = e
         time.sleep(0.05)
-    raise BrokerError(f"mock broker at {bootstrap} did not answer ApiVersions within "
-                      f"{timeout_s:.0f}s: {last}")
+    raise BrokerError(f"mock broker at {bootstrap} did not answer ApiVersions within {timeout_s:.0f}s: {last}")
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
@@ -328,8 +343,7 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return buf
 
 
-def serve(host: str, port: int, ready_file: Path, topics: Sequence[tuple[str, int]],
-          control_port: int = 0) -> int:
+def serve(host: str, port: int, ready_file: Path, topics: Sequence[tuple[str, int]], control_port: int = 0) -> int:
     """Run the broker and its control endpoint until SIGTERM/SIGINT (launcher process)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -342,8 +356,11 @@ def serve(host: str, port: int, ready_file: Path, topics: Sequence[tuple[str, in
         control.daemon_threads = True
         threading.Thread(target=control.serve_forever, name="kafka-control", daemon=True).start()
         _wait_kafka_ready(cluster.bootstrap, 30.0)
-        info = {"pid": os.getpid(), "bootstrap": cluster.bootstrap,
-                "control": f"http://{cluster.host}:{control.server_address[1]}"}
+        info = {
+            "pid": os.getpid(),
+            "bootstrap": cluster.bootstrap,
+            "control": f"http://{cluster.host}:{control.server_address[1]}",
+        }
         tmp = ready_file.with_name(ready_file.name + ".tmp")
         tmp.write_text(json.dumps(info))
         os.replace(tmp, ready_file)  # readers never see a half-written file
@@ -371,16 +388,18 @@ def create_topic(control_url: str, name: str, partitions: int, timeout_s: float 
     _post(control_url, "/topics", {"name": name, "partitions": partitions}, timeout_s)
 
 
-def delete_records(control_url: str, topic: str, partition: int, before: int,
-                   timeout_s: float = 10.0) -> None:
+def delete_records(control_url: str, topic: str, partition: int, before: int, timeout_s: float = 10.0) -> None:
     """Drop the records of ``topic``/``partition`` below ``before`` (simulated retention)."""
-    _post(control_url, "/delete-records",
-          {"topic": topic, "partition": partition, "before": before}, timeout_s)
+    _post(control_url, "/delete-records", {"topic": topic, "partition": partition, "before": before}, timeout_s)
 
 
 def _post(control_url: str, path: str, body: dict[str, Any], timeout_s: float) -> None:
-    req = urllib.request.Request(control_url.rstrip("/") + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        control_url.rstrip("/") + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             resp.read()
@@ -395,10 +414,15 @@ def _post(control_url: str, path: str, body: dict[str, Any], timeout_s: float) -
         raise BrokerError(f"kafka control endpoint {control_url} unreachable: {e}") from None
 
 
-def start_broker(host: str = "127.0.0.1", port: int = 0,
-                 topics: Sequence[tuple[str, int]] = (), *, log_file: Path | None = None,
-                 ready_timeout_s: float = 30.0,
-                 control_port: int = 0) -> tuple[subprocess.Popen[Any], str, str]:
+def start_broker(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    topics: Sequence[tuple[str, int]] = (),
+    *,
+    log_file: Path | None = None,
+    ready_timeout_s: float = 30.0,
+    control_port: int = 0,
+) -> tuple[subprocess.Popen[Any], str, str]:
     """Start the launcher as a child process and wait until it serves Kafka.
 
     ``port=0`` lets the kernel choose (no race with other tests). Returns
@@ -413,23 +437,36 @@ def start_broker(host: str = "127.0.0.1", port: int = 0,
     workdir = Path(tempfile.mkdtemp(prefix="kafka-broker-"))
     ready = workdir / "ready.json"
     log_path = log_file or workdir / "broker.log"
-    argv = [sys.executable, "-m", "server_patches.kafka_broker", "--host", host,
-            "--port", str(port), "--ready-file", str(ready), "--control-port", str(control_port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "server_patches.kafka_broker",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--ready-file",
+        str(ready),
+        "--control-port",
+        str(control_port),
+    ]
     if topics:
         argv += ["--topics", ",".join(f"{n}:{p}" for n, p in topics)]
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     deadline = time.monotonic() + ready_timeout_s
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_broker(proc)
             tail = Path(log_path).read_text(errors="replace")[-2000:]
-            raise BrokerError(f"kafka mock broker did not become ready "
-                              f"(exit code {proc.returncode}); log {log_path}:\n{tail}")
+            raise BrokerError(
+                f"kafka mock broker did not become ready (exit code {proc.returncode}); log {log_path}:\n{tail}"
+            )
         time.sleep(0.05)
     info = json.loads(ready.read_text())
     return proc, info["bootstrap"], info["control"]
@@ -448,15 +485,19 @@ def stop_broker(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m server_patches.kafka_broker",
-                                description="Run librdkafka's mock Kafka cluster until SIGTERM.")
+    p = argparse.ArgumentParser(
+        prog="python -m server_patches.kafka_broker", description="Run librdkafka's mock Kafka cluster until SIGTERM."
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9092, help="0 = any free port")
-    p.add_argument("--ready-file", type=Path, required=True,
-                   help='written as {"pid","bootstrap","control"} once clients can connect')
+    p.add_argument(
+        "--ready-file",
+        type=Path,
+        required=True,
+        help='written as {"pid","bootstrap","control"} once clients can connect',
+    )
     p.add_argument("--topics", default="", help="name:partitions,... created at start")
-    p.add_argument("--control-port", type=int, default=0,
-                   help="port of the HTTP control endpoint (0 = any free port)")
+    p.add_argument("--control-port", type=int, default=0, help="port of the HTTP control endpoint (0 = any free port)")
     args = p.parse_args(argv)
     try:
         topics = parse_topics(args.topics)

@@ -43,7 +43,7 @@ def _stat_fields(pid: int) -> list[str] | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name is in parentheses and may itself contain spaces or ")".
-    return raw[raw.rindex(")") + 2:].split()
+    return raw[raw.rindex(")") + 2 :].split()
 
 
 def start_ticks_of(pid: int) -> int | None:
@@ -81,8 +81,9 @@ def is_alive(ref: ProcessRef | None) -> bool:
     return int(fields[19]) == ref.start_ticks
 
 
-def spawn(argv: Sequence[str], *, log_file: Path, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None) -> ProcessRef:
+def spawn(
+    argv: Sequence[str], *, log_file: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> ProcessRef:
     """Start ``argv`` in a new session with stdout and stderr appended to ``log_file``.
 
     Raises
@@ -93,9 +94,14 @@ def spawn(argv: Sequence[str], *, log_file: Path, env: Mapping[str, str] | None 
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None, cwd=str(cwd) if cwd else None,
-            start_new_session=True, close_fds=True,
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=str(cwd) if cwd else None,
+            start_new_session=True,
+            close_fds=True,
         )
     ticks = start_ticks_of(proc.pid)
     if ticks is None:
@@ -175,6 +181,6 @@ def log_tail(path: Path, lines: int = 40) -> str:
         data = path.read_bytes()
     except FileNotFoundError:
         return f"(no log file {path})"
-    text = data[-64 * 1024:].decode("utf-8", "replace")
+    text = data[-64 * 1024 :].decode("utf-8", "replace")
     tail = "\n".join(text.splitlines()[-lines:])
     return tail if tail.strip() else f"(log file {path} is empty)"

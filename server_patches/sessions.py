@@ -44,8 +44,9 @@ class Session:
 class SessionStore:
     """The sessions of one engine, by id, and the thread that expires them."""
 
-    def __init__(self, connect: Callable[[], "EngineConnection"], *, max_timeout: float,
-                 default_timeout: float) -> None:
+    def __init__(
+        self, connect: Callable[[], "EngineConnection"], *, max_timeout: float, default_timeout: float
+    ) -> None:
         self._connect = connect
         self.max_timeout = max_timeout
         self.default_timeout = default_timeout
@@ -62,8 +63,9 @@ class SessionStore:
         except ValueError:
             raise HTTPError(INVALID_SESSION_TIMEOUT, f"Invalid session timeout: {requested!r}") from None
         if timeout > self.max_timeout:
-            raise HTTPError(INVALID_SESSION_TIMEOUT,
-                            f"Session timeout {timeout:g} exceeds max_session_timeout {self.max_timeout:g}")
+            raise HTTPError(
+                INVALID_SESSION_TIMEOUT, f"Session timeout {timeout:g} exceeds max_session_timeout {self.max_timeout:g}"
+            )
         return timeout
 
     def get(self, sid: str, timeout: float, check: bool) -> Session:
@@ -101,8 +103,7 @@ class SessionStore:
         while not self._stop.wait(REAP_INTERVAL_S):
             now = time.monotonic()
             with self._lock:
-                expired = [s for s in self._sessions.values()
-                           if not s.lock.locked() and now - s.last_used > s.timeout]
+                expired = [s for s in self._sessions.values() if not s.lock.locked() and now - s.last_used > s.timeout]
             for s in expired:
                 # Take the lock so a request that just arrived cannot use a closing session.
                 if s.lock.acquire(blocking=False):

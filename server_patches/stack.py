@@ -111,8 +111,7 @@ class StackInfo:
             zookeeper=str(d["zookeeper"]),
             kafka_bootstrap=d.get("kafka_bootstrap"),
             kafka_control=d.get("kafka_control"),
-            processes={k: ProcessRef.from_json(v)
-                       for k, v in dict(d.get("processes") or {}).items()},
+            processes={k: ProcessRef.from_json(v) for k, v in dict(d.get("processes") or {}).items()},
             ports={k: int(v) for k, v in dict(d.get("ports") or {}).items()},
             data_dirs=dict(d.get("data_dirs") or {}),
             logs=dict(d.get("logs") or {}),
@@ -206,39 +205,67 @@ def ping(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _start_clickhouse(stack_dir: Path, *, port: int, zk: str, user: str | None,
-                      password_env: str | None, max_session_timeout: int | None,
-                      timeout_s: float, transactions: bool = True) -> tuple[ProcessRef, dict[str, str], str, int]:
+def _start_clickhouse(
+    stack_dir: Path,
+    *,
+    port: int,
+    zk: str,
+    user: str | None,
+    password_env: str | None,
+    max_session_timeout: int | None,
+    timeout_s: float,
+    transactions: bool = True,
+) -> tuple[ProcessRef, dict[str, str], str, int]:
     """Render the config and start the HTTP server on chdb; wait for its ready file and /ping.
 
     ``max_session_timeout`` None keeps the value of ``config.d/sessions.xml``.
     Returns (process, log files, config file, effective max_session_timeout).
     """
     if importlib.util.find_spec("server_patches.http_server") is None:
-        raise StackError("server_patches/http_server.py (ClickHouse's HTTP interface on chdb) "
-                         "is not in this checkout; the stack cannot serve ClickHouse without it")
+        raise StackError(
+            "server_patches/http_server.py (ClickHouse's HTTP interface on chdb) "
+            "is not in this checkout; the stack cannot serve ClickHouse without it"
+        )
     if password_env and password_env not in os.environ:
-        raise StackError(f"--password-env names the environment variable {password_env!r}, "
-                         "which is not set")
+        raise StackError(f"--password-env names the environment variable {password_env!r}, which is not set")
     ch_dir = stack_dir / "clickhouse"
     data_dir = ch_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     zk_host, zk_port = zk.rsplit(":", 1)
     config_file = chdb_config.write(
-        ch_dir / "config.xml", zookeeper=[(zk_host, int(zk_port))],
-        name=chdb_config.stack_name(stack_dir), session_timeout_s=max_session_timeout,
-        transactions=transactions)
+        ch_dir / "config.xml",
+        zookeeper=[(zk_host, int(zk_port))],
+        name=chdb_config.stack_name(stack_dir),
+        session_timeout_s=max_session_timeout,
+        transactions=transactions,
+    )
     # The HTTP server enforces the cap itself: hand it the value the config holds.
     effective_max = int(chdb_config.server_setting(config_file, "max_session_timeout") or 3600)
     ready = ch_dir / "ready.json"
     ready.unlink(missing_ok=True)
-    logs = {"clickhouse": str(stack_dir / "logs" / "clickhouse.log"),
-            "clickhouse_stdout": str(stack_dir / "logs" / "clickhouse.out")}
-    argv = [sys.executable, "-m", "server_patches.http_server",
-            "--data-dir", str(data_dir), "--config-file", str(config_file),
-            "--host", HOST, "--port", str(port), "--ready-file", str(ready),
-            "--max-session-timeout", str(effective_max),
-            "--log-file", logs["clickhouse"]]
+    logs = {
+        "clickhouse": str(stack_dir / "logs" / "clickhouse.log"),
+        "clickhouse_stdout": str(stack_dir / "logs" / "clickhouse.out"),
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "server_patches.http_server",
+        "--data-dir",
+        str(data_dir),
+        "--config-file",
+        str(config_file),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--ready-file",
+        str(ready),
+        "--max-session-timeout",
+        str(effective_max),
+        "--log-file",
+        logs["clickhouse"],
+    ]
     if user:
         argv += ["--user", user]
     if password_env:
@@ -248,23 +275,25 @@ def _start_clickhouse(stack_dir: Path, *, port: int, zk: str, user: str | None,
     return ref, logs, str(config_file), effective_max
 
 
-def _wait_for_clickhouse(ref: ProcessRef, port: int, ready: Path, logs: Mapping[str, str],
-                         timeout_s: float) -> None:
+def _wait_for_clickhouse(ref: ProcessRef, port: int, ready: Path, logs: Mapping[str, str], timeout_s: float) -> None:
     """Until the server wrote its ready file and answers /ping; its log tails if it does not."""
     url = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout_s
 
     def tails() -> str:
-        return (f"\n--- {logs['clickhouse_stdout']}:\n" + processes.log_tail(Path(logs["clickhouse_stdout"]))
-                + f"\n--- {logs['clickhouse']}:\n" + processes.log_tail(Path(logs["clickhouse"])))
+        return (
+            f"\n--- {logs['clickhouse_stdout']}:\n"
+            + processes.log_tail(Path(logs["clickhouse_stdout"]))
+            + f"\n--- {logs['clickhouse']}:\n"
+            + processes.log_tail(Path(logs["clickhouse"]))
+        )
 
     while not (_read_ready(ready) and ping(url)):
         if not processes.is_alive(ref):
             raise StackError(f"the ClickHouse HTTP server exited during start-up (port {port})" + tails())
         if time.monotonic() >= deadline:
             processes.kill(ref)
-            raise StackError(f"the ClickHouse HTTP server did not answer {url}/ping within "
-                             f"{timeout_s:.0f} s" + tails())
+            raise StackError(f"the ClickHouse HTTP server did not answer {url}/ping within {timeout_s:.0f} s" + tails())
         time.sleep(0.1)
 
 
@@ -276,22 +305,31 @@ def kafka_available() -> bool:
     return importlib.util.find_spec("server_patches.kafka_broker") is not None
 
 
-def _start_kafka(stack_dir: Path, *, port: int,
-                 timeout_s: float) -> tuple[ProcessRef, str, str | None, str]:
+def _start_kafka(stack_dir: Path, *, port: int, timeout_s: float) -> tuple[ProcessRef, str, str | None, str]:
     """Start the dev Kafka broker; wait for its ready file.
 
     Returns (ref, bootstrap, control URL or None, log file).
     """
     if not kafka_available():
-        raise StackError("--kafka needs server_patches/kafka_broker.py (the dev Kafka broker), "
-                         "which is not in this checkout")
+        raise StackError(
+            "--kafka needs server_patches/kafka_broker.py (the dev Kafka broker), which is not in this checkout"
+        )
     kdir = stack_dir / "kafka"
     kdir.mkdir(parents=True, exist_ok=True)
     ready = kdir / "ready.json"
     ready.unlink(missing_ok=True)
     log = stack_dir / "logs" / "kafka.log"
-    argv = [sys.executable, "-m", "server_patches.kafka_broker",
-            "--host", HOST, "--port", str(port), "--ready-file", str(ready)]
+    argv = [
+        sys.executable,
+        "-m",
+        "server_patches.kafka_broker",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--ready-file",
+        str(ready),
+    ]
     ref = processes.spawn(argv, log_file=log, env=_child_env())
     deadline = time.monotonic() + timeout_s
     while True:
@@ -299,22 +337,34 @@ def _start_kafka(stack_dir: Path, *, port: int,
         if info and info.get("bootstrap"):
             return ref, str(info["bootstrap"]), info.get("control"), str(log)
         if not processes.is_alive(ref):
-            raise StackError(f"the Kafka broker exited during start-up (port {port}); last lines "
-                             f"of {log}:\n" + processes.log_tail(log))
+            raise StackError(
+                f"the Kafka broker exited during start-up (port {port}); last lines "
+                f"of {log}:\n" + processes.log_tail(log)
+            )
         if time.monotonic() >= deadline:
             processes.kill(ref)
-            raise StackError(f"the Kafka broker wrote no ready file within {timeout_s:.0f} s; "
-                             f"last lines of {log}:\n" + processes.log_tail(log))
+            raise StackError(
+                f"the Kafka broker wrote no ready file within {timeout_s:.0f} s; "
+                f"last lines of {log}:\n" + processes.log_tail(log)
+            )
         time.sleep(0.1)
 
 
 # ------------------------------------------------------------------------ the stack
 
 
-def start_stack(stack_dir: Path | str, *, kafka: bool = False, port: int | None = None,
-                zk_port: int | None = None, user: str | None = None,
-                password_env: str | None = None, max_session_timeout: int | None = None,
-                timeout_s: float = DEFAULT_START_TIMEOUT_S, transactions: bool = True) -> StackInfo:
+def start_stack(
+    stack_dir: Path | str,
+    *,
+    kafka: bool = False,
+    port: int | None = None,
+    zk_port: int | None = None,
+    user: str | None = None,
+    password_env: str | None = None,
+    max_session_timeout: int | None = None,
+    timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    transactions: bool = True,
+) -> StackInfo:
     """Start (or complete) the stack in ``stack_dir`` and return what runs.
 
     Idempotent: components already running are kept. ZooKeeper and ClickHouse data
@@ -348,16 +398,21 @@ def start_stack(stack_dir: Path | str, *, kafka: bool = False, port: int | None 
         prev = read_stack(stack_dir)
         alive = prev.alive() if prev else {}
         if prev and alive.get("clickhouse"):
-            _refuse_changes_to_a_running_stack(prev, port=port, zk_port=zk_port, user=user,
-                                               password_env=password_env)
+            _refuse_changes_to_a_running_stack(prev, port=port, zk_port=zk_port, user=user, password_env=password_env)
         launch = _Launch.resume(stack_dir, prev, alive, timeout_s)
         if prev:
             user = user if user is not None else prev.user
             password_env = password_env if password_env is not None else prev.password_env
         try:
             zk_changed = launch.zookeeper(zk_port)
-            launch.clickhouse(port, zk_changed=zk_changed, user=user, password_env=password_env,
-                              max_session_timeout=max_session_timeout, transactions=transactions)
+            launch.clickhouse(
+                port,
+                zk_changed=zk_changed,
+                user=user,
+                password_env=password_env,
+                max_session_timeout=max_session_timeout,
+                transactions=transactions,
+            )
             if kafka:
                 launch.kafka()
         except BaseException:
@@ -368,16 +423,20 @@ def start_stack(stack_dir: Path | str, *, kafka: bool = False, port: int | None 
         return info
 
 
-def _refuse_changes_to_a_running_stack(prev: StackInfo, *, port: int | None, zk_port: int | None,
-                                       user: str | None, password_env: str | None) -> None:
+def _refuse_changes_to_a_running_stack(
+    prev: StackInfo, *, port: int | None, zk_port: int | None, user: str | None, password_env: str | None
+) -> None:
     """``up`` on a running stack may not move its ports or change its user."""
     for what, key, wanted in (("ClickHouse", "clickhouse", port), ("ZooKeeper", "zookeeper", zk_port)):
         if wanted is not None and prev.ports.get(key) != wanted:
-            raise StackError(f"the stack in {prev.dir} already runs {what} on port "
-                             f"{prev.ports.get(key)}, not {wanted}; run `down` first")
+            raise StackError(
+                f"the stack in {prev.dir} already runs {what} on port "
+                f"{prev.ports.get(key)}, not {wanted}; run `down` first"
+            )
     if (user, password_env) != (prev.user, prev.password_env) and (user or password_env):
-        raise StackError(f"the stack in {prev.dir} already runs with user {prev.user!r}; "
-                         "run `down` first to change the user")
+        raise StackError(
+            f"the stack in {prev.dir} already runs with user {prev.user!r}; run `down` first to change the user"
+        )
 
 
 @dataclasses.dataclass
@@ -398,10 +457,15 @@ class _Launch:
     started: list[ProcessRef] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def resume(cls, stack_dir: Path, prev: StackInfo | None, alive: dict[str, bool],
-               timeout_s: float) -> "_Launch":
-        launch = cls(stack_dir, dict(alive), timeout_s, dict(prev.processes) if prev else {},
-                     dict(prev.ports) if prev else {}, dict(prev.logs) if prev else {})
+    def resume(cls, stack_dir: Path, prev: StackInfo | None, alive: dict[str, bool], timeout_s: float) -> "_Launch":
+        launch = cls(
+            stack_dir,
+            dict(alive),
+            timeout_s,
+            dict(prev.processes) if prev else {},
+            dict(prev.ports) if prev else {},
+            dict(prev.logs) if prev else {},
+        )
         if prev:
             launch.config_file, launch.max_session_timeout = prev.config_file, prev.max_session_timeout
             if alive.get("kafka"):
@@ -414,8 +478,7 @@ class _Launch:
             return False
         zk_p = _pick_port("ZooKeeper", wanted_port, self.ports.get("zookeeper"))
         changed = zk_p != self.ports.get("zookeeper")
-        zk = zookeeper.start_zookeeper(self.stack_dir / "zookeeper", host=HOST, port=zk_p,
-                                       timeout_s=self.timeout_s)
+        zk = zookeeper.start_zookeeper(self.stack_dir / "zookeeper", host=HOST, port=zk_p, timeout_s=self.timeout_s)
         self.started.append(zk.process)
         self.procs["zookeeper"] = zk.process
         self.ports["zookeeper"] = zk.port
@@ -426,8 +489,16 @@ class _Launch:
     def zk_addr(self) -> str:
         return f"{HOST}:{self.ports['zookeeper']}"
 
-    def clickhouse(self, wanted_port: int | None, *, zk_changed: bool, user: str | None,
-                   password_env: str | None, max_session_timeout: int | None, transactions: bool) -> None:
+    def clickhouse(
+        self,
+        wanted_port: int | None,
+        *,
+        zk_changed: bool,
+        user: str | None,
+        password_env: str | None,
+        max_session_timeout: int | None,
+        transactions: bool,
+    ) -> None:
         """Start ClickHouse unless it runs against the current ZooKeeper."""
         if self.alive.get("clickhouse") and zk_changed:
             # Its config points at the old ZooKeeper port: restart it on the new one.
@@ -437,8 +508,15 @@ class _Launch:
             return
         ch_p = _pick_port("ClickHouse", wanted_port, self.ports.get("clickhouse"))
         ref, ch_logs, self.config_file, self.max_session_timeout = _start_clickhouse(
-            self.stack_dir, port=ch_p, zk=self.zk_addr, user=user, password_env=password_env,
-            max_session_timeout=max_session_timeout, timeout_s=self.timeout_s, transactions=transactions)
+            self.stack_dir,
+            port=ch_p,
+            zk=self.zk_addr,
+            user=user,
+            password_env=password_env,
+            max_session_timeout=max_session_timeout,
+            timeout_s=self.timeout_s,
+            transactions=transactions,
+        )
         self.started.append(ref)
         self.procs["clickhouse"] = ref
         self.ports["clickhouse"] = ch_p
@@ -450,7 +528,8 @@ class _Launch:
             return
         k_p = _pick_port("Kafka", None, self.ports.get("kafka"))
         ref, self.kafka_bootstrap, self.kafka_control, klog = _start_kafka(
-            self.stack_dir, port=k_p, timeout_s=self.timeout_s)
+            self.stack_dir, port=k_p, timeout_s=self.timeout_s
+        )
         self.started.append(ref)
         self.procs["kafka"] = ref
         self.ports["kafka"] = k_p
@@ -471,8 +550,10 @@ class _Launch:
             kafka_control=self.kafka_control,
             processes=self.procs,
             ports=self.ports,
-            data_dirs={"clickhouse": str(self.stack_dir / "clickhouse" / "data"),
-                       "zookeeper": str(self.stack_dir / "zookeeper" / "data")},
+            data_dirs={
+                "clickhouse": str(self.stack_dir / "clickhouse" / "data"),
+                "zookeeper": str(self.stack_dir / "zookeeper" / "data"),
+            },
             logs=self.logs,
             config_file=self.config_file,
             user=user,
@@ -481,8 +562,7 @@ class _Launch:
         )
 
 
-def stop_stack(stack_dir: Path | str, *, purge: bool = False,
-               timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> list[str]:
+def stop_stack(stack_dir: Path | str, *, purge: bool = False, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> list[str]:
     """Stop every process of the stack (SIGTERM, then SIGKILL after ``timeout_s``).
 
     Data stays unless ``purge``, which deletes the data, logs and ``stack.json``.
@@ -571,11 +651,17 @@ def start_clickhouse(stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIM
         if processes.is_alive(info.processes.get("clickhouse")):
             return info
         ref, logs, config_file, _ = _start_clickhouse(
-            stack_dir, port=info.clickhouse_port, zk=info.zookeeper, user=info.user,
-            password_env=info.password_env, max_session_timeout=info.max_session_timeout,
-            timeout_s=timeout_s)
-        info = dataclasses.replace(info, processes={**info.processes, "clickhouse": ref},
-                                   logs={**info.logs, **logs}, config_file=config_file)
+            stack_dir,
+            port=info.clickhouse_port,
+            zk=info.zookeeper,
+            user=info.user,
+            password_env=info.password_env,
+            max_session_timeout=info.max_session_timeout,
+            timeout_s=timeout_s,
+        )
+        info = dataclasses.replace(
+            info, processes={**info.processes, "clickhouse": ref}, logs={**info.logs, **logs}, config_file=config_file
+        )
         _write_stack(info)
         return info
 
@@ -604,8 +690,7 @@ def start_zookeeper(stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIME
             return info
         port = int(info.ports["zookeeper"])
         _wait_port_free(port)
-        zk = zookeeper.start_zookeeper(stack_dir / "zookeeper", host=HOST, port=port,
-                                       timeout_s=timeout_s)
+        zk = zookeeper.start_zookeeper(stack_dir / "zookeeper", host=HOST, port=port, timeout_s=timeout_s)
         info = dataclasses.replace(info, processes={**info.processes, "zookeeper": zk.process})
         _write_stack(info)
         return info

@@ -52,7 +52,9 @@ class Statement:
 
 _SHOW_CREATE_SYSTEM = re.compile(
     r"^\s*SHOW\s+CREATE\s+(?:TEMPORARY\s+)?(?:TABLE\s+)?`?system`?\s*\.\s*`?([A-Za-z0-9_]+)`?"
-    r"(?:\s+FORMAT\s+[A-Za-z][A-Za-z0-9_]*)?\s*;?\s*$", re.I)
+    r"(?:\s+FORMAT\s+[A-Za-z][A-Za-z0-9_]*)?\s*;?\s*$",
+    re.I,
+)
 #: ``SHOW CREATE TABLE system.X`` as a server answers it, built from system.columns and
 #: system.tables: chdb keeps no metadata for its system tables and refuses the statement.
 SHOW_CREATE_SYSTEM_TABLE = """
@@ -132,7 +134,7 @@ def split_insert_body(body: Iterator[bytes]) -> Statement:
         if m and (m.group(3) or len(head) > m.end(1)):
             sql = decode_text(m.group(1)[: -len(m.group(2))]).rstrip()
             sql = re.sub(r"\s*FORMAT\s*$", "", sql, flags=re.I)
-            return Statement(sql, m.group(2).decode(), _prepend(head[m.end():], body))
+            return Statement(sql, m.group(2).decode(), _prepend(head[m.end() :], body))
         if len(head) > _MAX_INSERT_HEAD:
             break
     text = decode_text(head)

@@ -23,15 +23,24 @@ JAVA_DIR = Path(os.environ.get("CLICKHOUSE_TX_JAVA_DIR", "/usr/share/java"))
 #: The jars QuorumPeerMain needs at runtime (logging goes to slf4j-nop: ZooKeeper's
 #: own log is silent; failures still reach stderr, which we keep in the log file).
 CLASSPATH_JARS: tuple[str, ...] = (
-    "zookeeper.jar", "zookeeper-jute.jar", "netty-handler.jar", "netty-common.jar",
-    "netty-buffer.jar", "netty-transport.jar", "netty-codec.jar", "netty-resolver.jar",
-    "netty-transport-native-epoll.jar", "netty-transport-native-unix-common.jar",
-    "slf4j-api.jar", "slf4j-nop.jar", "metrics-core.jar", "commons-cli.jar",
+    "zookeeper.jar",
+    "zookeeper-jute.jar",
+    "netty-handler.jar",
+    "netty-common.jar",
+    "netty-buffer.jar",
+    "netty-transport.jar",
+    "netty-codec.jar",
+    "netty-resolver.jar",
+    "netty-transport-native-epoll.jar",
+    "netty-transport-native-unix-common.jar",
+    "slf4j-api.jar",
+    "slf4j-nop.jar",
+    "metrics-core.jar",
+    "commons-cli.jar",
     "snappy-java.jar",
 )
 
-INSTALL_HINT = ("run `make test` (its bootstrap installs them) or "
-                "`apt-get install openjdk-17-jre-headless zookeeper`")
+INSTALL_HINT = "run `make test` (its bootstrap installs them) or `apt-get install openjdk-17-jre-headless zookeeper`"
 
 
 class ZooKeeperError(RuntimeError):
@@ -69,27 +78,28 @@ def classpath(java_dir: Path = JAVA_DIR) -> str:
     """The ``-cp`` value for ZooKeeper; raise naming the missing jars if any."""
     missing = [j for j in CLASSPATH_JARS if not (java_dir / j).is_file()]
     if missing:
-        raise ZooKeeperError(
-            f"ZooKeeper jars missing from {java_dir}: {', '.join(missing)}; {INSTALL_HINT}")
+        raise ZooKeeperError(f"ZooKeeper jars missing from {java_dir}: {', '.join(missing)}; {INSTALL_HINT}")
     return os.pathsep.join(str(java_dir / j) for j in CLASSPATH_JARS)
 
 
 def write_config(path: Path, data_dir: Path, host: str, port: int) -> None:
     """Write a standalone ``zoo.cfg``: one server, no admin HTTP server, ruok/stat only."""
     path.write_text(
-        "\n".join([
-            "tickTime=2000",
-            f"dataDir={data_dir}",
-            f"clientPort={port}",
-            f"clientPortAddress={host}",
-            "maxClientCnxns=0",
-            "admin.enableServer=false",
-            "4lw.commands.whitelist=ruok,stat",
-            # Old snapshots and logs would grow without bound across test runs.
-            "autopurge.snapRetainCount=3",
-            "autopurge.purgeInterval=1",
-            "",
-        ])
+        "\n".join(
+            [
+                "tickTime=2000",
+                f"dataDir={data_dir}",
+                f"clientPort={port}",
+                f"clientPortAddress={host}",
+                "maxClientCnxns=0",
+                "admin.enableServer=false",
+                "4lw.commands.whitelist=ruok,stat",
+                # Old snapshots and logs would grow without bound across test runs.
+                "autopurge.snapRetainCount=3",
+                "autopurge.purgeInterval=1",
+                "",
+            ]
+        )
     )
 
 
@@ -122,8 +132,9 @@ def is_healthy(host: str, port: int, timeout_s: float = 1.0) -> bool:
     return stat.startswith("Zookeeper version")
 
 
-def start_zookeeper(base_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-                    heap_mb: int = 256, timeout_s: float = 60.0) -> ZooKeeperProcess:
+def start_zookeeper(
+    base_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, heap_mb: int = 256, timeout_s: float = 60.0
+) -> ZooKeeperProcess:
     """Start ZooKeeper with data in ``base_dir/data`` and wait until it serves requests.
 
     Parameters
@@ -154,8 +165,14 @@ def start_zookeeper(base_dir: Path, *, host: str = "127.0.0.1", port: int | None
     write_config(cfg, data_dir, host, port)
     log_file = base_dir / "zookeeper.log"
     argv: Sequence[str] = [
-        java, f"-Xmx{heap_mb}m", "-XX:+UseSerialGC", "-Dzookeeper.admin.enableServer=false",
-        "-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
+        java,
+        f"-Xmx{heap_mb}m",
+        "-XX:+UseSerialGC",
+        "-Dzookeeper.admin.enableServer=false",
+        "-cp",
+        cp,
+        "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+        str(cfg),
     ]
     ref = processes.spawn(argv, log_file=log_file, cwd=base_dir)
     zk = ZooKeeperProcess(ref, host, port, data_dir, log_file)
@@ -164,12 +181,14 @@ def start_zookeeper(base_dir: Path, *, host: str = "127.0.0.1", port: int | None
         if not processes.is_alive(ref):
             raise ZooKeeperError(
                 f"ZooKeeper exited during start-up (port {port}); last lines of {log_file}:\n"
-                + processes.log_tail(log_file))
+                + processes.log_tail(log_file)
+            )
         if time.monotonic() >= deadline:
             processes.kill(ref)
             raise ZooKeeperError(
                 f"ZooKeeper did not answer `ruok` on {host}:{port} within {timeout_s:.0f} s; "
-                f"last lines of {log_file}:\n" + processes.log_tail(log_file))
+                f"last lines of {log_file}:\n" + processes.log_tail(log_file)
+            )
         time.sleep(0.1)
     return zk
 

@@ -46,10 +46,21 @@ _FORBIDDEN_KAFKA = {
 _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 
 _KNOWN = {
-    "bootstrap.servers", "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign",
-    "startingoffsets", "endingoffsets", "maxoffsetspertrigger", "minpartitions", "maxpartitions",
-    "failondataloss", "kafkaconsumer.polltimeoutms", "fetchoffset.numretries",
-    "fetchoffset.retryintervalms", "maxrecordsperbatch",
+    "bootstrap.servers",
+    "kafka.bootstrap.servers",
+    "subscribe",
+    "subscribepattern",
+    "assign",
+    "startingoffsets",
+    "endingoffsets",
+    "maxoffsetspertrigger",
+    "minpartitions",
+    "maxpartitions",
+    "failondataloss",
+    "kafkaconsumer.polltimeoutms",
+    "fetchoffset.numretries",
+    "fetchoffset.retryintervalms",
+    "maxrecordsperbatch",
 }
 
 
@@ -155,8 +166,7 @@ def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int, d
 def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int, default: None) -> int | None: ...
 
 
-def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int,
-                default: int | None) -> int | None:
+def _int_option(opts: Mapping[str, str], key: str, name: str, *, minimum: int, default: int | None) -> int | None:
     raw = opts.get(key)
     if raw is None or str(raw).strip() == "":
         return default
@@ -188,8 +198,9 @@ def _parse_offsets_json(name: str, raw: str) -> OffsetSpec:
     try:
         doc = json.loads(text)
     except ValueError:
-        raise _fail(name, 'expected "earliest", "latest" or JSON like '
-                          '{"topic": {"0": 23, "1": -2}}' f", got {raw!r}") from None
+        raise _fail(
+            name, f'expected "earliest", "latest" or JSON like {{"topic": {{"0": 23, "1": -2}}}}, got {raw!r}'
+        ) from None
     if not isinstance(doc, dict) or not doc:
         raise _fail(name, 'expected a non-empty JSON object {"topic": {"partition": offset}}')
     pairs: list[tuple[tuple[str, int], int]] = []
@@ -202,8 +213,9 @@ def _parse_offsets_json(name: str, raw: str) -> OffsetSpec:
             except (TypeError, ValueError):
                 raise _fail(name, f"partition {p!r} of topic {topic!r} is not an integer") from None
             if isinstance(off, bool) or not isinstance(off, int) or off < -2 or pid < 0:
-                raise _fail(name, f"offset of {topic}[{p}] must be an integer >= -2 "
-                                  f"(-2 earliest, -1 latest), got {off!r}")
+                raise _fail(
+                    name, f"offset of {topic}[{p}] must be an integer >= -2 (-2 earliest, -1 latest), got {off!r}"
+                )
             pairs.append(((topic, pid), off))
     return tuple(sorted(pairs))
 
@@ -217,10 +229,12 @@ def _parse_assign(raw: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
         raise _fail("assign", 'expected a non-empty JSON object like {"topic": [0, 1]}')
     out = []
     for topic, parts in doc.items():
-        if not isinstance(parts, list) or not parts or not all(
-                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts):
-            raise _fail("assign", f"topic {topic!r} must map to a non-empty list of "
-                                  f"partition numbers, got {parts!r}")
+        if (
+            not isinstance(parts, list)
+            or not parts
+            or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts)
+        ):
+            raise _fail("assign", f"topic {topic!r} must map to a non-empty list of partition numbers, got {parts!r}")
         out.append((topic, tuple(sorted(set(parts)))))
     return tuple(sorted(out))
 
@@ -240,8 +254,7 @@ def _coerce_kafka_value(option: str, key: str, raw: str, default: object) -> obj
         try:
             return int(text)
         except ValueError:
-            raise _fail(option, f"expected an integer, got "
-                                f"{'***' if _SECRET.search(key) else repr(raw)}") from None
+            raise _fail(option, f"expected an integer, got {'***' if _SECRET.search(key) else repr(raw)}") from None
     if isinstance(default, float):
         try:
             return float(text)
@@ -251,8 +264,9 @@ def _coerce_kafka_value(option: str, key: str, raw: str, default: object) -> obj
         raise _fail(option, f"expected one of {', '.join(_ISOLATION_LEVELS)}, got {raw!r}")
     if default is None or isinstance(default, str):
         return text
-    raise _fail(option, f"kafka-python setting {key!r} takes a "
-                        f"{type(default).__name__}, which cannot be given as an option")
+    raise _fail(
+        option, f"kafka-python setting {key!r} takes a {type(default).__name__}, which cannot be given as an option"
+    )
 
 
 def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = None) -> KafkaOptions:
@@ -273,19 +287,21 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
     kafka_params: list[tuple[str, object]] = []
     for key, raw in sorted(opts.items()):
         if key.startswith("kafka.") and key != "kafka.bootstrap.servers":
-            setting = key[len("kafka."):].replace(".", "_")
+            setting = key[len("kafka.") :].replace(".", "_")
             if setting in _FORBIDDEN_KAFKA:
                 raise _fail(key, f"cannot be set: {_FORBIDDEN_KAFKA[setting]}")
             if setting not in kafka_defaults:
                 raise _fail(key, f"kafka-python has no setting {setting!r}")
-            kafka_params.append((setting, _coerce_kafka_value(key, setting, raw,
-                                                              kafka_defaults[setting])))
+            kafka_params.append((setting, _coerce_kafka_value(key, setting, raw, kafka_defaults[setting])))
         elif key not in _KNOWN and key not in _SPARK_INJECTED:
-            raise _fail(key, "unknown option; known: bootstrap.servers, subscribe, "
-                             "subscribePattern, assign, startingOffsets, endingOffsets, "
-                             "maxOffsetsPerTrigger, minPartitions, maxPartitions, failOnDataLoss, "
-                             "kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
-                             "fetchOffset.retryIntervalMs, maxRecordsPerBatch, kafka.*")
+            raise _fail(
+                key,
+                "unknown option; known: bootstrap.servers, subscribe, "
+                "subscribePattern, assign, startingOffsets, endingOffsets, "
+                "maxOffsetsPerTrigger, minPartitions, maxPartitions, failOnDataLoss, "
+                "kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
+                "fetchOffset.retryIntervalMs, maxRecordsPerBatch, kafka.*",
+            )
 
     servers = [opts.get(k, "").strip() for k in ("bootstrap.servers", "kafka.bootstrap.servers")]
     if servers[0] and servers[1] and servers[0] != servers[1]:
@@ -300,8 +316,11 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
 
     chosen = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k, "").strip()]
     if len(chosen) != 1:
-        raise _fail("subscribe", "give exactly one of subscribe, subscribePattern, assign"
-                    + (f" (got {', '.join(chosen)})" if chosen else ""))
+        raise _fail(
+            "subscribe",
+            "give exactly one of subscribe, subscribePattern, assign"
+            + (f" (got {', '.join(chosen)})" if chosen else ""),
+        )
     subscribe = subscribe_pattern = assign = None
     if chosen[0] == "subscribe":
         subscribe = tuple(sorted({t.strip() for t in opts["subscribe"].split(",") if t.strip()}))
@@ -316,18 +335,16 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
     else:
         assign = _parse_assign(opts["assign"])
 
-    starting = _parse_offsets_json("startingOffsets", opts.get("startingoffsets") or
-                                   ("earliest" if streaming is False else "latest"))
+    starting = _parse_offsets_json(
+        "startingOffsets", opts.get("startingoffsets") or ("earliest" if streaming is False else "latest")
+    )
     ending = _parse_offsets_json("endingOffsets", opts.get("endingoffsets") or "latest")
     if streaming is True and opts.get("endingoffsets"):
-        raise _fail("endingOffsets", "applies to batch reads only (spark.read); a stream "
-                                     "reads until stopped")
+        raise _fail("endingOffsets", "applies to batch reads only (spark.read); a stream reads until stopped")
     if streaming is False:
-        if starting == "latest" or (isinstance(starting, tuple) and
-                                    any(o == LATEST for _, o in starting)):
+        if starting == "latest" or (isinstance(starting, tuple) and any(o == LATEST for _, o in starting)):
             raise _fail("startingOffsets", "latest (-1) is not allowed in a batch read")
-        if ending == "earliest" or (isinstance(ending, tuple) and
-                                    any(o == EARLIEST for _, o in ending)):
+        if ending == "earliest" or (isinstance(ending, tuple) and any(o == EARLIEST for _, o in ending)):
             raise _fail("endingOffsets", "earliest (-2) is not allowed in a batch read")
         if opts.get("maxoffsetspertrigger"):
             raise _fail("maxOffsetsPerTrigger", "applies to streaming reads only")
@@ -335,8 +352,11 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
     min_parts = _int_option(opts, "minpartitions", "minPartitions", minimum=1, default=None)
     max_parts = _int_option(opts, "maxpartitions", "maxPartitions", minimum=1, default=None)
     if min_parts and max_parts and min_parts > max_parts:
-        raise _fail("maxPartitions", f"is {max_parts}, below minPartitions={min_parts}; give "
-                                     f"one of them, or a maxPartitions at least minPartitions")
+        raise _fail(
+            "maxPartitions",
+            f"is {max_parts}, below minPartitions={min_parts}; give "
+            f"one of them, or a maxPartitions at least minPartitions",
+        )
     return KafkaOptions(
         bootstrap_servers=bootstrap,
         subscribe=subscribe,
@@ -344,21 +364,21 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         assign=assign,
         starting_offsets=starting,
         ending_offsets=ending,
-        max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger",
-                                            minimum=1, default=None),
+        max_offsets_per_trigger=_int_option(
+            opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger", minimum=1, default=None
+        ),
         min_partitions=min_parts,
         max_partitions=max_parts,
         fail_on_data_loss=_bool_option(opts, "failondataloss", "failOnDataLoss", True),
-        poll_timeout_ms=_int_option(opts, "kafkaconsumer.polltimeoutms",
-                                    "kafkaConsumer.pollTimeoutMs", minimum=1,
-                                    default=120_000),
-        fetch_offset_num_retries=_int_option(opts, "fetchoffset.numretries",
-                                             "fetchOffset.numRetries", minimum=1,
-                                             default=3),
-        fetch_offset_retry_interval_ms=_int_option(opts, "fetchoffset.retryintervalms",
-                                                   "fetchOffset.retryIntervalMs", minimum=0,
-                                                   default=1000),
-        max_records_per_batch=_int_option(opts, "maxrecordsperbatch", "maxRecordsPerBatch",
-                                          minimum=1, default=10_000),
+        poll_timeout_ms=_int_option(
+            opts, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs", minimum=1, default=120_000
+        ),
+        fetch_offset_num_retries=_int_option(
+            opts, "fetchoffset.numretries", "fetchOffset.numRetries", minimum=1, default=3
+        ),
+        fetch_offset_retry_interval_ms=_int_option(
+            opts, "fetchoffset.retryintervalms", "fetchOffset.retryIntervalMs", minimum=0, default=1000
+        ),
+        max_records_per_batch=_int_option(opts, "maxrecordsperbatch", "maxRecordsPerBatch", minimum=1, default=10_000),
         kafka_params=_KafkaParams(kafka_params),
     )

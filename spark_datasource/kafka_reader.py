@@ -35,7 +35,7 @@ import logging
 import re
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar, cast
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -77,19 +77,30 @@ T = TypeVar("T")
 
 # Kafka never leaves topic, partition, offset or timestamp empty: declaring them
 # non-nullable lets them land in non-Nullable ClickHouse columns without an override.
-SCHEMA = StructType([
-    StructField("key", BinaryType(), True),
-    StructField("value", BinaryType(), True),
-    StructField("topic", StringType(), False),
-    StructField("partition", IntegerType(), False),
-    StructField("offset", LongType(), False),
-    StructField("timestamp", TimestampType(), False),
-    StructField("timestampType", IntegerType(), False),
-    StructField("headers", ArrayType(StructType([
-        StructField("key", StringType(), True),
+SCHEMA = StructType(
+    [
+        StructField("key", BinaryType(), True),
         StructField("value", BinaryType(), True),
-    ]), True), True),
-])
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("timestamp", TimestampType(), False),
+        StructField("timestampType", IntegerType(), False),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType(
+                    [
+                        StructField("key", StringType(), True),
+                        StructField("value", BinaryType(), True),
+                    ]
+                ),
+                True,
+            ),
+            True,
+        ),
+    ]
+)
 
 
 class KafkaSourceError(ClickHouseTxError):
@@ -116,16 +127,18 @@ def arrow_schema() -> pa.Schema:
     (a test checks the two agree).
     """
     header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
-    return pa.schema([
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("partition", pa.int32(), nullable=False),
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("timestampType", pa.int32(), nullable=False),
-        pa.field("headers", pa.list_(pa.field("element", header))),
-    ])
+    return pa.schema(
+        [
+            pa.field("key", pa.binary()),
+            pa.field("value", pa.binary()),
+            pa.field("topic", pa.string(), nullable=False),
+            pa.field("partition", pa.int32(), nullable=False),
+            pa.field("offset", pa.int64(), nullable=False),
+            pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+            pa.field("timestampType", pa.int32(), nullable=False),
+            pa.field("headers", pa.list_(pa.field("element", header))),
+        ]
+    )
 
 
 # ------------------------------------------------------------------ pure planning
@@ -155,7 +168,7 @@ def to_json_offsets(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
     the dict was built.
     """
     out: dict[str, dict[str, int]] = {}
-    for (topic, part) in sorted(offsets):
+    for topic, part in sorted(offsets):
         out.setdefault(topic, {})[str(part)] = int(offsets[(topic, part)])
     return out
 
@@ -188,9 +201,13 @@ def limit_offsets(start: Mapping[TP, int], latest: Mapping[TP, int], max_rows: i
     return {tp: (start[tp] + shares[tp]) if tp in start else latest[tp] for tp in latest}
 
 
-def plan_end_offsets(start: Mapping[TP, int], latest: Mapping[TP, int],
-                     earliest: Mapping[TP, int], max_rows: int | None,
-                     fail_on_data_loss: bool) -> dict[TP, int]:
+def plan_end_offsets(
+    start: Mapping[TP, int],
+    latest: Mapping[TP, int],
+    earliest: Mapping[TP, int],
+    max_rows: int | None,
+    fail_on_data_loss: bool,
+) -> dict[TP, int]:
     """The end offsets of the next micro-batch (driver, once per trigger).
 
     - A topic-partition that is new (not in ``start``) enters at its earliest
@@ -204,7 +221,8 @@ def plan_end_offsets(start: Mapping[TP, int], latest: Mapping[TP, int],
     if gone and fail_on_data_loss:
         raise KafkaDataLossError(
             f"topic-partitions {_fmt_tps(gone)} disappeared (topic deleted?); records after "
-            f"the checkpointed offsets may be lost. Set failOnDataLoss=false to skip them.")
+            f"the checkpointed offsets may be lost. Set failOnDataLoss=false to skip them."
+        )
     late = sorted(tp for tp in latest if tp not in start and earliest[tp] != 0)
     if late:
         # As Spark: a partition that appears with records already deleted lost them.
@@ -212,7 +230,8 @@ def plan_end_offsets(start: Mapping[TP, int], latest: Mapping[TP, int],
         if fail_on_data_loss:
             raise KafkaDataLossError(
                 f"added partitions do not start at offset 0 ({lost}): their first records were "
-                f"deleted before this query saw them. Set failOnDataLoss=false to skip them.")
+                f"deleted before this query saw them. Set failOnDataLoss=false to skip them."
+            )
         log.warning("kafka_py: added partitions do not start at offset 0 (%s); reading from there", lost)
     known = {tp: latest[tp] for tp in latest if tp in start}
     end = dict(known) if max_rows is None else limit_offsets(start, known, max_rows)
@@ -222,8 +241,9 @@ def plan_end_offsets(start: Mapping[TP, int], latest: Mapping[TP, int],
     return end
 
 
-def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None,
-                fail_on_data_loss: bool) -> list[KafkaOffsetRange]:
+def plan_ranges(
+    start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None, fail_on_data_loss: bool
+) -> list[KafkaOffsetRange]:
     """Spark partitions for records ``[start, end)`` (driver; deterministic).
 
     One range per topic-partition with records, split further into near-equal
@@ -239,7 +259,8 @@ def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: 
             if fail_on_data_loss:
                 raise KafkaDataLossError(
                     f"{tp[0]}[{tp[1]}]: end offset {e} is below the checkpointed offset {s} "
-                    f"(topic re-created or truncated?). Set failOnDataLoss=false to skip.")
+                    f"(topic re-created or truncated?). Set failOnDataLoss=false to skip."
+                )
             continue
         if e > s:
             ranges.append(KafkaOffsetRange(tp[0], tp[1], s, e))
@@ -250,8 +271,7 @@ def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: 
     for r in ranges:
         pieces = max(1, min(r.size, round(r.size * min_partitions / total)))
         bounds = [r.start + r.size * i // pieces for i in range(pieces + 1)]
-        out.extend(KafkaOffsetRange(r.topic, r.partition, a, b)
-                   for a, b in zip(bounds, bounds[1:]) if b > a)
+        out.extend(KafkaOffsetRange(r.topic, r.partition, a, b) for a, b in zip(bounds, bounds[1:]) if b > a)
     return out
 
 
@@ -265,8 +285,7 @@ class KafkaRangeGroup(InputPartition):
     ranges: tuple[KafkaOffsetRange, ...]
 
 
-def group_ranges(ranges: Sequence[KafkaOffsetRange],
-                 max_partitions: int | None) -> list[InputPartition]:
+def group_ranges(ranges: Sequence[KafkaOffsetRange], max_partitions: int | None) -> list[InputPartition]:
     """Pack ``ranges`` into at most ``max_partitions`` Spark partitions (driver; pure).
 
     Largest range first into the group with the fewest records so far (ties: the lower
@@ -282,12 +301,12 @@ def group_ranges(ranges: Sequence[KafkaOffsetRange],
         i = min(range(max_partitions), key=lambda j: (loads[j], j))
         groups[i].append(r)
         loads[i] += r.size
-    return [KafkaRangeGroup(tuple(sorted(g, key=lambda r: (r.topic, r.partition, r.start))))
-            for g in groups if g]
+    return [KafkaRangeGroup(tuple(sorted(g, key=lambda r: (r.topic, r.partition, r.start)))) for g in groups if g]
 
 
-def resolve_offsets(spec: object, tps: Sequence[TP], earliest: Mapping[TP, int],
-                    latest: Mapping[TP, int], option: str) -> dict[TP, int]:
+def resolve_offsets(
+    spec: object, tps: Sequence[TP], earliest: Mapping[TP, int], latest: Mapping[TP, int], option: str
+) -> dict[TP, int]:
     """Turn ``startingOffsets``/``endingOffsets`` into offsets for ``tps`` (driver).
 
     Raises
@@ -306,13 +325,15 @@ def resolve_offsets(spec: object, tps: Sequence[TP], earliest: Mapping[TP, int],
     if unknown or missing:
         parts = []
         if unknown:
-            parts.append(f"names {_fmt_tps(unknown)} which the source does not read or which "
-                         f"do not exist")
+            parts.append(f"names {_fmt_tps(unknown)} which the source does not read or which do not exist")
         if missing:
             parts.append(f"leaves out {_fmt_tps(missing)}")
-        raise ConfigurationError(f"kafka_py option {option!r} " + " and ".join(parts)
-                                 + "; give an offset for every topic-partition read (-2 "
-                                   "earliest, -1 latest)")
+        raise ConfigurationError(
+            f"kafka_py option {option!r} "
+            + " and ".join(parts)
+            + "; give an offset for every topic-partition read (-2 "
+            "earliest, -1 latest)"
+        )
     out = {}
     for tp in tps:
         off = given[tp]
@@ -336,17 +357,21 @@ def _with_retries(opts: KafkaOptions, what: str, fn: Callable[[], T]) -> T:
     from clickhouse_tx.retry import RetryPolicy, retry_call
 
     interval_s = opts.fetch_offset_retry_interval_ms / 1000
-    policy = RetryPolicy(max_attempts=max(1, opts.fetch_offset_num_retries), max_total_s=float("inf"),
-                         base_delay_s=interval_s, max_delay_s=interval_s)
+    policy = RetryPolicy(
+        max_attempts=max(1, opts.fetch_offset_num_retries),
+        max_total_s=float("inf"),
+        base_delay_s=interval_s,
+        max_delay_s=interval_s,
+    )
     started = time.monotonic()
     try:
-        return retry_call(fn, policy, retry_on=lambda e: isinstance(e, (KafkaError, OSError)),
-                          what=f"kafka_py: {what}")
+        return retry_call(fn, policy, retry_on=lambda e: isinstance(e, (KafkaError, OSError)), what=f"kafka_py: {what}")
     except (KafkaError, OSError) as last:
         raise KafkaUnavailableError(
             f"kafka_py: {what} failed {policy.max_attempts} times over "
             f"{time.monotonic() - started:.1f}s; is the broker at "
-            f"bootstrap.servers={opts.bootstrap_servers} up? last error: {last!r}") from last
+            f"bootstrap.servers={opts.bootstrap_servers} up? last error: {last!r}"
+        ) from last
 
 
 def _new_consumer(opts: KafkaOptions, api_version: tuple[int, ...] | None = None):
@@ -568,8 +593,7 @@ class _Metadata:
 # ------------------------------------------------------------------ executor read
 
 
-def read_range(opts: KafkaOptions, rng: KafkaOffsetRange,
-               pool: ConsumerPool | None = None) -> Iterator[pa.RecordBatch]:
+def read_range(opts: KafkaOptions, rng: KafkaOffsetRange, pool: ConsumerPool | None = None) -> Iterator[pa.RecordBatch]:
     """Read records ``[rng.start, rng.end)`` as Arrow record batches (executor).
 
     Called once per range per (re)try of a task. Stops at ``rng.end`` even if the
@@ -603,12 +627,20 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange,
         raise
     pool.give_back(opts, tp, consumer)
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("kafka_py: read %s[%d] [%d, %d): %d rows, consumer %s, checkout %.1f ms, "
-                  "first records %.1f ms, arrow %.1f ms, total %.1f ms", rng.topic,
-                  rng.partition, rng.start, rng.end, clock.rows,
-                  "reused" if reused else "new", clock.ms(clock.checked_out),
-                  clock.ms(clock.first_records), clock.arrow_s * 1000,
-                  clock.ms(time.monotonic()))
+        log.debug(
+            "kafka_py: read %s[%d] [%d, %d): %d rows, consumer %s, checkout %.1f ms, "
+            "first records %.1f ms, arrow %.1f ms, total %.1f ms",
+            rng.topic,
+            rng.partition,
+            rng.start,
+            rng.end,
+            clock.rows,
+            "reused" if reused else "new",
+            clock.ms(clock.checked_out),
+            clock.ms(clock.first_records),
+            clock.arrow_s * 1000,
+            clock.ms(time.monotonic()),
+        )
 
 
 def read_partition(opts: KafkaOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -635,8 +667,9 @@ class _ReadClock:
         return (t - self.started) * 1000 if t else 0.0
 
 
-def _read_records(opts: KafkaOptions, consumer: Any, rng: KafkaOffsetRange,
-                  clock: _ReadClock, pooled: bool) -> Iterator[pa.RecordBatch]:
+def _read_records(
+    opts: KafkaOptions, consumer: Any, rng: KafkaOffsetRange, clock: _ReadClock, pooled: bool
+) -> Iterator[pa.RecordBatch]:
     """The fetch loop of :func:`read_range` on an assigned consumer (executor)."""
     from kafka import TopicPartition
     from kafka.errors import OffsetOutOfRangeError
@@ -654,8 +687,9 @@ def _read_records(opts: KafkaOptions, consumer: Any, rng: KafkaOffsetRange,
         try:
             # Never more than the range holds: records past its end stay buffered in
             # the consumer, at its position, for the next range (next micro-batch).
-            got = consumer.poll(timeout_ms=min(1000, opts.poll_timeout_ms),
-                                max_records=min(opts.max_records_per_batch, rng.end - pos))
+            got = consumer.poll(
+                timeout_ms=min(1000, opts.poll_timeout_ms), max_records=min(opts.max_records_per_batch, rng.end - pos)
+            )
         except OffsetOutOfRangeError:
             pos = _after_out_of_range(opts, consumer, tp, rng, pos)
             if pos >= rng.end:
@@ -688,7 +722,8 @@ def _read_records(opts: KafkaOptions, consumer: Any, rng: KafkaOffsetRange,
             raise KafkaUnavailableError(
                 f"kafka_py: no records from {rng.topic}[{rng.partition}] at offset {pos} "
                 f"(range ends at {rng.end}) within kafkaConsumer.pollTimeoutMs="
-                f"{opts.poll_timeout_ms}; bootstrap.servers={opts.bootstrap_servers}")
+                f"{opts.poll_timeout_ms}; bootstrap.servers={opts.bootstrap_servers}"
+            )
 
 
 def _after_out_of_range(opts: KafkaOptions, consumer, tp, rng: KafkaOffsetRange, pos: int) -> int:
@@ -700,16 +735,19 @@ def _after_out_of_range(opts: KafkaOptions, consumer, tp, rng: KafkaOffsetRange,
         if opts.fail_on_data_loss:
             raise KafkaDataLossError(
                 f"kafka_py: {lost} were deleted (retention?) before they were read. "
-                f"Set failOnDataLoss=false to skip them.")
+                f"Set failOnDataLoss=false to skip them."
+            )
         log.warning("kafka_py: skipping %s: deleted before they were read", lost)
         return begin
     # pos beyond the log end: the partition was truncated or re-created.
     if opts.fail_on_data_loss:
         raise KafkaDataLossError(
             f"kafka_py: {rng.topic}[{rng.partition}] ends at {end}, below the planned range "
-            f"[{pos}, {rng.end}) (topic re-created?). Set failOnDataLoss=false to skip.")
-    log.warning("kafka_py: skipping [%d, %d) of %s[%d]: beyond the log end %d", pos, rng.end,
-                rng.topic, rng.partition, end)
+            f"[{pos}, {rng.end}) (topic re-created?). Set failOnDataLoss=false to skip."
+        )
+    log.warning(
+        "kafka_py: skipping [%d, %d) of %s[%d]: beyond the log end %d", pos, rng.end, rng.topic, rng.partition, end
+    )
     return rng.end
 
 
@@ -732,28 +770,28 @@ def _to_batch(records: list[Any], topic: str, partition: int, schema: pa.Schema)
         flat = [kv for h in header_lists if h for kv in h]
         hkeys = pa.array([k for k, _ in flat], pa.string())
         hvalues = pa.array([v for _, v in flat], pa.binary())
-        struct = pa.StructArray.from_arrays([hkeys, hvalues],
-                                            fields=list(headers_type.value_type))
+        struct = pa.StructArray.from_arrays([hkeys, hvalues], fields=list(headers_type.value_type))
         bounds = [0] * (n + 1)
         acc = 0
         for i, ln in enumerate(lengths):
             acc += ln
             bounds[i + 1] = acc
-        headers = pa.ListArray.from_arrays(pa.array(bounds, pa.int32()), struct,
-                                           type=headers_type)
+        headers = pa.ListArray.from_arrays(pa.array(bounds, pa.int32()), struct, type=headers_type)
     else:
         headers = pa.array([[]] * n, headers_type)
-    return pa.RecordBatch.from_arrays([
-        pa.array(keys, pa.binary()),
-        pa.array(values, pa.binary()),
-        pa.array([topic] * n, pa.string()),
-        pa.array([partition] * n, pa.int32()),
-        pa.array(offsets, pa.int64()),
-        ts,
-        pa.array(stamp_types, pa.int32()),
-        headers,
-    ], schema=schema)
-
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(offsets, pa.int64()),
+            ts,
+            pa.array(stamp_types, pa.int32()),
+            headers,
+        ],
+        schema=schema,
+    )
 
 
 # ------------------------------------------------------------------ Spark classes
@@ -774,14 +812,13 @@ class KafkaBatchReader(DataSourceReader):
         try:
             tps = meta.topic_partitions()
             earliest, latest = meta.earliest(tps), meta.latest(tps)
-            start = resolve_offsets(self.opts.starting_offsets, tps, earliest, latest,
-                                    "startingOffsets")
-            end = resolve_offsets(self.opts.ending_offsets, tps, earliest, latest,
-                                  "endingOffsets")
+            start = resolve_offsets(self.opts.starting_offsets, tps, earliest, latest, "startingOffsets")
+            end = resolve_offsets(self.opts.ending_offsets, tps, earliest, latest, "endingOffsets")
         finally:
             meta.close()
-        return group_ranges(plan_ranges(start, end, self.opts.min_partitions,
-                                        self.opts.fail_on_data_loss), self.opts.max_partitions)
+        return group_ranges(
+            plan_ranges(start, end, self.opts.min_partitions, self.opts.fail_on_data_loss), self.opts.max_partitions
+        )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, partition)
@@ -813,8 +850,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Offsets a new query starts from (driver, once per new checkpoint)."""
         m = self._m()
         tps = m.topic_partitions()
-        start = resolve_offsets(self.opts.starting_offsets, tps, m.earliest(tps), m.latest(tps),
-                                "startingOffsets")
+        start = resolve_offsets(self.opts.starting_offsets, tps, m.earliest(tps), m.latest(tps), "startingOffsets")
         return to_json_offsets(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -850,9 +886,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Offset ranges of one micro-batch (driver; pure, so a replay plans the same)."""
-        return group_ranges(plan_ranges(from_json_offsets(start), from_json_offsets(end),
-                                        self.opts.min_partitions, self.opts.fail_on_data_loss),
-                            self.opts.max_partitions)
+        return group_ranges(
+            plan_ranges(
+                from_json_offsets(start), from_json_offsets(end), self.opts.min_partitions, self.opts.fail_on_data_loss
+            ),
+            self.opts.max_partitions,
+        )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, partition)

@@ -43,10 +43,21 @@ log = logging.getLogger("clickhouse_tx.spark")
 __all__ = ["METRICS_FILE", "append_metrics", "batch_metrics", "metrics_path", "read_metrics"]
 
 
-def batch_metrics(*, txn_id: str, batch: int, status: str, mode: str, table: str,
-                  messages: Sequence[Mapping[str, Any]], committed_partitions: int,
-                  rows: int, commit_seconds: float, rolled_back: int, replay: bool = False,
-                  durations: Mapping[str, float] | None = None) -> dict[str, Any]:
+def batch_metrics(
+    *,
+    txn_id: str,
+    batch: int,
+    status: str,
+    mode: str,
+    table: str,
+    messages: Sequence[Mapping[str, Any]],
+    committed_partitions: int,
+    rows: int,
+    commit_seconds: float,
+    rolled_back: int,
+    replay: bool = False,
+    durations: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
     """One batch's metrics as a JSON-ready dict (pure; driver).
 
     Parameters
@@ -147,8 +158,7 @@ def read_metrics(checkpoint_location_or_log_uri: str, *, txn_id: str | None = No
     for cand in _candidates(checkpoint_location_or_log_uri):
         fs, root = layout.open_location(cand)
         infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-        names = sorted(i.path for i in infos if i.type == pafs.FileType.File
-                       and i.base_name.startswith(METRICS_FILE))
+        names = sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.startswith(METRICS_FILE))
         for name in names:
             with fs.open_input_stream(name) as f:
                 for raw in f.read().decode().splitlines():

@@ -49,8 +49,15 @@ log = logging.getLogger("clickhouse_tx.spark")
 #: Database engines where ``EXCHANGE TABLES`` is one atomic rename (renameat2).
 EXCHANGE_ENGINES = frozenset({"Atomic", "Replicated"})
 
-__all__ = ["OverwriteStage", "OVERWRITE_STAGE_PREFIX", "NOT_ATOMIC_WARNING", "create_stage", "drop_stage",
-           "swap_in", "swap_method"]
+__all__ = [
+    "OverwriteStage",
+    "OVERWRITE_STAGE_PREFIX",
+    "NOT_ATOMIC_WARNING",
+    "create_stage",
+    "drop_stage",
+    "swap_in",
+    "swap_method",
+]
 
 
 def _client(target: Target):
@@ -65,7 +72,8 @@ NOT_ATOMIC_WARNING = (
     "refuses a transaction around REPLACE PARTITION (%s). Partitions are replaced one by one: "
     "a concurrent reader can see some partitions new and others old, and a driver that dies "
     "mid-swap leaves the table mixed (run the overwrite again). For an atomic overwrite use an "
-    "Atomic database, or a server with allow_experimental_transactions.")
+    "Atomic database, or a server with allow_experimental_transactions."
+)
 
 
 def swap_method(target: Target) -> str:
@@ -87,8 +95,9 @@ def swap_method(target: Target) -> str:
 
 def _database_engine(target: Target) -> str:
     with _client(target) as c:
-        rows = c.query_json("SELECT engine FROM system.databases WHERE name = {d:String}",
-                            params={"d": target.database})
+        rows = c.query_json(
+            "SELECT engine FROM system.databases WHERE name = {d:String}", params={"d": target.database}
+        )
     return str(rows[0]["engine"]) if rows else ""
 
 
@@ -115,7 +124,8 @@ def _partition_ids(c, database: str, table: str) -> list[str]:
     rows = c.query_json(
         "SELECT DISTINCT partition_id FROM system.parts WHERE database = {d:String} "
         "AND table = {t:String} AND active AND rows > 0 ORDER BY partition_id",
-        params={"d": database, "t": table})
+        params={"d": database, "t": table},
+    )
     return [str(r["partition_id"]) for r in rows]
 
 
@@ -124,10 +134,10 @@ def _replace_statements(c, target: Target, stage: str) -> list[str]:
     fq_target = q.qualified(target.database, target.table)
     new = _partition_ids(c, target.database, stage)
     old = _partition_ids(c, target.database, target.table)
-    return ([f"ALTER TABLE {fq_target} REPLACE PARTITION ID {q.quote_string(pid)} FROM "
-             f"{q.qualified(target.database, stage)}" for pid in new]
-            + [f"ALTER TABLE {fq_target} DROP PARTITION ID {q.quote_string(pid)}"
-               for pid in sorted(set(old) - set(new))])
+    return [
+        f"ALTER TABLE {fq_target} REPLACE PARTITION ID {q.quote_string(pid)} FROM {q.qualified(target.database, stage)}"
+        for pid in new
+    ] + [f"ALTER TABLE {fq_target} DROP PARTITION ID {q.quote_string(pid)}" for pid in sorted(set(old) - set(new))]
 
 
 def _replace_in_transaction(target: Target, statements: list[str]) -> str | None:
@@ -180,8 +190,10 @@ def swap_in(target: Target, stage: str, method: str | None = None) -> str:
     method = method or swap_method(target)
     if method == "exchange":
         with _client(target) as c:
-            c.command(f"EXCHANGE TABLES {q.qualified(target.database, target.table)} AND "
-                      f"{q.qualified(target.database, stage)}")
+            c.command(
+                f"EXCHANGE TABLES {q.qualified(target.database, target.table)} AND "
+                f"{q.qualified(target.database, stage)}"
+            )
         return method
     if method not in ("replace_partition", "replace_partition_each"):
         raise ValueError(f"unknown swap method {method!r}")
@@ -191,8 +203,7 @@ def swap_in(target: Target, stage: str, method: str | None = None) -> str:
             refused = _replace_in_transaction(target, statements)
             if refused is None:
                 return method
-            log.warning(NOT_ATOMIC_WARNING, f"{target.database}.{target.table}",
-                        _database_engine(target), refused)
+            log.warning(NOT_ATOMIC_WARNING, f"{target.database}.{target.table}", _database_engine(target), refused)
         for sql in statements:
             c.command(sql)
     return "replace_partition_each"
@@ -254,8 +265,7 @@ def create_stage(opts: WriterOptions, schema: StructType) -> OverwriteStage:
     stage = overwrite_stage_name(txn_id)  # names the job: gc can tell whose a leftover is
     target = opts.target()
     with _client(target) as c:
-        c.command(f"CREATE TABLE {q.qualified(opts.database, stage)} AS "
-                  f"{q.qualified(opts.database, opts.table)}")
+        c.command(f"CREATE TABLE {q.qualified(opts.database, stage)} AS {q.qualified(opts.database, opts.table)}")
     stage_opts = dataclasses.replace(opts, table=stage, create_table=False)
     try:
         build_mode_io(opts.mode).validate(stage_opts.target(), spark_schema_to_arrow(schema))
@@ -263,6 +273,5 @@ def create_stage(opts: WriterOptions, schema: StructType) -> OverwriteStage:
     except BaseException:
         drop_stage(target, stage)
         raise
-    log.info("clickhouse_tx overwrite of %s: job %s writes into stage %s",
-             opts.qualified_table, txn_id, stage)
+    log.info("clickhouse_tx overwrite of %s: job %s writes into stage %s", opts.qualified_table, txn_id, stage)
     return OverwriteStage(stage_opts, txn_id, stage, swap, plan)

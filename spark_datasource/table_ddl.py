@@ -51,11 +51,9 @@ def create_table_sql(
         ClickHouse equivalent (naming the column).
     """
     if isinstance(spark_schema, T.StructType):
-        cols = [(f.name, spark_to_clickhouse(f.dataType, f.nullable, column=f.name))
-                for f in spark_schema.fields]
+        cols = [(f.name, spark_to_clickhouse(f.dataType, f.nullable, column=f.name)) for f in spark_schema.fields]
     else:
-        cols = [(f.name, arrow_to_clickhouse(f.type, f.nullable, column=f.name))
-                for f in spark_schema]
+        cols = [(f.name, arrow_to_clickhouse(f.type, f.nullable, column=f.name)) for f in spark_schema]
     if not cols:
         raise ConfigurationError(f"cannot create {database}.{table}: the schema has no columns")
     names = [n for n, _ in cols]

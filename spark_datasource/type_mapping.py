@@ -61,14 +61,23 @@ def spark_to_clickhouse(dt: T.DataType, nullable: bool = False, *, column: str =
     if isinstance(dt, T.UserDefinedType):
         return spark_to_clickhouse(dt.sqlType(), nullable, column=column)
     simple: list[tuple[type, str]] = [
-        (T.BooleanType, "Bool"), (T.ByteType, "Int8"), (T.ShortType, "Int16"),
-        (T.IntegerType, "Int32"), (T.LongType, "Int64"), (T.FloatType, "Float32"),
-        (T.DoubleType, "Float64"), (T.StringType, "String"), (T.CharType, "String"),
-        (T.VarcharType, "String"), (T.BinaryType, "String"), (T.DateType, "Date32"),
+        (T.BooleanType, "Bool"),
+        (T.ByteType, "Int8"),
+        (T.ShortType, "Int16"),
+        (T.IntegerType, "Int32"),
+        (T.LongType, "Int64"),
+        (T.FloatType, "Float32"),
+        (T.DoubleType, "Float64"),
+        (T.StringType, "String"),
+        (T.CharType, "String"),
+        (T.VarcharType, "String"),
+        (T.BinaryType, "String"),
+        (T.DateType, "Date32"),
         # Both timestamp kinds go to a UTC column: Spark ships them as epoch micros,
         # and a column without a zone is displayed in the *server's* zone, which
         # would shift a TimestampNTZ wall-clock value on any non-UTC server.
-        (T.TimestampType, "DateTime64(6, 'UTC')"), (T.TimestampNTZType, "DateTime64(6, 'UTC')"),
+        (T.TimestampType, "DateTime64(6, 'UTC')"),
+        (T.TimestampNTZType, "DateTime64(6, 'UTC')"),
         # Spark ships DayTimeInterval as Arrow duration[us]: stored as Int64 microseconds.
         (T.DayTimeIntervalType, "Int64"),
     ]
@@ -204,9 +213,9 @@ def _char_as_string(dt: T.DataType) -> T.DataType:
     if isinstance(dt, T.ArrayType):
         return T.ArrayType(_char_as_string(dt.elementType), dt.containsNull)
     if isinstance(dt, T.MapType):
-        return T.MapType(_char_as_string(dt.keyType), _char_as_string(dt.valueType),
-                         dt.valueContainsNull)
+        return T.MapType(_char_as_string(dt.keyType), _char_as_string(dt.valueType), dt.valueContainsNull)
     if isinstance(dt, T.StructType):
-        return T.StructType([T.StructField(f.name, _char_as_string(f.dataType), f.nullable,
-                                           f.metadata) for f in dt.fields])
+        return T.StructType(
+            [T.StructField(f.name, _char_as_string(f.dataType), f.nullable, f.metadata) for f in dt.fields]
+        )
     return dt

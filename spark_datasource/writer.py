@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -54,10 +54,13 @@ class ClickHouseTxCommitMessage(WriterCommitMessage):
 
     def metrics(self) -> dict[str, Any]:
         """What :mod:`spark_datasource.metrics` needs of this message (plain data)."""
-        return {"rows": int(self.prepared.get("rows", 0)), "bytes": self.bytes,
-                "prepare_seconds": self.prepare_seconds,
-                "attempt": int(self.prepared.get("attempt", 0)),
-                "dead_letters": int((self.prepared.get("details") or {}).get("dead_letters", 0))}
+        return {
+            "rows": int(self.prepared.get("rows", 0)),
+            "bytes": self.bytes,
+            "prepare_seconds": self.prepare_seconds,
+            "attempt": int(self.prepared.get("attempt", 0)),
+            "dead_letters": int((self.prepared.get("details") or {}).get("dead_letters", 0)),
+        }
 
     def to_prepared(self) -> Prepared:
         return Prepared.from_json(self.prepared)
@@ -88,12 +91,18 @@ class _ByteCounter:
         return b
 
 
-def _coordinator(opts: WriterOptions, txn_id: str, conversion: "ConversionPlan | None" = None):
+def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPlan | None" = None):
     """A fresh coordinator (driver or executor); with ``fault.*`` options, a faulty one."""
     from clickhouse_tx.factory import build_coordinator
 
-    coordinator = build_coordinator(opts.target(), opts.mode, txn_id, opts.decision_log_uri(txn_id),
-                                    retry=opts.retry_policy(), conversion=conversion)
+    coordinator = build_coordinator(
+        opts.target(),
+        opts.mode,
+        txn_id,
+        opts.decision_log_uri(txn_id),
+        retry=opts.retry_policy(),
+        conversion=conversion,
+    )
     plan = FaultPlan.parse(opts.faults) if opts.faults else None
     return with_faults(coordinator, plan) if plan else coordinator
 
@@ -117,8 +126,9 @@ def _task_context(streaming: bool) -> tuple[int, int, int]:
 class _WriterBase:
     streaming = False
 
-    def __init__(self, opts: WriterOptions, schema: StructType, txn_id: str,
-                 conversion: "ConversionPlan | None" = None) -> None:
+    def __init__(
+        self, opts: WriterOptions, schema: StructType, txn_id: str, conversion: "ConversionPlan | None" = None
+    ) -> None:
         self.opts = opts
         self.schema = schema
         self.txn_id = txn_id
@@ -138,28 +148,39 @@ class _WriterBase:
         """Executor, once per partition attempt: prepare one transaction, do not commit."""
         started = time.monotonic()
         batch, partition, attempt = _task_context(self.streaming)
-        ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt,
-                           run=self.run)
+        ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt, run=self.run)
         counted = _ByteCounter(iterator)
-        prepared = _coordinator(self.opts, self.txn_id, self.conversion).prepare(ctx, counted)
+        prepared = coordinator_for(self.opts, self.txn_id, self.conversion).prepare(ctx, counted)
         return ClickHouseTxCommitMessage(prepared.to_json(), time.monotonic() - started, counted.bytes)
 
-    def _metrics(self, batch: int, status: str, messages: Sequence[WriterCommitMessage | None],
-                 **kwargs: Any) -> None:
-        record = batch_metrics(txn_id=self.txn_id, batch=batch, status=status,
-                               mode=self.opts.mode.value, table=self.display_table,
-                               messages=[m.metrics() for m in _ours(messages)], **kwargs)
+    def _metrics(self, batch: int, status: str, messages: Sequence[WriterCommitMessage | None], **kwargs: Any) -> None:
+        record = batch_metrics(
+            txn_id=self.txn_id,
+            batch=batch,
+            status=status,
+            mode=self.opts.mode.value,
+            table=self.display_table,
+            messages=[m.metrics() for m in _ours(messages)],
+            **kwargs,
+        )
         append_metrics(self.opts.decision_log_uri(self.txn_id), record)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:
         started = time.monotonic()
-        report = _coordinator(self.opts, self.txn_id).commit_batch(batch, _prepared(messages))
+        report = coordinator_for(self.opts, self.txn_id).commit_batch(batch, _prepared(messages))
         published = self._after_commit(report)
         log.info("clickhouse_tx %s batch %d committed: %s", self.txn_id, batch, report)
-        self._metrics(batch, "committed", messages, committed_partitions=len(report.committed),
-                      rows=report.rows, commit_seconds=time.monotonic() - started,
-                      rolled_back=len(report.rolled_back), replay=report.replay,
-                      durations={**report.durations, **published})
+        self._metrics(
+            batch,
+            "committed",
+            messages,
+            committed_partitions=len(report.committed),
+            rows=report.rows,
+            commit_seconds=time.monotonic() - started,
+            rolled_back=len(report.rolled_back),
+            replay=report.replay,
+            durations={**report.durations, **published},
+        )
 
     def _after_commit(self, report: CommitReport) -> dict[str, float]:
         """Driver, after the batch committed: a subclass's last step; its durations (s)."""
@@ -168,12 +189,26 @@ class _WriterBase:
     def _abort(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:
         started = time.monotonic()
         prepared = _prepared(messages)
-        report = _coordinator(self.opts, self.txn_id).abort_batch(batch, prepared)
-        log.warning("clickhouse_tx %s batch %d aborted (%d prepared partitions, %d xids rolled back, "
-                    "%d fenced and left to GC: %s)", self.txn_id, batch, len(prepared),
-                    len(report.rolled_back), len(report.left), ", ".join(report.left) or "none")
-        self._metrics(batch, "aborted", messages, committed_partitions=0, rows=0,
-                      commit_seconds=time.monotonic() - started, rolled_back=len(report.rolled_back))
+        report = coordinator_for(self.opts, self.txn_id).abort_batch(batch, prepared)
+        log.warning(
+            "clickhouse_tx %s batch %d aborted (%d prepared partitions, %d xids rolled back, "
+            "%d fenced and left to GC: %s)",
+            self.txn_id,
+            batch,
+            len(prepared),
+            len(report.rolled_back),
+            len(report.left),
+            ", ".join(report.left) or "none",
+        )
+        self._metrics(
+            batch,
+            "aborted",
+            messages,
+            committed_partitions=0,
+            rows=0,
+            commit_seconds=time.monotonic() - started,
+            rolled_back=len(report.rolled_back),
+        )
 
 
 class ClickHouseTxBatchWriter(_WriterBase, DataSourceArrowWriter):
@@ -236,11 +271,10 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
         target = self.final_opts.target()
         method = swap_in(target, self.stage, self.swap)
         drop_stage(target, self.stage)
-        log.info("clickhouse_tx overwrite of %s swapped in (%s, %d rows)", self.display_table, method,
-                 report.rows)
+        log.info("clickhouse_tx overwrite of %s swapped in (%s, %d rows)", self.display_table, method, report.rows)
         return {"swap_and_drop": time.monotonic() - started}
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per failed job: roll back, drop the stage; the target is untouched."""
         try:
             self._abort(messages, 0)
@@ -262,7 +296,8 @@ def reject_unsupported(opts: WriterOptions, overwrite: bool = False) -> None:
     if opts.table_column and overwrite:
         raise ConfigurationError(
             f"option table_column={opts.table_column!r} with .mode('overwrite'): multi-table "
-            "routing is append-only; overwrite each table with its own DataFrame instead")
+            "routing is append-only; overwrite each table with its own DataFrame instead"
+        )
 
 
 # Streaming targets checked by this process: key -> (monotonic time, conversion plan).
@@ -310,8 +345,12 @@ class ClickHouseTxDataSource(DataSource):
             reject_unsupported(opts, overwrite=True)
             return OverwriteWriter(opts, schema, create_stage(opts, schema))
         opts, txn_id, plan = self._validated(schema, streaming=False)
-        log.info("clickhouse_tx batch job into %s: transactional_id %r (%s)", opts.qualified_table, txn_id,
-                 "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job")
+        log.info(
+            "clickhouse_tx batch job into %s: transactional_id %r (%s)",
+            opts.qualified_table,
+            txn_id,
+            "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job",
+        )
         return ClickHouseTxBatchWriter(opts, schema, txn_id, plan)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:

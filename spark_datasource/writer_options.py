@@ -31,7 +31,7 @@ import os
 import re
 import tempfile
 import uuid
-from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from clickhouse_tx.errors import ConfigurationError
@@ -49,11 +49,34 @@ __all__ = ["WriterOptions", "KNOWN_OPTIONS"]
 
 # Lower-case, as Spark delivers them. Prefixed families are listed with a trailing '.'.
 KNOWN_OPTIONS = (
-    "url", "user", "password", "database", "table", "path", "mode", "transactional_id",
-    "checkpointlocation", "queryname", "decision_log", "batch_size", "batch_bytes",
-    "connect_timeout", "request_timeout", "session_timeout", "create_table", "order_by",
-    "partition_by", "engine", "table_column", "tables", "allow_nullable_into_non_nullable",
-    "retry.attempts", "retry.max_seconds", "strict_precision", "bad_rows", "dead_letter_table",
+    "url",
+    "user",
+    "password",
+    "database",
+    "table",
+    "path",
+    "mode",
+    "transactional_id",
+    "checkpointlocation",
+    "queryname",
+    "decision_log",
+    "batch_size",
+    "batch_bytes",
+    "connect_timeout",
+    "request_timeout",
+    "session_timeout",
+    "create_table",
+    "order_by",
+    "partition_by",
+    "engine",
+    "table_column",
+    "tables",
+    "allow_nullable_into_non_nullable",
+    "retry.attempts",
+    "retry.max_seconds",
+    "strict_precision",
+    "bad_rows",
+    "dead_letter_table",
 )
 _PREFIXES = ("setting.", "fault.")
 
@@ -107,8 +130,7 @@ def _url(value: str) -> str:
     if parts.username is not None or parts.password is not None:
         # The URL would carry the password into every repr and log line.
         raise ConfigurationError(
-            f"option url={_redact_url(v)!r}: do not put credentials in the url; "
-            f"use the user and password options"
+            f"option url={_redact_url(v)!r}: do not put credentials in the url; use the user and password options"
         )
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise _bad("url", _redact_url(v), "http(s)://host[:port]")
@@ -157,8 +179,7 @@ def _route_tables(raw: str | None, database: str) -> tuple[tuple[str, str], ...]
     for item in raw.split(","):
         name = item.strip()
         if not name:
-            raise _bad("tables", raw, "a comma-separated list of db.table or table names "
-                       "(no empty entries)")
+            raise _bad("tables", raw, "a comma-separated list of db.table or table names (no empty entries)")
         db, t = _table_name("tables", raw, name, database, f"db.table or table names ({name!r} is neither)")
         if (db, t) not in out:
             out.append((db, t))
@@ -176,14 +197,17 @@ def _dead_letter_table(opts: Mapping[str, str], database: str, mode: Mode) -> tu
             raise ConfigurationError(f"option dead_letter_table={raw!r} needs bad_rows=dead_letter")
         return None
     if not raw:
-        raise ConfigurationError("option bad_rows=dead_letter needs the option dead_letter_table "
-                                 "(table or database.table; created when missing)")
+        raise ConfigurationError(
+            "option bad_rows=dead_letter needs the option dead_letter_table "
+            "(table or database.table; created when missing)"
+        )
     if mode not in (Mode.TRANSACTION, Mode.DEDUP, Mode.STAGING):
         raise ConfigurationError(
             f"option bad_rows=dead_letter with mode={mode.value!r}: dead letters are written "
             "exactly once in modes 'transaction' (in the partition's transaction), 'dedup' "
             "(with the partition's deduplication token) and 'staging' (in a stage moved with "
-            "the partition's) only")
+            "the partition's) only"
+        )
     if opts.get("table_column", "").strip():
         raise ConfigurationError("option bad_rows=dead_letter cannot be combined with table_column")
     return _table_name("dead_letter_table", raw, raw, database, "table or database.table")
@@ -293,8 +317,10 @@ class WriterOptions:
             A streaming id not yet read from the checkpoint (:meth:`with_query_identity`).
         """
         if not self.transactional_id:
-            raise RuntimeError("the streaming transactional_id is read from the checkpoint: "
-                               "call WriterOptions.with_query_identity() first")
+            raise RuntimeError(
+                "the streaming transactional_id is read from the checkpoint: "
+                "call WriterOptions.with_query_identity() first"
+            )
         return self.transactional_id
 
     def with_query_identity(self) -> "WriterOptions":
@@ -320,8 +346,11 @@ class WriterOptions:
 
         txn = resolve_stream_txn_id(
             checkpoint=canonical_location(self.checkpoint_location, os.getcwd()),
-            raw_checkpoint=self.checkpoint_location, query_name=self.query_name,
-            explicit=self.transactional_id or None, decision_root=self.decision_log)
+            raw_checkpoint=self.checkpoint_location,
+            query_name=self.query_name,
+            explicit=self.transactional_id or None,
+            decision_root=self.decision_log,
+        )
         return dataclasses.replace(self, transactional_id=txn)
 
     def check_batch_job_not_done(self) -> None:
@@ -346,7 +375,8 @@ class WriterOptions:
                 f"the batch job with transactional_id {self.transactional_id!r} and decision_log "
                 f"{self.decision_log!r} has already committed ({len(decision.chosen)} partitions); "
                 "it would write nothing. Give a new transactional_id, or leave out decision_log "
-                "(each job then gets a fresh id)")
+                "(each job then gets a fresh id)"
+            )
 
     def decision_log_uri(self, txn_id: str | None = None) -> str:
         """Where the decision log lives.
@@ -367,11 +397,17 @@ class WriterOptions:
     def target(self) -> Target:
         """The :class:`clickhouse_tx.interfaces.Target` these options describe."""
         return Target(
-            url=self.url, database=self.database, table=self.table, user=self.user,
-            password=self.password, settings=dict(self.settings),
-            connect_timeout_s=self.connect_timeout_s, request_timeout_s=self.request_timeout_s,
+            url=self.url,
+            database=self.database,
+            table=self.table,
+            user=self.user,
+            password=self.password,
+            settings=dict(self.settings),
+            connect_timeout_s=self.connect_timeout_s,
+            request_timeout_s=self.request_timeout_s,
             session_timeout_s=self.session_timeout_s,
-            route_column=self.table_column, route_tables=self.tables,
+            route_column=self.table_column,
+            route_tables=self.tables,
         )
 
     def check_routing(self) -> None:
@@ -390,25 +426,29 @@ class WriterOptions:
             if self.tables:
                 raise ConfigurationError(
                     "option tables is only used with option table_column (the column naming "
-                    "each row's table); give both, or neither")
+                    "each row's table); give both, or neither"
+                )
             return
         if not self.tables:
             raise ConfigurationError(
                 f"option table_column={self.table_column!r} needs the option tables: the "
                 "comma-separated list of tables rows may be routed to (db.table or table), "
-                "all checked on the driver before any task writes")
+                "all checked on the driver before any task writes"
+            )
         if self.mode is not Mode.TRANSACTION:
             raise ConfigurationError(
                 f"option table_column={self.table_column!r} with mode={self.mode.value!r}: "
                 "multi-table routing is supported in mode 'transaction' only (one transaction "
                 "spans every table of a partition); use mode transaction, or write one "
-                "DataFrame per table (filter on the column)")
+                "DataFrame per table (filter on the column)"
+            )
 
     def route_targets(self) -> list[Target]:
         """One plain (non-routing) :class:`Target` per table of the ``tables`` option."""
         base = self.target()
-        return [dataclasses.replace(base, database=db, table=t, route_column=None, route_tables=())
-                for db, t in self.tables]
+        return [
+            dataclasses.replace(base, database=db, table=t, route_column=None, route_tables=()) for db, t in self.tables
+        ]
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> "WriterOptions":
@@ -440,10 +480,18 @@ class WriterOptions:
         if "table_column" in opts and table_column is None:
             raise _bad("table_column", opts["table_column"], "a column name")
         return cls(
-            url=url, table=table, database=database,
-            user=opts.get("user", "default") or "default", password=opts.get("password", ""),
-            mode=mode, streaming=streaming, **identity, settings=settings, faults=faults,
-            table_column=table_column, tables=_route_tables(opts.get("tables"), database),
+            url=url,
+            table=table,
+            database=database,
+            user=opts.get("user", "default") or "default",
+            password=opts.get("password", ""),
+            mode=mode,
+            streaming=streaming,
+            **identity,
+            settings=settings,
+            faults=faults,
+            table_column=table_column,
+            tables=_route_tables(opts.get("tables"), database),
             dead_letter_table=_dead_letter_table(opts, database, mode),
             **_scalar_values(opts),  # type: ignore[arg-type]
         )
@@ -487,8 +535,7 @@ def _target_table(opts: Mapping[str, str]) -> tuple[str, str]:
     if not table_raw and path:
         table_raw = path  # df.write.format("clickhouse_tx").save("db.events")
     elif table_raw and path and path != table_raw:
-        raise ConfigurationError(
-            f"option table={table_raw!r} and save(path={path!r}) disagree; give one")
+        raise ConfigurationError(f"option table={table_raw!r} and save(path={path!r}) disagree; give one")
     if not table_raw:
         raise ConfigurationError("option table is required (table or database.table)")
     if "database" not in opts:
@@ -515,7 +562,7 @@ def _mode(opts: Mapping[str, str]) -> Mode:
         raise _bad("mode", mode_raw, "one of " + ", ".join(m.value for m in Mode)) from None
 
 
-def _identity(opts: Mapping[str, str], streaming: bool) -> dict[str, object]:
+def _identity(opts: Mapping[str, str], streaming: bool) -> dict[str, Any]:
     """``transactional_id``, ``decision_log`` and what they derive from, as fields.
 
     A streaming id stays empty until :meth:`WriterOptions.with_query_identity` reads
@@ -529,7 +576,8 @@ def _identity(opts: Mapping[str, str], streaming: bool) -> dict[str, object]:
         raise ConfigurationError(
             "a streaming write needs .option('checkpointLocation', ...) on the writer "
             "(a checkpoint set through spark.sql.streaming.checkpointLocation is not "
-            "passed to data sources), or explicit transactional_id and decision_log")
+            "passed to data sources), or explicit transactional_id and decision_log"
+        )
     resumable = not streaming and txn is not None and "decision_log" in opts
     if streaming:
         txn = txn or ""  # checked against the stored one by with_query_identity()
@@ -537,9 +585,13 @@ def _identity(opts: Mapping[str, str], streaming: bool) -> dict[str, object]:
         txn = _batch_job_id(txn)
     # A resumable batch job replays an unfinished decision when run again
     # (check_batch_job_not_done refuses a finished one on the driver).
-    return {"transactional_id": txn, "checkpoint_location": chk, "query_name": qname,
-            "decision_log": _decision_log(opts, streaming, chk, txn),  # type: ignore[arg-type]
-            "resumable_batch_job": resumable}
+    return {
+        "transactional_id": txn,
+        "checkpoint_location": chk,
+        "query_name": qname,
+        "decision_log": _decision_log(opts, streaming, chk, txn),  # type: ignore[arg-type]
+        "resumable_batch_job": resumable,
+    }
 
 
 def _decision_log(opts: Mapping[str, str], streaming: bool, chk: str | None, txn: str) -> str:
@@ -561,10 +613,9 @@ def _prefixed(opts: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     faults: dict[str, str] = {}
     for k, v in opts.items():
         if k.startswith("setting."):
-            name = k[len("setting."):]
+            name = k[len("setting.") :]
             if not _SETTING.match(name):
-                raise ConfigurationError(
-                    f"option {k}: {name!r} is not a ClickHouse setting name")
+                raise ConfigurationError(f"option {k}: {name!r} is not a ClickHouse setting name")
             settings[name] = v
         elif k.startswith("fault."):
             faults[k] = v
@@ -574,5 +625,4 @@ def _prefixed(opts: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
 
 def _scalar_values(opts: Mapping[str, str]) -> dict[str, object]:
     """The :data:`_SCALAR_OPTIONS` given, parsed, by field; absent ones keep the field default."""
-    return {field: parser(name, opts[name])
-            for name, (field, parser) in _SCALAR_OPTIONS.items() if name in opts}
+    return {field: parser(name, opts[name]) for name, (field, parser) in _SCALAR_OPTIONS.items() if name in opts}

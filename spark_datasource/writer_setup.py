@@ -49,10 +49,12 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
         client.command("SELECT 1")
     except ServerError as exc:
         if exc.name in _AUTH_ERRORS:
-            raise ConfigurationError(f"authentication failed for {where}: check the user and password options",
-                                     code=exc.code, name=exc.name) from None
-        raise ConfigurationError(f"{where} refused a trivial query: {exc.message}", code=exc.code,
-                                 name=exc.name) from None
+            raise ConfigurationError(
+                f"authentication failed for {where}: check the user and password options", code=exc.code, name=exc.name
+            ) from None
+        raise ConfigurationError(
+            f"{where} refused a trivial query: {exc.message}", code=exc.code, name=exc.name
+        ) from None
     except ClickHouseTxError as exc:
         raise ConfigurationError(f"cannot reach {where} (option url): {exc.message}") from None
 
@@ -62,35 +64,39 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
         if opts.table_column not in schema.fieldNames():
             raise ConfigurationError(
                 f"option table_column={opts.table_column!r}: the data has no such column "
-                f"(columns: {', '.join(schema.fieldNames())})")
+                f"(columns: {', '.join(schema.fieldNames())})"
+            )
         routing_type = schema[opts.table_column].dataType.simpleString()
         if routing_type != "string":
             raise ConfigurationError(
                 f"option table_column={opts.table_column!r}: the column must be a string "
-                f"(db.table or table), not {routing_type}")
+                f"(db.table or table), not {routing_type}"
+            )
         plans = [_check_table(client, opts, r, schema) for r in opts.route_targets()]
         return _one_plan(opts, plans)
     return _check_table(client, opts, target, schema)
 
 
-def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
-                 schema: StructType) -> ConversionPlan:
+def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target, schema: StructType) -> ConversionPlan:
     """One table: exists (or is created), can take ``schema`` minus the routing column."""
     from clickhouse_tx.factory import build_mode_io
 
     data = _without(schema, opts.table_column)
     arrow = spark_schema_to_arrow(data)
     info = _describe_or_create(client, opts, target, data)
-    check_schema(info, arrow, source_types={f.name: f"Spark type {f.dataType.simpleString()}"
-                                            for f in data.fields})
+    check_schema(info, arrow, source_types={f.name: f"Spark type {f.dataType.simpleString()}" for f in data.fields})
     build_mode_io(opts.mode).validate(target, arrow)
     if opts.dead_letter_table:
         _prepare_dead_letter_table(client, opts.mode, *opts.dead_letter_table)
-    return ConversionPlan(info.display, conversion_columns(info, arrow),
-                          allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
-                          strict_precision=opts.strict_precision,
-                          batch_rows=opts.batch_size, batch_bytes=opts.batch_bytes,
-                          dead_letter_table=opts.dead_letter_table)
+    return ConversionPlan(
+        info.display,
+        conversion_columns(info, arrow),
+        allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
+        strict_precision=opts.strict_precision,
+        batch_rows=opts.batch_size,
+        batch_bytes=opts.batch_bytes,
+        dead_letter_table=opts.dead_letter_table,
+    )
 
 
 def _prepare_dead_letter_table(client: ClickHouseHTTP, mode: Mode, database: str, table: str) -> None:
@@ -102,23 +108,28 @@ def _prepare_dead_letter_table(client: ClickHouseHTTP, mode: Mode, database: str
     if missing:
         raise ConfigurationError(
             f"option dead_letter_table: {info.display} exists without the columns {', '.join(missing)}; "
-            "drop it or name another table (it is created when missing)")
+            "drop it or name another table (it is created when missing)"
+        )
     if mode in (Mode.TRANSACTION, Mode.STAGING) and (info.is_replicated or not info.is_merge_tree):
-        how = ("in the partition's transaction" if mode is Mode.TRANSACTION
-               else "into a stage created AS it and moved with MOVE PARTITION")
+        how = (
+            "in the partition's transaction"
+            if mode is Mode.TRANSACTION
+            else "into a stage created AS it and moved with MOVE PARTITION"
+        )
         raise ConfigurationError(
             f"option dead_letter_table: {info.display} has engine {info.engine}; dead letters are "
-            f"written {how}, which needs a non-replicated *MergeTree")
+            f"written {how}, which needs a non-replicated *MergeTree"
+        )
     window = info.replicated_dedup_window if info.is_replicated else info.non_replicated_dedup_window
     if mode is Mode.DEDUP and (not info.is_merge_tree or window <= 0):
         raise ConfigurationError(
             f"option dead_letter_table: {info.display} has no deduplication window, so mode 'dedup' "
             "could write a replayed dead letter twice: drop it (it is created with one) or run "
-            f"ALTER TABLE ... MODIFY SETTING non_replicated_deduplication_window = 1000")
+            f"ALTER TABLE ... MODIFY SETTING non_replicated_deduplication_window = 1000"
+        )
 
 
-def _describe_or_create(client: ClickHouseHTTP, opts: WriterOptions, target: Target,
-                        data: StructType) -> TableInfo:
+def _describe_or_create(client: ClickHouseHTTP, opts: WriterOptions, target: Target, data: StructType) -> TableInfo:
     try:
         return describe_table(client, target.database, target.table)
     except ConfigurationError:
@@ -126,9 +137,9 @@ def _describe_or_create(client: ClickHouseHTTP, opts: WriterOptions, target: Tar
             raise ConfigurationError(
                 f"table {target.database}.{target.table} does not exist: create it, or set the "
                 "option create_table=true (with order_by / partition_by) to create it from the "
-                "data's schema") from None
-    client.command(create_table_sql(target.database, target.table, data, opts.order_by,
-                                    opts.partition_by, opts.engine))
+                "data's schema"
+            ) from None
+    client.command(create_table_sql(target.database, target.table, data, opts.order_by, opts.partition_by, opts.engine))
     return describe_table(client, target.database, target.table)
 
 
@@ -136,12 +147,12 @@ def _one_plan(opts: WriterOptions, plans: list[ConversionPlan]) -> ConversionPla
     """Routing converts each batch before it is split: every table must share the types."""
     distinct = {p.columns for p in plans}
     if len(distinct) > 1:
-        shown = "; ".join(f"{p.table}: " + ", ".join(f"{n} {t}" for n, t in p.columns)
-                          for p in plans)
+        shown = "; ".join(f"{p.table}: " + ", ".join(f"{n} {t}" for n, t in p.columns) for p in plans)
         raise ConfigurationError(
             f"option table_column={opts.table_column!r}: the routed tables have different column "
             f"types ({shown}); values are converted before rows are split, so route only into "
-            "tables with the same columns")
+            "tables with the same columns"
+        )
     first = plans[0]
     return dataclasses.replace(first, table=", ".join(p.table for p in plans))
 

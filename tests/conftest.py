@@ -29,8 +29,6 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["CLICKHOUSE_TX_TEST_FAULTS"] = "1"
 
 from clickhouse_tx.sql import quote_identifier as quote_ident  # noqa: E402,F401 - for the tests
-from server_patches import stack as stack_mod  # noqa: E402
-from server_patches.stack import StackInfo  # noqa: E402
 
 #: Why the shared stack has no Kafka, for the ``kafka_bootstrap`` fixture to report.
 _kafka_missing_reason: list[str] = []
@@ -88,8 +86,10 @@ def clickhouse_url(stack: StackInfo) -> str:
 def kafka_bootstrap(stack: StackInfo) -> str:
     """``host:port`` of the shared stack's dev Kafka broker."""
     if not stack.kafka_bootstrap:
-        pytest.fail("this test needs the dev Kafka broker, but the shared stack runs without "
-                    "it: " + ("; ".join(_kafka_missing_reason) or "unknown reason"))
+        pytest.fail(
+            "this test needs the dev Kafka broker, but the shared stack runs without "
+            "it: " + ("; ".join(_kafka_missing_reason) or "unknown reason")
+        )
     return stack.kafka_bootstrap
 
 
@@ -118,8 +118,7 @@ def ch_client(stack: StackInfo, database: str) -> Iterator[object]:
     """An unmodified clickhouse-connect client (default settings) bound to ``database``."""
     import clickhouse_connect
 
-    client = clickhouse_connect.get_client(host="127.0.0.1", port=stack.clickhouse_port,
-                                           database=database)
+    client = clickhouse_connect.get_client(host="127.0.0.1", port=stack.clickhouse_port, database=database)
     try:
         yield client
     finally:

@@ -43,8 +43,11 @@ from clickhouse_tx.errors import (
     TransientError,
 )
 
-_CH_ERROR = re.compile(r"Code:\s*(\d+)\.\s*(?:DB::Exception:\s*)?(.*?)(?:\s*\(([A-Z_0-9]+)\))?"
-                       r"(?:\s*\(version [^)]*\))?\s*$", re.DOTALL)
+_CH_ERROR = re.compile(
+    r"Code:\s*(\d+)\.\s*(?:DB::Exception:\s*)?(.*?)(?:\s*\(([A-Z_0-9]+)\))?"
+    r"(?:\s*\(version [^)]*\))?\s*$",
+    re.DOTALL,
+)
 
 #: ClickHouse error codes the project reacts to (ClickHouse's numbering).
 NOT_IMPLEMENTED = 48
@@ -62,8 +65,9 @@ KEEPER_EXCEPTION = 999
 
 #: Codes whose query was refused before it ran: retrying cannot do anything twice.
 #: (SESSION_IS_LOCKED: another request holds the session; this one never started.)
-_REFUSED_BEFORE_RUNNING = frozenset({TOO_MANY_SIMULTANEOUS_QUERIES, NO_ZOOKEEPER, TABLE_IS_READ_ONLY,
-    ALL_CONNECTION_TRIES_FAILED, SESSION_IS_LOCKED})
+_REFUSED_BEFORE_RUNNING = frozenset(
+    {TOO_MANY_SIMULTANEOUS_QUERIES, NO_ZOOKEEPER, TABLE_IS_READ_ONLY, ALL_CONNECTION_TRIES_FAILED, SESSION_IS_LOCKED}
+)
 #: HTTP statuses that, without a ClickHouse exception, mean "not run, come back later".
 _BUSY_STATUSES = frozenset({429, 503})
 
@@ -89,8 +93,9 @@ class KeeperError(enum.Enum):
 
 
 #: Keeper errors after which a write may or may not have been applied.
-_KEEPER_OUTCOME_UNKNOWN = frozenset({KeeperError.CONNECTION_LOSS, KeeperError.SESSION_EXPIRED,
-                                     KeeperError.OPERATION_TIMEOUT})
+_KEEPER_OUTCOME_UNKNOWN = frozenset(
+    {KeeperError.CONNECTION_LOSS, KeeperError.SESSION_EXPIRED, KeeperError.OPERATION_TIMEOUT}
+)
 
 
 def parse_clickhouse_error(text: str) -> tuple[int | None, str | None, str]:
@@ -122,12 +127,14 @@ def is_keeper_error(exc: BaseException, kind: KeeperError) -> bool:
 
 def transactions_unsupported(exc: BaseException) -> bool:
     """True if ``exc`` is a server refusing transactions (no ``allow_experimental_transactions``)."""
-    return (isinstance(exc, ServerError) and exc.code == NOT_IMPLEMENTED
-            and "Transactions are not supported" in exc.message)
+    return (
+        isinstance(exc, ServerError) and exc.code == NOT_IMPLEMENTED and "Transactions are not supported" in exc.message
+    )
 
 
-def error_from_reply(status: int, header_code: str | None, body: str, *, what: str,
-                     xid: str | None) -> ClickHouseTxError:
+def error_from_reply(
+    status: int, header_code: str | None, body: str, *, what: str, xid: str | None
+) -> ClickHouseTxError:
     """The error to raise for one failed reply; pure (no I/O), called once per failed request.
 
     Parameters
@@ -151,8 +158,7 @@ def error_from_reply(status: int, header_code: str | None, body: str, *, what: s
         message = f"HTTP {status}"
     text = f"{what}: {message}"
     if code is None and status in _BUSY_STATUSES:
-        return ServerBusyError(f"{text} (HTTP {status}: not run, try again later)", xid=xid,
-                               code=None, name=None)
+        return ServerBusyError(f"{text} (HTTP {status}: not run, try again later)", xid=xid, code=None, name=None)
     keeper = keeper_error(code, message)
     if code in _REFUSED_BEFORE_RUNNING or keeper is KeeperError.NOT_CONNECTED:
         return ServerBusyError(text, xid=xid, code=code, name=name)
@@ -161,8 +167,9 @@ def error_from_reply(status: int, header_code: str | None, body: str, *, what: s
     return ServerError(text, xid=xid, code=code, name=name)
 
 
-def error_from_connection(exc: requests.RequestException, *, what: str, server: str,
-                          request_timeout_s: float, xid: str | None) -> ClickHouseTxError:
+def error_from_connection(
+    exc: requests.RequestException, *, what: str, server: str, request_timeout_s: float, xid: str | None
+) -> ClickHouseTxError:
     """The error to raise for a request that got no complete reply; pure, once per failure.
 
     Only a failure while connecting is "not sent" (:class:`RequestNotSentError`, retried
@@ -177,8 +184,7 @@ def error_from_connection(exc: requests.RequestException, *, what: str, server: 
     if isinstance(exc, requests.exceptions.ConnectionError):
         if _never_connected(exc):
             return RequestNotSentError(f"{what}: cannot connect to {server} ({_reason(exc)})", xid=xid)
-        return ReplyLostError(f"{what}: connection to {server} lost before the reply "
-                              f"({_reason(exc)})", xid=xid)
+        return ReplyLostError(f"{what}: connection to {server} lost before the reply ({_reason(exc)})", xid=xid)
     if isinstance(exc, requests.exceptions.Timeout):
         return ReplyLostError(f"{what}: no reply from {server} within {request_timeout_s:g} s", xid=xid)
     return ReplyLostError(f"{what}: reply from {server} cut off ({_reason(exc)})", xid=xid)
@@ -207,8 +213,11 @@ def _reason(exc: BaseException) -> str:
     """The innermost cause's class name: never the URL (it carries query parameters)."""
     e: BaseException = exc
     while True:
-        nxt = getattr(e, "reason", None) or e.__cause__ or next(
-            (a for a in getattr(e, "args", ()) if isinstance(a, BaseException)), None)
+        nxt = (
+            getattr(e, "reason", None)
+            or e.__cause__
+            or next((a for a in getattr(e, "args", ()) if isinstance(a, BaseException)), None)
+        )
         if nxt is None or nxt is e or not isinstance(nxt, BaseException):
             return type(e).__name__
         e = nxt

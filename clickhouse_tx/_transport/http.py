@@ -107,8 +107,13 @@ class ClickHouseHTTP:
     instances may run in parallel.
     """
 
-    def __init__(self, target: Target, session_id: str | None = None,
-                 session_timeout: int | None = None, database: str | None = None) -> None:
+    def __init__(
+        self,
+        target: Target,
+        session_id: str | None = None,
+        session_timeout: int | None = None,
+        database: str | None = None,
+    ) -> None:
         self.target = target
         self.session_id = session_id
         self.session_timeout = session_timeout if session_timeout is not None else target.session_timeout_s
@@ -117,11 +122,10 @@ class ClickHouseHTTP:
         self._http.auth = (target.user, target.password) if (target.user or target.password) else None
         parts = urllib.parse.urlsplit(target.url)
         self._endpoint = urllib.parse.urlunsplit(
-            (parts.scheme, (parts.hostname or "") + (f":{parts.port}" if parts.port else ""),
-             parts.path or "/", "", ""))
+            (parts.scheme, (parts.hostname or "") + (f":{parts.port}" if parts.port else ""), parts.path or "/", "", "")
+        )
         if parts.username is not None and not target.user:
-            self._http.auth = (urllib.parse.unquote(parts.username),
-                               urllib.parse.unquote(parts.password or ""))
+            self._http.auth = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
         self.server = safe_url(target.url)
 
     def __repr__(self) -> str:
@@ -142,8 +146,13 @@ class ClickHouseHTTP:
 
     # ------------------------------------------------------------------ requests
 
-    def _params(self, settings: Mapping[str, object] | None, params: Mapping[str, object] | None,
-                session_check: bool, session_timeout: int | None) -> dict[str, str]:
+    def _params(
+        self,
+        settings: Mapping[str, object] | None,
+        params: Mapping[str, object] | None,
+        session_check: bool,
+        session_timeout: int | None,
+    ) -> dict[str, str]:
         out: dict[str, str] = {}
         if self.database:
             out["database"] = self.database
@@ -160,41 +169,66 @@ class ClickHouseHTTP:
                 out["session_check"] = "1"
         return out
 
-    def _post(self, *, url_params: dict[str, str], data: bytes | Iterator[bytes], what: str,
-              headers: Mapping[str, str] | None = None) -> requests.Response:
+    def _post(
+        self,
+        *,
+        url_params: dict[str, str],
+        data: bytes | Iterator[bytes],
+        what: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> requests.Response:
         try:
-            resp = self._http.post(self._endpoint, params=url_params, data=data,
-                                   timeout=(self.target.connect_timeout_s, self.target.request_timeout_s),
-                                   headers={"Accept-Encoding": "gzip, deflate", **(headers or {})})
+            resp = self._http.post(
+                self._endpoint,
+                params=url_params,
+                data=data,
+                timeout=(self.target.connect_timeout_s, self.target.request_timeout_s),
+                headers={"Accept-Encoding": "gzip, deflate", **(headers or {})},
+            )
             # Read the whole reply here so a connection dropped mid-body is a lost reply.
             resp.content  # noqa: B018
         except requests.RequestException as exc:
-            raise error_from_connection(exc, what=what, server=self.server,
-                                        request_timeout_s=self.target.request_timeout_s,
-                                        xid=self.session_id) from None
+            raise error_from_connection(
+                exc, what=what, server=self.server, request_timeout_s=self.target.request_timeout_s, xid=self.session_id
+            ) from None
         header_code = resp.headers.get("X-ClickHouse-Exception-Code")
         if resp.status_code != 200 or header_code:
-            raise error_from_reply(resp.status_code, header_code,
-                                   resp.content.decode("utf-8", "replace"), what=what, xid=self.session_id)
+            raise error_from_reply(
+                resp.status_code, header_code, resp.content.decode("utf-8", "replace"), what=what, xid=self.session_id
+            )
         return resp
 
     # ------------------------------------------------------------------ API
 
-    def command(self, sql: str, settings: Mapping[str, object] | None = None,
-                params: Mapping[str, object] | None = None, *, session_check: bool = False,
-                session_timeout: int | None = None) -> str:
+    def command(
+        self,
+        sql: str,
+        settings: Mapping[str, object] | None = None,
+        params: Mapping[str, object] | None = None,
+        *,
+        session_check: bool = False,
+        session_timeout: int | None = None,
+    ) -> str:
         """Run a statement (DDL, BEGIN/COMMIT/ROLLBACK, small SELECT); its text reply.
 
         ``session_check=True`` makes the server fail (code 372) instead of creating a
         new session when ``session_id`` no longer exists.
         """
-        resp = self._post(url_params=self._params(settings, params, session_check, session_timeout),
-                          data=sql.encode(), what=_what(sql))
+        resp = self._post(
+            url_params=self._params(settings, params, session_check, session_timeout),
+            data=sql.encode(),
+            what=_what(sql),
+        )
         return resp.content.decode("utf-8", "replace")
 
-    def query_json(self, sql: str, params: Mapping[str, object] | None = None,
-                   settings: Mapping[str, object] | None = None, *,
-                   session_check: bool = False) -> list[dict[str, Any]]:
+    def query_json(
+        self,
+        sql: str,
+        params: Mapping[str, object] | None = None,
+        settings: Mapping[str, object] | None = None,
+        *,
+        session_check: bool = False,
+    ) -> list[dict[str, Any]]:
         """Run a SELECT and return its rows as dicts; 64-bit integers come back as ints.
 
         Uses ``FORMAT JSONCompactEachRowWithNamesAndTypes`` and converts by the column
@@ -202,10 +236,11 @@ class ClickHouseHTTP:
         a request should carry no settings it does not need (inside an open
         transaction every extra setting is one more thing that can fail it).
         """
-        resp = self._post(url_params=self._params(settings, params, session_check, None),
-                          data=(sql.rstrip().rstrip(";")
-                                + "\nFORMAT JSONCompactEachRowWithNamesAndTypes").encode(),
-                          what=_what(sql))
+        resp = self._post(
+            url_params=self._params(settings, params, session_check, None),
+            data=(sql.rstrip().rstrip(";") + "\nFORMAT JSONCompactEachRowWithNamesAndTypes").encode(),
+            what=_what(sql),
+        )
         lines = [ln for ln in resp.content.decode("utf-8").splitlines() if ln.strip()]
         if len(lines) < 2:
             return []
@@ -217,9 +252,13 @@ class ClickHouseHTTP:
             out.append({n: (f(v) if f else v) for n, f, v in zip(names, convs, vals)})
         return out
 
-    def insert_arrow_stream(self, table_sql: str, schema: pa.Schema,
-                            batches: Iterator[pa.RecordBatch],
-                            settings: Mapping[str, object] | None = None) -> int:
+    def insert_arrow_stream(
+        self,
+        table_sql: str,
+        schema: pa.Schema,
+        batches: Iterator[pa.RecordBatch],
+        settings: Mapping[str, object] | None = None,
+    ) -> int:
         """Stream ``batches`` as ``INSERT INTO <table_sql> (<cols>) FORMAT ArrowStream``.
 
         Parameters

@@ -22,18 +22,21 @@ def mode_io_for(mode: "Mode | str") -> CommitModeIO:
     try:
         m = Mode(mode.value if isinstance(mode, Mode) else str(mode).lower())
     except ValueError:
-        raise ConfigurationError(
-            f"unknown mode {mode!r}: choose one of {', '.join(x.value for x in Mode)}") from None
+        raise ConfigurationError(f"unknown mode {mode!r}: choose one of {', '.join(x.value for x in Mode)}") from None
     if m is Mode.TRANSACTION:
         from clickhouse_tx.modes.transaction import TransactionMode
+
         return TransactionMode()
     if m is Mode.STAGING:
         from clickhouse_tx.modes.staging import StagingMode
+
         return StagingMode()
     if m is Mode.DEDUP:
         from clickhouse_tx.modes.dedup import DedupMode
+
         return DedupMode()
     from clickhouse_tx.modes.plain import PlainMode
+
     return PlainMode()
 
 

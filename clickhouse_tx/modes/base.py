@@ -6,6 +6,7 @@ from typing import Iterator, Mapping
 
 import pyarrow as pa
 
+from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
@@ -28,8 +29,7 @@ class ModeBase:
 
     # -- helpers -----------------------------------------------------------------------
     @staticmethod
-    def client(target: Target, session_id: str | None = None,
-               session_timeout: int | None = None) -> ClickHouseHTTP:
+    def client(target: Target, session_id: str | None = None, session_timeout: int | None = None) -> ClickHouseHTTP:
         return ClickHouseHTTP(target, session_id=session_id, session_timeout=session_timeout)
 
     @staticmethod
@@ -47,12 +47,28 @@ class ModeBase:
             check_schema(info, schema)
             return info
 
-    def prepared(self, target: Target, ctx: WriteContext, xid: str, rows: int, checksum: int,
-                 details: Mapping[str, object] | None = None) -> Prepared:
-        return Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
-                        attempt=ctx.attempt, mode=self.mode, server=safe_url(target.url),
-                        table=self.display(target), rows=rows, checksum=checksum,
-                        details=dict(details or {}))
+    def prepared(
+        self,
+        target: Target,
+        ctx: WriteContext,
+        xid: str,
+        rows: int,
+        checksum: int,
+        details: Mapping[str, object] | None = None,
+    ) -> Prepared:
+        return Prepared(
+            xid=xid,
+            txn_id=ctx.txn_id,
+            batch=ctx.batch,
+            partition=ctx.partition,
+            attempt=ctx.attempt,
+            mode=self.mode,
+            server=safe_url(target.url),
+            table=self.display(target),
+            rows=rows,
+            checksum=checksum,
+            details=dict(details or {}),
+        )
 
     @staticmethod
     def markers(target: Target, client: ClickHouseHTTP | None = None) -> CommitMarkers:
@@ -66,8 +82,10 @@ def peek_schema(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Schema | None, It
     """
     it = iter(batches)
     for first in it:
-        def chained() -> Iterator[pa.RecordBatch]:
+
+        def chained(first: pa.RecordBatch = first) -> Iterator[pa.RecordBatch]:
             yield first
             yield from it
+
         return first.schema, chained()
     return None, iter(())

@@ -34,20 +34,26 @@ import collections
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes import dedup_layout
 from clickhouse_tx.modes.base import ModeBase, peek_schema
-from clickhouse_tx.modes.dedup_layout import (DedupLayoutError, LayoutRecords, barrier, check_messages,
-                                              check_partition, layout_of)
+from clickhouse_tx.modes.dedup_layout import (
+    DedupLayoutError,
+    LayoutRecords,
+    barrier,
+    check_messages,
+    check_partition,
+    layout_of,
+)
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.state import TxState
 
@@ -93,8 +99,9 @@ def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
     entries were added in between.
     """
     rows = client.query_json(
-        "SELECT max(max_block_number) AS b FROM system.parts WHERE database = {d:String} "
-        "AND table = {t:String}", params={"d": target.database, "t": target.table})
+        "SELECT max(max_block_number) AS b FROM system.parts WHERE database = {d:String} AND table = {t:String}",
+        params={"d": target.database, "t": target.table},
+    )
     return int(rows[0]["b"] or 0) if rows else 0
 
 
@@ -139,7 +146,8 @@ def check_window(first_block: int, current_block: int, window: int, target: Targ
             f"(ALTER TABLE {q.qualified(target.database, target.table)} MODIFY SETTING "
             f"non_replicated_deduplication_window = {max(1000, 4 * since)}, or "
             "replicated_deduplication_window for a Replicated table) or write smaller batches",
-            xid=xid)
+            xid=xid,
+        )
 
 
 class Rechunker:
@@ -208,18 +216,21 @@ class DedupMode(ModeBase):
         if not info.is_merge_tree:
             raise ConfigurationError(
                 f"table {info.display} has engine {info.engine}: mode 'dedup' needs a *MergeTree "
-                "table (insert deduplication exists only there); use mode 'none'")
+                "table (insert deduplication exists only there); use mode 'none'"
+            )
         if info.is_replicated:
             if info.replicated_dedup_window <= 0:
                 raise ConfigurationError(
                     f"table {info.display} has replicated_deduplication_window = 0, so mode 'dedup' "
                     f"cannot drop repeated inserts: run ALTER TABLE {fq} MODIFY SETTING "
-                    "replicated_deduplication_window = 1000")
+                    "replicated_deduplication_window = 1000"
+                )
         elif info.non_replicated_dedup_window <= 0:
             raise ConfigurationError(
                 f"table {info.display} has non_replicated_deduplication_window = 0 (the default: "
                 "deduplication off), so mode 'dedup' cannot drop repeated inserts: run "
-                f"ALTER TABLE {fq} MODIFY SETTING non_replicated_deduplication_window = 1000")
+                f"ALTER TABLE {fq} MODIFY SETTING non_replicated_deduplication_window = 1000"
+            )
         self.markers(target).ensure_table()
 
     def _registry(self, target: Target) -> "KeeperMapRegistry":
@@ -236,7 +247,9 @@ class DedupMode(ModeBase):
             state = "not registered" if entry is None else entry.state
             raise NotCommittedError(
                 f"dedup insert refused: the registry says this attempt is {state}, so it was "
-                "fenced (a newer attempt or the driver's abort replaced it)", xid=xid)
+                "fenced (a newer attempt or the driver's abort replaced it)",
+                xid=xid,
+            )
 
     def _layouts(self, target: Target) -> LayoutRecords:
         return LayoutRecords.beside(target, self._registry(target))
@@ -292,8 +305,7 @@ class DedupMode(ModeBase):
         """Until every claim of the batch is this run's (one registry scan per 0.5 s)."""
         deadline = time.monotonic() + dedup_layout.WAIT_S
         while True:
-            waiting = barrier(ctx.txn_id, ctx.batch, ctx.partition, ctx.run,
-                              records.claims(ctx.txn_id, ctx.batch))
+            waiting = barrier(ctx.txn_id, ctx.batch, ctx.partition, ctx.run, records.claims(ctx.txn_id, ctx.batch))
             if not waiting:
                 return
             if time.monotonic() >= deadline:
@@ -303,7 +315,8 @@ class DedupMode(ModeBase):
                     f"this run's attempts of them did not show within {dedup_layout.WAIT_S:.0f} s that "
                     "they hold the same rows (queued behind this task, or cut otherwise). Nothing of "
                     "this partition was inserted; a retry of the task waits again. "
-                    f"{dedup_layout.way_out(ctx.txn_id)}")
+                    f"{dedup_layout.way_out(ctx.txn_id)}"
+                )
             time.sleep(0.5)
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
@@ -337,8 +350,7 @@ class DedupMode(ModeBase):
                 return str(m["xid"])
         return None
 
-    def prepare(self, target: Target, ctx: WriteContext, xid: str,
-                batches: Iterator[pa.RecordBatch]) -> Prepared:
+    def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor, once per partition attempt: INSERT chunk by chunk (visible at once).
 
         First one read of the markers: a partition already committed (a replay of a
@@ -352,8 +364,13 @@ class DedupMode(ModeBase):
             # A replay or zombie of a partition some attempt already committed: its
             # rows are in, and re-sending them would rely on the window still
             # holding their tokens. The committed xid wins, as in every mode.
-            log.info("batch %d partition %d is committed by xid %s; xid %s inserts nothing",
-                     ctx.batch, ctx.partition, done, xid)
+            log.info(
+                "batch %d partition %d is committed by xid %s; xid %s inserts nothing",
+                ctx.batch,
+                ctx.partition,
+                done,
+                xid,
+            )
             return self.prepared(target, ctx, xid, 0, 0, {"chunks": 0, "committed_by": done})
         converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
@@ -382,9 +399,20 @@ class DedupMode(ModeBase):
                         ensure_window(c, target, first_block, xid)
                     self._insert(c, target, schema, one, token)
         letters = self._dead_letters(target, ctx, xid, converted)
-        return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
-                             {"chunks": sum(seen.values()), "chunk_rows": self.chunk_rows,
-                              "first_block": first_block, "first_chunk": first, "dead_letters": letters})
+        return self.prepared(
+            target,
+            ctx,
+            xid,
+            counted.rows,
+            counted.checksum,
+            {
+                "chunks": sum(seen.values()),
+                "chunk_rows": self.chunk_rows,
+                "first_block": first_block,
+                "first_chunk": first,
+                "dead_letters": letters,
+            },
+        )
 
     def _dead_letters(self, target: Target, ctx: WriteContext, xid: str, converted: object) -> int:
         """Insert the partition's dead letters, visible at once like its rows.
@@ -397,19 +425,30 @@ class DedupMode(ModeBase):
             return 0
         digest = hashlib.sha256("\n".join(d["row_json"] for d in letters).encode()).hexdigest()
         with self.client(target) as c:
-            return write_dead_letters(c, converted, table=self.display(target), txn_id=ctx.txn_id,
-                                      batch=ctx.batch, partition=ctx.partition, xid=xid,
-                                      token=f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}")
+            return write_dead_letters(
+                c,
+                converted,
+                table=self.display(target),
+                txn_id=ctx.txn_id,
+                batch=ctx.batch,
+                partition=ctx.partition,
+                xid=xid,
+                token=f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}",
+            )
 
-    def _insert(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, one: pa.RecordBatch,
-                token: str) -> None:
-        c.insert_arrow_stream(self.target_sql(target), schema, iter([one]), settings={
-            "insert_deduplicate": "1",
-            "insert_deduplication_token": token,
-            "min_insert_block_size_rows": str(self.chunk_rows),
-            "min_insert_block_size_bytes": "0",
-            "max_insert_block_size": str(self.chunk_rows),
-        })
+    def _insert(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, one: pa.RecordBatch, token: str) -> None:
+        c.insert_arrow_stream(
+            self.target_sql(target),
+            schema,
+            iter([one]),
+            settings={
+                "insert_deduplicate": "1",
+                "insert_deduplication_token": token,
+                "min_insert_block_size_rows": str(self.chunk_rows),
+                "min_insert_block_size_bytes": "0",
+                "max_insert_block_size": str(self.chunk_rows),
+            },
+        )
 
     def commit(self, target: Target, p: Prepared) -> None:
         """Driver, once per decided xid: check the window, then write the marker once.
@@ -433,8 +472,7 @@ class DedupMode(ModeBase):
 
     def rollback(self, target: Target, p: Prepared) -> None:
         """Cannot undo inserted rows: a replay re-sends the same tokens and is deduplicated."""
-        log.info("mode dedup cannot roll back xid %s; its rows stay (at-least-once, idempotent)",
-                 p.xid)
+        log.info("mode dedup cannot roll back xid %s; its rows stay (at-least-once, idempotent)", p.xid)
 
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         """COMMITTED when the marker exists, else PENDING (commit just writes it)."""

@@ -69,15 +69,18 @@ class DedupLayoutError(NotCommittedError):
 
 def way_out(txn_id: str) -> str:
     """What the user does after a :class:`DedupLayoutError`."""
-    return (f"Way out: run the batch again with the original partitioning (the same "
-            "repartition(n), minPartitions and Kafka partitions): restart the streaming query on "
-            f"the same checkpoint, or re-run the batch job with transactional_id '{txn_id}' and "
-            "the same decision_log. It re-sends the same rows under the same tokens, which "
-            "ClickHouse drops as duplicates")
+    return (
+        f"Way out: run the batch again with the original partitioning (the same "
+        "repartition(n), minPartitions and Kafka partitions): restart the streaming query on "
+        f"the same checkpoint, or re-run the batch job with transactional_id '{txn_id}' and "
+        "the same decision_log. It re-sends the same rows under the same tokens, which "
+        "ClickHouse drops as duplicates"
+    )
 
 
 def describe(layout: Mapping[int, Part]) -> str:
     """``3 partitions (0: 1000 rows, 1: 1000 rows, 2: empty)`` for error messages."""
+
     def one(p: int) -> str:
         part = layout[p]
         if part.get("committed"):
@@ -88,8 +91,9 @@ def describe(layout: Mapping[int, Part]) -> str:
     return f"{len(layout)} partitions ({shown})"
 
 
-def check_partition(txn_id: str, batch: int, partition: int, first: str,
-                    sealed: Mapping[int, Part] | None, claimed: str | None) -> None:
+def check_partition(
+    txn_id: str, batch: int, partition: int, first: str, sealed: Mapping[int, Part] | None, claimed: str | None
+) -> None:
     """Executor, before a partition's first chunk: raise if the batch was cut otherwise.
 
     ``first`` is this attempt's first-chunk fingerprint, ``sealed`` the batch's seal
@@ -100,23 +104,27 @@ def check_partition(txn_id: str, batch: int, partition: int, first: str,
     if sealed is not None:
         before = sealed.get(partition)
         if before is None or before.get("first") != first:
-            held = "does not exist" if before is None else (
-                "was empty" if not before.get("first") else f"began with other rows ({before.get('first')})")
+            held = (
+                "does not exist"
+                if before is None
+                else ("was empty" if not before.get("first") else f"began with other rows ({before.get('first')})")
+            )
             raise DedupLayoutError(
                 f"{where}: this run's partition begins with {first}, but in the run whose rows are "
                 f"already in the table (mode dedup: visible at prepare) the batch was cut into "
                 f"{describe(sealed)} and this partition {held}. Inserting this cut would duplicate "
-                f"rows; nothing of this partition was inserted. {way_out(txn_id)}")
+                f"rows; nothing of this partition was inserted. {way_out(txn_id)}"
+            )
     if claimed is not None and claimed != first:
         raise DedupLayoutError(
             f"{where}: this run's partition begins with {first}, but an earlier attempt of it "
             f"inserted rows beginning with {claimed}: the batch was cut into other partitions "
             "than the run whose rows are already in the table. Inserting this cut would duplicate "
-            f"rows; nothing of this partition was inserted. {way_out(txn_id)}")
+            f"rows; nothing of this partition was inserted. {way_out(txn_id)}"
+        )
 
 
-def barrier(txn_id: str, batch: int, partition: int, run: str,
-            claims: Mapping[int, Claim]) -> list[int]:
+def barrier(txn_id: str, batch: int, partition: int, run: str, claims: Mapping[int, Claim]) -> list[int]:
     """Executor, for a partition no earlier run claimed: the claims it must wait for.
 
     Before the batch's seal, the partitions an earlier run started are known only by
@@ -141,7 +149,8 @@ def barrier(txn_id: str, batch: int, partition: int, run: str,
             "before its commit, and this run's "
             f"partitions {refused} hold other rows than that run's: the batch was cut otherwise, "
             f"so this partition's rows may already be in the table. Nothing of this partition was "
-            f"inserted. {way_out(txn_id)}")
+            f"inserted. {way_out(txn_id)}"
+        )
     return sorted(p for p, c in claims.items() if c.get("inserted") and c.get("run") != run)
 
 
@@ -156,8 +165,11 @@ def layout_of(messages: Sequence[Prepared]) -> dict[int, Part]:
         if m.partition in out:
             continue
         done = m.details.get("committed_by")
-        out[m.partition] = {"committed": str(done)} if done else {
-            "first": str(m.details.get("first_chunk") or ""), "rows": m.rows, "checksum": m.checksum}
+        out[m.partition] = (
+            {"committed": str(done)}
+            if done
+            else {"first": str(m.details.get("first_chunk") or ""), "rows": m.rows, "checksum": m.checksum}
+        )
     return out
 
 
@@ -174,8 +186,9 @@ def _differ(now: Mapping[int, Part], sealed: Mapping[int, Part]) -> list[int]:
     return out
 
 
-def check_messages(txn_id: str, batch: int, now: Mapping[int, Part],
-                   sealed: Mapping[int, Part] | None, claims: Mapping[int, Claim]) -> None:
+def check_messages(
+    txn_id: str, batch: int, now: Mapping[int, Part], sealed: Mapping[int, Part] | None, claims: Mapping[int, Claim]
+) -> None:
     """Driver, at the start of a batch's commit: raise if this run cut the batch otherwise.
 
     Against the seal: every partition with rows, in either layout, must hold the same
@@ -191,17 +204,22 @@ def check_messages(txn_id: str, batch: int, now: Mapping[int, Part],
                 f"run whose rows are already in the table (mode dedup: visible at prepare) cut it "
                 f"into {describe(sealed)}; partitions {differ} differ. The batch is not committed. "
                 f"Rows this run inserted into other partitions may be in the table twice. "
-                f"{way_out(txn_id)}")
+                f"{way_out(txn_id)}"
+            )
         return
-    differ = sorted(p for p, c in claims.items() if c.get("inserted")
-                    and not now.get(p, {}).get("committed") and now.get(p, {}).get("first") != c.get("first"))
+    differ = sorted(
+        p
+        for p, c in claims.items()
+        if c.get("inserted") and not now.get(p, {}).get("committed") and now.get(p, {}).get("first") != c.get("first")
+    )
     if differ:
         raise DedupLayoutError(
             f"batch {batch} of {txn_id}: this run cut the batch into {describe(now)}, but an "
             f"earlier run inserted partitions {differ} with other rows (it inserted partitions "
             f"{sorted(p for p, c in claims.items() if c.get('inserted'))} before it stopped). The "
             "batch is not committed. "
-            f"Rows this run inserted may be in the table twice. {way_out(txn_id)}")
+            f"Rows this run inserted may be in the table twice. {way_out(txn_id)}"
+        )
 
 
 def _body(e: RegistryEntry) -> dict[str, Any]:
@@ -230,14 +248,22 @@ class LayoutRecords:
     def key(txn_id: str, batch: int, partition: int | None) -> str:
         return f"{txn_id}/{batch}/{'all' if partition is None else partition}"
 
-    def _create(self, key: str, txn_id: str, batch: int, partition: int,
-                body: dict[str, Any]) -> dict[str, Any]:
+    def _create(self, key: str, txn_id: str, batch: int, partition: int, body: dict[str, Any]) -> dict[str, Any]:
         """Create ``key`` holding ``body`` unless it exists; the body that is stored."""
         from clickhouse_tx.registry import AlreadyRegisteredError
 
-        entry = RegistryEntry(xid=key, txn_id=txn_id, batch=batch, partition=partition, attempt=0,
-                              mode=Mode.DEDUP, server="", table="", state="committed",
-                              payload={"body": json.dumps(body, sort_keys=True)})
+        entry = RegistryEntry(
+            xid=key,
+            txn_id=txn_id,
+            batch=batch,
+            partition=partition,
+            attempt=0,
+            mode=Mode.DEDUP,
+            server="",
+            table="",
+            state="committed",
+            payload={"body": json.dumps(body, sort_keys=True)},
+        )
         try:
             self.registry.register(entry)
             return body
@@ -258,24 +284,33 @@ class LayoutRecords:
 
     def claim(self, txn_id: str, batch: int, partition: int, first: str, run: str) -> Claim:
         """Claim ``partition`` for ``run`` with its first-chunk fingerprint; the stored claim."""
-        body = self._create(self.key(txn_id, batch, partition), txn_id, batch, partition,
-                            {"first": first, "run": run, "inserted": False})
+        body = self._create(
+            self.key(txn_id, batch, partition),
+            txn_id,
+            batch,
+            partition,
+            {"first": first, "run": run, "inserted": False},
+        )
         return body
 
     def update(self, txn_id: str, batch: int, partition: int, claim: Claim) -> None:
         """Overwrite a claim (confirmed or refused by a later run; the last writer wins)."""
-        self.registry.transition(self.key(txn_id, batch, partition), ["committed"], "committed",
-                                 {"body": json.dumps(dict(claim), sort_keys=True)})
+        self.registry.transition(
+            self.key(txn_id, batch, partition),
+            ["committed"],
+            "committed",
+            {"body": json.dumps(dict(claim), sort_keys=True)},
+        )
 
     def claims(self, txn_id: str, batch: int) -> dict[int, Claim]:
         """Every partition claim of the batch (one KeeperMap scan; the table stays small)."""
-        return {e.partition: _body(e) for e in self.registry.list_batch(txn_id, batch)
-                if e.partition != SEAL_PARTITION}
+        return {e.partition: _body(e) for e in self.registry.list_batch(txn_id, batch) if e.partition != SEAL_PARTITION}
 
     def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:
         """Seal the batch's layout unless sealed; the seal that is stored."""
-        body = self._create(self.key(txn_id, batch, None), txn_id, batch, SEAL_PARTITION,
-                            {str(p): dict(v) for p, v in layout.items()})
+        body = self._create(
+            self.key(txn_id, batch, None), txn_id, batch, SEAL_PARTITION, {str(p): dict(v) for p, v in layout.items()}
+        )
         return {int(p): v for p, v in body.items()}
 
     def forget_before(self, txn_id: str, batch: int) -> None:

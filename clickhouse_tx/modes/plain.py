@@ -28,8 +28,7 @@ class PlainMode(ModeBase):
         """Driver, once per query: the table exists and accepts the schema."""
         self.describe_and_check(target, schema)
 
-    def prepare(self, target: Target, ctx: WriteContext, xid: str,
-                batches: Iterator[pa.RecordBatch]) -> Prepared:
+    def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor: one streaming INSERT; rows are visible at once."""
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)

@@ -42,10 +42,9 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
-from clickhouse_tx.dead_letters import write_dead_letters
-from clickhouse_tx.errors import (ConfigurationError, IllegalTransitionError, NotCommittedError,
-                                  OutcomeUnknownError)
 from clickhouse_tx._transport import ClickHouseHTTP, ReplyLostError
+from clickhouse_tx.dead_letters import write_dead_letters
+from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
@@ -97,12 +96,12 @@ class StagingMode(ModeBase):
             raise ConfigurationError(
                 f"table {info.display} has engine {info.engine}: mode 'staging' moves partitions "
                 "and needs a *MergeTree table (Replicated ones included); use mode 'none' for "
-                "other engines")
+                "other engines"
+            )
         self.markers(target).ensure_table()
 
     # -- executor ------------------------------------------------------------------------
-    def prepare(self, target: Target, ctx: WriteContext, xid: str,
-                batches: Iterator[pa.RecordBatch]) -> Prepared:
+    def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor, once per partition attempt: fill the stage tables; nothing reaches the target."""
         stage = q.qualified(target.database, stage_name(xid))
         converted = batches  # keeps the dead letters the conversion set aside, if any
@@ -119,11 +118,18 @@ class StagingMode(ModeBase):
             except BaseException:
                 self._drop_stages(c, target, xid, quiet=True)
                 raise
-        return self.prepared(target, ctx, xid, counted.rows, counted.checksum,
-                             {"stage": stage_name(xid), "partitions": partitions, "dead_letters": letters})
+        return self.prepared(
+            target,
+            ctx,
+            xid,
+            counted.rows,
+            counted.checksum,
+            {"stage": stage_name(xid), "partitions": partitions, "dead_letters": letters},
+        )
 
-    def _stage_dead_letters(self, c: ClickHouseHTTP, target: Target, ctx: WriteContext, xid: str,
-                            converted: object) -> int:
+    def _stage_dead_letters(
+        self, c: ClickHouseHTTP, target: Target, ctx: WriteContext, xid: str, converted: object
+    ) -> int:
         """Executor: the partition's dead letters into their own stage (none: no stage)."""
         plan = getattr(converted, "plan", None)
         if not getattr(converted, "dead_letters", None) or plan is None or plan.dead_letter_table is None:
@@ -132,10 +138,24 @@ class StagingMode(ModeBase):
         stage = q.qualified(target.database, name)
         c.command(f"CREATE TABLE {stage} AS {q.qualified(*plan.dead_letter_table)}")
         # A fresh stage (the target's xid): the rows' own dedup token is enough.
-        n = write_dead_letters(c, converted, table=self.display(target), txn_id=ctx.txn_id,
-                               batch=ctx.batch, partition=ctx.partition, xid=xid, stage=stage)
-        _record_plan(c, stage, {"clickhouse_tx_partitions": self._partitions(c, target.database, name),
-                                "clickhouse_tx_into": list(plan.dead_letter_table)})
+        n = write_dead_letters(
+            c,
+            converted,
+            table=self.display(target),
+            txn_id=ctx.txn_id,
+            batch=ctx.batch,
+            partition=ctx.partition,
+            xid=xid,
+            stage=stage,
+        )
+        _record_plan(
+            c,
+            stage,
+            {
+                "clickhouse_tx_partitions": self._partitions(c, target.database, name),
+                "clickhouse_tx_into": list(plan.dead_letter_table),
+            },
+        )
         return n
 
     # -- driver --------------------------------------------------------------------------
@@ -152,11 +172,21 @@ class StagingMode(ModeBase):
                     self._drop_stages(c, target, p.xid, letters=letters)
                     return
                 if self._comment(c, target.database, stage_name(p.xid)) is None:
-                    raise NotCommittedError(f"stage table {target.database}.{stage_name(p.xid)} is "
-                                            "gone and no marker exists: it was rolled back", xid=p.xid)
+                    raise NotCommittedError(
+                        f"stage table {target.database}.{stage_name(p.xid)} is "
+                        "gone and no marker exists: it was rolled back",
+                        xid=p.xid,
+                    )
                 self._move(c, target.database, stage_name(p.xid), self.target_sql(target))
-                into = (_plan_of(self._comment(c, target.database, dead_letter_stage_name(p.xid)))
-                        .get("clickhouse_tx_into")) if letters else None
+                into = (
+                    (
+                        _plan_of(self._comment(c, target.database, dead_letter_stage_name(p.xid))).get(
+                            "clickhouse_tx_into"
+                        )
+                    )
+                    if letters
+                    else None
+                )
                 if isinstance(into, list) and len(into) == 2:
                     self._move(c, target.database, dead_letter_stage_name(p.xid), q.qualified(*into))
                 markers.ensure_table()
@@ -177,7 +207,9 @@ class StagingMode(ModeBase):
                 if moved:
                     raise IllegalTransitionError(
                         f"cannot roll back: partitions {moved} of stage {name} were already "
-                        "moved by a commit; roll it forward instead", xid=p.xid)
+                        "moved by a commit; roll it forward instead",
+                        xid=p.xid,
+                    )
             self._drop_stages(c, target, p.xid)
 
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
@@ -198,18 +230,18 @@ class StagingMode(ModeBase):
 
         Operator side, once per ``gc``: the candidates it matches against the registry.
         """
-        return [(name[len(STAGE_PREFIX):], age) for name, age in tables_named(target, STAGE_PREFIX)]
+        return [(name[len(STAGE_PREFIX) :], age) for name, age in tables_named(target, STAGE_PREFIX)]
 
     # -- helpers -------------------------------------------------------------------------
     def _move(self, c: ClickHouseHTTP, database: str, name: str, into: str) -> None:
         """MOVE every partition still in stage ``name`` into ``into`` (none left: nothing)."""
         for pid in self._partitions(c, database, name):
-            c.command(f"ALTER TABLE {q.qualified(database, name)} MOVE PARTITION ID "
-                      f"{q.quote_string(pid)} TO TABLE {into}")
+            c.command(
+                f"ALTER TABLE {q.qualified(database, name)} MOVE PARTITION ID {q.quote_string(pid)} TO TABLE {into}"
+            )
 
     @staticmethod
-    def _drop_stages(c: ClickHouseHTTP, target: Target, xid: str, *, quiet: bool = False,
-                     letters: bool = True) -> None:
+    def _drop_stages(c: ClickHouseHTTP, target: Target, xid: str, *, quiet: bool = False, letters: bool = True) -> None:
         """Drop the dead-letter stage (unless ``letters`` is False: none was created), then
         the stage (the one :meth:`lookup` reads goes last)."""
         names = (dead_letter_stage_name(xid), stage_name(xid)) if letters else (stage_name(xid),)
@@ -226,7 +258,8 @@ class StagingMode(ModeBase):
         """The COMMENT of table ``name``; None if it does not exist."""
         rows = c.query_json(
             "SELECT comment FROM system.tables WHERE database = {d:String} AND name = {t:String}",
-            params={"d": database, "t": name})
+            params={"d": database, "t": name},
+        )
         return str(rows[0]["comment"]) if rows else None
 
     @staticmethod
@@ -239,7 +272,8 @@ class StagingMode(ModeBase):
         rows = c.query_json(
             "SELECT DISTINCT partition_id FROM system.parts WHERE database = {d:String} "
             "AND table = {t:String} AND active AND rows > 0 ORDER BY partition_id",
-            params={"d": database, "t": name})
+            params={"d": database, "t": name},
+        )
         return [str(r["partition_id"]) for r in rows]
 
 
@@ -249,7 +283,9 @@ def tables_named(target: Target, prefix: str) -> list[tuple[str, float]]:
         rows = c.query_json(
             "SELECT name, dateDiff('second', metadata_modification_time, now()) AS age "
             "FROM system.tables WHERE database = {d:String} AND startsWith(name, {p:String}) "
-            "ORDER BY name", params={"d": target.database, "p": prefix})
+            "ORDER BY name",
+            params={"d": target.database, "p": prefix},
+        )
     return [(str(r["name"]), float(r["age"])) for r in rows]
 
 
@@ -267,5 +303,14 @@ def _plan_of(comment: str | None) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
-__all__ = ["StagingMode", "stage_name", "STAGE_PREFIX", "dead_letter_stage_name", "DEAD_LETTER_STAGE_PREFIX", "OVERWRITE_STAGE_PREFIX", "overwrite_stage_name",
-           "is_overwrite_stage_of", "tables_named"]
+__all__ = [
+    "StagingMode",
+    "stage_name",
+    "STAGE_PREFIX",
+    "dead_letter_stage_name",
+    "DEAD_LETTER_STAGE_PREFIX",
+    "OVERWRITE_STAGE_PREFIX",
+    "overwrite_stage_name",
+    "is_overwrite_stage_of",
+    "tables_named",
+]

@@ -47,14 +47,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clickhouse_tx import sql as q
+from clickhouse_tx._transport import (
+    INVALID_TRANSACTION,
+    SESSION_IS_LOCKED,
+    SESSION_NOT_FOUND,
+    ClickHouseHTTP,
+    ReplyLostError,
+)
 from clickhouse_tx.dead_letters import write_dead_letters
-from clickhouse_tx.errors import (ConfigurationError, NotCommittedError, OutcomeUnknownError,
-                                  ServerError, TransientError)
-from clickhouse_tx._transport import (INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND,
-                                      ClickHouseHTTP, ReplyLostError)
+from clickhouse_tx.errors import ConfigurationError, NotCommittedError, OutcomeUnknownError, ServerError, TransientError
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches, batch_checksum, combine, finish
-from clickhouse_tx import sql as q
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 
 log = logging.getLogger(__name__)
@@ -76,9 +79,9 @@ class TransactionMode(ModeBase):
             raise ConfigurationError(
                 f"table {info.display} has engine {info.engine}: mode 'transaction' needs a "
                 "non-replicated *MergeTree table (ClickHouse transactions support nothing else); "
-                "use mode 'staging' (exactly-once on any MergeTree, incl. Replicated) or 'dedup'")
-        probe = ClickHouseHTTP(target, session_id=f"clickhouse_tx_probe_{uuid.uuid4().hex}",
-                               session_timeout=60)
+                "use mode 'staging' (exactly-once on any MergeTree, incl. Replicated) or 'dedup'"
+            )
+        probe = ClickHouseHTTP(target, session_id=f"clickhouse_tx_probe_{uuid.uuid4().hex}", session_timeout=60)
         try:
             probe.command("BEGIN TRANSACTION")
             probe.command("ROLLBACK")
@@ -87,14 +90,15 @@ class TransactionMode(ModeBase):
                 f"the server at {probe.server} refused BEGIN TRANSACTION ({e.message}): mode "
                 "'transaction' needs allow_experimental_transactions and Keeper, see "
                 "server_patches/config.d/transactions.xml; or use mode 'staging'",
-                code=e.code, name=e.name) from None
+                code=e.code,
+                name=e.name,
+            ) from None
         finally:
             probe.close()
         self.markers(target).ensure_table()
 
     # -- executor ------------------------------------------------------------------------
-    def prepare(self, target: Target, ctx: WriteContext, xid: str,
-                batches: Iterator[pa.RecordBatch]) -> Prepared:
+    def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor, once per partition attempt: write inside an open transaction."""
         markers = self.markers(target)
         markers.ensure_table()  # DDL is refused inside a transaction: do it first
@@ -110,18 +114,32 @@ class TransactionMode(ModeBase):
                 # identical blocks would be dropped as duplicates. A token unique to this
                 # attempt keys the dedup log on the xid instead (insert_deduplicate=0 does
                 # not switch it off for non-replicated tables: measured on 26.9).
-                session.insert_arrow_stream(self.target_sql(target), schema, counted,
-                                            settings={"insert_deduplication_token": xid})
-            letters = write_dead_letters(session, converted, table=self.display(target),
-                                         txn_id=ctx.txn_id, batch=ctx.batch,
-                                         partition=ctx.partition, xid=xid)
-            p = self.prepared(target, ctx, xid, counted.rows, counted.checksum,
-                              {"session_timeout_s": target.session_timeout_s, "dead_letters": letters})
+                session.insert_arrow_stream(
+                    self.target_sql(target), schema, counted, settings={"insert_deduplication_token": xid}
+                )
+            letters = write_dead_letters(
+                session,
+                converted,
+                table=self.display(target),
+                txn_id=ctx.txn_id,
+                batch=ctx.batch,
+                partition=ctx.partition,
+                xid=xid,
+            )
+            p = self.prepared(
+                target,
+                ctx,
+                xid,
+                counted.rows,
+                counted.checksum,
+                {"session_timeout_s": target.session_timeout_s, "dead_letters": letters},
+            )
             markers.insert(p, client=session)
             return p
 
-    def _prepare_routed(self, target: Target, ctx: WriteContext, xid: str,
-                        batches: Iterator[pa.RecordBatch], markers: CommitMarkers) -> Prepared:
+    def _prepare_routed(
+        self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch], markers: CommitMarkers
+    ) -> Prepared:
         """Executor: split the partition by ``route_column``, then one transaction for all."""
         routed = RoutedBatches(target)
         for b in batches:
@@ -129,12 +147,20 @@ class TransactionMode(ModeBase):
         with self._open_transaction(target, xid) as session:
             for (db, table), parts in routed.parts.items():
                 # Same reason as for one table (see prepare), per table of the xid.
-                session.insert_arrow_stream(q.qualified(db, table), parts[0].schema, iter(parts),
-                                            settings={"insert_deduplication_token":
-                                                      f"{xid}:{db}.{table}"})
-            p = self.prepared(target, ctx, xid, routed.rows, finish(routed.checksum_total),
-                              {"session_timeout_s": target.session_timeout_s,
-                               "routed_rows": routed.rows_per_table()})
+                session.insert_arrow_stream(
+                    q.qualified(db, table),
+                    parts[0].schema,
+                    iter(parts),
+                    settings={"insert_deduplication_token": f"{xid}:{db}.{table}"},
+                )
+            p = self.prepared(
+                target,
+                ctx,
+                xid,
+                routed.rows,
+                finish(routed.checksum_total),
+                {"session_timeout_s": target.session_timeout_s, "routed_rows": routed.rows_per_table()},
+            )
             markers.insert(p, client=session)
             return p
 
@@ -182,8 +208,7 @@ class TransactionMode(ModeBase):
         try:
             session.command("COMMIT", session_check=True)
         except ReplyLostError as e:
-            raise OutcomeUnknownError(f"COMMIT sent but its reply was lost: {e.message}",
-                                      xid=p.xid) from None
+            raise OutcomeUnknownError(f"COMMIT sent but its reply was lost: {e.message}", xid=p.xid) from None
         except ServerError as e:
             if isinstance(e, TransientError):
                 # Refused before running (SESSION_IS_LOCKED: the keep-alive or a late
@@ -192,14 +217,12 @@ class TransactionMode(ModeBase):
             if e.code not in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
                 # e.g. UNKNOWN_STATUS_OF_TRANSACTION (the server lost touch with Keeper
                 # mid-COMMIT): it may have committed; the caller looks it up.
-                raise OutcomeUnknownError(f"COMMIT failed: {e.message}", xid=p.xid,
-                                          code=e.code, name=e.name) from None
+                raise OutcomeUnknownError(f"COMMIT failed: {e.message}", xid=p.xid, code=e.code, name=e.name) from None
             if self.markers(target).lookup(p.xid) is not None:
                 return  # committed before (a replayed commit): no-op
             if e.code == INVALID_TRANSACTION:
                 _quiet_rollback(session)  # a failed transaction waits for ROLLBACK
-            raise NotCommittedError(f"cannot commit: {e.message}", xid=p.xid,
-                                    code=e.code, name=e.name) from None
+            raise NotCommittedError(f"cannot commit: {e.message}", xid=p.xid, code=e.code, name=e.name) from None
         finally:
             session.close()
 
@@ -271,14 +294,16 @@ class RoutedBatches:
         if idx < 0:
             raise ConfigurationError(
                 f"option table_column={self.column!r}: the data has no such column "
-                f"(columns: {', '.join(batch.schema.names)})")
+                f"(columns: {', '.join(batch.schema.names)})"
+            )
         col = batch.column(idx)
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
         if col.null_count:
             raise ConfigurationError(
                 f"column {self.column!r} (option table_column) is null in {col.null_count} row(s): "
-                f"every row must name one of the tables {', '.join(self.allowed)} (option tables)")
+                f"every row must name one of the tables {', '.join(self.allowed)} (option tables)"
+            )
         data = batch.remove_column(idx)
         for value in pc.unique(col).to_pylist():
             key = self.spellings.get(value)
@@ -287,7 +312,8 @@ class RoutedBatches:
                 raise ConfigurationError(
                     f"column {self.column!r} (option table_column) names table {shown!r}, which "
                     f"is not in the option tables ({', '.join(self.allowed)}); nothing of this "
-                    "partition is written")
+                    "partition is written"
+                )
             piece = data.filter(pc.equal(col, pa.scalar(value, col.type)))
             self.parts.setdefault(key, []).append(piece)
             self.rows += piece.num_rows
@@ -338,8 +364,7 @@ class SessionKeepAlive:
             now = time.monotonic()
             self._watched[xid] = (target, now, now)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="clickhouse-tx-keepalive",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="clickhouse-tx-keepalive", daemon=True)
                 self._thread.start()
         self._wake.set()  # a shorter session_timeout than the others may need an earlier touch
 
@@ -363,10 +388,12 @@ class SessionKeepAlive:
                         self._thread = None
                         return
                     now = time.monotonic()
-                    due = [(x, t, ok_at) for x, (t, ok_at, tried) in self._watched.items()
-                           if now - tried >= t.session_timeout_s / 4]
-                    wait = min(tried + t.session_timeout_s / 4 - now
-                               for t, _, tried in self._watched.values())
+                    due = [
+                        (x, t, ok_at)
+                        for x, (t, ok_at, tried) in self._watched.items()
+                        if now - tried >= t.session_timeout_s / 4
+                    ]
+                    wait = min(tried + t.session_timeout_s / 4 - now for t, _, tried in self._watched.values())
                 if not due:
                     self._wake.wait(max(0.05, wait))
                     self._wake.clear()
@@ -382,17 +409,22 @@ class SessionKeepAlive:
             now = time.monotonic()
             if not keep or (not ok and now - last_ok > target.session_timeout_s):
                 if keep:
-                    log.warning("keep-alive of session %s gave up: no touch succeeded for %d s",
-                                xid, target.session_timeout_s)
+                    log.warning(
+                        "keep-alive of session %s gave up: no touch succeeded for %d s", xid, target.session_timeout_s
+                    )
                 del self._watched[xid]
             else:
                 self._watched[xid] = (target, now if ok else last_ok, now)
 
     def _touch(self, target: Target, xid: str) -> tuple[bool, bool]:
         """(keep watching, touched): one request in the session."""
-        session = ClickHouseHTTP(dataclasses.replace(target, request_timeout_s=min(
-            target.request_timeout_s, max(1.0, target.session_timeout_s / 2))),
-            session_id=xid, session_timeout=target.session_timeout_s)
+        session = ClickHouseHTTP(
+            dataclasses.replace(
+                target, request_timeout_s=min(target.request_timeout_s, max(1.0, target.session_timeout_s / 2))
+            ),
+            session_id=xid,
+            session_timeout=target.session_timeout_s,
+        )
         try:
             tid = session.command("SELECT transactionID()", session_check=True).strip()
             self.touches += 1

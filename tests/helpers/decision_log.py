@@ -14,14 +14,25 @@ from clickhouse_tx.interfaces import Decision, Mode, Prepared
 
 
 def prepared(xid: str, partition: int = 0, batch: int = 3) -> Prepared:
-    return Prepared(xid=xid, txn_id="q", batch=batch, partition=partition, attempt=0,
-                    mode=Mode.STAGING, server="http://h:8123", table="db.t", rows=10, checksum=7,
-                    details={"stage": f"stage_{xid}", "partition_ids": ["all"]})
+    return Prepared(
+        xid=xid,
+        txn_id="q",
+        batch=batch,
+        partition=partition,
+        attempt=0,
+        mode=Mode.STAGING,
+        server="http://h:8123",
+        table="db.t",
+        rows=10,
+        checksum=7,
+        details={"stage": f"stage_{xid}", "partition_ids": ["all"]},
+    )
 
 
 def decision(version: int = 1, batch: int = 3, xids: tuple[str, ...] = ("a", "b")) -> Decision:
-    return Decision(txn_id="q", batch=batch, version=version,
-                    chosen=tuple(prepared(x, i, batch) for i, x in enumerate(xids)))
+    return Decision(
+        txn_id="q", batch=batch, version=version, chosen=tuple(prepared(x, i, batch) for i, x in enumerate(xids))
+    )
 
 
 def race(make_log: Callable[[], FileDecisionLog], writers: int = 8) -> list[str]:

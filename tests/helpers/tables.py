@@ -21,16 +21,26 @@ PARTITIONS = 4  # the tables below are PARTITION BY id % 4
 
 
 def rows(n: int, start: int = 0) -> pa.Table:
-    return pa.table({"id": pa.array(range(start, start + n), pa.uint64()),
-                     "s": pa.array([f"v{i}" for i in range(start, start + n)])})
+    return pa.table(
+        {
+            "id": pa.array(range(start, start + n), pa.uint64()),
+            "s": pa.array([f"v{i}" for i in range(start, start + n)]),
+        }
+    )
 
 
 def batches(t: pa.Table, size: int = 250) -> Iterator[pa.RecordBatch]:
     return iter(t.to_batches(max_chunksize=size))
 
 
-def make_table(admin: ClickHouseHTTP, database: str, table: str = "events", *, engine: str = "MergeTree",
-               settings: str = "non_replicated_deduplication_window = 1000") -> Target:
+def make_table(
+    admin: ClickHouseHTTP,
+    database: str,
+    table: str = "events",
+    *,
+    engine: str = "MergeTree",
+    settings: str = "non_replicated_deduplication_window = 1000",
+) -> Target:
     tail = f" PARTITION BY id % {PARTITIONS} ORDER BY id" if "MergeTree" in engine else ""
     if settings and "MergeTree" in engine:
         tail += f" SETTINGS {settings}"
@@ -49,12 +59,16 @@ def distinct_ids(admin: ClickHouseHTTP, target: Target) -> int:
 
 
 def tables(admin: ClickHouseHTTP, database: str) -> set[str]:
-    return {r["name"] for r in admin.query_json(
-        "SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})}
+    return {
+        r["name"]
+        for r in admin.query_json("SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})
+    }
 
 
 def markers(admin: ClickHouseHTTP, database: str) -> list[dict[str, Any]]:
     if MARKERS_TABLE not in tables(admin, database):
         return []
-    return admin.query_json(f"SELECT xid, `partition`, rows FROM {q.qualified(database, MARKERS_TABLE)} "
-                            "ORDER BY `partition` SETTINGS implicit_transaction = 1")
+    return admin.query_json(
+        f"SELECT xid, `partition`, rows FROM {q.qualified(database, MARKERS_TABLE)} "
+        "ORDER BY `partition` SETTINGS implicit_transaction = 1"
+    )

@@ -29,30 +29,36 @@ def tables(clickhouse_url: str, database: str) -> Iterator[tuple[ClickHouseHTTP,
     target = Target(url=clickhouse_url, database=database, table="tgt")
     admin = ClickHouseHTTP(target)
     for name in ("tgt", "s1", "s2"):
-        admin.command(f"CREATE TABLE {q.qualified(database, name)} (id UInt64, s String) "
-                      "ENGINE = MergeTree PARTITION BY id % 2 ORDER BY id")
+        admin.command(
+            f"CREATE TABLE {q.qualified(database, name)} (id UInt64, s String) "
+            "ENGINE = MergeTree PARTITION BY id % 2 ORDER BY id"
+        )
     for name, start in (("s1", 0), ("s2", 10 * ROWS)):
-        admin.command(f"INSERT INTO {q.qualified(database, name)} "
-                      f"SELECT number + {start}, toString(number) FROM numbers({ROWS})")
+        admin.command(
+            f"INSERT INTO {q.qualified(database, name)} SELECT number + {start}, toString(number) FROM numbers({ROWS})"
+        )
     yield admin, target
     admin.close()
 
 
 def count(admin: ClickHouseHTTP, database: str, table: str) -> int:
-    return int(admin.command(f"SELECT count() FROM {q.qualified(database, table)} "
-                             "SETTINGS implicit_transaction = 1").strip())
+    return int(
+        admin.command(f"SELECT count() FROM {q.qualified(database, table)} SETTINGS implicit_transaction = 1").strip()
+    )
 
 
 STATEMENTS = {
-    "attach_partition_from": [f"ALTER TABLE {{tgt}} ATTACH PARTITION ID '{p}' FROM {{{s}}}"
-                              for s in ("s1", "s2") for p in ("0", "1")],
+    "attach_partition_from": [
+        f"ALTER TABLE {{tgt}} ATTACH PARTITION ID '{p}' FROM {{{s}}}" for s in ("s1", "s2") for p in ("0", "1")
+    ],
     "insert_select": ["INSERT INTO {tgt} SELECT * FROM {s1}", "INSERT INTO {tgt} SELECT * FROM {s2}"],
 }
 
 
 @pytest.mark.parametrize("how", sorted(STATEMENTS))
 def test_several_stage_tables_copied_in_one_transaction_appear_together_at_commit(
-        tables: tuple[ClickHouseHTTP, Target], how: str) -> None:
+    tables: tuple[ClickHouseHTTP, Target], how: str
+) -> None:
     admin, target = tables
     names = {n: q.qualified(target.database, n) for n in ("tgt", "s1", "s2")}
     session = ClickHouseHTTP(target, session_id=f"atomic-{how}-{target.database}", session_timeout=60)
@@ -69,13 +75,14 @@ def test_several_stage_tables_copied_in_one_transaction_appear_together_at_commi
     assert count(admin, target.database, "s1") == ROWS  # copied, not moved: the stages stay
 
 
-def test_a_move_partition_inside_a_transaction_is_undone_by_rollback(
-        tables: tuple[ClickHouseHTTP, Target]) -> None:
+def test_a_move_partition_inside_a_transaction_is_undone_by_rollback(tables: tuple[ClickHouseHTTP, Target]) -> None:
     admin, target = tables
     session = ClickHouseHTTP(target, session_id=f"atomic-move-{target.database}", session_timeout=60)
     session.command("BEGIN TRANSACTION")
-    session.command(f"ALTER TABLE {q.qualified(target.database, 's1')} MOVE PARTITION ID '1' "
-                    f"TO TABLE {q.qualified(target.database, 'tgt')}")
+    session.command(
+        f"ALTER TABLE {q.qualified(target.database, 's1')} MOVE PARTITION ID '1' "
+        f"TO TABLE {q.qualified(target.database, 'tgt')}"
+    )
     assert count(admin, target.database, "tgt") == 0
     session.command("ROLLBACK")
     assert count(admin, target.database, "tgt") == 0

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.factory import build_coordinator, build_mode_io
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Decision, Target, WriteContext
 from clickhouse_tx.registry import KeeperMapRegistry
 from clickhouse_tx.state import TxState
@@ -34,12 +34,16 @@ def _batch(first: int, n: int = 100) -> list[pa.RecordBatch]:
 
 
 def _visible(admin: ClickHouseHTTP, target: Target) -> int:
-    return int(admin.command(f"SELECT count() FROM {q.qualified(target.database, target.table)} "
-                             "SETTINGS implicit_transaction = 1").strip())
+    return int(
+        admin.command(
+            f"SELECT count() FROM {q.qualified(target.database, target.table)} SETTINGS implicit_transaction = 1"
+        ).strip()
+    )
 
 
 def test_status_counts_open_prepares_and_gc_rolls_back_the_ones_no_decision_names(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     target, admin = _setup(clickhouse_url, database)
     coord = build_coordinator(target, "transaction", TXN, str(tmp_path))
     coord.commit_batch(0, [coord.prepare(WriteContext(TXN, 0, 0, 0), iter(_batch(1000)))])
@@ -51,8 +55,7 @@ def test_status_counts_open_prepares_and_gc_rolls_back_the_ones_no_decision_name
     summary = json.loads(status.stdout)
     assert summary["open_by_state"] == {TxState.INITIALIZED.value: 2}
 
-    gc = _cli("gc", *common, "--mode", "transaction", "--checkpoint", str(tmp_path),
-              "--older-than", "0", "--json")
+    gc = _cli("gc", *common, "--mode", "transaction", "--checkpoint", str(tmp_path), "--older-than", "0", "--json")
     assert gc.returncode == 0, gc.stderr
     assert sorted(json.loads(gc.stdout)["rolled_back"]) == sorted(p.xid for p in stale)
 
@@ -64,7 +67,8 @@ def test_status_counts_open_prepares_and_gc_rolls_back_the_ones_no_decision_name
 
 
 def test_recover_rolls_forward_a_decided_xid_a_dead_driver_left_committing(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     target, admin = _setup(clickhouse_url, database)
     coord = build_coordinator(target, "transaction", TXN, str(tmp_path))
     p = coord.prepare(WriteContext(TXN, 5, 0, 0), iter(_batch(0)))
@@ -74,21 +78,42 @@ def test_recover_rolls_forward_a_decided_xid_a_dead_driver_left_committing(
     assert registry.transition(p.xid, [TxState.INITIALIZED.value], TxState.COMMITTING.value)
     assert _visible(admin, target) == 0
 
-    rec = _cli("recover", "--url", clickhouse_url, "--table", f"{database}.events", "--mode", "transaction",
-               "--checkpoint", str(tmp_path), "--json")
+    rec = _cli(
+        "recover",
+        "--url",
+        clickhouse_url,
+        "--table",
+        f"{database}.events",
+        "--mode",
+        "transaction",
+        "--checkpoint",
+        str(tmp_path),
+        "--json",
+    )
     assert rec.returncode == 0, rec.stderr
     assert json.loads(rec.stdout)["committed"] == [p.xid]
     assert registry.get(p.xid).state == TxState.COMMITTED.value
     assert _visible(admin, target) == 100
     # A second pass finds nothing in doubt and changes nothing.
-    again = json.loads(_cli("recover", "--url", clickhouse_url, "--table", f"{database}.events", "--mode",
-                            "transaction", "--checkpoint", str(tmp_path), "--json").stdout)
+    again = json.loads(
+        _cli(
+            "recover",
+            "--url",
+            clickhouse_url,
+            "--table",
+            f"{database}.events",
+            "--mode",
+            "transaction",
+            "--checkpoint",
+            str(tmp_path),
+            "--json",
+        ).stdout
+    )
     assert again["committed"] == [] and _visible(admin, target) == 100
     assert build_mode_io("transaction").lookup(target, p).value == "committed"
 
 
-def _commit_until_first_commit(target: Target, chk: Path, txn: str, partitions: int,
-                               rows: int) -> list:
+def _commit_until_first_commit(target: Target, chk: Path, txn: str, partitions: int, rows: int) -> list:
     """A job that decided a batch and COMMITTED one partition, then died (as after_commit:1)."""
     coord = build_coordinator(target, "transaction", txn, str(chk))
     msgs = [coord.prepare(WriteContext(txn, 0, p, 0), iter(_batch(p * rows, rows))) for p in range(partitions)]
@@ -101,7 +126,8 @@ def _commit_until_first_commit(target: Target, chk: Path, txn: str, partitions: 
 
 
 def test_recover_with_another_querys_checkpoint_never_rolls_back_the_decided_xids_of_a_query_it_was_not_given(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     target, admin = _setup(clickhouse_url, database)
     chk_a, chk_b = tmp_path / "a", tmp_path / "b"
     msgs_a = _commit_until_first_commit(target, chk_a, "query-a", 3, 1000)
@@ -131,7 +157,8 @@ def test_recover_with_another_querys_checkpoint_never_rolls_back_the_decided_xid
 
 
 def test_recover_and_gc_without_a_txn_id_or_a_checkpoint_refuse_to_act_on_every_query(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     target, admin = _setup(clickhouse_url, database)
     msgs = _commit_until_first_commit(target, tmp_path / "a", "query-a", 2, 10)
     common = ["--url", clickhouse_url, "--table", f"{database}.events", "--mode", "transaction"]
@@ -148,7 +175,7 @@ def test_recover_and_gc_without_a_txn_id_or_a_checkpoint_refuse_to_act_on_every_
 
 # A writer process: commits batch 0, leaves two attempts of batch 1 prepared (a zombie
 # and a retried task), then is SIGKILLed in the middle of a third attempt's INSERT.
-_CRASHING_WRITER = r'''
+_CRASHING_WRITER = r"""
 import os, signal, sys
 import pyarrow as pa
 from clickhouse_tx.factory import build_coordinator
@@ -169,29 +196,39 @@ coord.commit_batch(0, [coord.prepare(WriteContext(txn, 0, p, 0), rows(1000 * p))
 for attempt in range(2):
     coord.prepare(WriteContext(txn, 1, 0, attempt), rows(5000))
 coord.prepare(WriteContext(txn, 1, 1, 0), dying(6000))
-'''
+"""
 
 
 def _leftovers(admin: ClickHouseHTTP, target: Target, txn: str) -> dict[str, int]:
     """Every kind of leftover a crashed writer can leave, counted."""
-    stages = admin.query_json("SELECT count() AS n FROM system.tables WHERE database = {d:String} "
-                              "AND startsWith(name, '_ctx_stage_')", params={"d": target.database})
+    stages = admin.query_json(
+        "SELECT count() AS n FROM system.tables WHERE database = {d:String} AND startsWith(name, '_ctx_stage_')",
+        params={"d": target.database},
+    )
     open_tx = admin.query_json("SELECT count() AS n FROM system.transactions WHERE state = 'RUNNING'")
-    return {"registry entries": len(KeeperMapRegistry(target).list_txn(txn)),
-            "stage tables": int(stages[0]["n"]), "open transactions": int(open_tx[0]["n"])}
+    return {
+        "registry entries": len(KeeperMapRegistry(target).list_txn(txn)),
+        "stage tables": int(stages[0]["n"]),
+        "open transactions": int(open_tx[0]["n"]),
+    }
 
 
 @pytest.mark.parametrize("mode", ["transaction", "staging"])
 def test_gc_after_a_writer_is_sigkilled_leaves_zero_leftovers_of_every_kind(
-        mode: str, stack_factory, tmp_path: Path) -> None:
+    mode: str, stack_factory, tmp_path: Path
+) -> None:
     url = stack_factory().clickhouse_url  # a private server: it counts every open transaction
     database = "gc_after_crash"
     admin = ClickHouseHTTP(Target(url=url, database="default", table="x"))
     admin.command(f"CREATE DATABASE {q.quote_identifier(database)}")
     target, admin = _setup(url, database)
     txn, chk = f"crash-{mode}", str(tmp_path / "chk")
-    run = subprocess.run([sys.executable, "-c", _CRASHING_WRITER, url, database, "events", mode, txn, chk],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", _CRASHING_WRITER, url, database, "events", mode, txn, chk],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == -signal.SIGKILL, run.stderr
     if mode == "staging":
         # A failed prepare whose DROP of the stage failed: ABORTED, stage still there.
@@ -203,15 +240,28 @@ def test_gc_after_a_writer_is_sigkilled_leaves_zero_leftovers_of_every_kind(
     assert before["registry entries"] >= 3 and _visible(admin, target) == 1000
     assert before["stage tables" if mode == "staging" else "open transactions"] >= 2, before
 
-    gc = _cli("gc", "--url", url, "--table", f"{database}.events", "--mode", mode, "--checkpoint", chk,
-              "--older-than", "0", "--json")
+    gc = _cli(
+        "gc",
+        "--url",
+        url,
+        "--table",
+        f"{database}.events",
+        "--mode",
+        mode,
+        "--checkpoint",
+        chk,
+        "--older-than",
+        "0",
+        "--json",
+    )
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert _leftovers(admin, target, txn) == {"registry entries": 0, "stage tables": 0, "open transactions": 0}
     assert _visible(admin, target) == 1000  # batch 0, untouched
 
 
 def test_gc_drops_the_stage_a_dead_overwrite_job_left_and_no_other_jobs_stage(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     from clickhouse_tx.modes.staging import overwrite_stage_name
 
     target, admin = _setup(clickhouse_url, database)
@@ -223,10 +273,24 @@ def test_gc_drops_the_stage_a_dead_overwrite_job_left_and_no_other_jobs_stage(
     coord = build_coordinator(staged, "transaction", "ow-job", str(tmp_path))
     coord.commit_batch(0, [coord.prepare(WriteContext("ow-job", 0, 0, 0), iter(_batch(0)))])
 
-    gc = _cli("gc", "--url", clickhouse_url, "--table", f"{database}.events", "--mode", "transaction",
-              "--checkpoint", str(tmp_path), "--older-than", "0", "--json")
+    gc = _cli(
+        "gc",
+        "--url",
+        clickhouse_url,
+        "--table",
+        f"{database}.events",
+        "--mode",
+        "transaction",
+        "--checkpoint",
+        str(tmp_path),
+        "--older-than",
+        "0",
+        "--json",
+    )
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert json.loads(gc.stdout)["dropped_stages"] == [stages["ow-job"]]
-    left = admin.query_json("SELECT name FROM system.tables WHERE database = {d:String} AND "
-                            "startsWith(name, '_ctx_ow_')", params={"d": database})
+    left = admin.query_json(
+        "SELECT name FROM system.tables WHERE database = {d:String} AND startsWith(name, '_ctx_ow_')",
+        params={"d": database},
+    )
     assert [r["name"] for r in left] == [stages["other-job"]]

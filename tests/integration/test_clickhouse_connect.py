@@ -19,19 +19,16 @@ from tests.conftest import quote_ident
 
 
 def _client(stack: StackInfo, database: str, **kwargs: object):  # -> clickhouse_connect Client
-    return clickhouse_connect.get_client(host="127.0.0.1", port=stack.clickhouse_port,
-                                         database=database, **kwargs)
+    return clickhouse_connect.get_client(host="127.0.0.1", port=stack.clickhouse_port, database=database, **kwargs)
 
 
 def _count(client, table: str, where: str = "1", *, committed_only: bool = False) -> int:
     settings = {"implicit_transaction": 1} if committed_only else None
-    return int(client.command(f"SELECT count() FROM {quote_ident(table)} WHERE {where}",
-                              settings=settings))
+    return int(client.command(f"SELECT count() FROM {quote_ident(table)} WHERE {where}", settings=settings))
 
 
 def test_create_insert_and_query_round_trip_with_default_client_settings(ch_client) -> None:
-    ch_client.command("CREATE TABLE t (id UInt64, name String, score Float64) "
-                      "ENGINE = MergeTree ORDER BY id")
+    ch_client.command("CREATE TABLE t (id UInt64, name String, score Float64) ENGINE = MergeTree ORDER BY id")
     rows = [[i, f"name-{i}", i / 2] for i in range(1000)]
     ch_client.insert("t", rows, column_names=["id", "name", "score"])  # lz4 Native body
 
@@ -45,8 +42,7 @@ def test_create_insert_and_query_round_trip_with_default_client_settings(ch_clie
 def test_insert_arrow_of_a_million_rows_arrives_complete(ch_client) -> None:
     n = 1_000_000
     ch_client.command("CREATE TABLE big (id UInt64, v Float64) ENGINE = MergeTree ORDER BY id")
-    table = pa.table({"id": pa.array(range(n), pa.uint64()),
-                      "v": pa.array([i * 0.5 for i in range(n)], pa.float64())})
+    table = pa.table({"id": pa.array(range(n), pa.uint64()), "v": pa.array([i * 0.5 for i in range(n)], pa.float64())})
 
     ch_client.insert_arrow("big", table)
 
@@ -59,17 +55,23 @@ def test_insert_arrow_of_a_million_rows_arrives_complete(ch_client) -> None:
 
 
 def test_two_sessions_with_concurrent_transactions_stay_isolated_and_only_the_commit_lands(
-        stack: StackInfo, database: str, ch_client) -> None:
+    stack: StackInfo, database: str, ch_client
+) -> None:
     ch_client.command("CREATE TABLE t (id UInt64, who String) ENGINE = MergeTree ORDER BY id")
     a = _client(stack, database, session_id=f"a-{uuid.uuid4()}")
     b = _client(stack, database, session_id=f"b-{uuid.uuid4()}")
     try:
+
         def write(client, who: str, first: int) -> None:
             client.command("BEGIN TRANSACTION")
             # With the types given, insert() skips its DESCRIBE TABLE, which ClickHouse
             # refuses inside a transaction (code 48, NOT_IMPLEMENTED).
-            client.insert("t", [[first + i, who] for i in range(1000)], column_names=["id", "who"],
-                          column_type_names=["UInt64", "String"])
+            client.insert(
+                "t",
+                [[first + i, who] for i in range(1000)],
+                column_names=["id", "who"],
+                column_type_names=["UInt64", "String"],
+            )
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda args: write(*args), [(a, "a", 0), (b, "b", 1000)]))
@@ -93,8 +95,7 @@ def test_two_sessions_with_concurrent_transactions_stay_isolated_and_only_the_co
         b.close()
 
 
-def test_an_expired_session_rolls_back_its_open_transaction(
-        stack: StackInfo, database: str, ch_client) -> None:
+def test_an_expired_session_rolls_back_its_open_transaction(stack: StackInfo, database: str, ch_client) -> None:
     ch_client.command("CREATE TABLE t (id UInt64) ENGINE = MergeTree ORDER BY id")
     session_id = f"short-{uuid.uuid4()}"
     short = _client(stack, database, session_id=session_id, settings={"session_timeout": 1})
@@ -118,17 +119,15 @@ def test_an_expired_session_rolls_back_its_open_transaction(
         short.close()
 
 
-def test_keeper_map_table_stores_rows_and_strict_mode_refuses_an_existing_key(
-        ch_client, database: str) -> None:
-    ch_client.command(f"CREATE TABLE km (k String, state String, n UInt64) "
-                      f"ENGINE = KeeperMap('/{database}/km') PRIMARY KEY k")
-    ch_client.insert("km", [["x1", "INITIALIZED", 1], ["x2", "INITIALIZED", 2]],
-                     column_names=["k", "state", "n"])
+def test_keeper_map_table_stores_rows_and_strict_mode_refuses_an_existing_key(ch_client, database: str) -> None:
+    ch_client.command(
+        f"CREATE TABLE km (k String, state String, n UInt64) ENGINE = KeeperMap('/{database}/km') PRIMARY KEY k"
+    )
+    ch_client.insert("km", [["x1", "INITIALIZED", 1], ["x2", "INITIALIZED", 2]], column_names=["k", "state", "n"])
     ch_client.command("INSERT INTO km VALUES ('x1', 'COMMITTING', 1)")  # default: overwrite
 
     with pytest.raises(DatabaseError):
-        ch_client.command("INSERT INTO km VALUES ('x2', 'ABORTING', 2)",
-                          settings={"keeper_map_strict_mode": 1})
+        ch_client.command("INSERT INTO km VALUES ('x2', 'ABORTING', 2)", settings={"keeper_map_strict_mode": 1})
     ch_client.command("DELETE FROM km WHERE k = 'x2'")
     ch_client.command("INSERT INTO km VALUES ('x3', 'INITIALIZED', 3)")
 
@@ -151,8 +150,7 @@ def test_server_errors_arrive_as_database_errors_carrying_the_clickhouse_code(ch
     assert ch_client.command("SELECT 1") == 1  # the client's session still works
 
 
-def test_a_session_refuses_a_second_query_while_one_runs(
-        stack: StackInfo, database: str) -> None:
+def test_a_session_refuses_a_second_query_while_one_runs(stack: StackInfo, database: str) -> None:
     session_id = f"busy-{uuid.uuid4()}"
     first = _client(stack, database, session_id=session_id)
     second = _client(stack, database, session_id=session_id)
@@ -160,8 +158,7 @@ def test_a_session_refuses_a_second_query_while_one_runs(
 
     def slow() -> None:
         try:
-            first.command("SELECT sleepEachRow(0.5) FROM numbers(6) FORMAT Null",
-                          settings={"max_block_size": 1})
+            first.command("SELECT sleepEachRow(0.5) FROM numbers(6) FORMAT Null", settings={"max_block_size": 1})
         except DatabaseError as e:  # it lost the race for the session lock
             refused.append(e)
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from clickhouse_tx._transport import SESSION_IS_LOCKED, SESSION_NOT_FOUND, ClickHouseHTTP
 from clickhouse_tx.errors import ServerError, TransientError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx._transport import SESSION_IS_LOCKED, SESSION_NOT_FOUND, ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
 from clickhouse_tx.retry import RetryPolicy
@@ -39,7 +39,8 @@ def _alive(target: Target, sid: str) -> bool:
 
 
 def test_a_session_keeps_the_timeout_it_was_created_with_and_each_request_restarts_it(
-        admin: ClickHouseHTTP, database: str) -> None:
+    admin: ClickHouseHTTP, database: str
+) -> None:
     target = Target(url=admin.target.url, database=database, table="t")
     sid = f"fixed-{uuid.uuid4().hex}"
     c = ClickHouseHTTP(target, session_id=sid, session_timeout=3)
@@ -56,14 +57,16 @@ def test_a_session_keeps_the_timeout_it_was_created_with_and_each_request_restar
 
 
 def test_the_keep_alive_holds_a_prepared_session_past_its_timeout_until_it_is_committed(
-        admin: ClickHouseHTTP, database: str) -> None:
+    admin: ClickHouseHTTP, database: str
+) -> None:
     long = make_table(admin, database)  # session_timeout 3600: touched every 15 minutes
     target = dataclasses.replace(long, session_timeout_s=2)
     mode = TransactionMode()
     # A worker process that prepared for a job with the default timeout first (its
     # keep-alive then waited 15 minutes between touches and let 2 s sessions expire).
-    earlier = mode.prepare(long, WriteContext(TXN, 0, 1, 0), f"long-{uuid.uuid4().hex[:8]}",
-                           batches(rows(10, start=1000)))
+    earlier = mode.prepare(
+        long, WriteContext(TXN, 0, 1, 0), f"long-{uuid.uuid4().hex[:8]}", batches(rows(10, start=1000))
+    )
     time.sleep(0.5)
     p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), f"kept-{uuid.uuid4().hex[:8]}", batches(rows(300)))
     assert p.xid in KEEP_ALIVE.watching()
@@ -91,7 +94,8 @@ def test_renew_says_a_session_that_expired_is_gone(admin: ClickHouseHTTP, databa
 
 
 def test_a_commit_refused_because_the_session_is_busy_did_not_run_and_is_retried(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database)
     # every sleep between attempts 0-0.5 s: the retries outlast the 1 s hold below
     retry = RetryPolicy(max_attempts=30, max_total_s=30.0, base_delay_s=0.5, max_delay_s=0.5)
@@ -107,9 +111,11 @@ def test_a_commit_refused_because_the_session_is_busy_did_not_run_and_is_retried
     assert info.value.code == SESSION_IS_LOCKED
     holder.join()
     busy.close()
-    holder = threading.Thread(target=lambda: ClickHouseHTTP(
-        target, session_id=p.xid, session_timeout=target.session_timeout_s).command(
-            "SELECT sleep(1)", session_check=True))
+    holder = threading.Thread(
+        target=lambda: ClickHouseHTTP(target, session_id=p.xid, session_timeout=target.session_timeout_s).command(
+            "SELECT sleep(1)", session_check=True
+        )
+    )
     holder.start()
     time.sleep(0.3)
     report = co.commit_batch(0, [p])  # retried within retry.*, committed once
@@ -119,8 +125,8 @@ def test_a_commit_refused_because_the_session_is_busy_did_not_run_and_is_retried
 
 @pytest.mark.parametrize("landed", [True, False], ids=["commit-landed", "commit-not-run"])
 def test_unknown_status_of_transaction_from_commit_is_settled_by_lookup_never_by_a_blind_retry(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        landed: bool) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, "transaction", TXN, str(tmp_path))
     msgs = [co.prepare(WriteContext(TXN, 0, p, 0), batches(rows(100, start=100 * p))) for p in range(2)]
@@ -133,8 +139,12 @@ def test_unknown_status_of_transaction_from_commit_is_settled_by_lookup_never_by
             if len(commits) == 1:  # the first COMMIT of partition 0 meets a Keeper hiccup
                 if landed:
                     real(self, sql, *args, **kwargs)
-                raise ServerError("COMMIT: Connection loss during commit", xid=self.session_id,
-                                  code=UNKNOWN_STATUS_OF_TRANSACTION, name="UNKNOWN_STATUS_OF_TRANSACTION")
+                raise ServerError(
+                    "COMMIT: Connection loss during commit",
+                    xid=self.session_id,
+                    code=UNKNOWN_STATUS_OF_TRANSACTION,
+                    name="UNKNOWN_STATUS_OF_TRANSACTION",
+                )
         return real(self, sql, *args, **kwargs)
 
     monkeypatch.setattr(ClickHouseHTTP, "command", command)
@@ -147,7 +157,8 @@ def test_unknown_status_of_transaction_from_commit_is_settled_by_lookup_never_by
 
 
 def test_abort_does_not_raise_when_a_straggler_holds_its_session_and_recover_finishes_it_later(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     from clickhouse_tx.recovery import resolve_in_doubt
     from clickhouse_tx.registry import KeeperMapRegistry
 
@@ -156,9 +167,11 @@ def test_abort_does_not_raise_when_a_straggler_holds_its_session_and_recover_fin
     p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
     KEEP_ALIVE.unwatch(p.xid)
     straggler = ClickHouseHTTP(target, session_id=p.xid, session_timeout=target.session_timeout_s)
-    holder = threading.Thread(target=lambda: straggler.command(
-        "SELECT sleepEachRow(0.5) FROM numbers(24) SETTINGS max_block_size = 1 FORMAT Null",
-        session_check=True))
+    holder = threading.Thread(
+        target=lambda: straggler.command(
+            "SELECT sleepEachRow(0.5) FROM numbers(24) SETTINGS max_block_size = 1 FORMAT Null", session_check=True
+        )
+    )
     holder.start()
     time.sleep(0.5)
     report = co.abort_batch(0, [p])  # SESSION_IS_LOCKED through every retry: no exception

@@ -31,8 +31,11 @@ def _free_port() -> int:
 def s3_endpoint() -> Iterator[str]:
     """``127.0.0.1:<port>`` of a moto S3 server process, with the bucket ``chk``."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -52,8 +55,14 @@ def s3_endpoint() -> Iterator[str]:
 
 
 def _s3(endpoint: str) -> pafs.S3FileSystem:
-    return pafs.S3FileSystem(access_key="test", secret_key="test", endpoint_override=endpoint,
-                             scheme="http", region="us-east-1", allow_bucket_creation=True)
+    return pafs.S3FileSystem(
+        access_key="test",
+        secret_key="test",
+        endpoint_override=endpoint,
+        scheme="http",
+        region="us-east-1",
+        allow_bucket_creation=True,
+    )
 
 
 @pytest.fixture
@@ -67,13 +76,24 @@ def _log(endpoint: str, target: Target, prefix: str) -> FileDecisionLog:
 
 
 def decision(xid: str, batch: int = 3, version: int = 1) -> Decision:  # one chosen xid
-    p = Prepared(xid=xid, txn_id="q", batch=batch, partition=0, attempt=0, mode=Mode.DEDUP,
-                 server="http://h", table="db.t", rows=1, checksum=1)
+    p = Prepared(
+        xid=xid,
+        txn_id="q",
+        batch=batch,
+        partition=0,
+        attempt=0,
+        mode=Mode.DEDUP,
+        server="http://h",
+        table="db.t",
+        rows=1,
+        checksum=1,
+    )
     return Decision(txn_id="q", batch=batch, version=version, chosen=(p,))
 
 
 def test_concurrent_writers_of_one_batch_on_an_object_store_produce_exactly_one_decision(
-        s3_endpoint: str, target: Target, database: str) -> None:
+    s3_endpoint: str, target: Target, database: str
+) -> None:
     prefix = f"race-{database}"
     _log(s3_endpoint, target, prefix).arbiter.registry.ensure_table()
     winners = race(lambda: _log(s3_endpoint, target, prefix), writers=6)
@@ -86,7 +106,8 @@ def test_concurrent_writers_of_one_batch_on_an_object_store_produce_exactly_one_
 
 
 def test_a_claimed_decision_whose_writer_died_before_its_put_is_written_by_the_next_reader(
-        s3_endpoint: str, target: Target, database: str) -> None:
+    s3_endpoint: str, target: Target, database: str
+) -> None:
     log = _log(s3_endpoint, target, f"repair-{database}")
     body = decision("winner").to_bytes()
     assert log.arbiter.claim("decision:q:3:v1", body) == body  # the winner dies here, before its PUT
@@ -97,7 +118,8 @@ def test_a_claimed_decision_whose_writer_died_before_its_put_is_written_by_the_n
 
 
 def test_compacting_an_object_store_log_drops_the_claims_of_the_dropped_batches(
-        s3_endpoint: str, target: Target, database: str) -> None:
+    s3_endpoint: str, target: Target, database: str
+) -> None:
     log = _log(s3_endpoint, target, f"compact-{database}")
     log.retain_batches, log.compact_every = 2, 1000
     for b in range(5):
@@ -110,7 +132,8 @@ def test_compacting_an_object_store_log_drops_the_claims_of_the_dropped_batches(
 
 
 def test_the_factory_arbitrates_an_s3_checkpoint_through_the_registry_and_a_local_one_by_links(
-        s3_endpoint: str, target: Target, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_endpoint: str, target: Target, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     uri = f"s3://{BUCKET}/factory?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"

@@ -19,8 +19,7 @@ from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes import dedup_layout
 from clickhouse_tx.modes.dedup_layout import LAYOUT_TABLE, DedupLayoutError
 from tests.integration.test_dedup_mode import TXN, coordinator
-from tests.integration.test_modes import (  # noqa: F401 - the admin fixture
-    admin, batches, committed_count, distinct_ids, make_table, rows)
+from tests.integration.test_modes import batches, committed_count, distinct_ids, make_table, rows  # noqa: F401 - the admin fixture
 
 N = 1200
 
@@ -35,7 +34,8 @@ def run(co, parts: list[pa.Table], attempt: int = 0) -> list[Prepared]:  # noqa:
 
 
 def test_a_partition_whose_retry_holds_other_rows_is_refused_before_it_inserts(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database)
     first = cut(rows(N), 3)
     run(coordinator(target, tmp_path), first)  # inserted (visible), then the driver died
@@ -51,7 +51,8 @@ def test_a_partition_whose_retry_holds_other_rows_is_refused_before_it_inserts(
 
 
 def test_after_the_first_commit_started_a_partition_beyond_the_sealed_count_or_with_other_rows_is_refused(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database)
     co = coordinator(target, tmp_path)
     msgs = run(co, cut(rows(N), 3))
@@ -68,7 +69,8 @@ def test_after_the_first_commit_started_a_partition_beyond_the_sealed_count_or_w
 
 
 def test_a_commit_missing_a_partition_an_earlier_run_inserted_is_refused_and_commits_nothing(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     # The first run inserted partitions 0..2 of 3 and died before its commit. A replay
     # whose first two partitions hold the same rows but that has no partition 2 (its
     # rows went elsewhere) must not be committed as if it were the whole batch.
@@ -86,7 +88,8 @@ def test_a_commit_missing_a_partition_an_earlier_run_inserted_is_refused_and_com
 
 
 def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_commits(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database)
     co = coordinator(target, tmp_path)
     for batch in range(3):
@@ -99,7 +102,8 @@ def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_co
 
 
 def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_refused_if_the_cut_changed(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Run r1 cut the batch in 3 and inserted partitions 0 and 1 before it died (2 never
     # started; no commit, so no seal). Executors cannot know a run's partition count: a
     # partition nobody inserted must wait until this run has re-checked 0 and 1.

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import WriteContext
 from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
 from clickhouse_tx.modes.dedup_layout import DedupLayoutError
@@ -48,7 +48,8 @@ def ids(admin: ClickHouseHTTP, target) -> list[int]:
 
 
 def test_a_dedup_replay_with_other_record_batch_sizes_after_a_partial_attempt_inserts_nothing_twice(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database)
     data = rows(1000)
     with pytest.raises(NotCommittedError, match="executor killed after 700 rows"):
@@ -61,7 +62,8 @@ def test_a_dedup_replay_with_other_record_batch_sizes_after_a_partial_attempt_in
 
 
 def test_a_replay_whose_partition_holds_other_rows_is_refused_and_the_original_rows_are_not_swallowed(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     # The first attempt of partition 0 wrote rows 0..299 and died; the replay (after a
     # repartitioning upstream) gives partition 0 the rows 5000..5299. A positional token
     # ("partition 0, chunk 0") made ClickHouse drop them as a duplicate: rows lost.
@@ -79,8 +81,7 @@ def test_a_replay_whose_partition_holds_other_rows_is_refused_and_the_original_r
     assert ids(admin, target) == list(range(400))
 
 
-def test_equal_chunks_of_one_partition_are_both_inserted(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+def test_equal_chunks_of_one_partition_are_both_inserted(admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
     target = make_table(admin, database)
     twice = pa.concat_tables([rows(300), rows(300)])
     co = coordinator(target, tmp_path)
@@ -110,7 +111,8 @@ def test_a_fenced_zombie_dedup_insert_is_refused(admin: ClickHouseHTTP, database
 
 
 def test_a_dedup_prepare_stops_before_the_window_fills_and_names_the_fix(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     # 4 table partitions: a 300-row chunk writes 4 parts; a window of 10 holds 2 chunks
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
     with pytest.raises(NotCommittedError, match=r"12 parts .* dedup window holds 10.*MODIFY SETTING"):
@@ -119,7 +121,8 @@ def test_a_dedup_prepare_stops_before_the_window_fills_and_names_the_fix(
 
 
 def test_a_dedup_commit_is_refused_when_the_window_filled_since_the_first_chunk(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
     co = coordinator(target, tmp_path)
     p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(600)))  # 8 parts
@@ -131,14 +134,16 @@ def test_a_dedup_commit_is_refused_when_the_window_filled_since_the_first_chunk(
         co.commit_batch(0, [p])
     assert isinstance(err.value.__cause__, DedupWindowError)
     assert markers(admin, database) == []
-    admin.command(f"ALTER TABLE {q.qualified(database, 'events')} MODIFY SETTING "
-                  "non_replicated_deduplication_window = 1000")
+    admin.command(
+        f"ALTER TABLE {q.qualified(database, 'events')} MODIFY SETTING non_replicated_deduplication_window = 1000"
+    )
     coordinator(target, tmp_path).commit_batch(0, [p])
     assert [m["xid"] for m in markers(admin, database)] == [p.xid]
 
 
 def test_a_late_attempt_of_a_committed_partition_inserts_nothing_even_after_the_window_moved_on(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
     data = rows(300)
     co = coordinator(target, tmp_path)

@@ -31,13 +31,15 @@ def _never_decided(target: Target, mode: str, chk: Path, txn: str, batch: int = 
 
 
 def _gc(target: Target, mode: str, *args: str):  # noqa: ANN202
-    return _cli("gc", "--url", target.url, "--table", f"{target.database}.{target.table}", "--mode", mode,
-                *args, "--json")
+    return _cli(
+        "gc", "--url", target.url, "--table", f"{target.database}.{target.table}", "--mode", mode, *args, "--json"
+    )
 
 
 @pytest.mark.parametrize("mode", ["transaction", "staging"])
 def test_gc_not_running_rolls_back_every_prepare_of_a_query_that_never_decided_and_refuses_without_the_flag(
-        clickhouse_url: str, database: str, tmp_path: Path, mode: str) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path, mode: str
+) -> None:
     target, admin = _setup(clickhouse_url, database)
     chk, txn = tmp_path / "chk", f"never-{mode}"
     prepared = _never_decided(target, mode, chk, txn)
@@ -56,13 +58,16 @@ def test_gc_not_running_rolls_back_every_prepare_of_a_query_that_never_decided_a
     assert sorted(json.loads(gc.stdout)["rolled_back"]) == sorted(p.xid for p in prepared)
     assert KeeperMapRegistry(target).list_txn(txn) == []  # rolled back, then forgotten
     assert [io.lookup(target, p) for p in prepared] == [CommitOutcome.NOT_COMMITTED] * 2
-    stages = admin.query_json("SELECT count() AS n FROM system.tables WHERE database = {d:String} "
-                              "AND startsWith(name, '_ctx_stage_')", params={"d": database})
+    stages = admin.query_json(
+        "SELECT count() AS n FROM system.tables WHERE database = {d:String} AND startsWith(name, '_ctx_stage_')",
+        params={"d": database},
+    )
     assert int(stages[0]["n"]) == 0 and _visible(admin, target) == 0
 
 
 def test_gc_not_running_leaves_a_batch_whose_xid_started_committing_and_forgets_an_aborted_one(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     target, admin = _setup(clickhouse_url, database)
     txn = "never-mixed"
     started = _never_decided(target, "transaction", tmp_path / "a", txn, batch=1)

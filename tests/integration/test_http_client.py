@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError, ServerError, TransientError
 from clickhouse_tx._transport import ClickHouseHTTP, ReplyLostError, RequestNotSentError
+from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError, ServerError, TransientError
 from clickhouse_tx.interfaces import Target
 from server_patches.processes import free_port
 
@@ -35,9 +35,11 @@ def test_hostile_database_table_and_column_names_round_trip(client: ClickHouseHT
 
 def test_query_parameters_carry_any_string_unchanged(client: ClickHouseHTTP) -> None:
     value = "tab\there\nnew'line\\back`tick\0nul"
-    rows = client.query_json("SELECT {v:String} AS v, {a:Array(String)} AS a, {n:UInt64} AS n",
-                             params={"v": value, "a": ["x'y", "z\\"], "n": 2 ** 60})
-    assert rows == [{"v": value, "a": ["x'y", "z\\"], "n": 2 ** 60}]
+    rows = client.query_json(
+        "SELECT {v:String} AS v, {a:Array(String)} AS a, {n:UInt64} AS n",
+        params={"v": value, "a": ["x'y", "z\\"], "n": 2**60},
+    )
+    assert rows == [{"v": value, "a": ["x'y", "z\\"], "n": 2**60}]
 
 
 def test_a_server_exception_becomes_a_server_error_with_code_and_name(client: ClickHouseHTTP) -> None:
@@ -60,7 +62,8 @@ def test_streaming_insert_counts_rows_and_sends_every_batch(client: ClickHouseHT
 
 
 def test_an_error_in_the_source_iterator_aborts_the_insert_and_writes_nothing(
-        client: ClickHouseHTTP, database: str) -> None:
+    client: ClickHouseHTTP, database: str
+) -> None:
     fq = q.qualified(database, "t")
     client.command(f"CREATE TABLE {fq} (a UInt64) ENGINE = MergeTree ORDER BY a")
     data = pa.table({"a": pa.array(range(100), pa.uint64())})
@@ -75,8 +78,9 @@ def test_an_error_in_the_source_iterator_aborts_the_insert_and_writes_nothing(
 
 
 def test_a_refused_connection_is_a_retryable_not_sent_error_without_the_password() -> None:
-    c = ClickHouseHTTP(Target(url=f"http://127.0.0.1:{free_port()}", database="d", table="t",
-                              password=SECRET, connect_timeout_s=2))
+    c = ClickHouseHTTP(
+        Target(url=f"http://127.0.0.1:{free_port()}", database="d", table="t", password=SECRET, connect_timeout_s=2)
+    )
     with pytest.raises(RequestNotSentError) as ei:
         c.command("SELECT 1")
     assert isinstance(ei.value, TransientError) and isinstance(ei.value, NotCommittedError)
@@ -90,8 +94,7 @@ def test_a_reply_that_does_not_arrive_in_time_is_an_outcome_unknown_error(clickh
     assert isinstance(ei.value, OutcomeUnknownError)
 
 
-def test_a_wrong_password_fails_with_the_server_error_and_never_shows_the_password(
-        clickhouse_url: str) -> None:
+def test_a_wrong_password_fails_with_the_server_error_and_never_shows_the_password(clickhouse_url: str) -> None:
     c = ClickHouseHTTP(Target(url=clickhouse_url, database="default", table="t", password=SECRET))
     with pytest.raises(ServerError) as ei:
         c.command("SELECT 1")
@@ -112,8 +115,9 @@ def test_a_session_keeps_its_transaction_between_requests(clickhouse_url: str, d
     fq = q.qualified(database, "t")
     plain = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t"))
     plain.command(f"CREATE TABLE {fq} (a UInt64) ENGINE = MergeTree ORDER BY a")
-    s = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t"), session_id="sess-test-1",
-                       session_timeout=30)
+    s = ClickHouseHTTP(
+        Target(url=clickhouse_url, database=database, table="t"), session_id="sess-test-1", session_timeout=30
+    )
     s.command("BEGIN TRANSACTION")
     s.command(f"INSERT INTO {fq} VALUES (1)")
     assert s.query_json(f"SELECT count() AS c FROM {fq}") == [{"c": 1}]

@@ -43,8 +43,9 @@ def _topic() -> str:
 
 
 def _consumer(bootstrap: str) -> KafkaConsumer:
-    return KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                         allow_auto_create_topics=False, request_timeout_ms=10_000)
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, allow_auto_create_topics=False, request_timeout_ms=10_000
+    )
 
 
 def _free_port() -> int:
@@ -61,8 +62,7 @@ def test_topics_given_at_start_exist_with_their_partition_counts(broker: tuple[s
         c.close()
 
 
-def test_a_topic_created_through_the_control_endpoint_has_the_requested_partitions(
-        broker: tuple[str, str]) -> None:
+def test_a_topic_created_through_the_control_endpoint_has_the_requested_partitions(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
     name = _topic()
     create_topic(control, name, 7)
@@ -73,15 +73,13 @@ def test_a_topic_created_through_the_control_endpoint_has_the_requested_partitio
         c.close()
 
 
-def test_produced_records_are_fetched_back_with_key_value_headers_and_offsets(
-        broker: tuple[str, str]) -> None:
+def test_produced_records_are_fetched_back_with_key_value_headers_and_offsets(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
     name = _topic()
     create_topic(control, name, 2)
     p = KafkaProducer(bootstrap_servers=bootstrap)
     for i in range(20):
-        p.send(name, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2,
-               headers=[("n", str(i).encode())])
+        p.send(name, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2, headers=[("n", str(i).encode())])
     p.flush()
     p.close()
 
@@ -98,8 +96,7 @@ def test_produced_records_are_fetched_back_with_key_value_headers_and_offsets(
     finally:
         c.close()
     seen = {(r.partition, r.offset, r.key, r.value, tuple(r.headers)) for r in got}
-    expected = {(i % 2, i // 2, b"k%d" % i, b"v%d" % i, (("n", str(i).encode()),))
-                for i in range(20)}
+    expected = {(i % 2, i // 2, b"k%d" % i, b"v%d" % i, (("n", str(i).encode()),)) for i in range(20)}
     assert seen == expected
 
 
@@ -122,8 +119,7 @@ def test_end_offsets_count_the_records_produced_to_each_partition(broker: tuple[
         c.close()
 
 
-def test_deleting_records_moves_the_log_start_offset_like_retention(
-        broker: tuple[str, str]) -> None:
+def test_deleting_records_moves_the_log_start_offset_like_retention(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
     name = _topic()
     create_topic(control, name, 1)
@@ -163,15 +159,28 @@ def test_the_topics_option_parses_names_and_partition_counts() -> None:
         parse_topics("a b:1")
 
 
-def test_the_command_line_serves_on_the_fixed_port_and_writes_the_ready_file(
-        tmp_path: Path) -> None:
+def test_the_command_line_serves_on_the_fixed_port_and_writes_the_ready_file(tmp_path: Path) -> None:
     port = _free_port()
     ready = tmp_path / "ready.json"
     with open(tmp_path / "broker.log", "wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server_patches.kafka_broker", "--host", "127.0.0.1",
-             "--port", str(port), "--ready-file", str(ready), "--topics", "fixed:2"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "server_patches.kafka_broker",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--ready-file",
+                str(ready),
+                "--topics",
+                "fixed:2",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():

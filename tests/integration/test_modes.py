@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import arrow_checksum
 from clickhouse_tx.modes import mode_io_for
@@ -43,15 +43,16 @@ class SimulatedCrash(BaseException):
 def prepare_all(co, data: pa.Table, *, batch: int = 0, attempt: int = 0) -> list[Prepared]:
     """One Spark-like task per slice of ``data``: slice i is partition i."""
     per = data.num_rows // 2
-    return [co.prepare(WriteContext(TXN, batch, p, attempt), batches(data.slice(p * per, per)))
-            for p in range(2)]
+    return [co.prepare(WriteContext(TXN, batch, p, attempt), batches(data.slice(p * per, per))) for p in range(2)]
 
 
 # ------------------------------------------------------------------------------------ all modes
 
+
 @pytest.mark.parametrize("mode", [m.value for m in Mode])
-def test_a_committed_batch_is_visible_exactly_once(admin: ClickHouseHTTP, database: str, tmp_path: Path,
-                                                   mode: str) -> None:
+def test_a_committed_batch_is_visible_exactly_once(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, mode, TXN, str(tmp_path))
     data = rows(2000)
@@ -72,8 +73,9 @@ def test_a_committed_batch_is_visible_exactly_once(admin: ClickHouseHTTP, databa
 
 
 @pytest.mark.parametrize("mode", ["transaction", "staging"])
-def test_an_aborted_batch_leaves_no_row_and_no_stage_table(admin: ClickHouseHTTP, database: str,
-                                                           tmp_path: Path, mode: str) -> None:
+def test_an_aborted_batch_leaves_no_row_and_no_stage_table(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, mode, TXN, str(tmp_path))
     data = rows(1000)
@@ -88,8 +90,9 @@ def test_an_aborted_batch_leaves_no_row_and_no_stage_table(admin: ClickHouseHTTP
 
 
 @pytest.mark.parametrize("mode", ["dedup", "none"])
-def test_abort_cannot_take_back_rows_in_the_at_least_once_modes(admin: ClickHouseHTTP, database: str,
-                                                                 tmp_path: Path, mode: str) -> None:
+def test_abort_cannot_take_back_rows_in_the_at_least_once_modes(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, mode, TXN, str(tmp_path))
     data = rows(1000)
@@ -100,8 +103,10 @@ def test_abort_cannot_take_back_rows_in_the_at_least_once_modes(admin: ClickHous
 
 # ------------------------------------------------------------------------------------ transaction
 
+
 def test_a_read_committed_reader_never_sees_rows_of_an_open_transaction(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, "transaction", TXN, str(tmp_path))
     seen: list[int] = []
@@ -127,7 +132,8 @@ def test_a_read_committed_reader_never_sees_rows_of_an_open_transaction(
 
 
 def test_a_plain_select_outside_a_transaction_does_see_uncommitted_rows(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     """The documented caveat (docs/design.md §4): readers who need read-committed use implicit_transaction=1."""
     target = make_table(admin, database)
     co = build_coordinator(target, "transaction", TXN, str(tmp_path))
@@ -162,7 +168,8 @@ class CrashOnCommit:
 
 @pytest.mark.parametrize("mode", ["transaction", "staging"])
 def test_a_driver_crash_between_commits_is_rolled_forward_on_replay(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, mode, TXN, str(tmp_path))
     data = rows(2000)
@@ -179,8 +186,9 @@ def test_a_driver_crash_between_commits_is_rolled_forward_on_replay(
     assert sorted(m["xid"] for m in markers(admin, database)) == sorted(m.xid for m in msgs)
 
 
-def test_a_duplicate_attempt_of_a_partition_is_rolled_back(admin: ClickHouseHTTP, database: str,
-                                                           tmp_path: Path) -> None:
+def test_a_duplicate_attempt_of_a_partition_is_rolled_back(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, "transaction", TXN, str(tmp_path))
     data = rows(2000)
@@ -196,8 +204,9 @@ def test_a_duplicate_attempt_of_a_partition_is_rolled_back(admin: ClickHouseHTTP
     assert KeeperMapRegistry(target).list_batch(loser.txn_id, loser.batch) == []
 
 
-def test_the_rows_of_an_expired_session_never_become_visible(admin: ClickHouseHTTP, database: str,
-                                                              tmp_path: Path) -> None:
+def test_the_rows_of_an_expired_session_never_become_visible(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = dataclasses.replace(make_table(admin, database), session_timeout_s=1)
     mode = TransactionMode()
     p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "expiring-xid-1", batches(rows(500)))
@@ -247,8 +256,8 @@ def test_an_empty_partition_commits_with_a_zero_row_marker(admin: ClickHouseHTTP
 
 # ------------------------------------------------------------------------------------ staging
 
-def test_a_half_moved_stage_is_rolled_forward_and_cannot_be_rolled_back(
-        admin: ClickHouseHTTP, database: str) -> None:
+
+def test_a_half_moved_stage_is_rolled_forward_and_cannot_be_rolled_back(admin: ClickHouseHTTP, database: str) -> None:
     target = make_table(admin, database)
     mode = StagingMode()
     mode.validate(target, rows(1).schema)
@@ -268,7 +277,8 @@ def test_a_half_moved_stage_is_rolled_forward_and_cannot_be_rolled_back(
 
 
 def test_a_staging_commit_without_dead_letters_never_asks_for_a_dead_letter_stage(
-        admin: ClickHouseHTTP, database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    admin: ClickHouseHTTP, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two round trips of every staging commit (the dead-letter stage's COMMENT and DROP)
     are skipped when the partition's prepare staged no dead letter."""
     target = make_table(admin, database)
@@ -306,7 +316,8 @@ def test_a_rolled_back_stage_is_not_committed(admin: ClickHouseHTTP, database: s
 
 @pytest.mark.parametrize("block_rows", [None, 500], ids=["one_part_per_partition", "many_parts_per_partition"])
 def test_a_reader_during_move_partition_sees_whole_partitions_only(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path, block_rows: int | None) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, block_rows: int | None
+) -> None:
     """Measures what a concurrent reader sees while staging commits (see docs/modes.md).
 
     The stage is not merged before its commit (no OPTIMIZE FINAL): with small insert
@@ -314,9 +325,14 @@ def test_a_reader_during_move_partition_sees_whole_partitions_only(
     """
     target = make_table(admin, database)
     if block_rows is not None:
-        target = dataclasses.replace(target, settings={"max_insert_block_size": str(block_rows),
-                                                       "min_insert_block_size_rows": str(block_rows),
-                                                       "min_insert_block_size_bytes": "0"})
+        target = dataclasses.replace(
+            target,
+            settings={
+                "max_insert_block_size": str(block_rows),
+                "min_insert_block_size_rows": str(block_rows),
+                "min_insert_block_size_bytes": "0",
+            },
+        )
     mode = StagingMode()
     mode.validate(target, rows(1).schema)
     per_partition, commits = 2500, 12
@@ -328,12 +344,21 @@ def test_a_reader_during_move_partition_sees_whole_partitions_only(
         while not stop.is_set():
             seen[committed_count(r, target)] += 1
 
-    prepared = [mode.prepare(target, WriteContext(TXN, i, 0, 0), f"mv-xid-{i}",
-                             batches(rows(per_partition * PARTITIONS, start=i * 1_000_000), 5000))
-                for i in range(commits)]
-    parts = int(admin.command(
-        "SELECT count() FROM system.parts WHERE database = {d:String} AND table = {t:String} "
-        "AND active", params={"d": database, "t": stage_name(prepared[0].xid)}).strip())
+    prepared = [
+        mode.prepare(
+            target,
+            WriteContext(TXN, i, 0, 0),
+            f"mv-xid-{i}",
+            batches(rows(per_partition * PARTITIONS, start=i * 1_000_000), 5000),
+        )
+        for i in range(commits)
+    ]
+    parts = int(
+        admin.command(
+            "SELECT count() FROM system.parts WHERE database = {d:String} AND table = {t:String} AND active",
+            params={"d": database, "t": stage_name(prepared[0].xid)},
+        ).strip()
+    )
     if block_rows is None:
         assert parts >= PARTITIONS
     else:
@@ -350,11 +375,15 @@ def test_a_reader_during_move_partition_sees_whole_partitions_only(
             t.join()
     total_reads = sum(seen.values())
     torn = {c: n for c, n in seen.items() if c % per_partition}
-    between_partitions = sum(n for c, n in seen.items()
-                             if c % per_partition == 0 and c % (per_partition * PARTITIONS))
-    result = {"commits": commits, "partitions_per_commit": PARTITIONS, "rows_per_partition": per_partition,
-              "reads": total_reads, "reads_inside_one_partition_move": sum(torn.values()),
-              "reads_between_partitions_of_one_commit": between_partitions}
+    between_partitions = sum(n for c, n in seen.items() if c % per_partition == 0 and c % (per_partition * PARTITIONS))
+    result = {
+        "commits": commits,
+        "partitions_per_commit": PARTITIONS,
+        "rows_per_partition": per_partition,
+        "reads": total_reads,
+        "reads_inside_one_partition_move": sum(torn.values()),
+        "reads_between_partitions_of_one_commit": between_partitions,
+    }
     (tmp_path / "move_partition_visibility.json").write_text(json.dumps(result))
     print("MOVE PARTITION visibility:", json.dumps(result))
     assert committed_count(admin, target) == per_partition * PARTITIONS * commits
@@ -364,8 +393,10 @@ def test_a_reader_during_move_partition_sees_whole_partitions_only(
 
 # ------------------------------------------------------------------------------------ dedup
 
+
 def test_a_retried_dedup_attempt_with_other_batch_sizes_is_deduplicated(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, "dedup", TXN, str(tmp_path))
     co.mode_io = co.ops.mode_io = DedupMode(chunk_rows=300)
@@ -379,15 +410,16 @@ def test_a_retried_dedup_attempt_with_other_batch_sizes_is_deduplicated(
 
 
 def test_dedup_refuses_a_table_without_a_dedup_window_and_says_how_to_fix_it(
-        admin: ClickHouseHTTP, database: str) -> None:
+    admin: ClickHouseHTTP, database: str
+) -> None:
     target = make_table(admin, database, settings="")
-    with pytest.raises(ConfigurationError,
-                       match=r"MODIFY SETTING non_replicated_deduplication_window = 1000"):
+    with pytest.raises(ConfigurationError, match=r"MODIFY SETTING non_replicated_deduplication_window = 1000"):
         DedupMode().validate(target, rows(1).schema)
     assert tables(admin, database) == {"events"}
 
 
 # ------------------------------------------------------------------------------------ bad input
+
 
 def _nothing_left_behind(admin: ClickHouseHTTP, database: str, expected_tables: set[str]) -> None:
     names = tables(admin, database)
@@ -397,8 +429,9 @@ def _nothing_left_behind(admin: ClickHouseHTTP, database: str, expected_tables: 
 
 
 @pytest.mark.parametrize("mode", [m.value for m in Mode])
-def test_a_missing_table_is_named_before_anything_is_written(admin: ClickHouseHTTP, database: str,
-                                                             tmp_path: Path, mode: str) -> None:
+def test_a_missing_table_is_named_before_anything_is_written(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
     target = Target(url=admin.target.url, database=database, table="no_such_table")
     co = build_coordinator(target, mode, TXN, str(tmp_path))
     with pytest.raises(ConfigurationError, match=rf"{database}\.no_such_table does not exist"):
@@ -407,8 +440,9 @@ def test_a_missing_table_is_named_before_anything_is_written(admin: ClickHouseHT
 
 
 @pytest.mark.parametrize("mode", [m.value for m in Mode])
-def test_a_data_column_missing_from_the_table_is_named(admin: ClickHouseHTTP, database: str,
-                                                       tmp_path: Path, mode: str) -> None:
+def test_a_data_column_missing_from_the_table_is_named(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
     target = make_table(admin, database)
     schema = pa.schema([("id", pa.uint64()), ("s", pa.string()), ("surprise", pa.string())])
     with pytest.raises(ConfigurationError, match=r"`surprise` \(string\) is not a column of"):
@@ -417,8 +451,9 @@ def test_a_data_column_missing_from_the_table_is_named(admin: ClickHouseHTTP, da
 
 
 @pytest.mark.parametrize("mode", [m.value for m in Mode])
-def test_an_incompatible_type_names_the_column_and_both_types(admin: ClickHouseHTTP, database: str,
-                                                               tmp_path: Path, mode: str) -> None:
+def test_an_incompatible_type_names_the_column_and_both_types(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
     target = make_table(admin, database)
     schema = pa.schema([("id", pa.list_(pa.int64())), ("s", pa.string())])
     with pytest.raises(ConfigurationError, match=r"`id`.*list<item: int64>.*UInt64"):
@@ -428,7 +463,8 @@ def test_an_incompatible_type_names_the_column_and_both_types(admin: ClickHouseH
 
 @pytest.mark.parametrize("engine", ["Log", "ReplicatedMergeTree('/clickhouse/tables/{database}/events', 'r1')"])
 def test_transaction_mode_refuses_a_non_merge_tree_or_replicated_table_and_suggests_staging(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path, engine: str) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, engine: str
+) -> None:
     target = make_table(admin, database, engine=engine, settings="")
     try:
         with pytest.raises(ConfigurationError, match=r"mode 'staging'"):
@@ -440,7 +476,8 @@ def test_transaction_mode_refuses_a_non_merge_tree_or_replicated_table_and_sugge
 
 @pytest.mark.parametrize("mode", ["transaction", "staging"])
 def test_a_replay_of_a_rolled_back_partition_is_not_swallowed_by_the_dedup_window(
-        admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str) -> None:
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
     # The table has a dedup window: a rolled-back insert must not leave a block hash
     # behind that makes ClickHouse drop the identical block of the replay.
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 1000")

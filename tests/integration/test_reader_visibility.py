@@ -16,16 +16,19 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Target, WriteContext
 
 PARTITIONS, ROWS, BATCHES = 8, 2000, 10
 
 
 def _count(c: ClickHouseHTTP, target: Target) -> int:
-    return int(c.command(f"SELECT count() FROM {q.qualified(target.database, target.table)} "
-                         "SETTINGS implicit_transaction = 1").strip())
+    return int(
+        c.command(
+            f"SELECT count() FROM {q.qualified(target.database, target.table)} SETTINGS implicit_transaction = 1"
+        ).strip()
+    )
 
 
 def _rows(batch: int, partition: int) -> pa.Table:
@@ -37,19 +40,27 @@ def _classify(seen: collections.Counter) -> dict[str, int]:
     """Reads by what they saw: whole batches, whole partitions of a batch, part of a partition."""
     out = {"reads": sum(seen.values()), "whole_batches": 0, "part_of_a_batch": 0, "part_of_a_partition": 0}
     for c, n in seen.items():
-        key = ("whole_batches" if c % (PARTITIONS * ROWS) == 0 else
-               "part_of_a_batch" if c % ROWS == 0 else "part_of_a_partition")
+        key = (
+            "whole_batches"
+            if c % (PARTITIONS * ROWS) == 0
+            else "part_of_a_batch"
+            if c % ROWS == 0
+            else "part_of_a_partition"
+        )
         out[key] += n
     return out
 
 
 @pytest.mark.parametrize("mode", ["transaction", "staging", "dedup"])
 def test_a_reader_during_a_multi_partition_commit_never_sees_part_of_a_partition(
-        clickhouse_url: str, database: str, tmp_path: Path, mode: str) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path, mode: str
+) -> None:
     target = Target(url=clickhouse_url, database=database, table="events")
     admin = ClickHouseHTTP(target)
-    admin.command(f"CREATE TABLE {q.qualified(database, 'events')} (id UInt64) ENGINE = MergeTree "
-                  "ORDER BY id SETTINGS non_replicated_deduplication_window = 1000")
+    admin.command(
+        f"CREATE TABLE {q.qualified(database, 'events')} (id UInt64) ENGINE = MergeTree "
+        "ORDER BY id SETTINGS non_replicated_deduplication_window = 1000"
+    )
     coord = build_coordinator(target, mode, f"vis-{mode}", str(tmp_path))
     seen: collections.Counter[int] = collections.Counter()
     before_commit = []
@@ -64,15 +75,23 @@ def test_a_reader_during_a_multi_partition_commit_never_sees_part_of_a_partition
     thread.start()
     try:
         for b in range(BATCHES):
-            msgs = [coord.prepare(WriteContext(coord.txn_id, b, p, 0), iter(_rows(b, p).to_batches()))
-                    for p in range(PARTITIONS)]
+            msgs = [
+                coord.prepare(WriteContext(coord.txn_id, b, p, 0), iter(_rows(b, p).to_batches()))
+                for p in range(PARTITIONS)
+            ]
             before_commit.append(_count(admin, target) - b * PARTITIONS * ROWS)
             coord.commit_batch(b, msgs)
     finally:
         stop.set()
         thread.join()
-    result = {"mode": mode, "batches": BATCHES, "partitions": PARTITIONS, "rows_per_partition": ROWS,
-              **_classify(seen), "rows_visible_before_commit_per_batch": sorted(set(before_commit))}
+    result = {
+        "mode": mode,
+        "batches": BATCHES,
+        "partitions": PARTITIONS,
+        "rows_per_partition": ROWS,
+        **_classify(seen),
+        "rows_visible_before_commit_per_batch": sorted(set(before_commit)),
+    }
     print("reader visibility:", json.dumps(result))
     assert _count(admin, target) == BATCHES * PARTITIONS * ROWS
     assert result["reads"] > 0 and result["part_of_a_partition"] == 0, result

@@ -28,24 +28,47 @@ def registry(target: Target) -> KeeperMapRegistry:
 
 
 def entry(xid: str, *, batch: int = 0, partition: int = 0, state: str = INIT, txn: str = "q") -> RegistryEntry:
-    return RegistryEntry(xid=xid, txn_id=txn, batch=batch, partition=partition, attempt=0,
-                         mode=Mode.TRANSACTION, server="http://h", table="db.events", state=state,
-                         created_ms=1, updated_ms=1)
+    return RegistryEntry(
+        xid=xid,
+        txn_id=txn,
+        batch=batch,
+        partition=partition,
+        attempt=0,
+        mode=Mode.TRANSACTION,
+        server="http://h",
+        table="db.events",
+        state=state,
+        created_ms=1,
+        updated_ms=1,
+    )
 
 
 def test_the_registry_creates_its_keeper_map_table_when_missing(registry: KeeperMapRegistry, target: Target) -> None:
     assert isinstance(registry, RegistryIO)
     assert registry.get("nobody") is None
     c = ClickHouseHTTP(target)
-    rows = c.query_json("SELECT engine FROM system.tables WHERE database = {d:String} AND name = {t:String}",
-                        params={"d": target.database, "t": "clickhouse_tx_registry"})
+    rows = c.query_json(
+        "SELECT engine FROM system.tables WHERE database = {d:String} AND name = {t:String}",
+        params={"d": target.database, "t": "clickhouse_tx_registry"},
+    )
     assert rows == [{"engine": "KeeperMap"}]
 
 
 def test_a_registered_entry_reads_back_with_every_field(registry: KeeperMapRegistry) -> None:
-    e = RegistryEntry(xid="x-1", txn_id="q'uoted\tq", batch=7, partition=3, attempt=2, mode=Mode.STAGING,
-                      server="http://h:1", table="d.t", state=INIT, payload={"k": [1, "v"]},
-                      created_ms=11, updated_ms=12)
+    e = RegistryEntry(
+        xid="x-1",
+        txn_id="q'uoted\tq",
+        batch=7,
+        partition=3,
+        attempt=2,
+        mode=Mode.STAGING,
+        server="http://h:1",
+        table="d.t",
+        state=INIT,
+        payload={"k": [1, "v"]},
+        created_ms=11,
+        updated_ms=12,
+    )
     registry.register(e)
     assert registry.get("x-1") == e
 
@@ -118,8 +141,10 @@ def test_racing_commit_against_abort_leaves_one_consistent_outcome(target: Targe
         barrier.wait()
         out[name] = reg.transition("duel", [INIT], new)
 
-    ts = [threading.Thread(target=move, args=("commit", COMMITTING)),
-          threading.Thread(target=move, args=("abort", ABORTING))]
+    ts = [
+        threading.Thread(target=move, args=("commit", COMMITTING)),
+        threading.Thread(target=move, args=("abort", ABORTING)),
+    ]
     for t in ts:
         t.start()
     for t in ts:
@@ -137,8 +162,17 @@ def test_list_batch_and_list_open_filter_entries(registry: KeeperMapRegistry) ->
     registry.transition("b1p1", [INIT], ABORTED)
     assert [e.xid for e in registry.list_batch("q", 1)] == ["b1p0", "b1p1"]
     assert {e.xid for e in registry.list_open()} == {"b1p0", "b2p0", "other"}
-    fresh = RegistryEntry(xid="fresh", txn_id="q", batch=3, partition=0, attempt=0, mode=Mode.TRANSACTION,
-                          server="h", table="d.t", state=INIT)  # timestamps 0: stamped now
+    fresh = RegistryEntry(
+        xid="fresh",
+        txn_id="q",
+        batch=3,
+        partition=0,
+        attempt=0,
+        mode=Mode.TRANSACTION,
+        server="h",
+        table="d.t",
+        state=INIT,
+    )  # timestamps 0: stamped now
     registry.register(fresh)
     assert registry.get("fresh").updated_ms > 1
     # the others were stamped at 1 ms after the epoch: stale
@@ -160,14 +194,26 @@ def test_a_hostile_registry_table_name_is_quoted(target: Target) -> None:
 
 
 def test_a_bulk_transition_moves_only_the_xids_in_an_expected_state_and_says_which(
-        clickhouse_url: str, database: str) -> None:
+    clickhouse_url: str, database: str
+) -> None:
     from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
     from clickhouse_tx.registry import KeeperMapRegistry
 
     reg = KeeperMapRegistry(Target(url=clickhouse_url, database=database, table="events"))
     for i, state in enumerate(["initialized", "initialized", "committed"]):
-        reg.register(RegistryEntry(xid=f"x{i}", txn_id="t", batch=1, partition=i, attempt=0, mode=Mode.TRANSACTION,
-                                   server=clickhouse_url, table=f"{database}.events", state=state))
+        reg.register(
+            RegistryEntry(
+                xid=f"x{i}",
+                txn_id="t",
+                batch=1,
+                partition=i,
+                attempt=0,
+                mode=Mode.TRANSACTION,
+                server=clickhouse_url,
+                table=f"{database}.events",
+                state=state,
+            )
+        )
     moved = reg.transition_many(["x0", "x1", "x2", "missing"], ["initialized"], "committing", {"v": 2})
     assert sorted(moved) == ["x0", "x1"]
     assert [reg.get(x).state for x in ("x0", "x1", "x2")] == ["committing", "committing", "committed"]

@@ -35,10 +35,14 @@ def _read_until_cut(response: requests.Response) -> tuple[bytes, bool]:
     return bytes(got), False
 
 
-def test_an_error_after_the_first_rows_is_written_into_the_body_between_tagged_markers(
-        clickhouse_url: str) -> None:
-    r = requests.post(clickhouse_url, params={**ONE_ROW_BLOCKS, "default_format": "TSV"},
-                      data=FAILS_MID_STREAM, stream=True, timeout=60)
+def test_an_error_after_the_first_rows_is_written_into_the_body_between_tagged_markers(clickhouse_url: str) -> None:
+    r = requests.post(
+        clickhouse_url,
+        params={**ONE_ROW_BLOCKS, "default_format": "TSV"},
+        data=FAILS_MID_STREAM,
+        stream=True,
+        timeout=60,
+    )
 
     body, cut = _read_until_cut(r)
 
@@ -53,17 +57,18 @@ def test_an_error_after_the_first_rows_is_written_into_the_body_between_tagged_m
     assert cut, "the reply must end without HTTP's final chunk, so no client takes it as complete"
 
 
-def test_clickhouse_connect_raises_a_stream_failure_for_an_error_mid_result_and_keeps_working(
-        ch_client) -> None:
+def test_clickhouse_connect_raises_a_stream_failure_for_an_error_mid_result_and_keeps_working(ch_client) -> None:
     # clickhouse-connect asks for wait_end_of_query=1 by default (the whole result, or an
     # error status); with 0 the server streams, as in clickhouse-connect's own test.
     streaming = {"max_block_size": 1, "wait_end_of_query": 0}
     with pytest.raises(StreamFailureError) as failure:
-        ch_client.query(FAILS_MID_STREAM, settings=streaming).result_rows
-    with pytest.raises(StreamFailureError) as streamed:
-        with ch_client.query_rows_stream(FAILS_MID_STREAM, settings=streaming) as stream:
-            for _ in stream:
-                pass
+        _ = ch_client.query(FAILS_MID_STREAM, settings=streaming).result_rows
+    with (
+        pytest.raises(StreamFailureError) as streamed,
+        ch_client.query_rows_stream(FAILS_MID_STREAM, settings=streaming) as stream,
+    ):
+        for _ in stream:
+            pass
 
     for err in (failure.value, streamed.value):
         assert "Value passed to 'throwIf' function is non-zero" in str(err)
@@ -71,11 +76,16 @@ def test_clickhouse_connect_raises_a_stream_failure_for_an_error_mid_result_and_
 
 
 def test_an_error_before_the_first_byte_is_an_error_status_with_the_exception_code(clickhouse_url: str) -> None:
-    early = requests.post(clickhouse_url, params={"default_format": "Native"},
-                          data="SELECT throwIf(number = 0) FROM numbers(3)", timeout=60)
+    early = requests.post(
+        clickhouse_url,
+        params={"default_format": "Native"},
+        data="SELECT throwIf(number = 0) FROM numbers(3)",
+        timeout=60,
+    )
     # wait_end_of_query=1: the whole result is held back, so even a late error gets a status.
-    late = requests.post(clickhouse_url, params={**ONE_ROW_BLOCKS, "wait_end_of_query": "1"},
-                         data=FAILS_MID_STREAM, timeout=60)
+    late = requests.post(
+        clickhouse_url, params={**ONE_ROW_BLOCKS, "wait_end_of_query": "1"}, data=FAILS_MID_STREAM, timeout=60
+    )
 
     for r in (early, late):
         assert r.status_code == 500
@@ -85,8 +95,7 @@ def test_an_error_before_the_first_byte_is_an_error_status_with_the_exception_co
 
 def test_a_large_select_is_streamed_and_arrives_whole_and_in_order(clickhouse_url: str) -> None:
     n = 2_000_000
-    r = requests.post(clickhouse_url, data=f"SELECT number FROM numbers({n}) FORMAT TSV",
-                      stream=True, timeout=120)
+    r = requests.post(clickhouse_url, data=f"SELECT number FROM numbers({n}) FORMAT TSV", stream=True, timeout=120)
 
     body, cut = _read_until_cut(r)
 
@@ -102,8 +111,9 @@ def test_a_session_is_free_for_its_next_query_as_soon_as_a_streamed_reply_ends(c
     session = {"session_id": f"stream-{uuid.uuid4()}"}
     with requests.Session() as http:
         for _ in range(3):
-            r = http.post(clickhouse_url, params=session,
-                          data="SELECT number FROM numbers(2000000) FORMAT TSV", timeout=120)
+            r = http.post(
+                clickhouse_url, params=session, data="SELECT number FROM numbers(2000000) FORMAT TSV", timeout=120
+            )
             assert r.status_code == 200, r.text
             assert len(r.content.split()) == 2_000_000
             follow = http.post(clickhouse_url, params=session, data="SELECT 1", timeout=60)
@@ -111,8 +121,12 @@ def test_a_session_is_free_for_its_next_query_as_soon_as_a_streamed_reply_ends(c
 
 
 def test_query_and_parameters_sent_as_multipart_form_fields_run_as_in_the_url(clickhouse_url: str) -> None:
-    fields = {"query": (None, "SELECT {a:UInt32} + {b:UInt32}, {s:String}"),
-              "param_a": (None, "40"), "param_b": (None, "2"), "param_s": (None, "it's ok")}
+    fields = {
+        "query": (None, "SELECT {a:UInt32} + {b:UInt32}, {s:String}"),
+        "param_a": (None, "40"),
+        "param_b": (None, "2"),
+        "param_s": (None, "it's ok"),
+    }
 
     r = requests.post(clickhouse_url, files=fields, timeout=60)
 
@@ -129,11 +143,14 @@ def test_settings_sent_as_multipart_form_fields_apply_to_the_query(clickhouse_ur
 
 
 def test_external_data_files_are_tables_the_query_reads(clickhouse_url: str) -> None:
-    files = {"query": (None, "SELECT sum(a), groupArray(b) FROM ext"),
-             "ext": ("ext.csv", b"1,x\n2,y\n39,z\n", "text/csv")}
+    files = {
+        "query": (None, "SELECT sum(a), groupArray(b) FROM ext"),
+        "ext": ("ext.csv", b"1,x\n2,y\n39,z\n", "text/csv"),
+    }
 
-    r = requests.post(clickhouse_url, params={"ext_structure": "a UInt32, b String", "ext_format": "CSV"},
-                      files=files, timeout=60)
+    r = requests.post(
+        clickhouse_url, params={"ext_structure": "a UInt32, b String", "ext_format": "CSV"}, files=files, timeout=60
+    )
 
     assert r.status_code == 200, r.text
     assert r.text == "42\t['x','y','z']\n"
@@ -158,14 +175,17 @@ def test_external_data_without_structure_is_refused_naming_the_fields_to_send(cl
 
 
 def test_clickhouse_connect_form_encoded_parameters_and_external_data(stack: StackInfo, database: str) -> None:
-    client = clickhouse_connect.get_client(host="127.0.0.1", port=stack.clickhouse_port, database=database,
-                                           form_encode_query_params=True)
+    client = clickhouse_connect.get_client(
+        host="127.0.0.1", port=stack.clickhouse_port, database=database, form_encode_query_params=True
+    )
     try:
         assert client.query("SELECT {x:Array(UInt32)}", parameters={"x": [1, 2]}).result_rows == [([1, 2],)]
-        data = ExternalData(file_name="people.csv", data=b"ann,31\nbob,11\n", fmt="CSV",
-                            structure=["name String", "age UInt8"])
-        rows = client.query("SELECT name FROM people WHERE age > {min:UInt8}", parameters={"min": 20},
-                            external_data=data).result_rows
+        data = ExternalData(
+            file_name="people.csv", data=b"ann,31\nbob,11\n", fmt="CSV", structure=["name String", "age UInt8"]
+        )
+        rows = client.query(
+            "SELECT name FROM people WHERE age > {min:UInt8}", parameters={"min": 20}, external_data=data
+        ).result_rows
         assert rows == [("ann",)]
         # The temporary table lived for that one query.
         assert client.command("SELECT count() FROM system.tables WHERE name = 'people'") == 0
@@ -196,8 +216,9 @@ def test_only_statements_with_a_result_name_their_format(clickhouse_url: str) ->
 
 def test_query_text_that_is_not_utf8_reaches_the_engine_byte_for_byte(clickhouse_url: str, ch_client) -> None:
     r = requests.post(clickhouse_url, data=b"SELECT hex('\x92\xff')", timeout=60)
-    binary = ch_client.raw_query("SELECT col2, col1 FROM format(CSVWithNames, $xx$)",
-                                 parameters={"$xx$": b"col1,col2\n\x92,700"})
+    binary = ch_client.raw_query(
+        "SELECT col2, col1 FROM format(CSVWithNames, $xx$)", parameters={"$xx$": b"col1,col2\n\x92,700"}
+    )
 
     assert (r.status_code, r.text) == (200, "92FF\n")
     assert binary == b"700\t\x92\n"
@@ -208,8 +229,10 @@ def test_show_create_of_a_system_table_answers_its_columns_engine_and_comment(ch
     statement = ch_client.command("SHOW CREATE TABLE system.numbers")
 
     assert one.column_names == ("statement",)
-    assert one.result_rows[0][0].startswith("CREATE TABLE system.one\n(\n    `dummy` UInt8\n)\nENGINE = SystemOne\n"
-                                            "COMMENT 'This table contains a single row")
+    assert one.result_rows[0][0].startswith(
+        "CREATE TABLE system.one\n(\n    `dummy` UInt8\n)\nENGINE = SystemOne\n"
+        "COMMENT 'This table contains a single row"
+    )
     # command() answers the TabSeparated text, escapes included, as from a server.
     assert statement.startswith(r"CREATE TABLE system.numbers\n(\n    `number` UInt64\n)\nENGINE = SystemNumbers")
     with pytest.raises(DatabaseError) as missing:

@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server_patches", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "server_patches", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def _pid_gone(pid: int) -> bool:
@@ -54,15 +55,16 @@ def test_config_d_patches_turn_on_transactions_keeper_map_and_long_sessions() ->
     assert int(merged.findtext("max_session_timeout") or 0) >= 3600
     # The user's server has its own Keeper: the patches must not point it elsewhere.
     assert merged.find("zookeeper") is None
-    assert {p.name for p in chdb_config.patch_files()} == {
-        "transactions.xml", "keeper_map.xml", "sessions.xml"}
+    assert {p.name for p in chdb_config.patch_files()} == {"transactions.xml", "keeper_map.xml", "sessions.xml"}
 
 
 def test_rendered_config_puts_each_stack_under_its_own_keeper_paths(tmp_path: Path) -> None:
-    one = ET.fromstring(chdb_config.render(zookeeper=[("127.0.0.1", 2181)],
-                                           name=chdb_config.stack_name(tmp_path / "one")))
-    two = ET.fromstring(chdb_config.render(zookeeper=[("127.0.0.1", 2181)],
-                                           name=chdb_config.stack_name(tmp_path / "two")))
+    one = ET.fromstring(
+        chdb_config.render(zookeeper=[("127.0.0.1", 2181)], name=chdb_config.stack_name(tmp_path / "one"))
+    )
+    two = ET.fromstring(
+        chdb_config.render(zookeeper=[("127.0.0.1", 2181)], name=chdb_config.stack_name(tmp_path / "two"))
+    )
 
     assert one.findtext("zookeeper/node/host") == "127.0.0.1"
     assert one.findtext("zookeeper/node/port") == "2181"
@@ -80,8 +82,7 @@ def test_a_config_patch_without_a_clickhouse_root_is_refused_by_name(tmp_path: P
         chdb_config.load_patches([bad])
 
 
-def test_zookeeper_without_java_fails_saying_how_to_install_it(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_zookeeper_without_java_fails_saying_how_to_install_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("JAVA_HOME", raising=False)
 
@@ -131,13 +132,16 @@ def test_cli_up_status_down_runs_the_stack_and_leaves_no_stray_processes(tmp_pat
 
 
 def test_restarting_the_stack_on_the_same_dir_keeps_tables_rows_and_keeper_map_entries(
-        stack_factory: Callable[..., StackInfo]) -> None:
+    stack_factory: Callable[..., StackInfo],
+) -> None:
     info = stack_factory()
     url = info.clickhouse_url
-    for sql in ("CREATE TABLE default.kept (id UInt64) ENGINE = MergeTree ORDER BY id",
-                "INSERT INTO default.kept SELECT number FROM numbers(1000)",
-                "CREATE TABLE default.reg (k String, v String) ENGINE = KeeperMap('/reg') PRIMARY KEY k",
-                "INSERT INTO default.reg VALUES ('x1', 'COMMITTED')"):
+    for sql in (
+        "CREATE TABLE default.kept (id UInt64) ENGINE = MergeTree ORDER BY id",
+        "INSERT INTO default.kept SELECT number FROM numbers(1000)",
+        "CREATE TABLE default.reg (k String, v String) ENGINE = KeeperMap('/reg') PRIMARY KEY k",
+        "INSERT INTO default.reg VALUES ('x1', 'COMMITTED')",
+    ):
         assert _sql(url, sql).status_code == 200
 
     stack_mod.stop_stack(info.dir)
@@ -151,8 +155,10 @@ def test_restarting_the_stack_on_the_same_dir_keeps_tables_rows_and_keeper_map_e
 
 def test_down_with_purge_deletes_the_data(stack_factory: Callable[..., StackInfo]) -> None:
     info = stack_factory()
-    assert _sql(info.clickhouse_url, "CREATE TABLE default.gone (id UInt64) ENGINE = MergeTree "
-                                     "ORDER BY id").status_code == 200
+    assert (
+        _sql(info.clickhouse_url, "CREATE TABLE default.gone (id UInt64) ENGINE = MergeTree ORDER BY id").status_code
+        == 200
+    )
 
     stopped = stack_mod.stop_stack(info.dir, purge=True)
 
@@ -165,10 +171,10 @@ def test_down_with_purge_deletes_the_data(stack_factory: Callable[..., StackInfo
 
 
 def test_restart_clickhouse_keeps_committed_rows_and_drops_the_open_transaction(
-        stack_factory: Callable[..., StackInfo]) -> None:
+    stack_factory: Callable[..., StackInfo],
+) -> None:
     info = stack_factory()
-    client = clickhouse_connect.get_client(host="127.0.0.1", port=info.clickhouse_port,
-                                           session_id="doomed")
+    client = clickhouse_connect.get_client(host="127.0.0.1", port=info.clickhouse_port, session_id="doomed")
     client.command("CREATE TABLE t (id UInt64) ENGINE = MergeTree ORDER BY id")
     client.command("INSERT INTO t VALUES (1), (2)")
     client.command("BEGIN TRANSACTION")
@@ -180,15 +186,13 @@ def test_restart_clickhouse_keeps_committed_rows_and_drops_the_open_transaction(
     assert _pid_gone(old_pid)
     assert after.clickhouse_url == info.clickhouse_url
     assert after.pids["clickhouse"] != old_pid
-    assert _sql(after.clickhouse_url, "SELECT groupArray(id) FROM (SELECT id FROM t ORDER BY id)"
-                ).text == "[1,2]\n"
+    assert _sql(after.clickhouse_url, "SELECT groupArray(id) FROM (SELECT id FROM t ORDER BY id)").text == "[1,2]\n"
     with pytest.raises(DatabaseError):
         client.command("COMMIT")  # the session died with the server
     client.close()
 
 
-def test_up_on_a_busy_port_fails_clearly_and_leaves_nothing_running(
-        stack: StackInfo, tmp_path: Path) -> None:
+def test_up_on_a_busy_port_fails_clearly_and_leaves_nothing_running(stack: StackInfo, tmp_path: Path) -> None:
     d = tmp_path / "busy"
     with pytest.raises(StackError, match=f"port 127.0.0.1:{stack.clickhouse_port} is already in use"):
         stack_mod.start_stack(d, port=stack.clickhouse_port)
@@ -212,16 +216,17 @@ def _processes_running_in(cwd: Path) -> list[int]:
 
 
 def test_password_protected_stack_refuses_anonymous_queries_and_never_stores_the_password(
-        stack_factory: Callable[..., StackInfo], monkeypatch: pytest.MonkeyPatch) -> None:
+    stack_factory: Callable[..., StackInfo], monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = "s3cret-Pa55-for-test"
     monkeypatch.setenv("CHTX_TEST_PASSWORD", secret)
     info = stack_factory(user="alice", password_env="CHTX_TEST_PASSWORD")
 
     anonymous = requests.post(info.clickhouse_url, data=b"SELECT 1", timeout=30)
-    wrong = requests.post(info.clickhouse_url, data=b"SELECT 1", timeout=30,
-                          auth=("alice", "not-it"))
-    client = clickhouse_connect.get_client(host="127.0.0.1", port=info.clickhouse_port,
-                                           username="alice", password=secret)
+    wrong = requests.post(info.clickhouse_url, data=b"SELECT 1", timeout=30, auth=("alice", "not-it"))
+    client = clickhouse_connect.get_client(
+        host="127.0.0.1", port=info.clickhouse_port, username="alice", password=secret
+    )
 
     assert anonymous.status_code in (401, 403)
     assert anonymous.headers.get("X-ClickHouse-Exception-Code") in ("194", "516")
@@ -229,8 +234,7 @@ def test_password_protected_stack_refuses_anonymous_queries_and_never_stores_the
     assert secret not in wrong.text
     assert client.command("SELECT 1") == 1
     client.close()
-    for f in [info.dir / "stack.json", info.dir / "clickhouse" / "config.xml",
-              *(info.dir / "logs").iterdir()]:
+    for f in [info.dir / "stack.json", info.dir / "clickhouse" / "config.xml", *(info.dir / "logs").iterdir()]:
         assert secret not in f.read_text(errors="replace"), f
 
 
@@ -240,8 +244,10 @@ def test_password_protected_stack_refuses_anonymous_queries_and_never_stores_the
 @pytest.fixture
 def table_t(clickhouse_url: str, database: str) -> str:
     name = f"{quote_ident(database)}.t"
-    assert _sql(clickhouse_url, f"CREATE TABLE {name} (id UInt64, s String) "
-                                "ENGINE = MergeTree ORDER BY id").status_code == 200
+    assert (
+        _sql(clickhouse_url, f"CREATE TABLE {name} (id UInt64, s String) ENGINE = MergeTree ORDER BY id").status_code
+        == 200
+    )
     return name
 
 
@@ -254,8 +260,7 @@ def _assert_clickhouse_error(r: requests.Response, code: int, name: str, status:
 
 def _assert_still_serving(url: str, table: str) -> None:
     assert requests.get(url + "/ping", timeout=10).text == "Ok.\n"
-    r = requests.post(url, params={"query": f"INSERT INTO {table} FORMAT TSV"},
-                      data=b"7\tseven\n", timeout=30)
+    r = requests.post(url, params={"query": f"INSERT INTO {table} FORMAT TSV"}, data=b"7\tseven\n", timeout=30)
     assert r.status_code == 200, r.text
     assert _sql(url, f"SELECT s FROM {table} WHERE id = 7").text == "seven\n"
 
@@ -270,8 +275,9 @@ def test_unknown_table_is_a_404_with_code_60(clickhouse_url: str, table_t: str) 
 
 
 def test_malformed_insert_body_is_a_400_parse_error(clickhouse_url: str, table_t: str) -> None:
-    r = requests.post(clickhouse_url, params={"query": f"INSERT INTO {table_t} FORMAT TSV"},
-                      data=b"not-a-number\tx\n", timeout=30)
+    r = requests.post(
+        clickhouse_url, params={"query": f"INSERT INTO {table_t} FORMAT TSV"}, data=b"not-a-number\tx\n", timeout=30
+    )
 
     assert r.status_code == 400, r.text
     code = int(r.headers["X-ClickHouse-Exception-Code"])
@@ -299,13 +305,18 @@ def test_unknown_setting_in_the_url_is_a_404_with_code_115(clickhouse_url: str, 
     _assert_still_serving(clickhouse_url, table_t)
 
 
-def test_garbled_compressed_body_is_refused_and_the_server_keeps_serving(
-        clickhouse_url: str, table_t: str) -> None:
+def test_garbled_compressed_body_is_refused_and_the_server_keeps_serving(clickhouse_url: str, table_t: str) -> None:
     garbage = bytes(range(256)) * 8
-    native = requests.post(clickhouse_url, params={"query": f"INSERT INTO {table_t} FORMAT TSV",
-                                                   "decompress": 1}, data=garbage, timeout=30)
-    lz4_frame = requests.post(clickhouse_url, params={"query": f"INSERT INTO {table_t} FORMAT TSV"},
-                              headers={"Content-Encoding": "lz4"}, data=garbage, timeout=30)
+    native = requests.post(
+        clickhouse_url, params={"query": f"INSERT INTO {table_t} FORMAT TSV", "decompress": 1}, data=garbage, timeout=30
+    )
+    lz4_frame = requests.post(
+        clickhouse_url,
+        params={"query": f"INSERT INTO {table_t} FORMAT TSV"},
+        headers={"Content-Encoding": "lz4"},
+        data=garbage,
+        timeout=30,
+    )
 
     for r in (native, lz4_frame):
         assert r.status_code >= 400, r.text
@@ -321,11 +332,14 @@ def test_garbled_compressed_body_is_refused_and_the_server_keeps_serving(
 
 
 def test_restart_zookeeper_keeps_keeper_map_entries_and_clickhouse_reconnects(
-        stack_factory: Callable[..., StackInfo]) -> None:
+    stack_factory: Callable[..., StackInfo],
+) -> None:
     info = stack_factory()
     url = info.clickhouse_url
-    assert _sql(url, "CREATE TABLE default.reg (k String, v String) "
-                     "ENGINE = KeeperMap('/reg') PRIMARY KEY k").status_code == 200
+    assert (
+        _sql(url, "CREATE TABLE default.reg (k String, v String) ENGINE = KeeperMap('/reg') PRIMARY KEY k").status_code
+        == 200
+    )
     assert _sql(url, "INSERT INTO default.reg VALUES ('x1', 'INITIALIZED')").status_code == 200
 
     after = stack_mod.restart_zookeeper(info.dir)

@@ -34,8 +34,19 @@ SECRET = "Ride-Through-pw-9"
 
 
 def _entry(xid: str) -> RegistryEntry:
-    return RegistryEntry(xid=xid, txn_id="q", batch=0, partition=0, attempt=0, mode=Mode.STAGING,
-                         server="http://h", table="db.events", state="initialized", created_ms=1, updated_ms=1)
+    return RegistryEntry(
+        xid=xid,
+        txn_id="q",
+        batch=0,
+        partition=0,
+        attempt=0,
+        mode=Mode.STAGING,
+        server="http://h",
+        table="db.events",
+        state="initialized",
+        created_ms=1,
+        updated_ms=1,
+    )
 
 
 def _ops(target: Target) -> TxOps:
@@ -51,11 +62,16 @@ def _after(seconds: float, fn: Callable[[], object]) -> threading.Thread:
 
 
 def test_a_server_refusing_a_query_for_too_many_simultaneous_queries_is_a_transient_server_busy_error(
-        clickhouse_url: str, database: str) -> None:
-    busy = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t",
-                                 settings={"max_concurrent_queries_for_user": "1"}))
-    sleeper = threading.Thread(target=lambda: ClickHouseHTTP(Target(url=clickhouse_url, database=database,
-                                                                    table="t")).command("SELECT sleep(2)"))
+    clickhouse_url: str, database: str
+) -> None:
+    busy = ClickHouseHTTP(
+        Target(url=clickhouse_url, database=database, table="t", settings={"max_concurrent_queries_for_user": "1"})
+    )
+    sleeper = threading.Thread(
+        target=lambda: ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t")).command(
+            "SELECT sleep(2)"
+        )
+    )
     sleeper.start()
     time.sleep(0.5)
     with pytest.raises(ServerBusyError) as ei:
@@ -66,11 +82,13 @@ def test_a_server_refusing_a_query_for_too_many_simultaneous_queries_is_a_transi
 
 
 def test_a_registry_read_refused_as_too_many_simultaneous_queries_is_retried_and_logged(
-        clickhouse_url: str, database: str, caplog: pytest.LogCaptureFixture) -> None:
+    clickhouse_url: str, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
     target = Target(url=clickhouse_url, database=database, table="t")
     KeeperMapRegistry(target).register(_entry("x-busy"))
-    ops = _ops(Target(url=clickhouse_url, database=database, table="t",
-                      settings={"max_concurrent_queries_for_user": "1"}))
+    ops = _ops(
+        Target(url=clickhouse_url, database=database, table="t", settings={"max_concurrent_queries_for_user": "1"})
+    )
     sleeper = threading.Thread(target=lambda: ClickHouseHTTP(target).command("SELECT sleep(2)"))
     sleeper.start()
     time.sleep(0.5)
@@ -89,12 +107,23 @@ def own(stack_factory: Callable[..., StackInfo], monkeypatch: pytest.MonkeyPatch
 
 
 def test_registry_and_marker_reads_ride_through_a_3_s_clickhouse_restart_and_log_no_password(
-        own: StackInfo, caplog: pytest.LogCaptureFixture) -> None:
+    own: StackInfo, caplog: pytest.LogCaptureFixture
+) -> None:
     target = Target(url=own.clickhouse_url, database="default", table="t", user="rider", password=SECRET)
     ops = _ops(target)
     ops.registry.register(_entry("x-restart"))
-    p = Prepared(xid="x-restart", txn_id="q", batch=0, partition=0, attempt=0, mode=Mode.STAGING,
-                 server="http://h", table="default.t", rows=1, checksum=1)
+    p = Prepared(
+        xid="x-restart",
+        txn_id="q",
+        batch=0,
+        partition=0,
+        attempt=0,
+        mode=Mode.STAGING,
+        server="http://h",
+        table="default.t",
+        rows=1,
+        checksum=1,
+    )
     markers = CommitMarkers(target)
     markers.ensure_table()
     markers.insert(p)

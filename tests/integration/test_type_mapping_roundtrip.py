@@ -57,7 +57,9 @@ def table_columns(conn, db: str, table: str) -> list[tuple[str, str, str]]:
     r = conn.query(
         "SELECT name, type, default_kind FROM system.columns "
         f"WHERE database = '{db}' AND table = '{table}' ORDER BY position "
-        "SETTINGS output_format_arrow_string_as_string = 1", "Arrow")
+        "SETTINGS output_format_arrow_string_as_string = 1",
+        "Arrow",
+    )
     t = pa.ipc.open_file(pa.py_buffer(r.bytes())).read_all()
     return [(n, ty, k) for n, ty, k in zip(*(t.column(i).to_pylist() for i in range(3)))]
 
@@ -83,53 +85,89 @@ def normalise(v: object) -> object:
     return v
 
 
-EVERY_TYPE = T.StructType([
-    T.StructField("id", T.LongType(), False),
-    T.StructField("i8", T.ByteType()),
-    T.StructField("i16", T.ShortType()),
-    T.StructField("i32", T.IntegerType()),
-    T.StructField("i64", T.LongType()),
-    T.StructField("f32", T.FloatType()),
-    T.StructField("f64", T.DoubleType()),
-    T.StructField("dec", T.DecimalType(10, 2)),
-    T.StructField("dec38", T.DecimalType(38, 18), False),
-    T.StructField("s", T.StringType()),
-    T.StructField("bin", T.BinaryType()),
-    T.StructField("flag", T.BooleanType()),
-    T.StructField("d", T.DateType()),
-    T.StructField("ts", T.TimestampType()),
-    T.StructField("ntz", T.TimestampNTZType()),
-    T.StructField("dti", T.DayTimeIntervalType()),
-    T.StructField("tm", T.TimeType(6)),
-    T.StructField("arr", T.ArrayType(T.IntegerType(), True)),
-    T.StructField("arr2", T.ArrayType(T.ArrayType(T.StringType(), False), False)),
-    T.StructField("m", T.MapType(T.StringType(), T.LongType(), True)),
-    T.StructField("st", T.StructType([
-        T.StructField("a b", T.IntegerType()),
-        T.StructField("c`d", T.StringType()),
-        T.StructField("nested", T.ArrayType(T.StructType([T.StructField("x", T.DoubleType())]))),
-    ])),
-    T.StructField("geo", T.GeometryType(4326)),
-])
+EVERY_TYPE = T.StructType(
+    [
+        T.StructField("id", T.LongType(), False),
+        T.StructField("i8", T.ByteType()),
+        T.StructField("i16", T.ShortType()),
+        T.StructField("i32", T.IntegerType()),
+        T.StructField("i64", T.LongType()),
+        T.StructField("f32", T.FloatType()),
+        T.StructField("f64", T.DoubleType()),
+        T.StructField("dec", T.DecimalType(10, 2)),
+        T.StructField("dec38", T.DecimalType(38, 18), False),
+        T.StructField("s", T.StringType()),
+        T.StructField("bin", T.BinaryType()),
+        T.StructField("flag", T.BooleanType()),
+        T.StructField("d", T.DateType()),
+        T.StructField("ts", T.TimestampType()),
+        T.StructField("ntz", T.TimestampNTZType()),
+        T.StructField("dti", T.DayTimeIntervalType()),
+        T.StructField("tm", T.TimeType(6)),
+        T.StructField("arr", T.ArrayType(T.IntegerType(), True)),
+        T.StructField("arr2", T.ArrayType(T.ArrayType(T.StringType(), False), False)),
+        T.StructField("m", T.MapType(T.StringType(), T.LongType(), True)),
+        T.StructField(
+            "st",
+            T.StructType(
+                [
+                    T.StructField("a b", T.IntegerType()),
+                    T.StructField("c`d", T.StringType()),
+                    T.StructField("nested", T.ArrayType(T.StructType([T.StructField("x", T.DoubleType())]))),
+                ]
+            ),
+        ),
+        T.StructField("geo", T.GeometryType(4326)),
+    ]
+)
 
 ROWS = [
     {
-        "id": 1, "i8": -128, "i16": 32767, "i32": -2**31, "i64": 2**63 - 1,
-        "f32": 1.5, "f64": -2.25e300, "dec": decimal.Decimal("-12345678.90"),
+        "id": 1,
+        "i8": -128,
+        "i16": 32767,
+        "i32": -(2**31),
+        "i64": 2**63 - 1,
+        "f32": 1.5,
+        "f64": -2.25e300,
+        "dec": decimal.Decimal("-12345678.90"),
         "dec38": decimal.Decimal("12345678901234567890.123456789012345678"),
-        "s": "héllo ✓", "bin": b"\x00\xff\x80binary", "flag": True,
-        "d": dt.date(1900, 1, 1), "ts": dt.datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
-        "ntz": dt.datetime(1969, 12, 31, 12, 30, 0, 1), "dti": dt.timedelta(days=-3, microseconds=7),
-        "tm": dt.time(23, 59, 59, 123456), "arr": [1, None, 3], "arr2": [["a"], [], ["b", "c"]],
+        "s": "héllo ✓",
+        "bin": b"\x00\xff\x80binary",
+        "flag": True,
+        "d": dt.date(1900, 1, 1),
+        "ts": dt.datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
+        "ntz": dt.datetime(1969, 12, 31, 12, 30, 0, 1),
+        "dti": dt.timedelta(days=-3, microseconds=7),
+        "tm": dt.time(23, 59, 59, 123456),
+        "arr": [1, None, 3],
+        "arr2": [["a"], [], ["b", "c"]],
         "m": [("k1", 1), ("k2", None)],
         "st": {"a b": 7, "c`d": "x", "nested": [{"x": 0.5}, {"x": None}]},
         "geo": {"srid": 4326, "wkb": bytes.fromhex("0101000000000000000000f03f0000000000000040")},
     },
     {
-        "id": 2, "i8": None, "i16": None, "i32": None, "i64": None, "f32": None, "f64": None,
-        "dec": None, "dec38": decimal.Decimal("0"), "s": None, "bin": None, "flag": None,
-        "d": None, "ts": None, "ntz": None, "dti": None, "tm": None, "arr": [], "arr2": [],
-        "m": [], "st": {"a b": None, "c`d": None, "nested": []},
+        "id": 2,
+        "i8": None,
+        "i16": None,
+        "i32": None,
+        "i64": None,
+        "f32": None,
+        "f64": None,
+        "dec": None,
+        "dec38": decimal.Decimal("0"),
+        "s": None,
+        "bin": None,
+        "flag": None,
+        "d": None,
+        "ts": None,
+        "ntz": None,
+        "dti": None,
+        "tm": None,
+        "arr": [],
+        "arr2": [],
+        "m": [],
+        "st": {"a b": None, "c`d": None, "nested": []},
         "geo": {"srid": 0, "wkb": b""},
     },
 ]
@@ -158,12 +196,10 @@ def test_the_check_accepts_the_table_the_ddl_created_as_the_server_describes_it(
     # The converter sends the same rows through unchanged in value.
     arrow_schema = to_arrow_schema(EVERY_TYPE, timezone="UTC")
     batch = pa.Table.from_pylist(ROWS, schema=arrow_schema).to_batches()[0]
-    plan = ConversionPlan(info.display, conversion_columns(info, arrow_schema),
-                          allow_nullable_into_non_nullable=False)
+    plan = ConversionPlan(info.display, conversion_columns(info, arrow_schema), allow_nullable_into_non_nullable=False)
     out = plan.convert(batch)
     for name in EVERY_TYPE.names:
-        assert [normalise(v) for v in out.column(name).to_pylist()] == \
-            [normalise(r[name]) for r in ROWS], name
+        assert [normalise(v) for v in out.column(name).to_pylist()] == [normalise(r[name]) for r in ROWS], name
 
 
 # (data type, value, ClickHouse column): what the engine does when our converter refuses.
@@ -188,19 +224,28 @@ def test_the_engine_silently_stores_what_the_converter_refuses(ch, arrow_type, v
 
 
 def test_the_engine_drops_unknown_columns_and_struct_fields_which_the_check_refuses(ch):
-    ch.query("CREATE TABLE `we\\`ird db`.t (x Int32, tup Tuple(a Int32, c String)) "
-             "ENGINE = MergeTree ORDER BY tuple()")
-    data = pa.table({
-        "x": pa.array([1], pa.int32()),
-        "extra": pa.array([2], pa.int32()),
-        "tup": pa.array([{"a": 1, "b": "lost"}], pa.struct([pa.field("a", pa.int32(), False),
-                                                             pa.field("b", pa.string(), False)])),
-    }, schema=pa.schema([pa.field("x", pa.int32(), False), pa.field("extra", pa.int32(), False),
-                         pa.field("tup", pa.struct([pa.field("a", pa.int32(), False),
-                                                    pa.field("b", pa.string(), False)]), False)]))
+    ch.query("CREATE TABLE `we\\`ird db`.t (x Int32, tup Tuple(a Int32, c String)) ENGINE = MergeTree ORDER BY tuple()")
+    data = pa.table(
+        {
+            "x": pa.array([1], pa.int32()),
+            "extra": pa.array([2], pa.int32()),
+            "tup": pa.array(
+                [{"a": 1, "b": "lost"}],
+                pa.struct([pa.field("a", pa.int32(), False), pa.field("b", pa.string(), False)]),
+            ),
+        },
+        schema=pa.schema(
+            [
+                pa.field("x", pa.int32(), False),
+                pa.field("extra", pa.int32(), False),
+                pa.field(
+                    "tup", pa.struct([pa.field("a", pa.int32(), False), pa.field("b", pa.string(), False)]), False
+                ),
+            ]
+        ),
+    )
     insert_arrow(ch, "`we\\`ird db`.t", data)
-    assert read_arrow(ch, "SELECT x, tup FROM `we\\`ird db`.t").to_pylist() == [
-        {"x": 1, "tup": {"a": 1, "c": b""}}]
+    assert read_arrow(ch, "SELECT x, tup FROM `we\\`ird db`.t").to_pylist() == [{"x": 1, "tup": {"a": 1, "c": b""}}]
     with pytest.raises(ConfigurationError) as e:
         check_schema(info_of(ch, "we`ird db", "t"), data.schema)
     msg = str(e.value)
@@ -208,28 +253,31 @@ def test_the_engine_drops_unknown_columns_and_struct_fields_which_the_check_refu
     assert "struct fields ['a', 'b'] are not the Tuple's elements ['a', 'c']" in msg
 
 
-@pytest.mark.parametrize("arrow_type,value,ch_type", [
-    (pa.int8(), -5, "Int64"),
-    (pa.uint16(), 65535, "Int32"),
-    (pa.int32(), 7, "Decimal(12, 2)"),
-    (pa.float32(), 0.5, "Float64"),
-    (pa.decimal128(10, 2), decimal.Decimal("12.34"), "Decimal(20, 4)"),
-    (pa.date32(), dt.date(1950, 6, 1), "Date32"),
-    (pa.timestamp("ms", tz="Europe/Paris"), dt.datetime(2020, 1, 1, 12, tzinfo=UTC),
-     "DateTime64(6, 'Asia/Tokyo')"),
-    (pa.large_string(), "lc", "LowCardinality(String)"),
-    (pa.string(), "b", "Enum8('a' = 1, 'b' = 2)"),
-    (pa.bool_(), True, "UInt8"),
-    (pa.binary(), b"\x01\x02", "FixedString(2)"),
-    (pa.int32(), 3, "Nullable(Int64)"),
-    (pa.string(), "v", "Variant(Int64, String)"),
-    (pa.duration("us"), dt.timedelta(seconds=1), "Int64"),
-])
+@pytest.mark.parametrize(
+    "arrow_type,value,ch_type",
+    [
+        (pa.int8(), -5, "Int64"),
+        (pa.uint16(), 65535, "Int32"),
+        (pa.int32(), 7, "Decimal(12, 2)"),
+        (pa.float32(), 0.5, "Float64"),
+        (pa.decimal128(10, 2), decimal.Decimal("12.34"), "Decimal(20, 4)"),
+        (pa.date32(), dt.date(1950, 6, 1), "Date32"),
+        (pa.timestamp("ms", tz="Europe/Paris"), dt.datetime(2020, 1, 1, 12, tzinfo=UTC), "DateTime64(6, 'Asia/Tokyo')"),
+        (pa.large_string(), "lc", "LowCardinality(String)"),
+        (pa.string(), "b", "Enum8('a' = 1, 'b' = 2)"),
+        (pa.bool_(), True, "UInt8"),
+        (pa.binary(), b"\x01\x02", "FixedString(2)"),
+        (pa.int32(), 3, "Nullable(Int64)"),
+        (pa.string(), "v", "Variant(Int64, String)"),
+        (pa.duration("us"), dt.timedelta(seconds=1), "Int64"),
+    ],
+)
 def test_every_widening_the_converter_accepts_is_stored_exactly(ch, arrow_type, value, ch_type):
-    data = pa.table({"x": pa.array([value], arrow_type)},
-                    schema=pa.schema([pa.field("x", arrow_type, False)]))
-    ch.query(f"CREATE TABLE `we\\`ird db`.t (x {ch_type}) ENGINE = MergeTree ORDER BY tuple() "
-             "SETTINGS allow_nullable_key = 1")
+    data = pa.table({"x": pa.array([value], arrow_type)}, schema=pa.schema([pa.field("x", arrow_type, False)]))
+    ch.query(
+        f"CREATE TABLE `we\\`ird db`.t (x {ch_type}) ENGINE = MergeTree ORDER BY tuple() "
+        "SETTINGS allow_nullable_key = 1"
+    )
     info = info_of(ch, "we`ird db", "t")
     check_schema(info, data.schema)
     plan = ConversionPlan(info.display, conversion_columns(info, data.schema))

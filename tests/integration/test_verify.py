@@ -23,8 +23,11 @@ def _sql(url: str, sql: str, **params: str) -> str:
 
 
 def _table(url: str, db: str, name: str = "events", extra: str = "") -> str:
-    _sql(url, f"CREATE TABLE {quote_ident(db)}.{quote_ident(name)} (topic String, partition Int32, "
-              f"offset Int64, seg UInt32{extra}) ENGINE = MergeTree ORDER BY (topic, partition, offset)")
+    _sql(
+        url,
+        f"CREATE TABLE {quote_ident(db)}.{quote_ident(name)} (topic String, partition Int32, "
+        f"offset Int64, seg UInt32{extra}) ENGINE = MergeTree ORDER BY (topic, partition, offset)",
+    )
     return f"{db}.{name}"
 
 
@@ -63,8 +66,9 @@ def test_planted_duplicates_are_counted_and_reported_as_ranges(clickhouse_url: s
 
 def test_planted_gaps_inside_at_the_head_and_at_the_tail_are_found(clickhouse_url: str, database: str) -> None:
     t = _table(clickhouse_url, database)
-    keep = [r for r in _clean_rows() if not (r[1] == 0 and 10 <= r[2] < 20)
-            and not (r[1] == 1 and (r[2] < 3 or r[2] > 97))]
+    keep = [
+        r for r in _clean_rows() if not (r[1] == 0 and 10 <= r[2] < 20) and not (r[1] == 1 and (r[2] < 3 or r[2] > 97))
+    ]
     _insert(clickhouse_url, t, keep)
     r = verify(clickhouse_url, t, expected=EXPECTED)
     gaps = sorted((a.partition, a.first, a.last) for a in r.anomalies if a.kind == "gap")
@@ -72,8 +76,7 @@ def test_planted_gaps_inside_at_the_head_and_at_the_tail_are_found(clickhouse_ur
     assert r.missing == 10 + 3 + 2 and r.duplicates == 0
 
 
-def test_a_partition_with_no_rows_is_a_gap_and_an_unknown_one_is_unexpected(clickhouse_url: str,
-                                                                            database: str) -> None:
+def test_a_partition_with_no_rows_is_a_gap_and_an_unknown_one_is_unexpected(clickhouse_url: str, database: str) -> None:
     t = _table(clickhouse_url, database)
     _insert(clickhouse_url, t, [r for r in _clean_rows() if r[1] == 0] + [("other", 3, 0, 0)])
     r = verify(clickhouse_url, t, expected=EXPECTED)
@@ -107,25 +110,36 @@ def test_uncommitted_rows_of_an_open_transaction_are_not_counted(clickhouse_url:
     db, name = t.split(".", 1)
     _sql(clickhouse_url, "BEGIN TRANSACTION", session_id=sid)
     try:
-        _sql(clickhouse_url, f"INSERT INTO {quote_ident(db)}.{quote_ident(name)} (topic, partition, offset, seg) "
-                             "VALUES ('ev', 0, 5, 9), ('ev', 0, 100, 9)", session_id=sid)
+        _sql(
+            clickhouse_url,
+            f"INSERT INTO {quote_ident(db)}.{quote_ident(name)} (topic, partition, offset, seg) "
+            "VALUES ('ev', 0, 5, 9), ('ev', 0, 100, 9)",
+            session_id=sid,
+        )
         assert verify(clickhouse_url, t, expected=EXPECTED).clean
     finally:
         _sql(clickhouse_url, "ROLLBACK", session_id=sid)
 
 
-def test_markers_disagreeing_with_the_table_and_double_commits_are_reported(clickhouse_url: str,
-                                                                            database: str) -> None:
+def test_markers_disagreeing_with_the_table_and_double_commits_are_reported(clickhouse_url: str, database: str) -> None:
     t = _table(clickhouse_url, database)
     _insert(clickhouse_url, t, _clean_rows())
-    _sql(clickhouse_url, f"CREATE TABLE {quote_ident(database)}.clickhouse_tx_commits (txn_id String, "
-                         "batch Int64, partition Int32, xid String, `table` String, rows UInt64, "
-                         "checksum UInt64) ENGINE = MergeTree ORDER BY (txn_id, batch, partition)")
-    _sql(clickhouse_url, f"INSERT INTO {quote_ident(database)}.clickhouse_tx_commits VALUES "
-                         f"('q', 0, 0, 'x0', '{t}', 100, 0), ('q', 0, 1, 'x1', '{t}', 100, 0)")
+    _sql(
+        clickhouse_url,
+        f"CREATE TABLE {quote_ident(database)}.clickhouse_tx_commits (txn_id String, "
+        "batch Int64, partition Int32, xid String, `table` String, rows UInt64, "
+        "checksum UInt64) ENGINE = MergeTree ORDER BY (txn_id, batch, partition)",
+    )
+    _sql(
+        clickhouse_url,
+        f"INSERT INTO {quote_ident(database)}.clickhouse_tx_commits VALUES "
+        f"('q', 0, 0, 'x0', '{t}', 100, 0), ('q', 0, 1, 'x1', '{t}', 100, 0)",
+    )
     assert verify(clickhouse_url, t, expected=EXPECTED, txn_id="q").clean
-    _sql(clickhouse_url, f"INSERT INTO {quote_ident(database)}.clickhouse_tx_commits VALUES "
-                         f"('q', 0, 1, 'x1-retry', '{t}', 100, 0)")
+    _sql(
+        clickhouse_url,
+        f"INSERT INTO {quote_ident(database)}.clickhouse_tx_commits VALUES ('q', 0, 1, 'x1-retry', '{t}', 100, 0)",
+    )
     r = verify(clickhouse_url, t, expected=EXPECTED, txn_id="q")
     assert sorted(a.kind for a in r.anomalies) == ["double_commit", "marker_count_mismatch"]
     assert r.markers == {"markers": 3, "rows": 300, "txn_ids": 1}
@@ -139,15 +153,21 @@ def test_a_missing_column_is_named_in_the_error(clickhouse_url: str, database: s
         verify(clickhouse_url, t, offset_col="off")
 
 
-def test_the_cli_exits_0_when_clean_1_on_anomalies_and_2_on_errors(clickhouse_url: str, database: str,
-                                                                    tmp_path: Path) -> None:
+def test_the_cli_exits_0_when_clean_1_on_anomalies_and_2_on_errors(
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     t = _table(clickhouse_url, database)
     _insert(clickhouse_url, t, _clean_rows())
     exp = json.dumps({"ev": {"0": 100, "1": 100}})
 
     def run(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "clickhouse_tx", "verify", "--url", clickhouse_url,
-                               *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "clickhouse_tx", "verify", "--url", clickhouse_url, *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     clean = run("--table", t, "--expected", exp, "--json", str(tmp_path / "r.json"))
     assert clean.returncode == 0, clean.stdout + clean.stderr
@@ -162,8 +182,16 @@ def test_the_cli_exits_0_when_clean_1_on_anomalies_and_2_on_errors(clickhouse_ur
 
 def test_pure_helpers_group_runs_and_classify_segments() -> None:
     assert runs([1, 2, 3, 7, 9, 10]) == [(1, 3), (7, 7), (9, 10)]
-    segs = [Segment("a", 0, 9, 10), Segment("b", 10, 19, 10), Segment("c", 25, 30, 6),
-            Segment("d", 28, 40, 13), Segment("e", 0, 5, 6)]
+    segs = [
+        Segment("a", 0, 9, 10),
+        Segment("b", 10, 19, 10),
+        Segment("c", 25, 30, 6),
+        Segment("d", 28, 40, 13),
+        Segment("e", 0, 5, 6),
+    ]
     assert [(a.kind, a.first, a.last) for a in check_segments("t", 0, segs)] == [
-        ("gap", 20, 24), ("overlap", 28, 30), ("backward", 0, 5)]
+        ("gap", 20, 24),
+        ("overlap", 28, 30),
+        ("backward", 0, 5),
+    ]
     assert parse_expected('{"t": {"0": 5, "1": [2, 9]}}') == {("t", 0): (0, 5), ("t", 1): (2, 9)}

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
+from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import ConfigurationError, ServerError
 from clickhouse_tx.factory import build_coordinator, build_mode_io
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
 
@@ -31,7 +31,8 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> str:
     info = stack.start_stack(d, transactions=False)
     try:
         ClickHouseHTTP(Target(url=info.clickhouse_url, database="default", table="x")).command(
-            f"CREATE DATABASE {q.quote_identifier(DB)}")
+            f"CREATE DATABASE {q.quote_identifier(DB)}"
+        )
         yield info.clickhouse_url
     finally:
         stack.stop_stack(d)
@@ -40,8 +41,10 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _table(url: str, name: str, settings: str = "") -> tuple[Target, ClickHouseHTTP]:
     target = Target(url=url, database=DB, table=name)
     admin = ClickHouseHTTP(target)
-    admin.command(f"CREATE TABLE {q.qualified(DB, name)} (id UInt64) ENGINE = MergeTree ORDER BY id"
-                  + (f" SETTINGS {settings}" if settings else ""))
+    admin.command(
+        f"CREATE TABLE {q.qualified(DB, name)} (id UInt64) ENGINE = MergeTree ORDER BY id"
+        + (f" SETTINGS {settings}" if settings else "")
+    )
     return target, admin
 
 
@@ -57,7 +60,8 @@ def test_the_server_started_without_transactions_refuses_implicit_transaction(ur
 
 @pytest.mark.parametrize("mode, settings", [("staging", ""), ("dedup", "non_replicated_deduplication_window = 100")])
 def test_staging_and_dedup_commit_look_up_and_replay_exactly_once_without_transactions(
-        url: str, tmp_path: Path, mode: str, settings: str) -> None:
+    url: str, tmp_path: Path, mode: str, settings: str
+) -> None:
     target, admin = _table(url, f"events_{mode}", settings)
     txn = f"q-{mode}"
     coord = build_coordinator(target, mode, txn, str(tmp_path))
@@ -86,12 +90,30 @@ def test_verify_checks_a_staging_table_on_a_server_without_transactions(url: str
     import sys
 
     target, admin = _table(url, "events_verify")
-    admin.command(f"ALTER TABLE {q.qualified(DB, 'events_verify')} ADD COLUMN topic String DEFAULT 't', "
-                  "ADD COLUMN partition Int32 DEFAULT 0, ADD COLUMN offset Int64 MATERIALIZED id")
+    admin.command(
+        f"ALTER TABLE {q.qualified(DB, 'events_verify')} ADD COLUMN topic String DEFAULT 't', "
+        "ADD COLUMN partition Int32 DEFAULT 0, ADD COLUMN offset Int64 MATERIALIZED id"
+    )
     coord = build_coordinator(target, "staging", "q-verify", str(tmp_path))
     coord.commit_batch(0, [coord.prepare(WriteContext("q-verify", 0, 0, 0), _rows(0)())])
-    out = subprocess.run([sys.executable, "-m", "clickhouse_tx", "verify", "--url", url, "--table",
-                          f"{DB}.events_verify", "--checkpoint", str(tmp_path), "--json", "-"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clickhouse_tx",
+            "verify",
+            "--url",
+            url,
+            "--table",
+            f"{DB}.events_verify",
+            "--checkpoint",
+            str(tmp_path),
+            "--json",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["clean"] is True

@@ -7,8 +7,7 @@ import sys
 import pytest
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
-                            config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
     explorer = sys.modules.get("tests.model.explorer")
     for line in getattr(explorer, "REPORTS", ()):
         terminalreporter.write_line(line)

@@ -41,13 +41,18 @@ class Violation(BaseException):
         self.labels: list[str] = []
 
     def __str__(self) -> str:
-        steps = "\n".join(f"  {i:3d}. {label}" for i, label in enumerate(self.labels) if
-                           i < len(self.labels) - 1 and not label.endswith(": go on") or i == len(self.labels) - 1)
+        steps = "\n".join(
+            f"  {i:3d}. {label}"
+            for i, label in enumerate(self.labels)
+            if i < len(self.labels) - 1 and not label.endswith(": go on") or i == len(self.labels) - 1
+        )
         short = list(self.schedule)
         while short and short[-1] == 0:
             short.pop()  # past its end a schedule takes option 0 anyway
-        return (f"{self.args[0]}\nschedule (replay: tests.model.explorer.replay(model, {short})), "
-                f"its choices other than 'go on':\n{steps}")
+        return (
+            f"{self.args[0]}\nschedule (replay: tests.model.explorer.replay(model, {short})), "
+            f"its choices other than 'go on':\n{steps}"
+        )
 
 
 class Chooser:
@@ -65,8 +70,7 @@ class Chooser:
         """True while the forced prefix runs: its states were checked when first met."""
         return len(self.trail) < len(self.prefix)
 
-    def choose(self, where: str, options: Sequence[str], digest: bytes | None, *,
-               boundary: bool = False) -> int:
+    def choose(self, where: str, options: Sequence[str], digest: bytes | None, *, boundary: bool = False) -> int:
         """Pick one of ``options`` at a choice point whose state is ``digest``.
 
         ``digest`` may be None while :attr:`replaying` (nothing is counted there).
@@ -83,8 +87,10 @@ class Chooser:
             self.seen_states.add(digest)
         k = self.prefix[i] if i < len(self.prefix) else 0
         if not 0 <= k < len(options):
-            raise ValueError(f"choice {i} ({where}): option {k} of {len(options)} does not exist; "
-                             "the schedule belongs to another model")
+            raise ValueError(
+                f"choice {i} ({where}): option {k} of {len(options)} does not exist; "
+                "the schedule belongs to another model"
+            )
         self.trail.append((k, len(options)))
         self.labels.append(f"{where}: {options[k]}")
         return k
@@ -120,9 +126,11 @@ class Stats:
     counterexample: Violation | None = None
 
     def line(self) -> str:
-        return (f"{self.schedules:,} schedules, {self.states:,} distinct states "
-                f"({self.boundary_states:,} between driver calls, {self.revisits:,} revisits cut), "
-                f"{self.segment_runs:,} segment runs, {self.violations} violations, {self.seconds:.1f} s")
+        return (
+            f"{self.schedules:,} schedules, {self.states:,} distinct states "
+            f"({self.boundary_states:,} between driver calls, {self.revisits:,} revisits cut), "
+            f"{self.segment_runs:,} segment runs, {self.violations} violations, {self.seconds:.1f} s"
+        )
 
 
 def _next_prefix(trail: Sequence[tuple[int, int]]) -> list[int] | None:

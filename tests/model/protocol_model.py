@@ -83,11 +83,11 @@ class Bounds:
 # The identity layer: one transactional id per spelling of the checkpoint
 # ----------------------------------------------------------------------------------------
 
+
 def spellings(root: Path) -> list[tuple[str, str]]:
     """``(raw checkpointLocation, working directory)`` pairs naming one directory."""
     chk = root / "chk"
-    return [(str(chk), "/"), (f"{chk}/", "/"), (f"file://{chk}", "/"),
-            ("chk", str(root)), (f"file:{chk}/./", "/")]
+    return [(str(chk), "/"), (f"{chk}/", "/"), (f"file://{chk}", "/"), ("chk", str(root)), (f"file:{chk}/./", "/")]
 
 
 def checkpoint_identity(root: Path, resolve: Callable[[str, str], str] | None = None) -> list[tuple[str, str]]:
@@ -105,8 +105,9 @@ def checkpoint_identity(root: Path, resolve: Callable[[str, str], str] | None = 
 
     def real(raw: str, cwd: str) -> str:
         loc = canonical_location(raw, cwd)
-        return resolve_stream_txn_id(checkpoint=loc, raw_checkpoint=raw, query_name=None,
-                                     explicit=None, decision_root=loc)
+        return resolve_stream_txn_id(
+            checkpoint=loc, raw_checkpoint=raw, query_name=None, explicit=None, decision_root=loc
+        )
 
     return [(raw, (resolve or real)(raw, cwd)) for raw, cwd in spellings(root)]
 
@@ -114,6 +115,7 @@ def checkpoint_identity(root: Path, resolve: Callable[[str, str], str] | None = 
 # ----------------------------------------------------------------------------------------
 # One schedule
 # ----------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class _HookedFaults(FaultPlan):
@@ -171,9 +173,15 @@ class Snapshot:
 class _Schedule:
     """The world of one schedule and the choices that drive it."""
 
-    def __init__(self, chooser: Chooser, bounds: Bounds, ids: Sequence[tuple[str, str]],
-                 snap: Snapshot | None = None, checked: set[bytes] | None = None,
-                 outcomes: collections.Counter[str] | None = None) -> None:
+    def __init__(
+        self,
+        chooser: Chooser,
+        bounds: Bounds,
+        ids: Sequence[tuple[str, str]],
+        snap: Snapshot | None = None,
+        checked: set[bytes] | None = None,
+        outcomes: collections.Counter[str] | None = None,
+    ) -> None:
         self.chooser, self.bounds, self.ids = chooser, bounds, ids
         self.checked = checked if checked is not None else set()  # fakes' states already checked
         self.outcomes = outcomes if outcomes is not None else collections.Counter()
@@ -197,9 +205,13 @@ class _Schedule:
             spark=dataclasses.replace(self.s),
             tx=tuple((x, (t.key, t.rows, t.status, t.ids)) for x, t in ch.tx.items()),
             rollbacks_of_committed=tuple(ch.rollbacks_of_committed),
-            entries=tuple(reg.entries.items()), forgotten=tuple(reg.forgotten.items()),
-            logs=tuple((t, tuple((b, tuple(vs.items())) for b, vs in lg.versions.items()), tuple(lg.done))
-                       for t, lg in self.logs.items()))
+            entries=tuple(reg.entries.items()),
+            forgotten=tuple(reg.forgotten.items()),
+            logs=tuple(
+                (t, tuple((b, tuple(vs.items())) for b, vs in lg.versions.items()), tuple(lg.done))
+                for t, lg in self.logs.items()
+            ),
+        )
 
     def restore(self, snap: Snapshot) -> None:
         ch, reg = self.world.ch, self.world.registry
@@ -220,10 +232,17 @@ class _Schedule:
         return self.logs[txn]
 
     def coordinator(self, txn: str) -> Coordinator:
-        return Coordinator(txn, TARGET, self.world.ch, self.world.registry, self.log_of(txn),
-                           retry=RETRY,
-                           sleep=lambda s: None, clock=lambda: 1000.0,
-                           xid_factory=lambda t, b, p, a: f"{t}-b{b}-p{p}-a{a}")
+        return Coordinator(
+            txn,
+            TARGET,
+            self.world.ch,
+            self.world.registry,
+            self.log_of(txn),
+            retry=RETRY,
+            sleep=lambda s: None,
+            clock=lambda: 1000.0,
+            xid_factory=lambda t, b, p, a: f"{t}-b{b}-p{p}-a{a}",
+        )
 
     def world_digest(self) -> bytes:
         """The fakes' state alone: what the invariants of :meth:`check` judge."""
@@ -234,16 +253,30 @@ class _Schedule:
             ch.rollbacks_of_committed,
             sorted((x, e.state, sorted(e.payload.items())) for x, e in reg.entries.items()),
             sorted((x, e.state) for x, e in reg.forgotten.items()),
-            sorted((t, sorted((b, sorted(vs.items())) for b, vs in lg.versions.items()), sorted(lg.done))
-                   for t, lg in self.logs.items()),
+            sorted(
+                (t, sorted((b, sorted(vs.items())) for b, vs in lg.versions.items()), sorted(lg.done))
+                for t, lg in self.logs.items()
+            ),
         )
         return hashlib.blake2b(repr(world).encode(), digest_size=16).digest()
 
     def digest(self, world: bytes, *step: object) -> bytes:
         """The fakes' state, the schedule's own (Spark's messages, budgets) and the step."""
         s = self.s
-        mine = (s.phase, s.run, s.n, s.first_n, s.txn, [m.xid for m in s.msgs], s.pending,
-                s.failures, s.zombie, s.events, s.done_seen, step)
+        mine = (
+            s.phase,
+            s.run,
+            s.n,
+            s.first_n,
+            s.txn,
+            [m.xid for m in s.msgs],
+            s.pending,
+            s.failures,
+            s.zombie,
+            s.events,
+            s.done_seen,
+            step,
+        )
         return hashlib.blake2b(world + repr(mine).encode(), digest_size=16).digest()
 
     def choose(self, where: str, options: Sequence[str], *, boundary: bool) -> int:
@@ -302,8 +335,9 @@ class _Schedule:
     # -- invariants ------------------------------------------------------------------------
     def visible(self) -> collections.Counter[int]:
         """How many times each row id of the batch is visible (any xid, any txn id)."""
-        return collections.Counter(i for t in self.world.ch.tx.values()
-                                   if t.status == "committed" and t.key[1] == BATCH for i in t.ids)
+        return collections.Counter(
+            i for t in self.world.ch.tx.values() if t.status == "committed" and t.key[1] == BATCH for i in t.ids
+        )
 
     def latest(self, txn: str) -> Decision | None:
         vs = self.log_of(txn).versions.get(BATCH)
@@ -328,8 +362,10 @@ class _Schedule:
             if latest is None:
                 raise Violation(f"xid {xid} is visible but its batch has no decision")
             if xid not in {p.xid for p in latest.chosen}:
-                raise Violation(f"xid {xid} is visible but not in the latest decision "
-                                f"v{latest.version} {[p.xid for p in latest.chosen]}")
+                raise Violation(
+                    f"xid {xid} is visible but not in the latest decision "
+                    f"v{latest.version} {[p.xid for p in latest.chosen]}"
+                )
             e = registry.get(xid)
             if e is not None and e.state in (TxState.ABORTING.value, TxState.ABORTED.value):
                 raise Violation(f"xid {xid} is visible but the registry says {e.state}")
@@ -338,8 +374,9 @@ class _Schedule:
             for p in latest.chosen if latest is not None else ():
                 t = self.world.ch.tx.get(p.xid)
                 if t is not None and t.status == "rolled_back":
-                    raise Violation(f"decided xid {p.xid} (v{latest.version}) was rolled back while "
-                                    "it could still commit")
+                    raise Violation(
+                        f"decided xid {p.xid} (v{latest.version}) was rolled back while it could still commit"
+                    )
 
     def _check_decisions(self) -> None:
         for txn, lg in self.logs.items():
@@ -366,17 +403,21 @@ class _Schedule:
         self.check()
         want = {BATCH * 1000 + i: 1 for i in range(self.bounds.rows)}
         if self.visible() != want:
-            raise Violation(f"{how}: the batch is done but rows visible {dict(self.visible())}, "
-                            f"want each of {sorted(want)} once")
+            raise Violation(
+                f"{how}: the batch is done but rows visible {dict(self.visible())}, want each of {sorted(want)} once"
+            )
         latest = self.latest(self.s.txn)
         committed = {x for x, t in self.world.ch.tx.items() if t.status == "committed"}
         if latest is None or committed != {p.xid for p in latest.chosen}:
             raise Violation(f"{how}: committed xids {sorted(committed)} are not the decision's")
         if BATCH not in self.log_of(self.s.txn).done:
             raise Violation(f"{how}: reported committed, not marked done")
-        open_ = [e.xid for e in self.world.registry.entries.values()
-                 if e.xid != self.zombie_xid and (e.state == TxState.COMMITTING.value
-                                                  or reported and e.state not in FINISHED)]
+        open_ = [
+            e.xid
+            for e in self.world.registry.entries.values()
+            if e.xid != self.zombie_xid
+            and (e.state == TxState.COMMITTING.value or reported and e.state not in FINISHED)
+        ]
         if open_:
             raise Violation(f"{how}: registry entries left unfinished: {open_}")
 
@@ -417,8 +458,7 @@ class _Schedule:
     def next_task(self) -> None:
         """One task attempt of the run (Spark retries a failed one once); then the commit."""
         s = self.s
-        k = (self.choose("next task", [f"partition {p}" for p in s.pending], boundary=True)
-             if len(s.pending) > 1 else 0)
+        k = self.choose("next task", [f"partition {p}" for p in s.pending], boundary=True) if len(s.pending) > 1 else 0
         p = s.pending[k]
         attempt = s.run * 10 + s.failures[p]
         self.action = f"run {s.run} task p{p} attempt {attempt}"
@@ -453,10 +493,20 @@ class _Schedule:
         self.action, self.driving = "operator recover and gc", True
         txns = sorted({txn for _, txn in self.ids})
         try:
-            resolve_in_doubt(TARGET, self.world.ch, self.world.registry, self.log_of, txn_ids=txns,
-                             retry=RETRY, clock=lambda: 1000.0)
-            gc_stale(TARGET, self.world.ch, self.world.registry, self.log_of, older_than_s=0.0,
-                     txn_ids=txns, retry=RETRY, clock=lambda: 1000.0, overwrite_stages=False)
+            resolve_in_doubt(
+                TARGET, self.world.ch, self.world.registry, self.log_of, txn_ids=txns, retry=RETRY, clock=lambda: 1000.0
+            )
+            gc_stale(
+                TARGET,
+                self.world.ch,
+                self.world.registry,
+                self.log_of,
+                older_than_s=0.0,
+                txn_ids=txns,
+                retry=RETRY,
+                clock=lambda: 1000.0,
+                overwrite_stages=False,
+            )
         except (Crash, ClickHouseTxError):
             pass  # the operator's run died or failed; the query's restart still rolls forward
         finally:
@@ -517,16 +567,14 @@ class _Schedule:
         for attempt in range(2):
             self.action = "final replay"
             c = self.coordinator(s.txn)
-            s.msgs = tuple(c.prepare(WriteContext(s.txn, BATCH, p, 90 + attempt), self.data(n, p))
-                           for p in range(n))
+            s.msgs = tuple(c.prepare(WriteContext(s.txn, BATCH, p, 90 + attempt), self.data(n, p)) for p in range(n))
             try:
                 c.commit_batch(BATCH, s.msgs)
             except LostTransactionError:
                 latest = self.latest(s.txn)
                 assert latest is not None
                 if attempt or len(latest.chosen) == n:
-                    raise Violation(f"a fault-free replay under the decided partitioning (n={n}) "
-                                    "was refused") from None
+                    raise Violation(f"a fault-free replay under the decided partitioning (n={n}) was refused") from None
                 n = len(latest.chosen)  # as the error advises
                 continue
             except Exception as e:

@@ -28,8 +28,7 @@ DEFAULT = Bounds(first_partitions=(2,), replay_partitions=(1, 2, 3), max_runs=2,
 #: the slow run: 2 or 3 partitions, up to two restarts
 WIDE = Bounds(first_partitions=(2, 3), replay_partitions=(1, 2, 3), max_runs=3, max_events=1)
 #: the slow run with two events per schedule (two faults, or a fault and the zombie)
-TWO_EVENTS = Bounds(first_partitions=(2,), replay_partitions=(2,), max_runs=2, max_events=2,
-                    operator=False)
+TWO_EVENTS = Bounds(first_partitions=(2,), replay_partitions=(2,), max_runs=2, max_events=2, operator=False)
 #: the planted bugs' run: small, each bug is found within it
 SMALL = Bounds(first_partitions=(2,), replay_partitions=(2, 3), max_runs=2, max_events=1)
 
@@ -50,8 +49,7 @@ def _explore(name: str, bounds: Bounds, root: Path) -> tuple[Stats, ProtocolMode
     return stats, model
 
 
-def test_every_schedule_of_one_fault_or_zombie_and_a_restart_keeps_every_row_exactly_once(
-        tmp_path: Path) -> None:
+def test_every_schedule_of_one_fault_or_zombie_and_a_restart_keeps_every_row_exactly_once(tmp_path: Path) -> None:
     stats, model = _explore("model checker", DEFAULT, tmp_path)
     if stats.counterexample is not None:
         pytest.fail(str(stats.counterexample))
@@ -64,14 +62,14 @@ def test_every_schedule_of_one_fault_or_zombie_and_a_restart_keeps_every_row_exa
     # and the driver's commit ended every documented way, replays under another
     # partitioning included (refused with LostTransactionError, or decided again)
     # (one fault is retried away, so no xid stays in doubt: no OutcomeUnknownError here)
-    assert {"committed", "committed under another partitioning", "LostTransactionError",
-            "NotCommittedError"} <= set(model.outcomes), model.outcomes
+    assert {"committed", "committed under another partitioning", "LostTransactionError", "NotCommittedError"} <= set(
+        model.outcomes
+    ), model.outcomes
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # about 10 min on the shared machine
-def test_every_schedule_with_three_partitions_and_two_restarts_keeps_every_row_exactly_once(
-        tmp_path: Path) -> None:
+def test_every_schedule_with_three_partitions_and_two_restarts_keeps_every_row_exactly_once(tmp_path: Path) -> None:
     stats, _ = _explore("model checker (wide)", WIDE, tmp_path)
     if stats.counterexample is not None:
         pytest.fail(str(stats.counterexample))
@@ -80,8 +78,7 @@ def test_every_schedule_with_three_partitions_and_two_restarts_keeps_every_row_e
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # about 10 min on the shared machine
-def test_every_schedule_with_two_faults_or_a_fault_and_the_zombie_keeps_every_row_exactly_once(
-        tmp_path: Path) -> None:
+def test_every_schedule_with_two_faults_or_a_fault_and_the_zombie_keeps_every_row_exactly_once(tmp_path: Path) -> None:
     stats, _ = _explore("model checker (two events)", TWO_EVENTS, tmp_path)
     if stats.counterexample is not None:
         pytest.fail(str(stats.counterexample))
@@ -101,7 +98,8 @@ def _found(stats: Stats, capsys: pytest.CaptureFixture[str], model: ProtocolMode
 
 
 def test_a_coordinator_that_skips_the_checksum_on_replacement_is_caught_with_a_replayable_schedule(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(coordinator, "same_rows", lambda a, b: True)
     model = ProtocolModel(SMALL, checkpoint_identity(tmp_path))
     v = _found(explore(model), capsys, model)
@@ -109,7 +107,8 @@ def test_a_coordinator_that_skips_the_checksum_on_replacement_is_caught_with_a_r
 
 
 def test_a_coordinator_that_commits_before_writing_its_decision_is_caught(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     write, commit_all = Coordinator._write, Coordinator._commit_all
 
     def late_write(self: Coordinator, decision: Decision) -> None:
@@ -130,7 +129,8 @@ def test_a_coordinator_that_commits_before_writing_its_decision_is_caught(
 
 
 def test_a_transactional_id_taken_from_the_checkpoint_as_spelled_is_caught(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ids = checkpoint_identity(tmp_path, resolve=lambda raw, cwd: legacy_txn_id(None, raw))
     assert len({txn for _, txn in ids}) > 1
     model = ProtocolModel(SMALL, ids)

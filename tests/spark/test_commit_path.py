@@ -20,8 +20,8 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.interfaces import Target
 from server_patches import stack as stack_mod
 from tests.spark.test_writer_batch import (
@@ -48,10 +48,18 @@ def sp(spark):
 
 def _job(sp, url: str, database: str, parts: int, txn: str, log_dir: Path, **extra: str) -> None:
     """Write ids 0..N-1 cut into ``parts`` partitions (repartition(parts)) under ``txn``."""
-    (events(sp, N, 1).repartition(parts).write.format("clickhouse_tx")
-     .options(**writer_options(url, database, "events", "transaction", transactional_id=txn,
-                               decision_log=str(log_dir), **extra))
-     .mode("append").save())
+    (
+        events(sp, N, 1)
+        .repartition(parts)
+        .write.format("clickhouse_tx")
+        .options(
+            **writer_options(
+                url, database, "events", "transaction", transactional_id=txn, decision_log=str(log_dir), **extra
+            )
+        )
+        .mode("append")
+        .save()
+    )
 
 
 def _once(url: str, database: str, n: int = N) -> None:
@@ -70,21 +78,30 @@ def _decided_then_clickhouse_restarted(sp, own, tmp_path: Path, commit_first: bo
     create_events_table(url, database, "events", "transaction")
     txn, log_dir = f"rerun-{uuid.uuid4().hex[:8]}", tmp_path / "decisions"
     with pytest.raises(Exception, match="injected fault at after_decision"):
-        _job(sp, url, database, 3, txn, log_dir, **{"fault.step": "after_decision", "fault.action": "raise",
-                                                    "fault.once_file": str(tmp_path / "once")})
+        _job(
+            sp,
+            url,
+            database,
+            3,
+            txn,
+            log_dir,
+            **{"fault.step": "after_decision", "fault.action": "raise", "fault.once_file": str(tmp_path / "once")},
+        )
     decision = FileDecisionLog(str(log_dir), txn).read(0)
     assert decision is not None and len(decision.chosen) == 3 and not decision.done
     if commit_first:
         p0 = next(p for p in decision.chosen if p.partition == 0)
-        ClickHouseHTTP(Target(url=url, database=database, table="events"), session_id=p0.xid,
-                       session_timeout=3600).command("COMMIT", session_check=True)
+        ClickHouseHTTP(
+            Target(url=url, database=database, table="events"), session_id=p0.xid, session_timeout=3600
+        ).command("COMMIT", session_check=True)
     info = stack_mod.restart_clickhouse(own.dir)  # every other prepared transaction is lost
     return info.clickhouse_url, database, txn, log_dir
 
 
 @pytest.mark.parametrize("parts", [2, 5])
 def test_a_rerun_after_clickhouse_lost_the_prepared_work_under_another_partitioning_writes_each_row_once(
-        sp, stack_factory, tmp_path: Path, parts: int) -> None:
+    sp, stack_factory, tmp_path: Path, parts: int
+) -> None:
     own = stack_factory(kafka=False)
     url, database, txn, log_dir = _decided_then_clickhouse_restarted(sp, own, tmp_path, commit_first=False)
     _job(sp, url, database, parts, txn, log_dir)  # nothing was visible: decided again over `parts`
@@ -95,7 +112,8 @@ def test_a_rerun_after_clickhouse_lost_the_prepared_work_under_another_partition
 
 
 def test_a_rerun_under_another_partitioning_after_a_partial_commit_is_refused_until_the_original_one(
-        sp, stack_factory, tmp_path: Path) -> None:
+    sp, stack_factory, tmp_path: Path
+) -> None:
     own = stack_factory(kafka=False)
     url, database, txn, log_dir = _decided_then_clickhouse_restarted(sp, own, tmp_path, commit_first=True)
     for parts in (5, 2):  # refused each time, naming what is visible; nothing else lands
@@ -113,12 +131,20 @@ def test_a_rerun_under_another_partitioning_after_a_partial_commit_is_refused_un
 
 
 def test_a_job_failing_after_its_first_commit_names_what_is_visible_and_recover_finishes_it(
-        sp, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
     txn, log_dir = f"late-{uuid.uuid4().hex[:8]}", tmp_path / "decisions"
     with pytest.raises(Exception) as info:
-        _job(sp, clickhouse_url, database, 4, txn, log_dir, **{
-            "fault.step": "after_commit:1", "fault.action": "raise", "fault.once_file": str(tmp_path / "once")})
+        _job(
+            sp,
+            clickhouse_url,
+            database,
+            4,
+            txn,
+            log_dir,
+            **{"fault.step": "after_commit:1", "fault.action": "raise", "fault.once_file": str(tmp_path / "once")},
+        )
     text = str(info.value)
     assert "injected fault at after_commit:1" in text and "are committed and visible" in text
     assert "would write the visible partitions twice" in text
@@ -141,18 +167,23 @@ def _slow(seconds: float):
 
         yield from batches
         t.sleep(seconds)
+
     return slow
 
 
 def test_a_job_with_16_tasks_on_2_slots_each_slower_than_the_session_timeout_commits_every_partition(
-        sp, clickhouse_url: str, database: str) -> None:
+    sp, clickhouse_url: str, database: str
+) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
     n = 16 * 500
     df = events(sp, n, 16).mapInArrow(_slow(6.0), "id long, k int, s string")
     started = time.monotonic()
-    (df.write.format("clickhouse_tx")
-     .options(**writer_options(clickhouse_url, database, "events", "transaction", session_timeout="5"))
-     .mode("append").save())
+    (
+        df.write.format("clickhouse_tx")
+        .options(**writer_options(clickhouse_url, database, "events", "transaction", session_timeout="5"))
+        .mode("append")
+        .save()
+    )
     # 8 waves of 6 s: the first sessions waited ~40 s for the COMMIT, 8 timeouts
     assert time.monotonic() - started > 40
     _once(clickhouse_url, database, n)
@@ -160,7 +191,8 @@ def test_a_job_with_16_tasks_on_2_slots_each_slower_than_the_session_timeout_com
 
 
 def test_a_job_whose_early_session_is_gone_at_commit_commits_nothing_and_a_rerun_writes_it_once(
-        sp, clickhouse_url: str, database: str) -> None:
+    sp, clickhouse_url: str, database: str
+) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
     target = Target(url=clickhouse_url, database=database, table="events")
     killed: list[str] = []
@@ -170,14 +202,15 @@ def test_a_job_whose_early_session_is_gone_at_commit_commits_nothing_and_a_rerun
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not killed:
             try:
-                out = run_sql(clickhouse_url, f"SELECT xid FROM `{database}`.clickhouse_tx_commits "
-                                              "ORDER BY `partition` LIMIT 1 FORMAT TSV").split()
+                out = run_sql(
+                    clickhouse_url,
+                    f"SELECT xid FROM `{database}`.clickhouse_tx_commits ORDER BY `partition` LIMIT 1 FORMAT TSV",
+                ).split()
             except RuntimeError:
                 out = []
             if out:
                 # what an expired session does: the transaction is rolled back and gone
-                ClickHouseHTTP(target, session_id=out[0], session_timeout=3600).command(
-                    "ROLLBACK", session_check=True)
+                ClickHouseHTTP(target, session_id=out[0], session_timeout=3600).command("ROLLBACK", session_check=True)
                 killed.append(out[0])
             time.sleep(0.2)
 
@@ -185,12 +218,21 @@ def test_a_job_whose_early_session_is_gone_at_commit_commits_nothing_and_a_rerun
     killer.start()
     df = events(sp, 4000, 4).mapInArrow(_slow(4.0), "id long, k int, s string")
     with pytest.raises(Exception, match=r"Nothing of the batch was committed"):
-        (df.write.format("clickhouse_tx").options(**writer_options(clickhouse_url, database, "events",
-                                                                  "transaction")).mode("append").save())
+        (
+            df.write.format("clickhouse_tx")
+            .options(**writer_options(clickhouse_url, database, "events", "transaction"))
+            .mode("append")
+            .save()
+        )
     killer.join()
     assert killed
     assert run_sql(clickhouse_url, f"SELECT count() FROM `{database}`.events").strip() == "0"
     assert open_registry_entries(clickhouse_url, database) == 0
-    (events(sp, 4000, 4).write.format("clickhouse_tx")
-     .options(**writer_options(clickhouse_url, database, "events", "transaction")).mode("append").save())
+    (
+        events(sp, 4000, 4)
+        .write.format("clickhouse_tx")
+        .options(**writer_options(clickhouse_url, database, "events", "transaction"))
+        .mode("append")
+        .save()
+    )
     _once(clickhouse_url, database, 4000)

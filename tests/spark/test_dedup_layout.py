@@ -17,8 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.test_writer_batch import (actual_totals, create_events_table, events, expected_totals,
-                                           scalar, writer_options)
+from tests.spark.test_writer_batch import (
+    actual_totals,
+    create_events_table,
+    events,
+    expected_totals,
+    scalar,
+    writer_options,
+)
 
 N = 3000
 
@@ -33,10 +39,16 @@ def sp(spark):
 
 def _job(sp, url: str, database: str, parts: int, txn: str, log_dir: Path, **extra: str) -> None:
     """Write ids 0..N-1 in mode dedup cut into ``parts`` partitions (a resumable batch job)."""
-    (events(sp, N, 1).repartition(parts).write.format("clickhouse_tx")
-     .options(**writer_options(url, database, "events", "dedup", transactional_id=txn,
-                               decision_log=str(log_dir), **extra))
-     .mode("append").save())
+    (
+        events(sp, N, 1)
+        .repartition(parts)
+        .write.format("clickhouse_tx")
+        .options(
+            **writer_options(url, database, "events", "dedup", transactional_id=txn, decision_log=str(log_dir), **extra)
+        )
+        .mode("append")
+        .save()
+    )
 
 
 def _failed_before_its_commit(sp, url: str, database: str, tmp_path: Path, parts: int) -> tuple[str, Path]:
@@ -44,15 +56,23 @@ def _failed_before_its_commit(sp, url: str, database: str, tmp_path: Path, parts
     create_events_table(url, database, "events", "dedup")
     txn, log_dir = f"layout-{uuid.uuid4().hex[:8]}", tmp_path / "decisions"
     with pytest.raises(Exception, match="injected fault at before_decision"):
-        _job(sp, url, database, parts, txn, log_dir, **{
-            "fault.step": "before_decision", "fault.action": "raise", "fault.once_file": str(tmp_path / "once")})
+        _job(
+            sp,
+            url,
+            database,
+            parts,
+            txn,
+            log_dir,
+            **{"fault.step": "before_decision", "fault.action": "raise", "fault.once_file": str(tmp_path / "once")},
+        )
     assert scalar(url, f"SELECT count() FROM `{database}`.events") == N  # dedup: visible at prepare
     return txn, log_dir
 
 
 @pytest.mark.parametrize("parts", [2, 5])
 def test_a_dedup_rerun_under_another_partitioning_is_refused_before_it_inserts_and_the_original_finishes_once(
-        sp, clickhouse_url: str, database: str, tmp_path: Path, parts: int) -> None:
+    sp, clickhouse_url: str, database: str, tmp_path: Path, parts: int
+) -> None:
     txn, log_dir = _failed_before_its_commit(sp, clickhouse_url, database, tmp_path, 3)
     with pytest.raises(Exception) as info:
         _job(sp, clickhouse_url, database, parts, txn, log_dir)
@@ -66,7 +86,8 @@ def test_a_dedup_rerun_under_another_partitioning_is_refused_before_it_inserts_a
 
 
 def test_a_dedup_rerun_under_the_same_partitioning_inserts_nothing_twice(
-        sp, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     txn, log_dir = _failed_before_its_commit(sp, clickhouse_url, database, tmp_path, 3)
     _job(sp, clickhouse_url, database, 3, txn, log_dir)
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
@@ -75,22 +96,37 @@ def test_a_dedup_rerun_under_the_same_partitioning_inserts_nothing_twice(
 
 def _stream(sp, url: str, database: str, src: Path, chk: Path, parts: int, **extra: str):
     """A file-source stream (replays read the same files) into ``events``, cut into ``parts``."""
-    return (sp.readStream.schema("id long, k int, s string").json(str(src)).repartition(parts)
-            .writeStream.format("clickhouse_tx")
-            .options(**writer_options(url, database, "events", "dedup", **extra))
-            .option("checkpointLocation", str(chk)).trigger(availableNow=True).start())
+    return (
+        sp.readStream.schema("id long, k int, s string")
+        .json(str(src))
+        .repartition(parts)
+        .writeStream.format("clickhouse_tx")
+        .options(**writer_options(url, database, "events", "dedup", **extra))
+        .option("checkpointLocation", str(chk))
+        .trigger(availableNow=True)
+        .start()
+    )
 
 
 def test_a_streaming_dedup_replay_after_a_failed_commit_under_another_partitioning_is_refused(
-        sp, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     create_events_table(clickhouse_url, database, "events", "dedup")
     src, chk = tmp_path / "src", tmp_path / "chk"
     src.mkdir()
     for f in range(3):
-        (src / f"part-{f}.json").write_text("".join(
-            json.dumps({"id": i, "k": i % 1000, "s": f"r{i}"}) + "\n" for i in range(f * 1000, (f + 1) * 1000)))
-    q = _stream(sp, clickhouse_url, database, src, chk, 3, **{
-        "fault.step": "before_decision", "fault.action": "raise", "fault.once_file": str(tmp_path / "once")})
+        (src / f"part-{f}.json").write_text(
+            "".join(json.dumps({"id": i, "k": i % 1000, "s": f"r{i}"}) + "\n" for i in range(f * 1000, (f + 1) * 1000))
+        )
+    q = _stream(
+        sp,
+        clickhouse_url,
+        database,
+        src,
+        chk,
+        3,
+        **{"fault.step": "before_decision", "fault.action": "raise", "fault.once_file": str(tmp_path / "once")},
+    )
     with pytest.raises(Exception, match="injected fault at before_decision"):
         q.awaitTermination(600)
     assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.events") == N

@@ -39,8 +39,7 @@ def broker() -> Iterator[tuple[str, str]]:
 
 
 def _opts(bootstrap: str, topic: str, **extra: str):  # type: ignore[no-untyped-def]
-    return parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic, **extra},
-                               streaming=True)
+    return parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic, **extra}, streaming=True)
 
 
 def _read(opts, rng: KafkaOffsetRange, pool: ConsumerPool) -> list[tuple]:  # type: ignore[no-untyped-def]
@@ -48,7 +47,8 @@ def _read(opts, rng: KafkaOffsetRange, pool: ConsumerPool) -> list[tuple]:  # ty
 
 
 def test_the_same_offsets_read_twice_through_the_pool_give_the_same_rows_in_the_same_order(
-        broker: tuple[str, str]) -> None:
+    broker: tuple[str, str],
+) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 2)
     _produce(bootstrap, topic, {0: 300, 1: 40})
@@ -66,7 +66,8 @@ def test_the_same_offsets_read_twice_through_the_pool_give_the_same_rows_in_the_
 
 
 def test_consecutive_ranges_of_a_partition_reuse_one_consumer_and_read_every_record_once(
-        broker: tuple[str, str]) -> None:
+    broker: tuple[str, str],
+) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 2)
     _produce(bootstrap, topic, {0: 500, 1: 500})
@@ -99,18 +100,19 @@ def test_a_consumer_idle_longer_than_the_idle_time_is_closed(broker: tuple[str, 
 
 
 def test_a_pooled_consumer_whose_broker_connection_died_is_replaced_and_still_reads_every_record(
-        broker: tuple[str, str]) -> None:
+    broker: tuple[str, str],
+) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 1)
     _produce(bootstrap, topic, {0: 200})
     opts, pool = _opts(bootstrap, topic), ConsumerPool()
     try:
         _read(opts, KafkaOffsetRange(topic, 0, 0, 100), pool)
-        (_, pooled), = pool._idle.values()
+        ((_, pooled),) = pool._idle.values()
         for conn in list(pooled._client._conns.values()):
             conn.close()  # as when the broker resets an idle connection
         rows = _read(opts, KafkaOffsetRange(topic, 0, 100, 200), pool)
-        (_, now_pooled), = pool._idle.values()
+        ((_, now_pooled),) = pool._idle.values()
     finally:
         pool.close_all()
     assert [o for _, o, _ in rows] == list(range(100, 200))
@@ -118,8 +120,7 @@ def test_a_pooled_consumer_whose_broker_connection_died_is_replaced_and_still_re
     assert now_pooled is not pooled
 
 
-def test_a_read_that_fails_closes_its_consumer_instead_of_pooling_it(
-        broker: tuple[str, str]) -> None:
+def test_a_read_that_fails_closes_its_consumer_instead_of_pooling_it(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 1)
     from kafka import KafkaProducer
@@ -138,7 +139,8 @@ def test_a_read_that_fails_closes_its_consumer_instead_of_pooling_it(
 
 
 def test_a_reader_that_stops_early_returns_its_consumer_and_the_next_range_is_still_exact(
-        broker: tuple[str, str]) -> None:
+    broker: tuple[str, str],
+) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 1)
     _produce(bootstrap, topic, {0: 300})
@@ -156,17 +158,22 @@ def test_a_reader_that_stops_early_returns_its_consumer_and_the_next_range_is_st
 
 
 def test_consumers_of_different_settings_are_never_shared_and_the_key_holds_no_secret() -> None:
-    base = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "a",
-            "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "PLAIN",
-            "kafka.sasl.plain.username": "u"}
+    base = {
+        "bootstrap.servers": "127.0.0.1:9092",
+        "subscribe": "a",
+        "kafka.security.protocol": "SASL_PLAINTEXT",
+        "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.plain.username": "u",
+    }
     one = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter2"})
     other = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter3"})
     same = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter2"})
     assert _settings_key(one) != _settings_key(other)
     assert _settings_key(one) == _settings_key(same)
     assert "hunter2" not in _settings_key(one)
-    elsewhere = parse_kafka_options({**base, "bootstrap.servers": "127.0.0.1:9093",
-                                     "kafka.sasl.plain.password": "hunter2"})
+    elsewhere = parse_kafka_options(
+        {**base, "bootstrap.servers": "127.0.0.1:9093", "kafka.sasl.plain.password": "hunter2"}
+    )
     assert _settings_key(one) != _settings_key(elsewhere)
 
 
@@ -179,6 +186,7 @@ def test_the_spelled_out_arrow_schema_is_the_one_pyspark_derives_from_the_spark_
 def test_executors_never_wait_for_records_the_range_knows_exist() -> None:
     cfg = parse_kafka_options({"bootstrap.servers": "h:1", "subscribe": "a"}).consumer_config()
     assert cfg["fetch_max_wait_ms"] <= 10
-    raised = parse_kafka_options({"bootstrap.servers": "h:1", "subscribe": "a",
-                                  "kafka.fetch.max.wait.ms": "500"}).consumer_config()
+    raised = parse_kafka_options(
+        {"bootstrap.servers": "h:1", "subscribe": "a", "kafka.fetch.max.wait.ms": "500"}
+    ).consumer_config()
     assert raised["fetch_max_wait_ms"] == 500

@@ -131,24 +131,26 @@ def test_an_empty_batch_plans_no_partitions() -> None:
 BASE = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "a"}
 
 
-@pytest.mark.parametrize("options, option, message", [
-    ({"subscribe": "a"}, "bootstrap.servers", "is required"),
-    ({"bootstrap.servers": "nohost"}, "bootstrap.servers", "host:port"),
-    ({**BASE, "assign": '{"a": [0]}'}, "subscribe", "exactly one of"),
-    ({"bootstrap.servers": "h:1"}, "subscribe", "exactly one of"),
-    ({**BASE, "startingOffsets": "{bad"}, "startingOffsets", "expected"),
-    ({**BASE, "startingOffsets": '{"a": {"0": -3}}'}, "startingOffsets", ">= -2"),
-    ({**BASE, "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger", ">= 1"),
-    ({**BASE, "minPartitions": "many"}, "minPartitions", "integer"),
-    ({**BASE, "failOnDataLoss": "maybe"}, "failOnDataLoss", "true or false"),
-    ({**BASE, "subscribePatern": "x"}, "subscribepatern", "unknown option"),
-    ({**BASE, "kafka.enable.auto.commit": "true"}, "kafka.enable.auto.commit", "cannot be set"),
-    ({**BASE, "kafka.no.such.thing": "1"}, "kafka.no.such.thing", "no setting"),
-    ({**BASE, "kafka.request.timeout.ms": "soon"}, "kafka.request.timeout.ms", "integer"),
-    ({**BASE, "assign": None, "subscribe": None, "ASSIGN": '{"a": []}'}, "assign", "non-empty"),
-])
-def test_bad_options_fail_with_an_error_naming_the_option(options: dict, option: str,
-                                                          message: str) -> None:
+@pytest.mark.parametrize(
+    "options, option, message",
+    [
+        ({"subscribe": "a"}, "bootstrap.servers", "is required"),
+        ({"bootstrap.servers": "nohost"}, "bootstrap.servers", "host:port"),
+        ({**BASE, "assign": '{"a": [0]}'}, "subscribe", "exactly one of"),
+        ({"bootstrap.servers": "h:1"}, "subscribe", "exactly one of"),
+        ({**BASE, "startingOffsets": "{bad"}, "startingOffsets", "expected"),
+        ({**BASE, "startingOffsets": '{"a": {"0": -3}}'}, "startingOffsets", ">= -2"),
+        ({**BASE, "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger", ">= 1"),
+        ({**BASE, "minPartitions": "many"}, "minPartitions", "integer"),
+        ({**BASE, "failOnDataLoss": "maybe"}, "failOnDataLoss", "true or false"),
+        ({**BASE, "subscribePatern": "x"}, "subscribepatern", "unknown option"),
+        ({**BASE, "kafka.enable.auto.commit": "true"}, "kafka.enable.auto.commit", "cannot be set"),
+        ({**BASE, "kafka.no.such.thing": "1"}, "kafka.no.such.thing", "no setting"),
+        ({**BASE, "kafka.request.timeout.ms": "soon"}, "kafka.request.timeout.ms", "integer"),
+        ({**BASE, "assign": None, "subscribe": None, "ASSIGN": '{"a": []}'}, "assign", "non-empty"),
+    ],
+)
+def test_bad_options_fail_with_an_error_naming_the_option(options: dict, option: str, message: str) -> None:
     options = {k: v for k, v in options.items() if v is not None}
     with pytest.raises(ConfigurationError) as e:
         parse_kafka_options(options)
@@ -166,9 +168,15 @@ def test_batch_and_stream_only_options_are_rejected_in_the_other_kind_of_read() 
 
 
 def test_kafka_prefixed_options_reach_kafka_python_typed_and_secrets_stay_out_of_repr() -> None:
-    opts = parse_kafka_options({**BASE, "kafka.security.protocol": "SASL_PLAINTEXT",
-                                "kafka.sasl.plain.password": "hunter2",
-                                "kafka.request.timeout.ms": "1234", "kafka.check.crcs": "false"})
+    opts = parse_kafka_options(
+        {
+            **BASE,
+            "kafka.security.protocol": "SASL_PLAINTEXT",
+            "kafka.sasl.plain.password": "hunter2",
+            "kafka.request.timeout.ms": "1234",
+            "kafka.check.crcs": "false",
+        }
+    )
     cfg = opts.consumer_config()
     assert cfg["security_protocol"] == "SASL_PLAINTEXT"
     assert cfg["sasl_plain_password"] == "hunter2"
@@ -178,8 +186,7 @@ def test_kafka_prefixed_options_reach_kafka_python_typed_and_secrets_stay_out_of
 
 
 def test_option_names_are_case_insensitive_like_spark() -> None:
-    opts = parse_kafka_options({"BOOTSTRAP.SERVERS": "h:1", "SubScribe": "b,a,b",
-                                "STARTINGOFFSETS": '{"a": {"1": 4}}'})
+    opts = parse_kafka_options({"BOOTSTRAP.SERVERS": "h:1", "SubScribe": "b,a,b", "STARTINGOFFSETS": '{"a": {"1": 4}}'})
     assert opts.subscribe == ("a", "b")
     assert opts.starting_offsets == ((("a", 1), 4),)
 
@@ -204,8 +211,7 @@ def _produce(bootstrap: str, topic: str, counts: dict[int, int], tag: str = "v")
     for part, n in counts.items():
         for i in range(n):
             value = f"{tag}-{part}-{i}".encode()
-            p.send(topic, key=b"k%d" % i, value=value, partition=part,
-                   headers=[("i", str(i).encode())])
+            p.send(topic, key=b"k%d" % i, value=value, partition=part, headers=[("i", str(i).encode())])
             sent.add((part, value))
     p.flush()
     p.close()
@@ -223,13 +229,13 @@ def _rows_of(batches: list[pa.RecordBatch]) -> list[tuple]:
     return list(zip(t["partition"].to_pylist(), t["offset"].to_pylist(), t["value"].to_pylist()))
 
 
-def test_replaying_the_same_offsets_reads_exactly_the_same_records(
-        broker: tuple[str, str]) -> None:
+def test_replaying_the_same_offsets_reads_exactly_the_same_records(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 3)
     _produce(bootstrap, topic, {0: 40, 1: 25, 2: 0})
-    opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic,
-                                "minPartitions": "4"}, streaming=True)
+    opts = parse_kafka_options(
+        {"bootstrap.servers": bootstrap, "subscribe": topic, "minPartitions": "4"}, streaming=True
+    )
     reader = KafkaStreamReader(opts)
     try:
         start = reader.initialOffset()  # default startingOffsets=latest for a stream
@@ -240,8 +246,7 @@ def test_replaying_the_same_offsets_reads_exactly_the_same_records(
         first = [_rows_of(list(reader.read(p))) for p in reader.partitions(start, end)]
         # A fresh, unpickled reader (as after a driver restart) plans and reads the same.
         again_reader = pickle.loads(pickle.dumps(reader))
-        again = [_rows_of(list(again_reader.read(p)))
-                 for p in again_reader.partitions(start, end)]
+        again = [_rows_of(list(again_reader.read(p))) for p in again_reader.partitions(start, end)]
     finally:
         reader.stop()
     assert first == again
@@ -254,8 +259,9 @@ def test_a_stream_with_no_new_records_returns_the_start_offset(broker: tuple[str
     bootstrap, control = broker
     topic = _new_topic(control, 2)
     _produce(bootstrap, topic, {0: 3})
-    reader = KafkaStreamReader(parse_kafka_options(
-        {"bootstrap.servers": bootstrap, "subscribe": topic}, streaming=True))
+    reader = KafkaStreamReader(
+        parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic}, streaming=True)
+    )
     try:
         start = reader.initialOffset()
         assert reader.latestOffset(start, ReadAllAvailable()) == start
@@ -265,7 +271,8 @@ def test_a_stream_with_no_new_records_returns_the_start_offset(broker: tuple[str
 
 
 def test_records_deleted_before_they_are_read_fail_the_read_unless_failondataloss_is_false(
-        broker: tuple[str, str]) -> None:
+    broker: tuple[str, str],
+) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 1)
     p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
@@ -277,8 +284,7 @@ def test_records_deleted_before_they_are_read_fail_the_read_unless_failondatalos
     strict = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic})
     with pytest.raises(KafkaDataLossError, match=rf"\[2, 8\) of {topic}\[0\].*failOnDataLoss"):
         list(read_range(strict, rng))
-    lenient = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic,
-                                   "failOnDataLoss": "false"})
+    lenient = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic, "failOnDataLoss": "false"})
     rows = _rows_of(list(read_range(lenient, rng)))
     assert [o for _, o, _ in rows] == list(range(8, 20))
 
@@ -302,7 +308,8 @@ def _produce_transactions(bootstrap: str, topic: str, outcomes: list[bool], n: i
 
 
 def test_a_default_read_is_read_committed_at_the_broker_and_reads_past_transaction_markers(
-        broker: tuple[str, str]) -> None:
+    broker: tuple[str, str],
+) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 1)
     committed = _produce_transactions(bootstrap, topic, [True, True, True])
@@ -323,20 +330,28 @@ def test_a_default_read_is_read_committed_at_the_broker_and_reads_past_transacti
 
 
 @pytest.mark.timeout(90)
-def test_a_broker_that_is_down_fails_with_an_error_naming_bootstrap_servers(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_broker_that_is_down_fails_with_an_error_naming_bootstrap_servers(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
-    opts = parse_kafka_options({"bootstrap.servers": dead, "subscribe": "x",
-                                "fetchOffset.numRetries": "2",
-                                "fetchOffset.retryIntervalMs": "100"}, streaming=False)
-    with caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"), \
-            pytest.raises(KafkaUnavailableError, match=rf"bootstrap.servers={dead}"):
+    opts = parse_kafka_options(
+        {
+            "bootstrap.servers": dead,
+            "subscribe": "x",
+            "fetchOffset.numRetries": "2",
+            "fetchOffset.retryIntervalMs": "100",
+        },
+        streaming=False,
+    )
+    with (
+        caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"),
+        pytest.raises(KafkaUnavailableError, match=rf"bootstrap.servers={dead}"),
+    ):
         KafkaBatchReader(opts).partitions()
     # each retry is logged, by the project's one retry helper
-    assert [r.getMessage().split(" (")[1].split(")")[0] for r in caplog.records
-            if r.getMessage().startswith("kafka_py:")] == ["attempt 1 of 2"]
+    assert [
+        r.getMessage().split(" (")[1].split(")")[0] for r in caplog.records if r.getMessage().startswith("kafka_py:")
+    ] == ["attempt 1 of 2"]
 
 
 # ------------------------------------------------------------------ through Spark
@@ -352,8 +367,7 @@ def test_a_batch_read_returns_exactly_the_produced_records(kspark, broker) -> No
     bootstrap, control = broker
     topic = _new_topic(control, 3)
     sent = _produce(bootstrap, topic, {0: 50, 1: 7, 2: 31})
-    df = (kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap)
-          .option("subscribe", topic).load())
+    df = kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap).option("subscribe", topic).load()
     rows = df.collect()
     assert {(r.partition, bytes(r.value)) for r in rows} == sent
     assert len(rows) == len(sent)
@@ -364,24 +378,33 @@ def test_a_batch_read_returns_exactly_the_produced_records(kspark, broker) -> No
         assert bytes(r.key) == b"k%d" % r.offset
         assert [(h.key, bytes(h.value)) for h in r.headers] == [("i", str(r.offset).encode())]
         assert r.timestamp is not None
-    assert {p: sorted(o) for p, o in by_part.items()} == {0: list(range(50)), 1: list(range(7)),
-                                                          2: list(range(31))}
+    assert {p: sorted(o) for p, o in by_part.items()} == {0: list(range(50)), 1: list(range(7)), 2: list(range(31))}
     # endingOffsets bounds the read.
-    part = (kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap)
-            .option("assign", json.dumps({topic: [0]}))
-            .option("startingOffsets", json.dumps({topic: {"0": 10}}))
-            .option("endingOffsets", json.dumps({topic: {"0": 15}})).load())
+    part = (
+        kspark.read.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("assign", json.dumps({topic: [0]}))
+        .option("startingOffsets", json.dumps({topic: {"0": 10}}))
+        .option("endingOffsets", json.dumps({topic: {"0": 15}}))
+        .load()
+    )
     assert sorted(r.offset for r in part.collect()) == [10, 11, 12, 13, 14]
 
 
 def test_a_bad_option_fails_when_the_dataframe_is_defined(kspark) -> None:
     with pytest.raises(Exception, match="maxOffsetsPerTrigger"):
-        (kspark.readStream.format("kafka_py").option("bootstrap.servers", "h:1")
-         .option("subscribe", "t").option("maxOffsetsPerTrigger", "-5").load())
+        (
+            kspark.readStream.format("kafka_py")
+            .option("bootstrap.servers", "h:1")
+            .option("subscribe", "t")
+            .option("maxOffsetsPerTrigger", "-5")
+            .load()
+        )
 
 
-def _run_stream(kspark, bootstrap: str, topic: str, chk: Path, out: Path, max_per: int,
-                fail_on_batch: int | None = None) -> list[int]:
+def _run_stream(
+    kspark, bootstrap: str, topic: str, chk: Path, out: Path, max_per: int, fail_on_batch: int | None = None
+) -> list[int]:
     """Run the stream with availableNow; each batch is written to out/batch=<id>.parquet.
 
     Writing by batch id (overwrite) is idempotent, the way a real exactly-once sink
@@ -398,11 +421,18 @@ def _run_stream(kspark, bootstrap: str, topic: str, chk: Path, out: Path, max_pe
             raise RuntimeError(f"injected failure in batch {batch_id}")
         pq.write_table(rows, out / f"batch={batch_id}.parquet")
 
-    q = (kspark.readStream.format("kafka_py").option("bootstrap.servers", bootstrap)
-         .option("subscribe", topic).option("startingOffsets", "earliest")
-         .option("maxOffsetsPerTrigger", str(max_per)).load()
-         .writeStream.foreachBatch(sink).option("checkpointLocation", str(chk))
-         .trigger(availableNow=True).start())
+    q = (
+        kspark.readStream.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max_per))
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(chk))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         q.awaitTermination(120)
     finally:
@@ -414,8 +444,7 @@ def _committed(out: Path) -> dict[int, pa.Table]:
     return {int(f.stem.split("=")[1]): pq.read_table(f) for f in sorted(out.glob("batch=*"))}
 
 
-def test_a_stream_reads_every_record_once_in_order_across_limited_micro_batches(
-        kspark, broker, tmp_path: Path) -> None:
+def test_a_stream_reads_every_record_once_in_order_across_limited_micro_batches(kspark, broker, tmp_path: Path) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 2)
     sent = _produce(bootstrap, topic, {0: 120, 1: 60})
@@ -425,16 +454,18 @@ def test_a_stream_reads_every_record_once_in_order_across_limited_micro_batches(
     batches = _committed(out)
     assert ran == sorted(batches) and len(batches) == 4  # 180 records, 50 per trigger
     assert all(t.num_rows <= 50 for t in batches.values())
-    rows = [(p, o, bytes(v)) for b in sorted(batches)
-            for p, o, v in zip(*(batches[b][c].to_pylist() for c in ("partition", "offset", "value")))]
+    rows = [
+        (p, o, bytes(v))
+        for b in sorted(batches)
+        for p, o, v in zip(*(batches[b][c].to_pylist() for c in ("partition", "offset", "value")))
+    ]
     assert len(rows) == len(sent)
     assert {(p, v) for p, _, v in rows} == sent
     for part, n in ((0, 120), (1, 60)):
         assert [o for p, o, _ in rows if p == part] == list(range(n))  # in order, no gaps
 
 
-def test_a_restarted_stream_replays_the_failed_batch_identically_and_continues(
-        kspark, broker, tmp_path: Path) -> None:
+def test_a_restarted_stream_replays_the_failed_batch_identically_and_continues(kspark, broker, tmp_path: Path) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 2)
     sent = _produce(bootstrap, topic, {0: 70, 1: 30})
@@ -448,14 +479,16 @@ def test_a_restarted_stream_replays_the_failed_batch_identically_and_continues(
     sent |= _produce(bootstrap, topic, {0: 15, 1: 5}, tag="late")  # arrives while stopped
     ran = _run_stream(kspark, bootstrap, topic, chk, out, max_per=40)
     assert ran[0] == 1  # the failed batch is replayed first, with the same id
-    failed = pq.read_table(out / "failed-1.parquet").sort_by([("partition", "ascending"),
-                                                              ("offset", "ascending")])
+    failed = pq.read_table(out / "failed-1.parquet").sort_by([("partition", "ascending"), ("offset", "ascending")])
     replayed = _committed(out)[1].sort_by([("partition", "ascending"), ("offset", "ascending")])
     assert replayed.equals(failed)  # same offsets -> exactly the same records
 
     batches = _committed(out)
-    rows = [(p, o, bytes(v)) for b in sorted(batches)
-            for p, o, v in zip(*(batches[b][c].to_pylist() for c in ("partition", "offset", "value")))]
+    rows = [
+        (p, o, bytes(v))
+        for b in sorted(batches)
+        for p, o, v in zip(*(batches[b][c].to_pylist() for c in ("partition", "offset", "value")))
+    ]
     assert len(rows) == len(sent) == 120
     assert {(p, v) for p, _, v in rows} == sent
     for part, n in ((0, 85), (1, 35)):
@@ -468,9 +501,11 @@ def test_fetched_records_become_one_arrow_batch_with_the_spark_schema() -> None:
     from spark_datasource.kafka_reader import _to_batch
 
     Rec = namedtuple("Rec", "key value offset timestamp timestamp_type headers")
-    recs = [Rec(None, b"a", 5, 1_700_000_000_123, 0, []),
-            Rec(b"k", None, 7, 1_700_000_000_124, 1, [("x", b"1"), ("y", None)]),
-            Rec(b"", b"", 8, 0, 0, None)]
+    recs = [
+        Rec(None, b"a", 5, 1_700_000_000_123, 0, []),
+        Rec(b"k", None, 7, 1_700_000_000_124, 1, [("x", b"1"), ("y", None)]),
+        Rec(b"", b"", 8, 0, 0, None),
+    ]
     batch = _to_batch(recs, "t", 3, arrow_schema())
     assert batch.schema.equals(arrow_schema())
     d = batch.to_pydict()
@@ -486,13 +521,14 @@ def test_explicit_starting_offsets_must_cover_exactly_the_partitions_read() -> N
 
     tps = [("a", 0), ("a", 1)]
     earliest, latest = {("a", 0): 2, ("a", 1): 0}, {("a", 0): 9, ("a", 1): 5}
-    assert resolve_offsets(((("a", 0), -2), (("a", 1), -1)), tps, earliest, latest,
-                           "startingOffsets") == {("a", 0): 2, ("a", 1): 5}
+    assert resolve_offsets(((("a", 0), -2), (("a", 1), -1)), tps, earliest, latest, "startingOffsets") == {
+        ("a", 0): 2,
+        ("a", 1): 5,
+    }
     with pytest.raises(ConfigurationError, match=r"'startingOffsets' leaves out a\[1\]"):
         resolve_offsets(((("a", 0), 3),), tps, earliest, latest, "startingOffsets")
     with pytest.raises(ConfigurationError, match=r"'endingOffsets' names b\[0\]"):
-        resolve_offsets(((("a", 0), 3), (("a", 1), 3), (("b", 0), 1)), tps, earliest, latest,
-                        "endingOffsets")
+        resolve_offsets(((("a", 0), 3), (("a", 1), 3), (("b", 0), 1)), tps, earliest, latest, "endingOffsets")
 
 
 def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None:
@@ -502,11 +538,12 @@ def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None
         create_topic(control, f"{prefix}_{suffix}", parts)
     _produce(bootstrap, f"{prefix}_x", {0: 3, 1: 4})
     _produce(bootstrap, f"{prefix}_y", {0: 5})
-    opts = parse_kafka_options({"bootstrap.servers": bootstrap,
-                                "subscribePattern": f"{prefix}_.*"}, streaming=False)
+    opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribePattern": f"{prefix}_.*"}, streaming=False)
     assert KafkaBatchReader(opts).partitions() == [
-        KafkaOffsetRange(f"{prefix}_x", 0, 0, 3), KafkaOffsetRange(f"{prefix}_x", 1, 0, 4),
-        KafkaOffsetRange(f"{prefix}_y", 0, 0, 5)]
+        KafkaOffsetRange(f"{prefix}_x", 0, 0, 3),
+        KafkaOffsetRange(f"{prefix}_x", 1, 0, 4),
+        KafkaOffsetRange(f"{prefix}_y", 0, 0, 5),
+    ]
 
 
 # ------------------------------------------------------------------ maxPartitions
@@ -534,13 +571,17 @@ def test_max_partitions_below_min_partitions_is_refused_naming_both() -> None:
     assert parse_kafka_options({**BASE, "maxPartitions": "2"}).max_partitions == 2
 
 
-def test_a_read_with_max_partitions_returns_every_record_once_in_fewer_spark_partitions(
-        kspark, broker) -> None:
+def test_a_read_with_max_partitions_returns_every_record_once_in_fewer_spark_partitions(kspark, broker) -> None:
     bootstrap, control = broker
     topic = _new_topic(control, 5)
     sent = _produce(bootstrap, topic, {0: 30, 1: 7, 2: 19, 3: 0, 4: 11})
-    df = (kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap)
-          .option("subscribe", topic).option("maxPartitions", "2").load())
+    df = (
+        kspark.read.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("maxPartitions", "2")
+        .load()
+    )
     assert df.rdd.getNumPartitions() == 2
     rows = df.select("partition", "offset", "value").collect()
     assert sorted((r.partition, bytes(r.value)) for r in rows) == sorted(sent)

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------ helpers (shared)
 
+
 def run_sql(url: str, text: str) -> str:
     """Run one statement on the server; raise with the server's message on error."""
     r = requests.post(url, data=text.encode(), timeout=120)
@@ -59,32 +60,46 @@ def open_registry_entries(url: str, database: str) -> int:
     if "clickhouse_tx_registry" not in table_names(url, database):
         return 0
     # KeeperMap is not transactional: a plain read
-    return int(run_sql(url, f"SELECT count() FROM `{database}`.clickhouse_tx_registry "
-                            "WHERE lower(state) NOT IN ('committed', 'aborted') FORMAT TSV"))
+    return int(
+        run_sql(
+            url,
+            f"SELECT count() FROM `{database}`.clickhouse_tx_registry "
+            "WHERE lower(state) NOT IN ('committed', 'aborted') FORMAT TSV",
+        )
+    )
 
 
 def writer_options(url: str, database: str, table: str, mode: str, **extra: str) -> dict[str, str]:
     # The test frames are nullable (casts, mapInArrow schemas) but never hold nulls.
-    return {"url": url, "database": database, "table": table, "mode": mode,
-            "allow_nullable_into_non_nullable": "true", **extra}
+    return {
+        "url": url,
+        "database": database,
+        "table": table,
+        "mode": mode,
+        "allow_nullable_into_non_nullable": "true",
+        **extra,
+    }
 
 
 def create_events_table(url: str, database: str, table: str, mode: str, extra: str = "") -> None:
     """``(id Int64, k Int32, s String)``; with a dedup window when ``mode`` is dedup."""
     settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""
-    run_sql(url, f"CREATE TABLE `{database}`.`{table}` (id Int64, k Int32, s String) "
-                 f"ENGINE = MergeTree {extra} ORDER BY id{settings}")
+    run_sql(
+        url,
+        f"CREATE TABLE `{database}`.`{table}` (id Int64, k Int32, s String) "
+        f"ENGINE = MergeTree {extra} ORDER BY id{settings}",
+    )
 
 
 def events(spark, n: int, partitions: int):
     return spark.range(0, n, 1, partitions).selectExpr(
-        "id", "cast(id % 1000 as int) as k", "concat('r', cast(id as string)) as s")
+        "id", "cast(id % 1000 as int) as k", "concat('r', cast(id as string)) as s"
+    )
 
 
 def expected_totals(n: int) -> tuple[int, int, int, int]:
     """(count, sum(id), sum(k), sum(length(s))) of :func:`events` (computed here, not by Spark)."""
-    return (n, n * (n - 1) // 2, sum(i % 1000 for i in range(n)),
-            sum(1 + len(str(i)) for i in range(n)))
+    return (n, n * (n - 1) // 2, sum(i % 1000 for i in range(n)), sum(1 + len(str(i)) for i in range(n)))
 
 
 def actual_totals(url: str, database: str, table: str) -> tuple[int, int, int, int]:
@@ -102,21 +117,29 @@ def sp(spark):
 
 # ------------------------------------------------------------------ appends
 
+
 @pytest.mark.parametrize("mode", ["transaction", "staging", "dedup", "none"])
 def test_a_million_rows_arrive_exactly_once_with_matching_checksums_in_every_mode(
-        sp, clickhouse_url: str, database: str, mode: str) -> None:
+    sp, clickhouse_url: str, database: str, mode: str
+) -> None:
     n = 1_000_000
     create_events_table(clickhouse_url, database, "events", mode)
     txn = f"t1m-{mode}-{uuid.uuid4().hex[:6]}"
-    (events(sp, n, 4).write.format("clickhouse_tx")
-     .options(**writer_options(clickhouse_url, database, "events", mode, transactional_id=txn))
-     .mode("append").save())
+    (
+        events(sp, n, 4)
+        .write.format("clickhouse_tx")
+        .options(**writer_options(clickhouse_url, database, "events", mode, transactional_id=txn))
+        .mode("append")
+        .save()
+    )
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(n)
     assert scalar(clickhouse_url, f"SELECT uniqExact(id) FROM `{database}`.events") == n
     if mode != "none":
         # one committed marker per partition, carrying the partition's row count
-        markers = read_committed(clickhouse_url, f"SELECT count(), sum(rows) FROM `{database}`.clickhouse_tx_commits "
-                                                 f"WHERE startsWith(txn_id, '{txn}.job-')")[0]
+        markers = read_committed(
+            clickhouse_url,
+            f"SELECT count(), sum(rows) FROM `{database}`.clickhouse_tx_commits WHERE startsWith(txn_id, '{txn}.job-')",
+        )[0]
         assert [int(x) for x in markers] == [4, n]
     assert open_registry_entries(clickhouse_url, database) == 0
     assert not [t for t in table_names(clickhouse_url, database) if t.startswith("_ctx_")]
@@ -134,17 +157,23 @@ def _fail_in_partition(target_partition: int, delay_s: float):
             if tc.partitionId() == target_partition:
                 time.sleep(delay_s)  # let the other partitions finish preparing first
                 raise RuntimeError(f"injected failure in partition {target_partition}")
+
     return fail
 
 
 @pytest.mark.parametrize("mode", ["transaction", "staging"])
 def test_a_failed_job_leaves_nothing_visible_no_stage_tables_and_no_open_registry_entries(
-        sp, clickhouse_url: str, database: str, mode: str) -> None:
+    sp, clickhouse_url: str, database: str, mode: str
+) -> None:
     create_events_table(clickhouse_url, database, "events", mode)
     df = events(sp, 20_000, 2).mapInArrow(_fail_in_partition(1, 2.0), "id long, k int, s string")
     with pytest.raises(Exception, match="injected failure in partition 1"):
-        (df.write.format("clickhouse_tx")
-         .options(**writer_options(clickhouse_url, database, "events", mode)).mode("append").save())
+        (
+            df.write.format("clickhouse_tx")
+            .options(**writer_options(clickhouse_url, database, "events", mode))
+            .mode("append")
+            .save()
+        )
     assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.events") == 0
     # not even a plain (non-transactional) reader sees rows: everything was rolled back
     assert run_sql(clickhouse_url, f"SELECT count() FROM `{database}`.events").strip() == "0"
@@ -153,15 +182,20 @@ def test_a_failed_job_leaves_nothing_visible_no_stage_tables_and_no_open_registr
 
 
 def test_batch_metrics_are_appended_per_job_and_readable_from_python(
-        sp, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     from spark_datasource.metrics import read_metrics
 
     create_events_table(clickhouse_url, database, "events", "transaction")
     log_dir = tmp_path / "decisions"
     for _ in range(2):
-        (events(sp, 30_000, 3).write.format("clickhouse_tx")
-         .options(**writer_options(clickhouse_url, database, "events", "transaction",
-                                   decision_log=str(log_dir))).mode("append").save())
+        (
+            events(sp, 30_000, 3)
+            .write.format("clickhouse_tx")
+            .options(**writer_options(clickhouse_url, database, "events", "transaction", decision_log=str(log_dir)))
+            .mode("append")
+            .save()
+        )
     lines = read_metrics(str(log_dir))
     assert len(lines) == 2 and len({m["txn_id"] for m in lines}) == 2
     for m in lines:
@@ -174,8 +208,10 @@ def test_batch_metrics_are_appended_per_job_and_readable_from_python(
 
 # ------------------------------------------------------------------ overwrite
 
+
 def test_overwrite_swaps_in_the_new_rows_and_a_concurrent_reader_sees_old_or_new_never_empty_or_half(
-        sp, clickhouse_url: str, database: str) -> None:
+    sp, clickhouse_url: str, database: str
+) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
     run_sql(clickhouse_url, f"INSERT INTO `{database}`.events SELECT number, 7, 'old' FROM numbers(50000)")
     old = (50_000, 50_000 * 49_999 // 2)
@@ -192,9 +228,13 @@ def test_overwrite_swaps_in_the_new_rows_and_a_concurrent_reader_sees_old_or_new
     t = threading.Thread(target=reader, daemon=True)
     t.start()
     try:
-        (events(sp, 200_000, 4).write.format("clickhouse_tx")
-         .options(**writer_options(clickhouse_url, database, "events", "transaction"))
-         .mode("overwrite").save())
+        (
+            events(sp, 200_000, 4)
+            .write.format("clickhouse_tx")
+            .options(**writer_options(clickhouse_url, database, "events", "transaction"))
+            .mode("overwrite")
+            .save()
+        )
     finally:
         stop.set()
         t.join()
@@ -205,22 +245,28 @@ def test_overwrite_swaps_in_the_new_rows_and_a_concurrent_reader_sees_old_or_new
 
 
 def test_a_failed_overwrite_keeps_the_old_contents_and_drops_its_stage_table(
-        sp, clickhouse_url: str, database: str) -> None:
+    sp, clickhouse_url: str, database: str
+) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
     run_sql(clickhouse_url, f"INSERT INTO `{database}`.events SELECT number, 7, 'old' FROM numbers(1000)")
     df = events(sp, 20_000, 2).mapInArrow(_fail_in_partition(1, 1.0), "id long, k int, s string")
     with pytest.raises(Exception, match="injected failure"):
-        (df.write.format("clickhouse_tx")
-         .options(**writer_options(clickhouse_url, database, "events", "transaction"))
-         .mode("overwrite").save())
-    assert read_committed(clickhouse_url, f"SELECT count(), sum(id), min(s) FROM `{database}`.events") == \
-        [["1000", str(1000 * 999 // 2), "old"]]
+        (
+            df.write.format("clickhouse_tx")
+            .options(**writer_options(clickhouse_url, database, "events", "transaction"))
+            .mode("overwrite")
+            .save()
+        )
+    assert read_committed(clickhouse_url, f"SELECT count(), sum(id), min(s) FROM `{database}`.events") == [
+        ["1000", str(1000 * 999 // 2), "old"]
+    ]
     assert not [x for x in table_names(clickhouse_url, database) if x.startswith("_ctx_")]
     assert open_registry_entries(clickhouse_url, database) == 0
 
 
 def test_overwrite_by_partition_replaces_new_partitions_and_drops_the_ones_absent_from_the_data(
-        clickhouse_url: str, database: str) -> None:
+    clickhouse_url: str, database: str
+) -> None:
     # The fallback for databases that cannot EXCHANGE; forced here on an Atomic database.
     from spark_datasource.overwrite import swap_in, swap_method
 
@@ -232,15 +278,23 @@ def test_overwrite_by_partition_replaces_new_partitions_and_drops_the_ones_absen
     target = Target(url=clickhouse_url, database=database, table="t")
     assert swap_method(target) == "exchange"  # chdb 26.9's default database engine is Atomic
     assert swap_in(target, "st", method="replace_partition") == "replace_partition"
-    assert read_committed(clickhouse_url, f"SELECT p, v FROM `{database}`.t ORDER BY p, v") == \
-        [["2", "20"], ["2", "21"], ["4", "40"]]
+    assert read_committed(clickhouse_url, f"SELECT p, v FROM `{database}`.t ORDER BY p, v") == [
+        ["2", "20"],
+        ["2", "21"],
+        ["4", "40"],
+    ]
 
 
 def test_overwrite_of_a_missing_table_with_create_table_creates_and_fills_it(
-        sp, clickhouse_url: str, database: str) -> None:
-    (events(sp, 1000, 2).write.format("clickhouse_tx")
-     .options(**writer_options(clickhouse_url, database, "fresh", "transaction", create_table="true",
-                               order_by="id")).mode("overwrite").save())
+    sp, clickhouse_url: str, database: str
+) -> None:
+    (
+        events(sp, 1000, 2)
+        .write.format("clickhouse_tx")
+        .options(**writer_options(clickhouse_url, database, "fresh", "transaction", create_table="true", order_by="id"))
+        .mode("overwrite")
+        .save()
+    )
     assert actual_totals(clickhouse_url, database, "fresh") == expected_totals(1000)
 
 
@@ -256,16 +310,19 @@ def _retry_job(url: str, database: str) -> None:
 
     import spark_datasource
 
-    spark = (SparkSession.builder.master("local[2,4]").appName("clickhouse-tx-retry")
-             .config("spark.task.maxFailures", "4")
-             .config("spark.speculation", "true")
-             .config("spark.speculation.interval", "100ms")
-             .config("spark.speculation.multiplier", "1.2")
-             .config("spark.speculation.quantile", "0.5")
-             .config("spark.speculation.minTaskRuntime", "200ms")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("clickhouse-tx-retry")
+        .config("spark.task.maxFailures", "4")
+        .config("spark.speculation", "true")
+        .config("spark.speculation.interval", "100ms")
+        .config("spark.speculation.multiplier", "1.2")
+        .config("spark.speculation.quantile", "0.5")
+        .config("spark.speculation.minTaskRuntime", "200ms")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark_datasource.register(spark)
 
@@ -281,30 +338,47 @@ def _retry_job(url: str, database: str) -> None:
                 raise RuntimeError("first attempt of partition 1 fails after its first batch")
             if tc.attemptNumber() == 0 and tc.partitionId() == 2:
                 time.sleep(0.5)  # a straggler: invites a speculative copy
+
     try:
         for mode in RETRY_MODES:
             df = events(spark, RETRY_N, 4).mapInArrow(flaky, "id long, k int, s string")
-            (df.write.format("clickhouse_tx")
-             .options(**writer_options(url, database, mode, mode, transactional_id=f"retry-{mode}",
-                                       decision_log=os.path.join(os.environ["CTX_RETRY_LOG"], mode),
-                                       batch_size="8192"))
-             .mode("append").save())
+            (
+                df.write.format("clickhouse_tx")
+                .options(
+                    **writer_options(
+                        url,
+                        database,
+                        mode,
+                        mode,
+                        transactional_id=f"retry-{mode}",
+                        decision_log=os.path.join(os.environ["CTX_RETRY_LOG"], mode),
+                        batch_size="8192",
+                    )
+                )
+                .mode("append")
+                .save()
+            )
     finally:
         spark.stop()
 
 
 @pytest.mark.timeout(600)
 def test_a_task_that_fails_once_and_a_speculative_straggler_leave_no_duplicates(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     from spark_datasource.metrics import read_metrics
 
     for mode in RETRY_MODES:
         create_events_table(clickhouse_url, database, mode, mode)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "CTX_RETRY_LOG": str(tmp_path),
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tests.spark.test_writer_batch", "retry-job",
-                           clickhouse_url, database], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=540)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "CTX_RETRY_LOG": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.spark.test_writer_batch", "retry-job", clickhouse_url, database],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for mode in RETRY_MODES:
         assert actual_totals(clickhouse_url, database, mode) == expected_totals(RETRY_N), mode
@@ -314,8 +388,10 @@ def test_a_task_that_fails_once_and_a_speculative_straggler_leave_no_duplicates(
         assert m["committed_partitions"] == 4 and m["rows"] == RETRY_N
         # the failed first attempt of partition 1 ended ABORTED, and once the job's batch
         # was done its finished entries were dropped: the registry keeps xids in flight only
-        states = run_sql(clickhouse_url, f"SELECT lower(state) FROM `{database}`.clickhouse_tx_registry "
-                                         f"WHERE txn_id = 'retry-{mode}' FORMAT TSV").split()
+        states = run_sql(
+            clickhouse_url,
+            f"SELECT lower(state) FROM `{database}`.clickhouse_tx_registry WHERE txn_id = 'retry-{mode}' FORMAT TSV",
+        ).split()
         assert states == [], (mode, states)
     assert open_registry_entries(clickhouse_url, database) == 0
 
@@ -333,7 +409,8 @@ def _partitioned(url: str, fq: str, value: int, partitions: int = 40) -> None:
 
 
 def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_never_see_old_and_new_mixed(
-        clickhouse_url: str, database: str) -> None:
+    clickhouse_url: str, database: str
+) -> None:
     from spark_datasource.overwrite import swap_in
 
     for name, value in (("t", 0), ("st1", 1), ("st2", 2)):
@@ -345,8 +422,11 @@ def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_neve
     def reader() -> None:
         with requests.Session() as s:
             while not stop.is_set():
-                r = s.post(clickhouse_url, data=f"SELECT groupUniqArray(v), count() FROM `{database}`.t "
-                                                "SETTINGS implicit_transaction = 1", timeout=30)
+                r = s.post(
+                    clickhouse_url,
+                    data=f"SELECT groupUniqArray(v), count() FROM `{database}`.t SETTINGS implicit_transaction = 1",
+                    timeout=30,
+                )
                 seen.append(r.text.split())
 
     thread = threading.Thread(target=reader)
@@ -364,7 +444,8 @@ def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_neve
 
 
 def test_an_overwrite_that_cannot_be_atomic_warns_naming_what_readers_can_see(
-        clickhouse_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    clickhouse_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     from clickhouse_tx._transport import ClickHouseHTTP
     from spark_datasource.overwrite import swap_in, swap_method
 
@@ -380,8 +461,9 @@ def test_an_overwrite_that_cannot_be_atomic_warns_naming_what_readers_can_see(
             # Asked for the transactional swap anyway: refused, it falls back and says so again.
             assert swap_in(target, "st", method="replace_partition") == "replace_partition_each"
         warnings = [r.getMessage() for r in caplog.records if "NOT atomic" in r.getMessage()]
-        assert len(warnings) == 2 and all(f"{db}.t" in w and "some partitions new and others old" in w
-                                          for w in warnings), warnings
+        assert len(warnings) == 2 and all(
+            f"{db}.t" in w and "some partitions new and others old" in w for w in warnings
+        ), warnings
         assert read_committed(clickhouse_url, f"SELECT groupUniqArray(v), count() FROM `{db}`.t") == [["[1]", "30"]]
     finally:
         admin.command(f"DROP DATABASE IF EXISTS `{db}` SYNC")

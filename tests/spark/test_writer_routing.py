@@ -25,8 +25,10 @@ def sp(spark):
 @pytest.fixture
 def two_tables(clickhouse_url: str, database: str) -> tuple[str, str]:
     for name in ("a", "b"):
-        run_sql(clickhouse_url, f"CREATE TABLE `{database}`.`{name}` (id Int64, k Int32, s String) "
-                                "ENGINE = MergeTree ORDER BY id")
+        run_sql(
+            clickhouse_url,
+            f"CREATE TABLE `{database}`.`{name}` (id Int64, k Int32, s String) ENGINE = MergeTree ORDER BY id",
+        )
     return "a", "b"
 
 
@@ -37,8 +39,11 @@ def routed_frame(sp, database: str, n: int, bad_id: int | None = None):
     """
     bad = f"WHEN id = {bad_id} THEN 'c' " if bad_id is not None else ""
     return sp.range(0, n, 1, 2).selectExpr(
-        "id", "cast(id % 1000 as int) as k", "concat('r', cast(id as string)) as s",
-        f"CASE {bad}WHEN id % 3 = 0 THEN 'a' ELSE '{database}.b' END as dest")
+        "id",
+        "cast(id % 1000 as int) as k",
+        "concat('r', cast(id as string)) as s",
+        f"CASE {bad}WHEN id % 3 = 0 THEN 'a' ELSE '{database}.b' END as dest",
+    )
 
 
 def totals(url: str, database: str, table: str) -> tuple[int, int, int, int]:
@@ -51,32 +56,34 @@ def expected(ids: list[int]) -> tuple[int, int, int, int]:
 
 
 def test_rows_are_routed_to_the_table_their_column_names_exactly_once_without_the_column(
-        sp, clickhouse_url: str, database: str, two_tables: tuple[str, str]) -> None:
-    opts = writer_options(clickhouse_url, database, "a", "transaction", table_column="dest",
-                          tables=f"a, {database}.b")
+    sp, clickhouse_url: str, database: str, two_tables: tuple[str, str]
+) -> None:
+    opts = writer_options(clickhouse_url, database, "a", "transaction", table_column="dest", tables=f"a, {database}.b")
     routed_frame(sp, database, N).write.format("clickhouse_tx").options(**opts).mode("append").save()
 
     assert totals(clickhouse_url, database, "a") == expected([i for i in range(N) if i % 3 == 0])
     assert totals(clickhouse_url, database, "b") == expected([i for i in range(N) if i % 3 != 0])
     for table in two_tables:
-        cols = run_sql(clickhouse_url, f"SELECT name FROM system.columns WHERE database = '{database}' "
-                                       f"AND table = '{table}' ORDER BY position FORMAT TSV").split()
+        cols = run_sql(
+            clickhouse_url,
+            f"SELECT name FROM system.columns WHERE database = '{database}' "
+            f"AND table = '{table}' ORDER BY position FORMAT TSV",
+        ).split()
         assert cols == ["id", "k", "s"]
     # one marker per partition (one xid spans both tables), counting the rows of both
-    assert read_committed(clickhouse_url, f"SELECT count(), sum(rows) FROM `{database}`.clickhouse_tx_commits") \
-        == [["2", str(N)]]
+    assert read_committed(clickhouse_url, f"SELECT count(), sum(rows) FROM `{database}`.clickhouse_tx_commits") == [
+        ["2", str(N)]
+    ]
     assert open_registry_entries(clickhouse_url, database) == 0
 
 
 def test_a_row_naming_an_unlisted_table_fails_the_job_and_no_table_gets_any_row(
-        sp, clickhouse_url: str, database: str, two_tables: tuple[str, str]) -> None:
-    run_sql(clickhouse_url, f"CREATE TABLE `{database}`.c (id Int64, k Int32, s String) "
-                            "ENGINE = MergeTree ORDER BY id")
-    opts = writer_options(clickhouse_url, database, "a", "transaction", table_column="dest",
-                          tables=f"a,{database}.b")
+    sp, clickhouse_url: str, database: str, two_tables: tuple[str, str]
+) -> None:
+    run_sql(clickhouse_url, f"CREATE TABLE `{database}`.c (id Int64, k Int32, s String) ENGINE = MergeTree ORDER BY id")
+    opts = writer_options(clickhouse_url, database, "a", "transaction", table_column="dest", tables=f"a,{database}.b")
     with pytest.raises(Exception) as info:
-        routed_frame(sp, database, N, bad_id=N - 7).write.format("clickhouse_tx").options(**opts) \
-            .mode("append").save()
+        routed_frame(sp, database, N, bad_id=N - 7).write.format("clickhouse_tx").options(**opts).mode("append").save()
     assert "names table 'c', which is not in the option tables" in str(info.value)
     for table in ("a", "b", "c"):
         assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.`{table}`") == 0
@@ -84,14 +91,13 @@ def test_a_row_naming_an_unlisted_table_fails_the_job_and_no_table_gets_any_row(
 
 
 def test_routing_in_staging_mode_is_refused_before_any_write(
-        sp, clickhouse_url: str, database: str, two_tables: tuple[str, str]) -> None:
-    opts = writer_options(clickhouse_url, database, "a", "staging", table_column="dest",
-                          tables=f"a,{database}.b")
+    sp, clickhouse_url: str, database: str, two_tables: tuple[str, str]
+) -> None:
+    opts = writer_options(clickhouse_url, database, "a", "staging", table_column="dest", tables=f"a,{database}.b")
     with pytest.raises(Exception) as info:
         routed_frame(sp, database, 100).write.format("clickhouse_tx").options(**opts).mode("append").save()
     assert "mode='staging'" in str(info.value) and "mode 'transaction' only" in str(info.value)
     for table in two_tables:
         assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.`{table}`") == 0
-    names = run_sql(clickhouse_url, f"SELECT name FROM system.tables WHERE database = '{database}' "
-                                    "FORMAT TSV").split()
+    names = run_sql(clickhouse_url, f"SELECT name FROM system.tables WHERE database = '{database}' FORMAT TSV").split()
     assert "clickhouse_tx_registry" not in names and "clickhouse_tx_commits" not in names

@@ -45,17 +45,38 @@ def create_target(url: str, database: str) -> None:
     run_sql(url, f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree ORDER BY (p, o)")
 
 
-def start_query(sp, *, bootstrap: str, topic: str, url: str, database: str, chk: Path, name: str,
-                max_offsets: int | None = None, available_now: bool = False, **extra: str):
-    reader = (sp.readStream.format("kafka_py").option("bootstrap.servers", bootstrap)
-              .option("subscribe", topic).option("startingOffsets", "earliest"))
+def start_query(
+    sp,
+    *,
+    bootstrap: str,
+    topic: str,
+    url: str,
+    database: str,
+    chk: Path,
+    name: str,
+    max_offsets: int | None = None,
+    available_now: bool = False,
+    **extra: str,
+):
+    reader = (
+        sp.readStream.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
     if max_offsets:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
-    writer = (reader.load().selectExpr("partition as p", "offset as o", "cast(value as string) as v")
-              .writeStream.format("clickhouse_tx").queryName(name)
-              .option("url", url).option("database", database).option("table", "events")
-              .option("allow_nullable_into_non_nullable", "true")
-              .option("checkpointLocation", str(chk)))
+    writer = (
+        reader.load()
+        .selectExpr("partition as p", "offset as o", "cast(value as string) as v")
+        .writeStream.format("clickhouse_tx")
+        .queryName(name)
+        .option("url", url)
+        .option("database", database)
+        .option("table", "events")
+        .option("allow_nullable_into_non_nullable", "true")
+        .option("checkpointLocation", str(chk))
+    )
     for k, v in extra.items():
         writer = writer.option(k, v)
     if available_now:
@@ -75,18 +96,26 @@ def assert_exactly(url: str, database: str, expected: set[tuple[int, int, str]])
 
 
 def test_a_query_stopped_mid_batch_and_restarted_on_its_checkpoint_several_times_writes_each_record_once(
-        sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     topic, expected = make_topic(stack, kafka_bootstrap, partitions=2, per_partition=3000)
     create_target(clickhouse_url, database)
-    common = dict(bootstrap=kafka_bootstrap, topic=topic, url=clickhouse_url, database=database,
-                  chk=tmp_path / "chk", name=f"stops_{uuid.uuid4().hex[:6]}")
+    common = dict(
+        bootstrap=kafka_bootstrap,
+        topic=topic,
+        url=clickhouse_url,
+        database=database,
+        chk=tmp_path / "chk",
+        name=f"stops_{uuid.uuid4().hex[:6]}",
+    )
     for round_no in range(3):
         q = start_query(sp, max_offsets=150, **common)
         try:
             # let some batches commit, then stop while a trigger is running
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and (q.lastProgress is None
-                                                   or q.lastProgress["batchId"] < 2 * round_no + 1):
+            while time.monotonic() < deadline and (
+                q.lastProgress is None or q.lastProgress["batchId"] < 2 * round_no + 1
+            ):
                 time.sleep(0.1)
             while time.monotonic() < deadline and not q.status["isTriggerActive"]:
                 time.sleep(0.01)
@@ -104,17 +133,28 @@ def test_a_query_stopped_mid_batch_and_restarted_on_its_checkpoint_several_times
 
 
 def test_a_commit_interrupted_between_two_commits_is_rolled_forward_on_restart(
-        sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     from spark_datasource.metrics import read_metrics
 
     topic, expected = make_topic(stack, kafka_bootstrap, partitions=2, per_partition=500)
     create_target(clickhouse_url, database)
     chk = tmp_path / "chk"
     once = tmp_path / "fault.once"
-    common = dict(bootstrap=kafka_bootstrap, topic=topic, url=clickhouse_url, database=database,
-                  chk=chk, name=f"fault_{uuid.uuid4().hex[:6]}")
-    q = start_query(sp, available_now=True, **common, **{
-        "fault.step": "after_commit:1", "fault.action": "raise", "fault.once_file": str(once)})
+    common = dict(
+        bootstrap=kafka_bootstrap,
+        topic=topic,
+        url=clickhouse_url,
+        database=database,
+        chk=chk,
+        name=f"fault_{uuid.uuid4().hex[:6]}",
+    )
+    q = start_query(
+        sp,
+        available_now=True,
+        **common,
+        **{"fault.step": "after_commit:1", "fault.action": "raise", "fault.once_file": str(once)},
+    )
     with pytest.raises(Exception, match="injected fault at after_commit:1"):
         q.awaitTermination(600)
     assert once.exists()
@@ -124,8 +164,10 @@ def test_a_commit_interrupted_between_two_commits_is_rolled_forward_on_restart(
     from clickhouse_tx.decision_log import FileDecisionLog
     from spark_datasource.writer_options import WriterOptions
 
-    opts = WriterOptions.parse({"url": clickhouse_url, "table": "x.y", "checkpointLocation": str(chk),
-                                "queryName": common["name"]}, streaming=True).with_query_identity()
+    opts = WriterOptions.parse(
+        {"url": clickhouse_url, "table": "x.y", "checkpointLocation": str(chk), "queryName": common["name"]},
+        streaming=True,
+    ).with_query_identity()
     decision = FileDecisionLog(opts.decision_log_uri(), opts.txn_id()).read(0)
     assert decision is not None and not decision.done and len(decision.chosen) == 2
     rows = target_rows(clickhouse_url, database)

@@ -45,7 +45,8 @@ def registered_txn_ids(url: str, database: str) -> set[str]:
 
 
 def test_a_second_batch_job_with_the_same_transactional_id_writes_its_rows(
-        sp, clickhouse_url: str, database: str) -> None:
+    sp, clickhouse_url: str, database: str
+) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
     opts = writer_options(clickhouse_url, database, "events", "transaction", transactional_id="nightly")
     for _ in range(2):
@@ -56,11 +57,19 @@ def test_a_second_batch_job_with_the_same_transactional_id_writes_its_rows(
 
 
 def test_an_explicit_transactional_id_different_from_the_stored_one_is_refused_before_any_task_writes(
-        sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     topic, expected = make_topic(stack, kafka_bootstrap, partitions=2, per_partition=200)
     create_target(clickhouse_url, database)
-    common = dict(bootstrap=kafka_bootstrap, topic=topic, url=clickhouse_url, database=database,
-                  chk=tmp_path / "chk", name=f"txnid_{uuid.uuid4().hex[:6]}", available_now=True)
+    common = dict(
+        bootstrap=kafka_bootstrap,
+        topic=topic,
+        url=clickhouse_url,
+        database=database,
+        chk=tmp_path / "chk",
+        name=f"txnid_{uuid.uuid4().hex[:6]}",
+        available_now=True,
+    )
     q = start_query(sp, **common)
     q.awaitTermination(300)
     assert q.exception() is None

@@ -57,17 +57,22 @@ VARIANTS = ["trailing_slash", "relative", "file_uri", "query_name_added"]
 
 
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize("variant", [pytest.param(v, marks=() if v == "relative" else pytest.mark.slow)
-                                     for v in VARIANTS])
+@pytest.mark.parametrize(
+    "variant", [pytest.param(v, marks=() if v == "relative" else pytest.mark.slow) for v in VARIANTS]
+)
 def test_a_restart_with_the_checkpoint_spelled_otherwise_rolls_the_killed_batch_forward_not_again(
-        stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, variant: str) -> None:
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, variant: str
+) -> None:
     topic, expected = make_topic(stack, kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(clickhouse_url, database)
     chk = tmp_path / "chk"
-    base = {"bootstrap": kafka_bootstrap, "topic": topic, "url": clickhouse_url, "database": database,
-            "daemon": True}
-    fault = {"fault.step": "before_mark_done", "fault.action": "kill", "fault.batch": "1",
-             "fault.once_file": str(tmp_path / "fault.once")}
+    base = {"bootstrap": kafka_bootstrap, "topic": topic, "url": clickhouse_url, "database": database, "daemon": True}
+    fault = {
+        "fault.step": "before_mark_done",
+        "fault.action": "kill",
+        "fault.batch": "1",
+        "fault.once_file": str(tmp_path / "fault.once"),
+    }
     codes = [_run({**base, "chk": str(chk), "name": None, "fault": fault}, tmp_path)]
     assert codes[0] == -signal.SIGKILL and (tmp_path / "fault.once").exists()
     assert not (chk / "commits" / "1").exists(), "Spark logged batch 1: the kill came too late"

@@ -30,20 +30,33 @@ from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION, _run_child
 @pytest.mark.parametrize("step", ["after_prepare", "after_commit:1"])
 @pytest.mark.parametrize("mode", ["transaction", "dedup", "staging"])
 def test_dead_letters_survive_a_driver_kill_and_restart_exactly_once(
-        stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str,
-        mode: str) -> None:
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str, mode: str
+) -> None:
     topic, expected = make_topic(stack, kafka_bootstrap, PARTITIONS, PER_PARTITION)
-    run_sql(clickhouse_url, f"CREATE TABLE `{database}`.events (p Int32, o Int64, v FixedString(5)) "
-                            "ENGINE = MergeTree PARTITION BY p ORDER BY (p, o) "
-                            "SETTINGS non_replicated_deduplication_window = 1000")
+    run_sql(
+        clickhouse_url,
+        f"CREATE TABLE `{database}`.events (p Int32, o Int64, v FixedString(5)) "
+        "ENGINE = MergeTree PARTITION BY p ORDER BY (p, o) "
+        "SETTINGS non_replicated_deduplication_window = 1000",
+    )
     good = {r for r in expected if len(r[2]) <= 5}
     bad = expected - good
     assert good and bad
     options = {"bad_rows": "dead_letter", "dead_letter_table": "events_dlq", "mode": mode}
-    args = {"bootstrap": kafka_bootstrap, "topic": topic, "url": clickhouse_url, "database": database,
-            "chk": str(tmp_path / "chk"), "name": f"dlq_{uuid.uuid4().hex[:6]}"}
-    fault = {"fault.step": step, "fault.action": "kill", "fault.batch": "1",
-             "fault.once_file": str(tmp_path / "fault.once")}
+    args = {
+        "bootstrap": kafka_bootstrap,
+        "topic": topic,
+        "url": clickhouse_url,
+        "database": database,
+        "chk": str(tmp_path / "chk"),
+        "name": f"dlq_{uuid.uuid4().hex[:6]}",
+    }
+    fault = {
+        "fault.step": step,
+        "fault.action": "kill",
+        "fault.batch": "1",
+        "fault.once_file": str(tmp_path / "fault.once"),
+    }
     codes = [_run_child({**args, "fault": {**options, **fault}})]
     for _ in range(4):
         if codes[-1] == 0:
@@ -52,14 +65,21 @@ def test_dead_letters_survive_a_driver_kill_and_restart_exactly_once(
     assert codes[0] == -signal.SIGKILL and codes[-1] == 0, f"exit codes {codes}"
 
     # FixedString pads with NUL bytes, which TSV prints escaped: strip them in SQL.
-    rows = [(int(p), int(o), v) for p, o, v in read_committed(
-        clickhouse_url, f"SELECT p, o, replaceAll(toString(v), char(0), '') FROM `{database}`.events")]
-    letters = [json.loads(j) for (j,) in read_committed(
-        clickhouse_url, f"SELECT row_json FROM `{database}`.events_dlq")]
+    rows = [
+        (int(p), int(o), v)
+        for p, o, v in read_committed(
+            clickhouse_url, f"SELECT p, o, replaceAll(toString(v), char(0), '') FROM `{database}`.events"
+        )
+    ]
+    letters = [
+        json.loads(j) for (j,) in read_committed(clickhouse_url, f"SELECT row_json FROM `{database}`.events_dlq")
+    ]
     seen = Counter((d["p"], d["o"], d["v"]) for d in letters)
-    print(f"mode={mode} step={step} exit codes {codes}: produced {len(expected)}, rows {len(rows)} "
-          f"({len(set(rows))} distinct, {len(good)} good produced), dead letters {len(letters)} "
-          f"({len(seen)} distinct, {len(bad)} bad produced)")
+    print(
+        f"mode={mode} step={step} exit codes {codes}: produced {len(expected)}, rows {len(rows)} "
+        f"({len(set(rows))} distinct, {len(good)} good produced), dead letters {len(letters)} "
+        f"({len(seen)} distinct, {len(bad)} bad produced)"
+    )
     assert len(rows) == len(set(rows)), f"{len(rows) - len(set(rows))} rows written twice"
     assert set(rows) == good, f"{len(good - set(rows))} rows lost, {len(set(rows) - good)} unexpected"
     assert max(seen.values()) == 1, "a dead letter was written twice"

@@ -71,9 +71,14 @@ def _run(args: dict, kill: tuple[int, float] | None) -> list[int]:
     between the decision to kill and the kill: Spark would have recorded them).
     """
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "tests.torture.test_decision_log_kill", "run",
-                             json.dumps(args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.torture.test_decision_log_kill", "run", json.dumps(args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     done: list[int] = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -92,7 +97,8 @@ def _run(args: dict, kill: tuple[int, float] | None) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_driver_killed_while_its_decision_log_compacts_commits_every_batch_exactly_once(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     admin = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="events"))
     fq = q.qualified(database, "events")
     admin.command(f"CREATE TABLE {fq} (id UInt64) ENGINE = MergeTree ORDER BY id")
@@ -101,8 +107,13 @@ def test_a_driver_killed_while_its_decision_log_compacts_commits_every_batch_exa
     while last < BATCHES - 1:
         runs += 1
         stray = rnd.randrange(0, last - 2) if last > 3 else None  # compacted: older than the newest 2
-        args = {"url": clickhouse_url, "database": database, "chk": str(tmp_path / "chk"),
-                "start": last + 1, "stray": stray}
+        args = {
+            "url": clickhouse_url,
+            "database": database,
+            "chk": str(tmp_path / "chk"),
+            "start": last + 1,
+            "stray": stray,
+        }
         kill = (rnd.randint(1, 3), rnd.uniform(0.0, 0.15)) if kills < 12 else None
         done = _run(args, kill)
         kills += kill is not None

@@ -30,14 +30,30 @@ DEDUP = {"mode": "dedup"}  # writer options the child passes through (with the f
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("step", ["after_prepare", "before_decision", "after_commit:1"])
 def test_a_dedup_driver_killed_after_its_inserts_and_restarted_under_another_partitioning_is_refused_then_writes_once(
-        stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str) -> None:
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
+) -> None:
     topic, expected = make_topic(stack, kafka_bootstrap, PARTITIONS, PER_PARTITION)
-    run_sql(clickhouse_url, f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree "
-                            "ORDER BY (p, o) SETTINGS non_replicated_deduplication_window = 1000")
-    base = {"bootstrap": kafka_bootstrap, "topic": topic, "url": clickhouse_url, "database": database,
-            "chk": str(tmp_path / "chk"), "name": None, "daemon": True}
-    fault = {**DEDUP, "fault.step": step, "fault.action": "kill", "fault.batch": "1",
-             "fault.once_file": str(tmp_path / "fault.once")}
+    run_sql(
+        clickhouse_url,
+        f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree "
+        "ORDER BY (p, o) SETTINGS non_replicated_deduplication_window = 1000",
+    )
+    base = {
+        "bootstrap": kafka_bootstrap,
+        "topic": topic,
+        "url": clickhouse_url,
+        "database": database,
+        "chk": str(tmp_path / "chk"),
+        "name": None,
+        "daemon": True,
+    }
+    fault = {
+        **DEDUP,
+        "fault.step": step,
+        "fault.action": "kill",
+        "fault.batch": "1",
+        "fault.once_file": str(tmp_path / "fault.once"),
+    }
     codes = [_run({**base, "repartition": 3, "fault": fault}, tmp_path)]
     assert codes[0] == -signal.SIGKILL and (tmp_path / "fault.once").exists()
     assert not (tmp_path / "chk" / "commits" / "1").exists(), "Spark logged batch 1: the kill came too late"
@@ -56,5 +72,7 @@ def test_a_dedup_driver_killed_after_its_inserts_and_restarted_under_another_par
     assert codes[-1] == 0, f"the restarted job did not drain the topic: exit codes {codes}"
     assert_exactly(clickhouse_url, database, expected)
     assert open_registry_entries(clickhouse_url, database) == 0
-    print(f"dedup repartition kill at {step}: {len(after_kill)} rows after the kill, refused under 5 "
-          f"partitions, {len(expected)} records exactly once after the restart under 3")
+    print(
+        f"dedup repartition kill at {step}: {len(after_kill)} rows after the kill, refused under 5 "
+        f"partitions, {len(expected)} records exactly once after the restart under 3"
+    )

@@ -50,22 +50,37 @@ def _child(args: dict) -> None:
         # this group (driver, JVM) by id first. Forking is quicker than starting a
         # worker, which Spark allows 10 s to connect back (too short on a loaded machine).
         os.environ[KILL_PGID_ENV] = str(os.getpgrp())
-    spark = (SparkSession.builder.master(args.get("master", "local[2]")).appName("clickhouse-tx-driver-kill")
-             .config("spark.python.use.daemon", "true" if args.get("daemon") else "false")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark = (
+        SparkSession.builder.master(args.get("master", "local[2]"))
+        .appName("clickhouse-tx-driver-kill")
+        .config("spark.python.use.daemon", "true" if args.get("daemon") else "false")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark_datasource.register(spark)
-    df = (spark.readStream.format("kafka_py").option("bootstrap.servers", args["bootstrap"])
-          .option("subscribe", args["topic"]).option("startingOffsets", "earliest")
-          .option("maxOffsetsPerTrigger", str(args.get("max_offsets", MAX_OFFSETS))).load()
-          .selectExpr("partition as p", "offset as o", "cast(value as string) as v"))
+    df = (
+        spark.readStream.format("kafka_py")
+        .option("bootstrap.servers", args["bootstrap"])
+        .option("subscribe", args["topic"])
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(args.get("max_offsets", MAX_OFFSETS)))
+        .load()
+        .selectExpr("partition as p", "offset as o", "cast(value as string) as v")
+    )
     if args.get("repartition"):  # another partitioning than the Kafka partitions
         df = df.repartition(int(args["repartition"]))
-    writer = (df.writeStream.format("clickhouse_tx")
-              .option("url", args["url"]).option("database", args["database"]).option("table", "events")
-              .option("allow_nullable_into_non_nullable", "true")
-              .option("checkpointLocation", args["chk"]).trigger(availableNow=True))
+    writer = (
+        df.writeStream.format("clickhouse_tx")
+        .option("url", args["url"])
+        .option("database", args["database"])
+        .option("table", "events")
+        .option("allow_nullable_into_non_nullable", "true")
+        .option("checkpointLocation", args["chk"])
+        .trigger(availableNow=True)
+    )
     if args.get("name"):
         writer = writer.queryName(args["name"])
     for k, v in (args.get("fault") or {}).items():
@@ -75,13 +90,17 @@ def _child(args: dict) -> None:
     spark.stop()
 
 
-def _run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 300,
-               cwd: Path = ROOT) -> int:
+def _run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 300, cwd: Path = ROOT) -> int:
     """Run the job in its own session (``cwd``: where a relative checkpoint resolves)."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.torture.test_driver_kill", "run", json.dumps(args)],
-                            cwd=cwd, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.torture.test_driver_kill", "run", json.dumps(args)],
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         if kill_after_s is not None:
             try:
@@ -104,12 +123,25 @@ def _run_child(args: dict, kill_after_s: float | None = None, timeout_s: float =
     return proc.returncode
 
 
-def _kill_and_recover(stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path,
-                      fault: dict | None, kill_after_s: float | None = None) -> list[int]:
+def _kill_and_recover(
+    stack,
+    kafka_bootstrap: str,
+    clickhouse_url: str,
+    database: str,
+    tmp_path: Path,
+    fault: dict | None,
+    kill_after_s: float | None = None,
+) -> list[int]:
     topic, expected = make_topic(stack, kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(clickhouse_url, database)
-    args = {"bootstrap": kafka_bootstrap, "topic": topic, "url": clickhouse_url, "database": database,
-            "chk": str(tmp_path / "chk"), "name": f"kill_{uuid.uuid4().hex[:6]}"}
+    args = {
+        "bootstrap": kafka_bootstrap,
+        "topic": topic,
+        "url": clickhouse_url,
+        "database": database,
+        "chk": str(tmp_path / "chk"),
+        "name": f"kill_{uuid.uuid4().hex[:6]}",
+    }
     codes = [_run_child({**args, "fault": fault}, kill_after_s=kill_after_s)]
     for _ in range(4):
         if codes[-1] == 0:
@@ -126,12 +158,18 @@ STEPS = ["after_prepare", "before_decision", "after_decision", "after_commit:1",
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("step", [pytest.param(s, marks=() if s == "after_commit:1" else pytest.mark.slow)
-                                  for s in STEPS])
+@pytest.mark.parametrize(
+    "step", [pytest.param(s, marks=() if s == "after_commit:1" else pytest.mark.slow) for s in STEPS]
+)
 def test_a_driver_killed_at_a_protocol_step_and_restarted_loses_and_duplicates_nothing(
-        stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str) -> None:
-    fault = {"fault.step": step, "fault.action": "kill", "fault.batch": "1",
-             "fault.once_file": str(tmp_path / "fault.once")}
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
+) -> None:
+    fault = {
+        "fault.step": step,
+        "fault.action": "kill",
+        "fault.batch": "1",
+        "fault.once_file": str(tmp_path / "fault.once"),
+    }
     _kill_and_recover(stack, kafka_bootstrap, clickhouse_url, database, tmp_path, fault)
     assert (tmp_path / "fault.once").exists()
 
@@ -139,7 +177,8 @@ def test_a_driver_killed_at_a_protocol_step_and_restarted_loses_and_duplicates_n
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_driver_killed_at_a_random_time_and_restarted_loses_and_duplicates_nothing(
-        stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     seed = int(os.environ.get("CTX_KILL_SEED", time.time_ns() % 10_000))
     delay = random.Random(seed).uniform(12.0, 30.0)  # JVM start takes ~10 s; then batches run
     print(f"random kill after {delay:.1f}s (CTX_KILL_SEED={seed})")

@@ -24,7 +24,7 @@ from clickhouse_tx.interfaces import Target
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_JOB = r'''
+_JOB = r"""
 import json, os, sys
 os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())  # a fault kills driver, JVM and workers
 from pyspark.sql import SparkSession
@@ -42,13 +42,19 @@ for k, v in a.get("fault", {}).items():
     w = w.option(k, v)
 w.mode("append").save()
 spark.stop()
-'''
+"""
 
 
 def _job(**args: object) -> int:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", _JOB, json.dumps(args)], cwd=ROOT, env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _JOB, json.dumps(args)],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         _, err = proc.communicate(timeout=300)
     finally:
@@ -61,8 +67,9 @@ def _job(**args: object) -> int:
 
 
 def _cli(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "clickhouse_tx", *args, "--json"], capture_output=True,
-                         text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "clickhouse_tx", *args, "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout)
 
@@ -70,7 +77,8 @@ def _cli(*args: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_recover_given_another_jobs_decision_log_leaves_a_killed_jobs_decided_xids_for_its_own_recovery(
-        clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     admin = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="a"))
     for table in ("a", "b"):
         admin.command(f"CREATE TABLE {q.qualified(database, table)} (id Int64) ENGINE = MergeTree ORDER BY id")
@@ -79,12 +87,16 @@ def test_recover_given_another_jobs_decision_log_leaves_a_killed_jobs_decided_xi
     cli = ["--url", clickhouse_url, "--table", f"{database}.a", "--mode", "transaction"]
 
     def count(table: str) -> int:
-        return int(admin.command(f"SELECT count() FROM {q.qualified(database, table)} "
-                                 "SETTINGS implicit_transaction = 1").strip())
+        return int(
+            admin.command(
+                f"SELECT count() FROM {q.qualified(database, table)} SETTINGS implicit_transaction = 1"
+            ).strip()
+        )
 
     try:
-        assert _job(**common, table="a", rows=3000, txn="job-a", log=str(tmp_path / "a"),
-                    fault=fault) == -signal.SIGKILL
+        assert (
+            _job(**common, table="a", rows=3000, txn="job-a", log=str(tmp_path / "a"), fault=fault) == -signal.SIGKILL
+        )
         assert _job(**common, table="b", rows=10, txn="job-b", log=str(tmp_path / "b")) == 0
         assert (count("a"), count("b")) == (1000, 10)
         wrong = _cli("recover", *cli, "--checkpoint", str(tmp_path / "b"))
@@ -96,5 +108,9 @@ def test_recover_given_another_jobs_decision_log_leaves_a_killed_jobs_decided_xi
         assert len(own["committed"]) == 3 and own["rolled_back"] == []
         assert (count("a"), count("b")) == (3000, 10)
     finally:  # open transactions would block the DROP DATABASE of the fixture
-        subprocess.run([sys.executable, "-m", "clickhouse_tx", "recover", *cli, "--checkpoint", str(tmp_path / "a")],
-                       capture_output=True, timeout=120, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "clickhouse_tx", "recover", *cli, "--checkpoint", str(tmp_path / "a")],
+            capture_output=True,
+            timeout=120,
+            cwd=ROOT,
+        )

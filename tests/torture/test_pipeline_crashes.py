@@ -23,15 +23,35 @@ from server_patches.stack import StackInfo
 EXACTLY_ONCE_MODES = ("transaction", "staging", "dedup")
 
 
-def _run(stack: StackInfo, tmp_path, *, mode: str, crash_points: str, crashes: int = 1,
-         events: int = 4000, partitions: int = 4, seed: int = 7, per_batch: int | None = None) -> dict:
+def _run(
+    stack: StackInfo,
+    tmp_path,
+    *,
+    mode: str,
+    crash_points: str,
+    crashes: int = 1,
+    events: int = 4000,
+    partitions: int = 4,
+    seed: int = 7,
+    per_batch: int | None = None,
+) -> dict:
     assert stack.kafka_bootstrap, "these tests need the dev Kafka broker"
-    cfg = PipelineConfig(events=events, partitions=partitions, mode=mode, trigger=0.5,
-                         crashes=crashes, crash_points=crash_points,
-                         max_offsets_per_trigger=per_batch or max(400, events // 5), seed=seed,
-                         url=stack.clickhouse_url, bootstrap=stack.kafka_bootstrap,
-                         kafka_control=stack.kafka_control, work_dir=str(tmp_path), quiet=True,
-                         job_timeout_s=400)
+    cfg = PipelineConfig(
+        events=events,
+        partitions=partitions,
+        mode=mode,
+        trigger=0.5,
+        crashes=crashes,
+        crash_points=crash_points,
+        max_offsets_per_trigger=per_batch or max(400, events // 5),
+        seed=seed,
+        url=stack.clickhouse_url,
+        bootstrap=stack.kafka_bootstrap,
+        kafka_control=stack.kafka_control,
+        work_dir=str(tmp_path),
+        quiet=True,
+        job_timeout_s=400,
+    )
     result = run_pipeline(cfg)
     print(summary_table(result))
     return result
@@ -53,8 +73,7 @@ def _assert_no_stray_job_processes(tmp_path) -> None:
     assert mine == []
 
 
-def test_a_job_killed_after_its_first_commit_restarts_and_delivers_every_event_once(stack: StackInfo,
-                                                                                     tmp_path) -> None:
+def test_a_job_killed_after_its_first_commit_restarts_and_delivers_every_event_once(stack: StackInfo, tmp_path) -> None:
     r = _run(stack, tmp_path, mode="transaction", crash_points="after_commit:1")
     assert r["crashes"] == 1 and r["restarts"] == 1, r["crash_log"]
     assert r["duplicates"] == 0 and r["lost"] == 0 and r["lost_event_ids"] == 0, r["anomalies"]
@@ -65,8 +84,9 @@ def test_a_job_killed_after_its_first_commit_restarts_and_delivers_every_event_o
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", EXACTLY_ONCE_MODES)
 @pytest.mark.parametrize("step", FAULT_STEPS)
-def test_a_kill_at_each_protocol_step_leaves_no_duplicates_and_no_losses(stack: StackInfo, tmp_path,
-                                                                         mode: str, step: str) -> None:
+def test_a_kill_at_each_protocol_step_leaves_no_duplicates_and_no_losses(
+    stack: StackInfo, tmp_path, mode: str, step: str
+) -> None:
     r = _run(stack, tmp_path, mode=mode, crash_points=step)
     assert r["crashes"] == 1, f"the fault at {step} never fired: {r['crash_log']}"
     assert r["duplicates"] == 0 and r["lost"] == 0 and r["lost_event_ids"] == 0, r["anomalies"]

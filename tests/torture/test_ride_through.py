@@ -62,8 +62,14 @@ def _wait_rows(proc: subprocess.Popen, url: str, database: str, at_least: int, t
 def _start_child(args: dict, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "tests.torture.test_driver_kill", "run", json.dumps(args)],
-                                cwd=ROOT, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.torture.test_driver_kill", "run", json.dumps(args)],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -97,16 +103,25 @@ def _started(proc: subprocess.Popen, url: str, database: str, log: Path, timeout
 @pytest.mark.slow
 @pytest.mark.timeout(3000)
 def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhouse_restart_without_a_restart(
-        stack_factory, tmp_path: Path) -> None:
+    stack_factory, tmp_path: Path
+) -> None:
     own = stack_factory(kafka=True)
     url, database = own.clickhouse_url, f"d_{uuid.uuid4().hex[:8]}"
     run_sql(url, f"CREATE DATABASE `{database}`")
     topic, expected = make_topic(own, own.kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(url, database)
-    args = {"bootstrap": own.kafka_bootstrap, "topic": topic, "url": url, "database": database,
-            "chk": str(tmp_path / "chk"), "name": f"ride_{uuid.uuid4().hex[:6]}", "daemon": True,
-            "master": "local[2,4]", "max_offsets": MAX_OFFSETS,
-            "fault": {"mode": "staging", "retry.attempts": "40", "retry.max_seconds": "60"}}
+    args = {
+        "bootstrap": own.kafka_bootstrap,
+        "topic": topic,
+        "url": url,
+        "database": database,
+        "chk": str(tmp_path / "chk"),
+        "name": f"ride_{uuid.uuid4().hex[:6]}",
+        "daemon": True,
+        "master": "local[2,4]",
+        "max_offsets": MAX_OFFSETS,
+        "fault": {"mode": "staging", "retry.attempts": "40", "retry.max_seconds": "60"},
+    }
     proc = _start_child(args, tmp_path / "child.log")
     try:
         for _ in range(4):  # Spark gave up on a Python worker's start before any batch: start again
@@ -131,4 +146,3 @@ def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhou
     assert before_ch < len(expected), "ClickHouse was restarted after the last batch"
     assert_exactly(url, database, expected)
     assert open_registry_entries(url, database) == 0
-

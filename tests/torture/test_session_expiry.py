@@ -27,10 +27,23 @@ from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION, _run_child
 def _killed_after_the_decision(stack, url: str, database: str, tmp_path: Path, **extra) -> tuple[dict, set]:
     topic, expected = make_topic(stack, stack.kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(url, database)
-    args = {"bootstrap": stack.kafka_bootstrap, "topic": topic, "url": url, "database": database,
-            "chk": str(tmp_path / "chk"), "name": f"expiry_{uuid.uuid4().hex[:6]}", "daemon": True, **extra}
-    fault = {"fault.step": "after_decision", "fault.action": "kill", "fault.batch": "1",
-             "fault.once_file": str(tmp_path / "fault.once"), "session_timeout": "5"}
+    args = {
+        "bootstrap": stack.kafka_bootstrap,
+        "topic": topic,
+        "url": url,
+        "database": database,
+        "chk": str(tmp_path / "chk"),
+        "name": f"expiry_{uuid.uuid4().hex[:6]}",
+        "daemon": True,
+        **extra,
+    }
+    fault = {
+        "fault.step": "after_decision",
+        "fault.action": "kill",
+        "fault.batch": "1",
+        "fault.once_file": str(tmp_path / "fault.once"),
+        "session_timeout": "5",
+    }
     assert _run_child({**args, "fault": fault}) == -signal.SIGKILL
     assert (tmp_path / "fault.once").exists()
     return args, expected
@@ -39,7 +52,8 @@ def _killed_after_the_decision(stack, url: str, database: str, tmp_path: Path, *
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_driver_killed_after_its_decision_and_restarted_after_the_session_timeout_writes_each_record_once(
-        stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path) -> None:
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
     args, expected = _killed_after_the_decision(stack, clickhouse_url, database, tmp_path)
     time.sleep(8)  # past the 5 s session_timeout: every decided transaction has expired
     # one restart drains the topic: the batch is written again once, no restart loop
@@ -52,7 +66,8 @@ def test_a_driver_killed_after_its_decision_and_restarted_after_the_session_time
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("parts", [2, 5])
 def test_a_query_restarted_after_a_clickhouse_restart_with_another_partitioning_writes_each_record_once(
-        stack_factory, tmp_path: Path, parts: int) -> None:
+    stack_factory, tmp_path: Path, parts: int
+) -> None:
     own = stack_factory(kafka=True)
     database = f"d_{uuid.uuid4().hex[:8]}"
     run_sql(own.clickhouse_url, f"CREATE DATABASE `{database}`")

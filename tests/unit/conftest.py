@@ -13,4 +13,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     terminalreporter.write_line(
         f"clickhouse_tx protocol state machine: {s['finished']} schedules completed "
         f"({s['started']} started), {s['steps']} rule steps, {s['commits_ok']} successful commits, "
-        f"{s['crashes']} driver crashes")
+        f"{s['crashes']} driver crashes"
+    )

@@ -123,8 +123,7 @@ class FakeClickHouse:
         if len(schema) == 0:
             raise ConfigurationError(f"table {target.database}.{target.table}: empty schema")
 
-    def prepare(self, target: Target, ctx: WriteContext, xid: str,
-                batches: Iterator[pa.RecordBatch]) -> Prepared:
+    def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         self._hit("prepare", "before")
         rows = 0
         checksum = hashlib.sha256()
@@ -136,10 +135,19 @@ class FakeClickHouse:
                 ids.extend(b.column("id").to_pylist())
         self.tx[xid] = _Tx(key=(ctx.txn_id, ctx.batch, ctx.partition), rows=rows, ids=tuple(ids))
         self._hit("prepare", "after")
-        return Prepared(xid=xid, txn_id=ctx.txn_id, batch=ctx.batch, partition=ctx.partition,
-                        attempt=ctx.attempt, mode=self.mode, server=target.url,
-                        table=f"{target.database}.{target.table}", rows=rows,
-                        checksum=int(checksum.hexdigest()[:12], 16), details={"session_id": xid})
+        return Prepared(
+            xid=xid,
+            txn_id=ctx.txn_id,
+            batch=ctx.batch,
+            partition=ctx.partition,
+            attempt=ctx.attempt,
+            mode=self.mode,
+            server=target.url,
+            table=f"{target.database}.{target.table}",
+            rows=rows,
+            checksum=int(checksum.hexdigest()[:12], 16),
+            details={"session_id": xid},
+        )
 
     def commit(self, target: Target, p: Prepared) -> None:
         self._hit("commit", "before")
@@ -170,9 +178,13 @@ class FakeClickHouse:
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         self._hit("lookup", "before")
         t = self.tx.get(p.xid)
-        out = (CommitOutcome.COMMITTED if t is not None and t.status == "committed"
-               else CommitOutcome.PENDING if t is not None and t.status == "open"
-               else CommitOutcome.NOT_COMMITTED)
+        out = (
+            CommitOutcome.COMMITTED
+            if t is not None and t.status == "committed"
+            else CommitOutcome.PENDING
+            if t is not None and t.status == "open"
+            else CommitOutcome.NOT_COMMITTED
+        )
         self._hit("lookup", "after")
         return out
 
@@ -189,8 +201,9 @@ class FakeClickHouse:
 
     def visible_ids(self, txn_id: str, batch: int) -> collections.Counter:
         """How many times each id of (txn_id, batch) is visible (any partitioning)."""
-        return collections.Counter(i for t in self.tx.values() if t.status == "committed"
-                                   and t.key[:2] == (txn_id, batch) for i in t.ids)
+        return collections.Counter(
+            i for t in self.tx.values() if t.status == "committed" and t.key[:2] == (txn_id, batch) for i in t.ids
+        )
 
     def visible_rows(self) -> int:
         return sum(t.rows for t in self.tx.values() if t.status == "committed")
@@ -217,8 +230,9 @@ class FakeRegistry:
         self.entries[e.xid] = e
         self._hit("register", "after")
 
-    def transition(self, xid: str, expected: Sequence[str], new: str,
-                   payload: Mapping[str, object] | None = None) -> bool:
+    def transition(
+        self, xid: str, expected: Sequence[str], new: str, payload: Mapping[str, object] | None = None
+    ) -> bool:
         self._hit("transition", "before")
         e = self.entries.get(xid)
         if e is None or e.state not in expected:
@@ -226,13 +240,13 @@ class FakeRegistry:
         next_state(e.state, new, xid=xid)  # the code under test must only ask legal moves
         merged = dict(e.payload)
         merged.update(payload or {})
-        self.entries[xid] = dataclasses.replace(e, state=new, payload=merged,
-                                                updated_ms=int(self.clock() * 1000))
+        self.entries[xid] = dataclasses.replace(e, state=new, payload=merged, updated_ms=int(self.clock() * 1000))
         self._hit("transition", "after")
         return True
 
-    def transition_many(self, xids: Sequence[str], expected: Sequence[str], new: str,
-                        payload: Mapping[str, object] | None = None) -> list[str]:
+    def transition_many(
+        self, xids: Sequence[str], expected: Sequence[str], new: str, payload: Mapping[str, object] | None = None
+    ) -> list[str]:
         """Atomic over all keys, as KeeperMap's strict multi-request is; faults around it."""
         self._hit("transition_many", "before")
         moved = []
@@ -243,8 +257,7 @@ class FakeRegistry:
             next_state(e.state, new, xid=xid)
             merged = dict(e.payload)
             merged.update(payload or {})
-            self.entries[xid] = dataclasses.replace(e, state=new, payload=merged,
-                                                    updated_ms=int(self.clock() * 1000))
+            self.entries[xid] = dataclasses.replace(e, state=new, payload=merged, updated_ms=int(self.clock() * 1000))
             moved.append(xid)
         self._hit("transition_many", "after")
         return moved
@@ -255,8 +268,10 @@ class FakeRegistry:
         return {**self.forgotten, **self.entries}
 
     def history(self, txn_id: str, batch: int) -> list[RegistryEntry]:
-        return sorted((e for e in self.everything.values() if e.txn_id == txn_id and e.batch == batch),
-                      key=lambda e: (e.partition, e.attempt, e.xid))
+        return sorted(
+            (e for e in self.everything.values() if e.txn_id == txn_id and e.batch == batch),
+            key=lambda e: (e.partition, e.attempt, e.xid),
+        )
 
     def forget(self, xids: Sequence[str]) -> None:
         """Drop finished entries (as the KeeperMap registry does); kept aside for the checks."""
@@ -277,8 +292,11 @@ class FakeRegistry:
 
     def list_open(self, older_than_s: float | None = None) -> list[RegistryEntry]:
         now_ms = self.clock() * 1000
-        return [e for e in self.entries.values() if not is_finished(e.state)
-                and (older_than_s is None or e.updated_ms <= now_ms - older_than_s * 1000)]
+        return [
+            e
+            for e in self.entries.values()
+            if not is_finished(e.state) and (older_than_s is None or e.updated_ms <= now_ms - older_than_s * 1000)
+        ]
 
 
 class FakeDecisionLog:
@@ -350,8 +368,7 @@ class World:
         kw.setdefault("retry", RetryPolicy(max_attempts=3, max_total_s=1.0, base_delay_s=0.0, max_delay_s=0.0))
         kw.setdefault("sleep", lambda s: None)
         kw.setdefault("xid_factory", self.next_xid)
-        return Coordinator(self.txn_id, TARGET, self.ch, self.registry, self.log,
-                           clock=lambda: self.now[0], **kw)
+        return Coordinator(self.txn_id, TARGET, self.ch, self.registry, self.log, clock=lambda: self.now[0], **kw)
 
     def keys_of(self, batch: int) -> dict[tuple[str, int, int], int]:
         return {k: n for k, n in self.ch.visible().items() if k[0] == self.txn_id and k[1] == batch}

@@ -29,13 +29,32 @@ PARTS = 3
 
 
 def msg(xid: str, partition: int, attempt: int = 0, batch: int = 0) -> Prepared:
-    return Prepared(xid=xid, txn_id="q1", batch=batch, partition=partition, attempt=attempt,
-                    mode=Mode.TRANSACTION, server="s", table="db.t", rows=1, checksum=0)
+    return Prepared(
+        xid=xid,
+        txn_id="q1",
+        batch=batch,
+        partition=partition,
+        attempt=attempt,
+        mode=Mode.TRANSACTION,
+        server="s",
+        table="db.t",
+        rows=1,
+        checksum=0,
+    )
 
 
 def entry(p: Prepared, state: TxState) -> RegistryEntry:
-    return RegistryEntry(xid=p.xid, txn_id=p.txn_id, batch=p.batch, partition=p.partition,
-                         attempt=p.attempt, mode=p.mode, server=p.server, table=p.table, state=state.value)
+    return RegistryEntry(
+        xid=p.xid,
+        txn_id=p.txn_id,
+        batch=p.batch,
+        partition=p.partition,
+        attempt=p.attempt,
+        mode=p.mode,
+        server=p.server,
+        table=p.table,
+        state=state.value,
+    )
 
 
 def prepare(c: Coordinator, partition: int, attempt: int, batch: int = 0) -> Prepared:
@@ -50,6 +69,7 @@ def assert_exactly_once(w: World, batch: int = 0, parts: int = PARTS) -> None:
 # pure plans
 # ----------------------------------------------------------------------------------------
 
+
 def test_a_new_plan_chooses_the_lowest_attempt_per_partition_and_must_be_written_first() -> None:
     ms = [msg("b", 0, 1), msg("a", 0, 1), msg("c", 0, 0), msg("d", 1, 2)]
     plan = plan_commit(None, ms, [entry(m, TxState.INITIALIZED) for m in ms], txn_id="q1", batch=0)
@@ -60,16 +80,16 @@ def test_a_new_plan_chooses_the_lowest_attempt_per_partition_and_must_be_written
 
 def test_a_new_plan_skips_messages_that_are_no_longer_initialized() -> None:
     ms = [msg("a", 0, 0), msg("b", 0, 1)]
-    plan = plan_commit(None, ms, [entry(ms[0], TxState.ABORTED), entry(ms[1], TxState.INITIALIZED)],
-                       txn_id="q1", batch=0)
+    plan = plan_commit(
+        None, ms, [entry(ms[0], TxState.ABORTED), entry(ms[1], TxState.INITIALIZED)], txn_id="q1", batch=0
+    )
     assert [p.xid for p in plan.decision.chosen] == ["b"]
 
 
 def test_a_partition_without_a_committable_message_refuses_the_batch_before_any_write() -> None:
     ms = [msg("a", 0), msg("b", 1)]
     with pytest.raises(NotCommittedError, match=r"partitions \[1\]"):
-        plan_commit(None, ms, [entry(ms[0], TxState.INITIALIZED), entry(ms[1], TxState.ABORTED)],
-                    txn_id="q1", batch=0)
+        plan_commit(None, ms, [entry(ms[0], TxState.INITIALIZED), entry(ms[1], TxState.ABORTED)], txn_id="q1", batch=0)
 
 
 def test_a_replay_plan_keeps_the_logged_decision_and_offers_same_partition_spares() -> None:
@@ -91,15 +111,20 @@ def test_a_done_batch_plans_no_commit() -> None:
 def test_the_rollback_plan_covers_zombies_and_spares_but_never_kept_or_finished_xids() -> None:
     ms = [msg("keep", 0), msg("dup", 0, 1)]
     zombie, gone, done = msg("zombie", 1, 3), msg("gone", 1, 2), msg("done", 2)
-    entries = [entry(ms[0], TxState.COMMITTING), entry(ms[1], TxState.INITIALIZED),
-               entry(zombie, TxState.INITIALIZED), entry(gone, TxState.ABORTED),
-               entry(done, TxState.COMMITTED)]
+    entries = [
+        entry(ms[0], TxState.COMMITTING),
+        entry(ms[1], TxState.INITIALIZED),
+        entry(zombie, TxState.INITIALIZED),
+        entry(gone, TxState.ABORTED),
+        entry(done, TxState.COMMITTED),
+    ]
     assert [p.xid for p in plan_rollback({"keep"}, ms, entries)] == ["dup", "zombie"]
 
 
 # ----------------------------------------------------------------------------------------
 # flows without faults
 # ----------------------------------------------------------------------------------------
+
 
 def test_commit_makes_each_partition_visible_once_and_rolls_back_duplicates_and_zombies() -> None:
     w = World()
@@ -331,6 +356,7 @@ def test_validate_delegates_to_the_mode_and_the_password_stays_out_of_reprs() ->
 # a fault at every step, then a restart and a replay
 # ----------------------------------------------------------------------------------------
 
+
 def _task(c: Coordinator, partition: int, attempt: int) -> Prepared:
     """A Spark task with retries: a failed or killed attempt is run again as a new attempt."""
     for a in range(attempt, attempt + 5):
@@ -393,7 +419,8 @@ def _count_steps() -> int:
 @pytest.mark.parametrize("recover", [False, True], ids=["replay", "recover-then-replay"])
 @pytest.mark.parametrize("kind", ["crash", "error", "kill"])
 def test_a_fault_at_every_step_then_a_replay_leaves_every_partition_visible_exactly_once(
-        kind: str, recover: bool) -> None:
+    kind: str, recover: bool
+) -> None:
     steps = _count_steps()
     assert steps > 50  # registry, ClickHouse and log calls of prepares and the commit
     outcomes: dict[str, int] = {}
@@ -417,6 +444,7 @@ def test_a_fault_at_every_step_then_a_replay_leaves_every_partition_visible_exac
 # ----------------------------------------------------------------------------------------
 # replays under another partitioning (a decided xid is dead, the slices differ)
 # ----------------------------------------------------------------------------------------
+
 
 def _sliced(c: Coordinator, parts: int, attempt: int, total: int = 12) -> list[Prepared]:
     """The same batch of ``total`` ids cut into ``parts`` partitions (id % parts)."""
@@ -447,18 +475,24 @@ def _partly_committed_then_restarted(w: World) -> list[Prepared]:
 
 
 def test_a_replay_plan_offers_only_spares_with_the_decided_rows_and_checksum() -> None:
-    decided = [dataclasses.replace(msg("a", 0), rows=4, checksum=7), dataclasses.replace(msg("b", 1), rows=4, checksum=8)]
+    decided = [
+        dataclasses.replace(msg("a", 0), rows=4, checksum=7),
+        dataclasses.replace(msg("b", 1), rows=4, checksum=8),
+    ]
     old = Decision("q1", 0, tuple(decided))
-    new = [dataclasses.replace(msg("c", 0, 5), rows=4, checksum=7),   # the same slice
-           dataclasses.replace(msg("d", 1, 5), rows=3, checksum=8),   # another slice, same number
-           dataclasses.replace(msg("e", 1, 6), rows=4, checksum=9)]
+    new = [
+        dataclasses.replace(msg("c", 0, 5), rows=4, checksum=7),  # the same slice
+        dataclasses.replace(msg("d", 1, 5), rows=3, checksum=8),  # another slice, same number
+        dataclasses.replace(msg("e", 1, 6), rows=4, checksum=9),
+    ]
     plan = plan_commit(old, new, [entry(m, TxState.INITIALIZED) for m in new], txn_id="q1", batch=0)
     assert {k: [p.xid for p in v] for k, v in plan.spares.items()} == {0: ["c"], 1: []}
 
 
 @pytest.mark.parametrize("parts", [2, 5])
 def test_a_replay_under_another_partitioning_after_a_partial_commit_is_refused_and_heals_with_the_original(
-        parts: int) -> None:
+    parts: int,
+) -> None:
     w = World()
     first = _partly_committed_then_restarted(w)
     c = w.coordinator()
@@ -506,6 +540,7 @@ def test_a_replay_whose_decided_xids_all_live_commits_them_and_rolls_back_other_
 # sessions checked before the decision; in-doubt and busy sessions
 # ----------------------------------------------------------------------------------------
 
+
 def test_a_session_dead_before_the_decision_rolls_back_the_whole_batch_and_commits_nothing() -> None:
     w = World()
     c = w.coordinator()
@@ -543,14 +578,21 @@ def test_an_in_doubt_commit_names_the_visible_partitions_and_the_recover_command
         if p.partition == 2:
             raise OutcomeUnknownError("UNKNOWN_STATUS_OF_TRANSACTION", xid=p.xid)
         real_commit(target, p)
+
     w.ch.commit = commit  # type: ignore[method-assign]
-    w.ch.lookup = lambda target, p: (CommitOutcome.COMMITTED  # type: ignore[method-assign]
-                                     if w.ch.tx[p.xid].status == "committed" else CommitOutcome.PENDING)
+    w.ch.lookup = lambda target, p: (
+        CommitOutcome.COMMITTED  # type: ignore[method-assign]
+        if w.ch.tx[p.xid].status == "committed"
+        else CommitOutcome.PENDING
+    )
     with pytest.raises(OutcomeUnknownError) as info:
         w.coordinator().commit_batch(0, ms)
     text = str(info.value)
     assert "partitions [2] are in doubt" in text and "partitions [0, 1] are committed and visible" in text
-    assert "python -m clickhouse_tx recover --url http://fake:8123 --table db.events --mode transaction --txn-id q1" in text
+    assert (
+        "python -m clickhouse_tx recover --url http://fake:8123 --table db.events --mode transaction --txn-id q1"
+        in text
+    )
     assert "s3cret" not in text and not w.log.read(0).done
 
 
@@ -565,6 +607,7 @@ def test_abort_and_commit_never_raise_when_a_straggler_holds_its_session() -> No
         if p.xid == straggler.xid:
             raise OutcomeUnknownError("session busy; roll back again later", xid=p.xid, code=373)
         real_rollback(target, p)
+
     w.ch.rollback = rollback  # type: ignore[method-assign]
     report = w.coordinator().abort_batch(0, ms + [straggler])
     assert report.left == (straggler.xid,) and set(report.rolled_back) == {m.xid for m in ms}

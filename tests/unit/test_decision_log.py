@@ -159,7 +159,8 @@ def _counted_read(tmp_path: pathlib.Path, batch: int) -> tuple[Decision | None, 
 
 
 def test_reading_a_batch_decision_costs_the_same_few_filesystem_calls_for_10_or_600_batches(
-        tmp_path: pathlib.Path) -> None:
+    tmp_path: pathlib.Path,
+) -> None:
     log = FileDecisionLog(str(tmp_path), "q", compact_every=10_000)
     costs = []
     for upto in (10, 600):
@@ -228,7 +229,8 @@ def _no_hard_links(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_where_hard_links_fail_a_publish_still_refuses_a_second_writer(
-        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tried = _no_hard_links(monkeypatch)
     log = FileDecisionLog(str(tmp_path), "q")
     log.write(decision(1, xids=("a",)))
@@ -241,7 +243,8 @@ def test_where_hard_links_fail_a_publish_still_refuses_a_second_writer(
 
 
 def test_where_hard_links_fail_of_racing_writers_exactly_one_wins(
-        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _no_hard_links(monkeypatch)
     winners = race(lambda: FileDecisionLog(str(tmp_path), "q"))
     assert len(winners) == 1
@@ -266,7 +269,8 @@ def test_an_object_store_log_without_an_arbiter_refuses_to_write_and_says_why(tm
 
 
 def test_a_coordinator_over_a_compacting_log_replays_the_newest_and_a_compacted_batch_as_done(
-        tmp_path: pathlib.Path) -> None:
+    tmp_path: pathlib.Path,
+) -> None:
     from clickhouse_tx.interfaces import WriteContext
     from tests.unit.fakes import World, arrow_batches
 

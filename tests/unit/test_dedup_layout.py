@@ -7,14 +7,27 @@ import pytest
 from clickhouse_tx.interfaces import Mode, Prepared
 from clickhouse_tx.modes.dedup_layout import DedupLayoutError, barrier, check_messages, check_partition, layout_of
 
-SEALED = {0: {"first": "10:a", "rows": 10, "checksum": 1}, 1: {"first": "10:b", "rows": 10, "checksum": 2},
-          2: {"first": "", "rows": 0, "checksum": 0}}
+SEALED = {
+    0: {"first": "10:a", "rows": 10, "checksum": 1},
+    1: {"first": "10:b", "rows": 10, "checksum": 2},
+    2: {"first": "", "rows": 0, "checksum": 0},
+}
 
 
 def msg(partition: int, first: str, rows: int, checksum: int, attempt: int = 0, **details: object) -> Prepared:
-    return Prepared(xid=f"x{partition}-{attempt}", txn_id="t", batch=4, partition=partition, attempt=attempt,
-                    mode=Mode.DEDUP, server="s", table="d.t", rows=rows, checksum=checksum,
-                    details={"first_chunk": first, **details})
+    return Prepared(
+        xid=f"x{partition}-{attempt}",
+        txn_id="t",
+        batch=4,
+        partition=partition,
+        attempt=attempt,
+        mode=Mode.DEDUP,
+        server="s",
+        table="d.t",
+        rows=rows,
+        checksum=checksum,
+        details={"first_chunk": first, **details},
+    )
 
 
 def test_a_partition_with_the_sealed_first_chunk_or_its_own_claim_passes() -> None:
@@ -23,10 +36,13 @@ def test_a_partition_with_the_sealed_first_chunk_or_its_own_claim_passes() -> No
     check_partition("t", 4, 7, "10:z", None, None)
 
 
-@pytest.mark.parametrize("partition, first, held", [
-    (0, "10:x", "began with other rows"), (2, "10:c", "was empty"), (3, "10:c", "does not exist")])
+@pytest.mark.parametrize(
+    "partition, first, held",
+    [(0, "10:x", "began with other rows"), (2, "10:c", "was empty"), (3, "10:c", "does not exist")],
+)
 def test_a_partition_the_seal_does_not_hold_is_refused_naming_both_layouts(
-        partition: int, first: str, held: str) -> None:
+    partition: int, first: str, held: str
+) -> None:
     with pytest.raises(DedupLayoutError) as info:
         check_partition("t", 4, partition, first, SEALED, None)
     text = str(info.value)
@@ -40,8 +56,9 @@ def test_a_claim_with_another_first_chunk_is_refused() -> None:
 
 
 def test_the_layout_of_messages_takes_the_lowest_attempt_and_marks_committed_partitions() -> None:
-    layout = layout_of([msg(1, "10:b", 10, 2, attempt=1), msg(1, "10:b", 10, 2, attempt=0),
-                        msg(0, "", 0, 0, committed_by="x")])
+    layout = layout_of(
+        [msg(1, "10:b", 10, 2, attempt=1), msg(1, "10:b", 10, 2, attempt=0), msg(0, "", 0, 0, committed_by="x")]
+    )
     assert layout == {0: {"committed": "x"}, 1: {"first": "10:b", "rows": 10, "checksum": 2}}
 
 
@@ -49,9 +66,11 @@ def test_messages_matching_the_seal_pass_and_any_difference_is_refused() -> None
     same = layout_of([msg(0, "10:a", 10, 1), msg(1, "10:b", 10, 2), msg(2, "", 0, 0)])
     check_messages("t", 4, same, SEALED, {})
     check_messages("t", 4, {**same, 0: {"committed": "x"}}, SEALED, {})
-    for now in ({**same, 1: {"first": "10:b", "rows": 11, "checksum": 2}},  # a longer tail
-                {0: same[0], 2: same[2]},  # partition 1 missing
-                {**same, 3: {"first": "1:q", "rows": 1, "checksum": 5}}):  # a new partition
+    for now in (
+        {**same, 1: {"first": "10:b", "rows": 11, "checksum": 2}},  # a longer tail
+        {0: same[0], 2: same[2]},  # partition 1 missing
+        {**same, 3: {"first": "1:q", "rows": 1, "checksum": 5}},
+    ):  # a new partition
         with pytest.raises(DedupLayoutError, match="the batch is not committed|The batch is not committed"):
             check_messages("t", 4, now, SEALED, {})
 

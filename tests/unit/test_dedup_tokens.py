@@ -8,8 +8,12 @@ from clickhouse_tx.modes.dedup import Rechunker, chunk_digest
 
 
 def table(n: int, start: int = 0, nulls: bool = False) -> pa.Table:
-    return pa.table({"id": pa.array(range(start, start + n), pa.uint64()),
-                     "s": pa.array([None if nulls and i % 3 == 0 else f"v{i}" for i in range(start, start + n)])})
+    return pa.table(
+        {
+            "id": pa.array(range(start, start + n), pa.uint64()),
+            "s": pa.array([None if nulls and i % 3 == 0 else f"v{i}" for i in range(start, start + n)]),
+        }
+    )
 
 
 def digests(t: pa.Table, batch_rows: int, chunk_rows: int) -> list[str]:

@@ -26,7 +26,8 @@ def test_the_test_suite_runs_with_the_fault_hooks_enabled() -> None:
 
 
 def test_a_fault_step_option_is_refused_on_the_driver_without_the_test_environment_variable(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv(TEST_FAULTS_ENV)
     with pytest.raises(ConfigurationError) as e:
         WriterOptions.parse({**BASE, **KILL}, streaming=False)
@@ -52,8 +53,7 @@ def test_options_without_fault_hooks_need_no_environment_variable(monkeypatch: p
     assert WriterOptions.parse(BASE, streaming=False).faults == {}
 
 
-def test_a_fault_plan_built_on_an_executor_without_the_variable_is_refused_too(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fault_plan_built_on_an_executor_without_the_variable_is_refused_too(monkeypatch: pytest.MonkeyPatch) -> None:
     # Options are pickled to executors: a plan parsed there is checked again.
     monkeypatch.delenv(TEST_FAULTS_ENV)
     with pytest.raises(ConfigurationError, match=TEST_FAULTS_ENV):
@@ -69,14 +69,23 @@ def test_a_process_started_without_the_variable_refuses_a_writer_with_fault_opti
     # What a production driver sees: a fresh interpreter whose environment lacks it.
     env = {k: v for k, v in os.environ.items() if k != TEST_FAULTS_ENV}
     env["PYTHONPATH"] = str(ROOT)
-    code = ("import json, sys\n"
-            "from spark_datasource.writer_options import WriterOptions\n"
-            "try:\n"
-            "    WriterOptions.parse(json.loads(sys.argv[1]), streaming=False)\n"
-            "except Exception as e:\n"
-            "    print(type(e).__name__, e)\n"
-            "else:\n"
-            "    print('accepted')\n")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps({**BASE, **KILL})], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    code = (
+        "import json, sys\n"
+        "from spark_datasource.writer_options import WriterOptions\n"
+        "try:\n"
+        "    WriterOptions.parse(json.loads(sys.argv[1]), streaming=False)\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+        "else:\n"
+        "    print('accepted')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps({**BASE, **KILL})],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert out.startswith("ConfigurationError") and TEST_FAULTS_ENV in out, out

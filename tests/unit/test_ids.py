@@ -63,23 +63,41 @@ def test_the_earlier_default_id_hashed_the_spelling_and_the_query_name() -> None
     assert legacy_txn_id(None, "/chk/a").startswith("chk-")
     assert legacy_txn_id("bad name/1", "/chk/a").startswith("bad_name_1-")
     # the bug it leaves behind: one checkpoint, three ids
-    assert len({legacy_txn_id(None, "/chk/a"), legacy_txn_id(None, "/chk/a/"),
-                legacy_txn_id("q", "/chk/a")}) == 3
+    assert len({legacy_txn_id(None, "/chk/a"), legacy_txn_id(None, "/chk/a/"), legacy_txn_id("q", "/chk/a")}) == 3
 
 
 # ------------------------------------------------------------------ one spelling per checkpoint
 
-@pytest.mark.parametrize("raw", ["/chk/x", "/chk/x/", "//chk//x", "../chk/x", "./../chk/x/", "../w/../chk/x",
-                                 "file:/chk/x", "file:///chk/x", "file:///chk/x/",
-                                 "file://localhost/chk/x", "FILE:/chk/./x"])
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "/chk/x",
+        "/chk/x/",
+        "//chk//x",
+        "../chk/x",
+        "./../chk/x/",
+        "../w/../chk/x",
+        "file:/chk/x",
+        "file:///chk/x",
+        "file:///chk/x/",
+        "file://localhost/chk/x",
+        "FILE:/chk/./x",
+    ],
+)
 def test_every_spelling_of_a_local_checkpoint_is_one_absolute_path(raw: str) -> None:
     assert canonical_location(raw, "/w") == "/chk/x"  # relative ones from /w
 
 
-@pytest.mark.parametrize("raw,expected", [
-    ("s3a://bucket/chk/x/", "s3://bucket/chk/x"), ("S3://bucket//chk/x", "s3://bucket/chk/x"),
-    ("hdfs://nn:8020/chk/x/", "hdfs://nn:8020/chk/x"), ("gs://b/c", "gs://b/c"),
-])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("s3a://bucket/chk/x/", "s3://bucket/chk/x"),
+        ("S3://bucket//chk/x", "s3://bucket/chk/x"),
+        ("hdfs://nn:8020/chk/x/", "hdfs://nn:8020/chk/x"),
+        ("gs://b/c", "gs://b/c"),
+    ],
+)
 def test_a_remote_checkpoint_keeps_scheme_and_authority_with_one_path_spelling(raw: str, expected: str) -> None:
     assert canonical_location(raw, "/anywhere") == expected
 
@@ -96,8 +114,7 @@ QID = "428ab10a-d7f3-4ae3-8ebe-651c8978a8c3"
 
 
 def choose(**kw):
-    args = dict(explicit=None, stored=None, spark_query_id=QID, legacy_dirs=(), legacy_id="chk-1",
-                where="/chk/x")
+    args = dict(explicit=None, stored=None, spark_query_id=QID, legacy_dirs=(), legacy_id="chk-1", where="/chk/x")
     return choose_stream_txn_id(**{**args, **kw})
 
 

@@ -17,14 +17,16 @@ from clickhouse_tx.schema import Column, TableInfo, check_schema
 
 
 def _table(n: int = 1000) -> pa.Table:
-    return pa.table({
-        "id": pa.array(range(n), pa.uint64()),
-        "s": pa.array([f"v{i}" for i in range(n)]),
-        "f": pa.array([i / 3 for i in range(n)]),
-        "ts": pa.array([datetime.datetime(2024, 1, 1, 0, 0, i % 60) for i in range(n)], pa.timestamp("us")),
-        "l": pa.array([[i, i] for i in range(n)]),
-        "n": pa.array([None if i % 7 else i for i in range(n)], pa.int32()),
-    })
+    return pa.table(
+        {
+            "id": pa.array(range(n), pa.uint64()),
+            "s": pa.array([f"v{i}" for i in range(n)]),
+            "f": pa.array([i / 3 for i in range(n)]),
+            "ts": pa.array([datetime.datetime(2024, 1, 1, 0, 0, i % 60) for i in range(n)], pa.timestamp("us")),
+            "l": pa.array([[i, i] for i in range(n)]),
+            "n": pa.array([None if i % 7 else i for i in range(n)], pa.int32()),
+        }
+    )
 
 
 def test_checksum_does_not_depend_on_how_rows_are_split_into_batches() -> None:
@@ -40,7 +42,7 @@ def test_checksum_changes_when_a_row_is_lost_or_duplicated() -> None:
 
 
 def test_checksum_fits_a_signed_64_bit_column() -> None:
-    assert 0 <= arrow_checksum(_table().to_batches()) < 2 ** 63
+    assert 0 <= arrow_checksum(_table().to_batches()) < 2**63
 
 
 @pytest.mark.parametrize("sizes", [[10], [3, 3, 4], [1] * 10, [7, 0, 3]])
@@ -66,8 +68,15 @@ def test_dedup_token_names_txn_batch_partition_and_content_but_not_the_attempt_o
 
 
 def _info(engine: str = "MergeTree") -> TableInfo:
-    return TableInfo("db", "events", engine, (Column("id", "UInt64"), Column("s", "String"),
-                                              Column("m", "UInt64", "MATERIALIZED")), "", 0, 0)
+    return TableInfo(
+        "db",
+        "events",
+        engine,
+        (Column("id", "UInt64"), Column("s", "String"), Column("m", "UInt64", "MATERIALIZED")),
+        "",
+        0,
+        0,
+    )
 
 
 def test_check_schema_names_a_column_the_table_lacks() -> None:

@@ -16,8 +16,9 @@ def test_building_the_overwrite_writer_runs_no_ddl_and_it_pickles_with_its_stage
     # Port 9 (discard) has no ClickHouse: any query from the constructor would fail.
     opts = WriterOptions.parse({"url": "http://127.0.0.1:9", "table": "db.t"}, streaming=False)
     stage_opts = dataclasses.replace(opts, table="_ctx_ow_job_abc")
-    stage = OverwriteStage(options=stage_opts, txn_id=opts.txn_id(), name="_ctx_ow_job_abc",
-                           swap="exchange", conversion=None)  # type: ignore[arg-type]
+    stage = OverwriteStage(
+        options=stage_opts, txn_id=opts.txn_id(), name="_ctx_ow_job_abc", swap="exchange", conversion=None
+    )  # type: ignore[arg-type]
     w = OverwriteWriter(opts, StructType([StructField("id", LongType())]), stage)
     back = pickle.loads(pickle.dumps(w))
     assert (back.stage, back.swap, back.txn_id) == ("_ctx_ow_job_abc", "exchange", opts.txn_id())

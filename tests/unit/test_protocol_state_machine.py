@@ -27,8 +27,15 @@ from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 from tests.unit.fakes import TARGET, Crash, World
 
 #: schedules (hypothesis examples) run in this process; reported by tests/unit/conftest.py
-SCHEDULES = {"started": 0, "finished": 0, "steps": 0, "crashes": 0, "commits_ok": 0,
-             "repartitioned_commits_ok": 0, "refused_replays": 0}
+SCHEDULES = {
+    "started": 0,
+    "finished": 0,
+    "steps": 0,
+    "crashes": 0,
+    "commits_ok": 0,
+    "repartitioned_commits_ok": 0,
+    "refused_replays": 0,
+}
 
 PARTITIONS = {0: 2, 1: 3, 2: 1}  # the first run's partition count per batch
 ROWS = {0: 6, 1: 9, 2: 4}  # row ids 0..ROWS[b]-1 make up batch b
@@ -59,8 +66,13 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _prepare(self, b: int, p: int, parts: int | None = None):
         n = parts or self.layout[b]
         ids = [i for i in range(ROWS[b]) if i % n == p]
-        data = iter([pa.RecordBatch.from_pydict({"id": ids, "tag": [0] * len(ids)},
-                                                schema=pa.schema([("id", pa.int64()), ("tag", pa.int64())]))])
+        data = iter(
+            [
+                pa.RecordBatch.from_pydict(
+                    {"id": ids, "tag": [0] * len(ids)}, schema=pa.schema([("id", pa.int64()), ("tag", pa.int64())])
+                )
+            ]
+        )
         return self._coord().prepare(WriteContext("q1", b, p, next(self.attempts)), data)
 
     @rule(b=BATCHES, n=st.integers(1, 4))
@@ -194,14 +206,23 @@ MAX_EXAMPLES = 600
 
 def test_random_schedules_of_crashes_and_replays_keep_every_partition_exactly_once_or_absent() -> None:
     before = SCHEDULES["finished"]
-    run_state_machine_as_test(ProtocolMachine, settings=settings(
-        max_examples=MAX_EXAMPLES, stateful_step_count=30, deadline=None, derandomize=False,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+    run_state_machine_as_test(
+        ProtocolMachine,
+        settings=settings(
+            max_examples=MAX_EXAMPLES,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=False,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
     ran = SCHEDULES["finished"] - before
-    print(f"protocol schedules run: {ran}, rule steps: {SCHEDULES['steps']}, "
-          f"successful commits: {SCHEDULES['commits_ok']} ({SCHEDULES['repartitioned_commits_ok']} "
-          f"under another partitioning), refused replays: {SCHEDULES['refused_replays']}, "
-          f"driver crashes: {SCHEDULES['crashes']}")
+    print(
+        f"protocol schedules run: {ran}, rule steps: {SCHEDULES['steps']}, "
+        f"successful commits: {SCHEDULES['commits_ok']} ({SCHEDULES['repartitioned_commits_ok']} "
+        f"under another partitioning), refused replays: {SCHEDULES['refused_replays']}, "
+        f"driver crashes: {SCHEDULES['crashes']}"
+    )
     assert ran >= MAX_EXAMPLES
     assert SCHEDULES["commits_ok"] > 0 and SCHEDULES["crashes"] > 0
     assert SCHEDULES["repartitioned_commits_ok"] > 0

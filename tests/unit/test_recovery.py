@@ -88,10 +88,13 @@ def test_gc_filters_by_txn_id() -> None:
     w = World()
     m = prepare(w, 0)
     w.now[0] += 600
-    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"other"},
-                    overwrite_stages=False).rolled_back == ()
-    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"q1"},
-                    overwrite_stages=False).rolled_back == (m.xid,)
+    assert (
+        gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"other"}, overwrite_stages=False).rolled_back
+        == ()
+    )
+    assert gc_stale(
+        TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"q1"}, overwrite_stages=False
+    ).rolled_back == (m.xid,)
 
 
 def test_status_counts_open_xids_and_names_the_in_doubt_ones() -> None:
@@ -124,6 +127,8 @@ def test_recovery_and_gc_act_only_on_the_queries_they_are_given() -> None:
     w.now[0] += 600
     report = resolve_in_doubt(TARGET, w.ch, w.registry, lambda t: w.log, txn_ids={"other"})
     assert (report.committed, report.rolled_back, report.skipped) == ((), (), ())
-    assert gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"other"},
-                    overwrite_stages=False).rolled_back == ()
+    assert (
+        gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, 300, txn_ids={"other"}, overwrite_stages=False).rolled_back
+        == ()
+    )
     assert states(w) == {m.xid: "committing", stale.xid: "initialized"}

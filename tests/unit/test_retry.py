@@ -31,6 +31,7 @@ def failing(n: int, exc: Exception):
         if len(calls) <= n:
             raise exc
         return "ok"
+
     return fn, calls
 
 
@@ -84,8 +85,7 @@ def test_definite_non_transient_errors_are_not_retried() -> None:
 
 def test_idempotent_calls_may_opt_in_to_retrying_unknown_outcomes() -> None:
     fn, calls = failing(2, OutcomeUnknownError("reply lost"))
-    assert retry_call(fn, RetryPolicy(max_attempts=5), retry_on=is_transient_or_unknown,
-                      sleep=lambda s: None) == "ok"
+    assert retry_call(fn, RetryPolicy(max_attempts=5), retry_on=is_transient_or_unknown, sleep=lambda s: None) == "ok"
     assert len(calls) == 3
 
 

@@ -6,8 +6,23 @@ import pytest
 
 from clickhouse_tx import sql as q
 
-HOSTILE = ["plain", "with space", "a.b", "back`tick", "``", "back\\slash", "tail\\", "quote'd",
-           'dq"x', "semi;DROP TABLE x", "new\nline", "tab\tx", "nul\0x", "ünï😀", "SELECT"]
+HOSTILE = [
+    "plain",
+    "with space",
+    "a.b",
+    "back`tick",
+    "``",
+    "back\\slash",
+    "tail\\",
+    "quote'd",
+    'dq"x',
+    "semi;DROP TABLE x",
+    "new\nline",
+    "tab\tx",
+    "nul\0x",
+    "ünï😀",
+    "SELECT",
+]
 
 
 @pytest.mark.parametrize("name", HOSTILE)

@@ -10,8 +10,7 @@ def _progress(rows: int, trigger_ms: float, add_ms: float) -> dict:
 
 
 def test_the_batch_split_leaves_out_the_first_batch_and_batches_without_rows() -> None:
-    prog = [_progress(100, 5000, 4000), _progress(100, 1000, 800), _progress(0, 50, 0),
-            _progress(300, 1000, 600)]
+    prog = [_progress(100, 5000, 4000), _progress(100, 1000, 800), _progress(0, 50, 0), _progress(300, 1000, 600)]
     s = batch_split(prog)
     assert s["batches"] == 2 and s["rows"] == 400
     assert s["rows_per_s"] == 200.0  # 400 rows over 2 s of triggerExecution
@@ -21,12 +20,18 @@ def test_the_batch_split_leaves_out_the_first_batch_and_batches_without_rows() -
 
 
 def test_ratios_compare_within_one_run_and_leave_out_what_was_not_measured() -> None:
-    doc = {"batch_noop": {"rows_per_s": 1000.0},
-           "available_now": [{"sink": "noop", "rows_per_s": 850.0},
-                             {"sink": "none", "rows_per_s": 700.0},
-                             {"sink": "transaction", "rows_per_s": 665.0}],
-           "triggers": [{"mode": "none", "trigger_s": 1.0, "processing_rps": 500.0},
-                        {"mode": "transaction", "trigger_s": 1.0, "processing_rps": 400.0}]}
+    doc = {
+        "batch_noop": {"rows_per_s": 1000.0},
+        "available_now": [
+            {"sink": "noop", "rows_per_s": 850.0},
+            {"sink": "none", "rows_per_s": 700.0},
+            {"sink": "transaction", "rows_per_s": 665.0},
+        ],
+        "triggers": [
+            {"mode": "none", "trigger_s": 1.0, "processing_rps": 500.0},
+            {"mode": "transaction", "trigger_s": 1.0, "processing_rps": 400.0},
+        ],
+    }
     r = ratios(doc)
     assert r["stream_noop/batch_noop"] == 0.85
     assert r["stream_transaction/batch_noop"] == 0.665

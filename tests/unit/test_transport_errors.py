@@ -34,29 +34,67 @@ def reply(status: int, body: str, header: str | None = None) -> Exception:
     return error_from_reply(status, header, body, what="SELECT 1", xid="x1")
 
 
-@pytest.mark.parametrize("status,body,header,expected", [
-    (503, "Service Unavailable", None, ServerBusyError),
-    (429, "Too Many Requests", None, ServerBusyError),
-    (500, ("Code: 202. DB::Exception: Too many simultaneous queries for user default. Current: 1, "
-           "maximum: 1. (TOO_MANY_SIMULTANEOUS_QUERIES)"), "202", ServerBusyError),
-    (500, "Code: 373. DB::Exception: Session is locked by a concurrent client. (SESSION_IS_LOCKED)",
-     "373", ServerBusyError),
-    (500, ("Code: 999. DB::Exception: All connection tries failed while connecting to ZooKeeper. "
-           "nodes: 127.0.0.1:2181, Connection loss. (KEEPER_EXCEPTION)"), "999", ServerBusyError),
-    (500, "Code: 999. DB::Exception: Coordination::Exception: Connection loss, path /x. (KEEPER_EXCEPTION)",
-     "999", ServerOutcomeUnknownError),
-    (500, "Code: 999. DB::Exception: Session expired. (KEEPER_EXCEPTION)", "999", ServerOutcomeUnknownError),
-    (500, "Code: 999. DB::Exception: Operation timeout, path /x. (KEEPER_EXCEPTION)", "999",
-     ServerOutcomeUnknownError),
-    (500, "Code: 999. DB::Exception: Transaction failed (Bad version): Op #0, path: /k. (KEEPER_EXCEPTION)",
-     "999", ServerError),
-    (404, "Code: 60. DB::Exception: Unknown table expression identifier 't'. (UNKNOWN_TABLE)", "60", ServerError),
-    (503, "Code: 209. DB::Exception: Timeout exceeded while reading from socket. (SOCKET_TIMEOUT)", "209",
-     ServerError),
-    (200, "Code: 159. DB::Exception: Timeout exceeded. (TIMEOUT_EXCEEDED)", "159", ServerError),
-])
-def test_each_reply_maps_to_one_error_class_with_its_outcome_certainty(status: int, body: str, header: str | None,
-                                                                       expected: type) -> None:
+@pytest.mark.parametrize(
+    "status,body,header,expected",
+    [
+        (503, "Service Unavailable", None, ServerBusyError),
+        (429, "Too Many Requests", None, ServerBusyError),
+        (
+            500,
+            (
+                "Code: 202. DB::Exception: Too many simultaneous queries for user default. Current: 1, "
+                "maximum: 1. (TOO_MANY_SIMULTANEOUS_QUERIES)"
+            ),
+            "202",
+            ServerBusyError,
+        ),
+        (
+            500,
+            "Code: 373. DB::Exception: Session is locked by a concurrent client. (SESSION_IS_LOCKED)",
+            "373",
+            ServerBusyError,
+        ),
+        (
+            500,
+            (
+                "Code: 999. DB::Exception: All connection tries failed while connecting to ZooKeeper. "
+                "nodes: 127.0.0.1:2181, Connection loss. (KEEPER_EXCEPTION)"
+            ),
+            "999",
+            ServerBusyError,
+        ),
+        (
+            500,
+            "Code: 999. DB::Exception: Coordination::Exception: Connection loss, path /x. (KEEPER_EXCEPTION)",
+            "999",
+            ServerOutcomeUnknownError,
+        ),
+        (500, "Code: 999. DB::Exception: Session expired. (KEEPER_EXCEPTION)", "999", ServerOutcomeUnknownError),
+        (
+            500,
+            "Code: 999. DB::Exception: Operation timeout, path /x. (KEEPER_EXCEPTION)",
+            "999",
+            ServerOutcomeUnknownError,
+        ),
+        (
+            500,
+            "Code: 999. DB::Exception: Transaction failed (Bad version): Op #0, path: /k. (KEEPER_EXCEPTION)",
+            "999",
+            ServerError,
+        ),
+        (404, "Code: 60. DB::Exception: Unknown table expression identifier 't'. (UNKNOWN_TABLE)", "60", ServerError),
+        (
+            503,
+            "Code: 209. DB::Exception: Timeout exceeded while reading from socket. (SOCKET_TIMEOUT)",
+            "209",
+            ServerError,
+        ),
+        (200, "Code: 159. DB::Exception: Timeout exceeded. (TIMEOUT_EXCEEDED)", "159", ServerError),
+    ],
+)
+def test_each_reply_maps_to_one_error_class_with_its_outcome_certainty(
+    status: int, body: str, header: str | None, expected: type
+) -> None:
     err = reply(status, body, header)
     assert type(err) is expected
     assert isinstance(err, ServerError) and err.xid == "x1"
@@ -80,14 +118,17 @@ def test_a_busy_reply_without_an_exception_says_it_was_not_run() -> None:
     assert "HTTP 503" in str(err) and "not run" in str(err)
 
 
-@pytest.mark.parametrize("text,kind", [
-    ("Transaction failed (Bad version): Op #0, path: /a", KeeperError.BAD_VERSION),
-    ("Transaction failed (Node exists): Op #0, path: /a", KeeperError.NODE_EXISTS),
-    ("Coordination::Exception: No node, path /a", KeeperError.NO_NODE),
-    ("Connection loss, path /a", KeeperError.CONNECTION_LOSS),
-    ("All connection tries failed while connecting to ZooKeeper (Connection loss)", KeeperError.NOT_CONNECTED),
-    ("Session expired", KeeperError.SESSION_EXPIRED),
-])
+@pytest.mark.parametrize(
+    "text,kind",
+    [
+        ("Transaction failed (Bad version): Op #0, path: /a", KeeperError.BAD_VERSION),
+        ("Transaction failed (Node exists): Op #0, path: /a", KeeperError.NODE_EXISTS),
+        ("Coordination::Exception: No node, path /a", KeeperError.NO_NODE),
+        ("Connection loss, path /a", KeeperError.CONNECTION_LOSS),
+        ("All connection tries failed while connecting to ZooKeeper (Connection loss)", KeeperError.NOT_CONNECTED),
+        ("Session expired", KeeperError.SESSION_EXPIRED),
+    ],
+)
 def test_keeper_errors_are_told_apart_only_for_the_keeper_exception_code(text: str, kind: KeeperError) -> None:
     assert keeper_error(999, text) is kind
     assert keeper_error(60, text) is None
@@ -97,7 +138,10 @@ def test_keeper_errors_are_told_apart_only_for_the_keeper_exception_code(text: s
 
 def test_parse_splits_code_message_and_name_of_a_reply() -> None:
     assert parse_clickhouse_error("Code: 60. DB::Exception: no table t. (UNKNOWN_TABLE) (version 26.9.1)\n") == (
-        60, "UNKNOWN_TABLE", "no table t.")
+        60,
+        "UNKNOWN_TABLE",
+        "no table t.",
+    )
     assert parse_clickhouse_error("Bad Gateway") == (None, None, "Bad Gateway")
 
 
@@ -105,24 +149,29 @@ def _connection_error(cause: BaseException) -> requests.exceptions.ConnectionErr
     return requests.exceptions.ConnectionError(u3.MaxRetryError(None, "/", cause))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("exc,expected", [
-    (_connection_error(u3.NewConnectionError(None, "Connection refused")), RequestNotSentError),
-    (requests.exceptions.ConnectTimeout("connect timeout"), RequestNotSentError),
-    (_connection_error(u3.ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))),
-     ReplyLostError),
-    (requests.exceptions.ReadTimeout("read timeout"), ReplyLostError),
-    (requests.exceptions.ChunkedEncodingError("cut"), ReplyLostError),
-])
+@pytest.mark.parametrize(
+    "exc,expected",
+    [
+        (_connection_error(u3.NewConnectionError(None, "Connection refused")), RequestNotSentError),
+        (requests.exceptions.ConnectTimeout("connect timeout"), RequestNotSentError),
+        (
+            _connection_error(u3.ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))),
+            ReplyLostError,
+        ),
+        (requests.exceptions.ReadTimeout("read timeout"), ReplyLostError),
+        (requests.exceptions.ChunkedEncodingError("cut"), ReplyLostError),
+    ],
+)
 def test_only_a_failure_while_connecting_is_not_sent_everything_later_is_a_lost_reply(
-        exc: requests.RequestException, expected: type) -> None:
+    exc: requests.RequestException, expected: type
+) -> None:
     err = error_from_connection(exc, what="COMMIT", server="http://h:8123/", request_timeout_s=5, xid="x1")
     assert type(err) is expected and err.xid == "x1"
     assert "http://h:8123/" in str(err)
     assert is_transient(err) == (expected is RequestNotSentError)
 
 
-def test_a_coordinator_retry_is_logged_with_the_step_attempt_limit_and_error(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_coordinator_retry_is_logged_with_the_step_attempt_limit_and_error(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
     from tests.unit.fakes import World
@@ -139,5 +188,10 @@ def test_a_coordinator_retry_is_logged_with_the_step_attempt_limit_and_error(
     with caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"):
         assert ops.call(lambda: flaky()) == "ok"
     (msg,) = [r.getMessage() for r in caplog.records]
-    assert msg.startswith("test_a_coordinator_retry_is_logged_with_the_step_attempt_limit_and_error failed "
-                          "(attempt 1 of 3)") and "RequestNotSentError" in msg and "http://h:8123/" in msg
+    assert (
+        msg.startswith(
+            "test_a_coordinator_retry_is_logged_with_the_step_attempt_limit_and_error failed (attempt 1 of 3)"
+        )
+        and "RequestNotSentError" in msg
+        and "http://h:8123/" in msg
+    )

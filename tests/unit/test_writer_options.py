@@ -30,8 +30,7 @@ def error_of(options: dict, streaming: bool = False) -> str:
 
 def test_defaults_for_a_batch_write_with_only_url_and_table():
     o = parse()
-    assert (o.url, o.database, o.table, o.user, o.password) == (
-        "http://127.0.0.1:8123", "db", "events", "default", "")
+    assert (o.url, o.database, o.table, o.user, o.password) == ("http://127.0.0.1:8123", "db", "events", "default", "")
     assert o.mode is Mode.TRANSACTION
     assert (o.batch_size, o.batch_bytes, o.session_timeout_s) == (65536, 64 * 1024 * 1024, 3600)
     assert (o.connect_timeout_s, o.request_timeout_s) == (10.0, 300.0)
@@ -42,26 +41,51 @@ def test_defaults_for_a_batch_write_with_only_url_and_table():
 
 
 def test_every_option_is_read_and_keys_are_case_insensitive():
-    o = WriterOptions.parse({
-        "URL": "HTTPS://ch.example:8443/", "User": "alice", "Password": SECRET,
-        "Database": "analytics", "Table": "events.v2", "MODE": "Staging",
-        "transactional_id": "job-1.a_b", "decision_log": "s3://bucket/log",
-        "batch_size": "1000", "batch_bytes": "2048", "connect_timeout": "1.5",
-        "request_timeout": "30", "session_timeout": "120", "create_table": "yes",
-        "order_by": "(id, ts)", "partition_by": "toYYYYMM(ts)",
-        "engine": "ReplacingMergeTree(ver)", "table_column": "dest",
-        "allow_nullable_into_non_nullable": "1", "retry.attempts": "9",
-        "retry.max_seconds": "2.5", "setting.max_insert_block_size": "100",
-        "fault.kill_after_rows": "10",
-    }, streaming=False)
+    o = WriterOptions.parse(
+        {
+            "URL": "HTTPS://ch.example:8443/",
+            "User": "alice",
+            "Password": SECRET,
+            "Database": "analytics",
+            "Table": "events.v2",
+            "MODE": "Staging",
+            "transactional_id": "job-1.a_b",
+            "decision_log": "s3://bucket/log",
+            "batch_size": "1000",
+            "batch_bytes": "2048",
+            "connect_timeout": "1.5",
+            "request_timeout": "30",
+            "session_timeout": "120",
+            "create_table": "yes",
+            "order_by": "(id, ts)",
+            "partition_by": "toYYYYMM(ts)",
+            "engine": "ReplacingMergeTree(ver)",
+            "table_column": "dest",
+            "allow_nullable_into_non_nullable": "1",
+            "retry.attempts": "9",
+            "retry.max_seconds": "2.5",
+            "setting.max_insert_block_size": "100",
+            "fault.kill_after_rows": "10",
+        },
+        streaming=False,
+    )
     assert o.url == "https://ch.example:8443"
     assert (o.user, o.password, o.database, o.table) == ("alice", SECRET, "analytics", "events.v2")
     assert o.mode is Mode.STAGING and o.transactional_id == "job-1.a_b" and o.resumable_batch_job
     assert o.decision_log == "s3://bucket/log"
-    assert (o.batch_size, o.batch_bytes, o.connect_timeout_s, o.request_timeout_s,
-            o.session_timeout_s) == (1000, 2048, 1.5, 30.0, 120)
+    assert (o.batch_size, o.batch_bytes, o.connect_timeout_s, o.request_timeout_s, o.session_timeout_s) == (
+        1000,
+        2048,
+        1.5,
+        30.0,
+        120,
+    )
     assert (o.create_table, o.order_by, o.partition_by, o.engine) == (
-        True, "(id, ts)", "toYYYYMM(ts)", "ReplacingMergeTree(ver)")
+        True,
+        "(id, ts)",
+        "toYYYYMM(ts)",
+        "ReplacingMergeTree(ver)",
+    )
     assert o.table_column == "dest" and o.allow_nullable_into_non_nullable is True
     assert (o.retry_attempts, o.retry_max_seconds) == (9, 2.5)
     assert o.settings == {"max_insert_block_size": "100"}
@@ -73,17 +97,25 @@ def test_target_carries_connection_settings_and_the_password():
     t = o.target()
     assert isinstance(t, Target)
     assert (t.url, t.database, t.table, t.password, t.session_timeout_s) == (
-        "http://127.0.0.1:8123", "db", "events", SECRET, 60)
+        "http://127.0.0.1:8123",
+        "db",
+        "events",
+        SECRET,
+        60,
+    )
     assert dict(t.settings) == {"async_insert": "0"}
     assert SECRET not in repr(t)
 
 
-@pytest.mark.parametrize("table,database,expected", [
-    ("events", None, ("default", "events")),
-    ("db.events", None, ("db", "events")),
-    ("db.events.v2", None, ("db", "events.v2")),
-    ("db.events", "other", ("other", "db.events")),
-])
+@pytest.mark.parametrize(
+    "table,database,expected",
+    [
+        ("events", None, ("default", "events")),
+        ("db.events", None, ("db", "events")),
+        ("db.events.v2", None, ("db", "events.v2")),
+        ("db.events", "other", ("other", "db.events")),
+    ],
+)
 def test_database_comes_from_the_option_or_a_qualified_table(table, database, expected):
     opts = {"url": BASE["url"], "table": table}
     if database:
@@ -122,7 +154,8 @@ def resolved(**extra: str) -> WriterOptions:
 
 
 def test_a_streaming_id_comes_from_sparks_query_id_whatever_the_spelling_or_name(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     chk = spark_checkpoint(tmp_path / "chk")
     first = resolved(checkpointLocation=str(chk))
     assert first.transactional_id == "q_" + QID.replace("-", "")
@@ -134,7 +167,9 @@ def test_a_streaming_id_comes_from_sparks_query_id_whatever_the_spelling_or_name
         assert again.checkpoint_location == spelling  # the option itself is kept as given
     assert resolved(checkpointLocation="chk", queryName="now named").transactional_id == first.transactional_id
     assert json.loads((chk / "clickhouse_tx" / "query.json").read_text()) == {
-        "spark_query_id": QID, "transactional_id": first.transactional_id}
+        "spark_query_id": QID,
+        "transactional_id": first.transactional_id,
+    }
 
 
 def test_a_streaming_id_differs_per_checkpoint(tmp_path: Path) -> None:
@@ -213,8 +248,7 @@ def test_batch_jobs_with_the_same_transactional_id_are_still_keyed_apart():
     assert sanitize_txn(a.txn_id()) != sanitize_txn(b.txn_id())  # xids and registry entries apart
 
 
-def test_a_batch_job_with_its_own_id_and_decision_log_is_resumable_and_refused_once_done(
-        tmp_path: Path) -> None:
+def test_a_batch_job_with_its_own_id_and_decision_log_is_resumable_and_refused_once_done(tmp_path: Path) -> None:
     from clickhouse_tx.decision_log import FileDecisionLog
     from clickhouse_tx.interfaces import Decision, Prepared
 
@@ -222,8 +256,18 @@ def test_a_batch_job_with_its_own_id_and_decision_log_is_resumable_and_refused_o
     assert o.transactional_id == "nightly" and o.resumable_batch_job
     o.check_batch_job_not_done()  # nothing decided yet: the job runs
     log = FileDecisionLog(str(tmp_path), "nightly")
-    p = Prepared(xid="nightly-b0-p0-a0-0000abcd", txn_id="nightly", batch=0, partition=0, attempt=0,
-                 mode=Mode.TRANSACTION, server="http://h", table="db.events", rows=1, checksum=1)
+    p = Prepared(
+        xid="nightly-b0-p0-a0-0000abcd",
+        txn_id="nightly",
+        batch=0,
+        partition=0,
+        attempt=0,
+        mode=Mode.TRANSACTION,
+        server="http://h",
+        table="db.events",
+        rows=1,
+        checksum=1,
+    )
     log.write(Decision(txn_id="nightly", batch=0, chosen=(p,), version=1))
     o.check_batch_job_not_done()  # decided, not done: a re-run replays it
     log.mark_done(0)
@@ -242,10 +286,17 @@ def test_the_password_is_never_in_repr_or_str():
     assert SECRET not in repr(o) and SECRET not in str(o)
 
 
-@pytest.mark.parametrize("bad", [
-    {"url": "ftp://host"}, {"batch_size": "ten"}, {"create_table": "maybe"},
-    {"mode": "exactly"}, {"pasword": "x"}, {"session_timeout": "-1"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"url": "ftp://host"},
+        {"batch_size": "ten"},
+        {"create_table": "maybe"},
+        {"mode": "exactly"},
+        {"pasword": "x"},
+        {"session_timeout": "-1"},
+    ],
+)
 def test_no_error_message_contains_the_password(bad):
     msg = error_of({**BASE, "password": SECRET, **bad})
     assert SECRET not in msg
@@ -273,8 +324,9 @@ def test_a_missing_required_option_is_named(missing):
     assert f"option {missing} is required" in error_of(opts)
 
 
-@pytest.mark.parametrize("url", ["ftp://h:21", "http://", "localhost:8123", "http://h:port",
-                                 "http://h:8123/?x=1", "http://h:8123/#f"])
+@pytest.mark.parametrize(
+    "url", ["ftp://h:21", "http://", "localhost:8123", "http://h:port", "http://h:8123/?x=1", "http://h:8123/#f"]
+)
 def test_a_bad_url_is_named_with_its_value(url):
     msg = error_of({**BASE, "url": url})
     assert "option url=" in msg
@@ -285,21 +337,40 @@ def test_a_url_with_credentials_is_refused_without_echoing_them():
     assert SECRET not in msg and "bob" not in msg and "user and password options" in msg
 
 
-@pytest.mark.parametrize("option,value", [
-    ("batch_size", "ten"), ("batch_size", "0"), ("batch_size", "-5"), ("batch_size", "1.5"),
-    ("batch_bytes", "big"), ("session_timeout", "1h"), ("retry.attempts", "0"),
-    ("connect_timeout", "soon"), ("connect_timeout", "0"), ("request_timeout", "nan"),
-    ("request_timeout", "inf"), ("retry.max_seconds", "-2"),
-])
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("batch_size", "ten"),
+        ("batch_size", "0"),
+        ("batch_size", "-5"),
+        ("batch_size", "1.5"),
+        ("batch_bytes", "big"),
+        ("session_timeout", "1h"),
+        ("retry.attempts", "0"),
+        ("connect_timeout", "soon"),
+        ("connect_timeout", "0"),
+        ("request_timeout", "nan"),
+        ("request_timeout", "inf"),
+        ("retry.max_seconds", "-2"),
+    ],
+)
 def test_a_malformed_number_is_named_with_the_option_and_the_value(option, value):
     msg = error_of({**BASE, option: value})
     assert f"option {option}={value!r}" in msg
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("true", True), ("TRUE", True), ("1", True), ("yes", True),
-    ("false", False), ("0", False), ("No", False),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        ("false", False),
+        ("0", False),
+        ("No", False),
+    ],
+)
 def test_booleans_accept_true_false_1_0_yes_no(value, expected):
     assert parse(create_table=value).create_table is expected
     assert parse(allow_nullable_into_non_nullable=value).allow_nullable_into_non_nullable is expected
@@ -349,6 +420,7 @@ def test_txn_id_and_decision_log_uri_serve_the_writer():
 
 # ------------------------------------------------------------------ table_column routing
 
+
 def routing_error_of(**extra: str) -> str:
     with pytest.raises(ConfigurationError) as e:
         parse(**extra).check_routing()
@@ -387,17 +459,19 @@ def test_tables_resolve_bare_names_in_the_database_and_reach_the_target_deduplic
     assert (t.database, t.table) == ("db", "events")  # registry and markers stay here
     assert SECRET not in repr(t) and pickle.loads(pickle.dumps(t)) == t
     assert [(r.database, r.table, r.route_column) for r in o.route_targets()] == [
-        ("db", "a", None), ("other", "b", None)]
+        ("db", "a", None),
+        ("other", "b", None),
+    ]
 
 
 def test_retry_options_become_the_coordinators_retry_policy():
     # Reproduced: retry.attempts / retry.max_seconds were parsed but nothing read them.
     from clickhouse_tx.retry import RetryPolicy
-    from spark_datasource.writer import _coordinator
+    from spark_datasource.writer import coordinator_for
 
     o = parse(**{"retry.attempts": "2", "retry.max_seconds": "7.5"})
     assert o.retry_policy() == RetryPolicy(max_attempts=2, max_total_s=7.5)
-    co = _coordinator(o, "job-1")
+    co = coordinator_for(o, "job-1")
     assert co.retry == RetryPolicy(max_attempts=2, max_total_s=7.5)
     assert co.ops.retry == co.retry
 
@@ -416,6 +490,7 @@ def test_bad_rows_dead_letter_needs_a_table_and_an_exactly_once_mode_and_is_refu
     assert "needs bad_rows=dead_letter" in error_of({**BASE, "dead_letter_table": "dlq"})
     assert "expected fail or dead_letter" in error_of({**BASE, "bad_rows": "skip"})
     assert "modes 'transaction' (in the partition's transaction), 'dedup'" in error_of(
-        {**BASE, "bad_rows": "dead_letter", "dead_letter_table": "dlq", "mode": "none"})
+        {**BASE, "bad_rows": "dead_letter", "dead_letter_table": "dlq", "mode": "none"}
+    )
     assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="staging").dead_letter_table
     assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="dedup").dead_letter_table
