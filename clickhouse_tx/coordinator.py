@@ -1,4 +1,4 @@
-"""The two-phase commit of one micro-batch (DESIGN §3, §5).
+"""The two-phase commit of one micro-batch (`docs/design.md` §3, §5).
 
 The decisions are pure functions over plain values (:func:`choose_per_partition`,
 :func:`plan_commit`, :func:`plan_rollback`); :class:`Coordinator` executes them

@@ -11,7 +11,7 @@ partitions in a fixed order. Spark stores them in the checkpoint, and
 :meth:`KafkaStreamReader.partitions` is a pure function of (start, end, options), so a
 micro-batch replayed after a crash reads exactly the same records split into exactly
 the same Spark partitions: the property the clickhouse_tx sink's exactly-once argument
-needs (DESIGN §5).
+needs (`docs/design.md` §5).
 
 Where things run
 ----------------
