@@ -166,7 +166,7 @@ def test_a_failed_job_leaves_nothing_visible_no_stage_tables_and_no_open_registr
     sp, clickhouse_url: str, database: str, mode: str
 ) -> None:
     create_events_table(clickhouse_url, database, "events", mode)
-    df = events(sp, 20_000, 2).mapInArrow(_fail_in_partition(1, 2.0), "id long, k int, s string")
+    df = events(sp, 20_000, 2).mapInArrow(_fail_in_partition(1, 3.0), "id long, k int, s string")
     with pytest.raises(Exception, match="injected failure in partition 1"):
         (
             df.write.format("clickhouse_tx")
@@ -249,7 +249,7 @@ def test_a_failed_overwrite_keeps_the_old_contents_and_drops_its_stage_table(
 ) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
     run_sql(clickhouse_url, f"INSERT INTO `{database}`.events SELECT number, 7, 'old' FROM numbers(1000)")
-    df = events(sp, 20_000, 2).mapInArrow(_fail_in_partition(1, 1.0), "id long, k int, s string")
+    df = events(sp, 20_000, 2).mapInArrow(_fail_in_partition(1, 3.0), "id long, k int, s string")
     with pytest.raises(Exception, match="injected failure"):
         (
             df.write.format("clickhouse_tx")
