@@ -46,7 +46,7 @@ def _role() -> str:
         from pyspark import TaskContext
 
         return "executor" if TaskContext.get() is not None else "driver"
-    except Exception:  # noqa: BLE001 - outside Spark
+    except Exception:  # outside Spark
         return "driver"
 
 

@@ -226,7 +226,7 @@ def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any], tries:
     for i in range(tries):
         try:
             return run()
-        except Exception as e:  # noqa: BLE001 - recorded in the result
+        except Exception as e:  # recorded in the result
             if i + 1 == tries:
                 return {**label, "error": f"{type(e).__name__}: {str(e)[:300]}"}
     raise AssertionError("unreachable")
@@ -326,7 +326,7 @@ def _pipeline_run(
     )
     try:
         r = run_pipeline(cfg)
-    except Exception as e:  # noqa: BLE001 - record and go on with the benchmark
+    except Exception as e:  # record and go on with the benchmark
         return {
             "mode": mode,
             "trigger_s": trigger,

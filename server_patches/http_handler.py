@@ -107,16 +107,16 @@ class Handler(BaseHTTPRequestHandler):
     engine: Engine
     users: dict[str, str]
 
-    def log_message(self, fmt: str, *args: Any) -> None:  # noqa: D102 - quiet by default
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet by default
         log.debug("%s " + fmt, self.client_address[0], *args)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._handle(readonly=True)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._handle(readonly=False)
 
-    def do_OPTIONS(self) -> None:  # noqa: N802
+    def do_OPTIONS(self) -> None:
         self._reply(Reply(204, b"", {}))
 
     # ------------------------------------------------------------------ replies

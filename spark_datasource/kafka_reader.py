@@ -523,7 +523,7 @@ class ConsumerPool:
 def _close_quietly(consumer: Any) -> None:
     try:
         consumer.close(autocommit=False)
-    except Exception as e:  # noqa: BLE001 - closing a broken consumer must not fail a read
+    except Exception as e:  # closing a broken consumer must not fail a read
         log.debug("kafka_py: closing a pooled consumer failed: %r", e)
 
 

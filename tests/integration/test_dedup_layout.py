@@ -19,7 +19,7 @@ from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes import dedup_layout
 from clickhouse_tx.modes.dedup_layout import LAYOUT_TABLE, DedupLayoutError
 from tests.integration.test_dedup_mode import TXN, coordinator
-from tests.integration.test_modes import batches, committed_count, distinct_ids, make_table, rows  # noqa: F401 - the admin fixture
+from tests.integration.test_modes import batches, committed_count, distinct_ids, make_table, rows
 
 N = 1200
 
@@ -29,7 +29,7 @@ def cut(t: pa.Table, n: int) -> list[pa.Table]:
     return [t.take(list(range(p, t.num_rows, n))) for p in range(n)]
 
 
-def run(co, parts: list[pa.Table], attempt: int = 0) -> list[Prepared]:  # noqa: ANN001
+def run(co, parts: list[pa.Table], attempt: int = 0) -> list[Prepared]:
     return [co.prepare(WriteContext(TXN, 0, p, attempt), batches(t, 100)) for p, t in enumerate(parts)]
 
 
@@ -124,7 +124,7 @@ def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_
     def partition_3() -> None:
         try:
             coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 3, 0, run="r3"), batches(replay[3]))
-        except BaseException as exc:  # noqa: BLE001 - inspected below
+        except BaseException as exc:  # inspected below
             waiting["error"] = exc
 
     t = threading.Thread(target=partition_3)

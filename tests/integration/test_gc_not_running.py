@@ -30,7 +30,7 @@ def _never_decided(target: Target, mode: str, chk: Path, txn: str, batch: int = 
     return [coord.prepare(WriteContext(txn, batch, p, 0), iter(_batch(100 * p))) for p in range(2)]
 
 
-def _gc(target: Target, mode: str, *args: str):  # noqa: ANN202
+def _gc(target: Target, mode: str, *args: str):
     return _cli(
         "gc", "--url", target.url, "--table", f"{target.database}.{target.table}", "--mode", mode, *args, "--json"
     )
