@@ -56,7 +56,7 @@ import pyarrow.fs as pafs
 
 from clickhouse_tx import layout
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DecisionConflictError
-from clickhouse_tx.interfaces import Decision, Mode, RegistryEntry
+from clickhouse_tx.interfaces import Decision
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.registry import KeeperMapRegistry
@@ -413,33 +413,15 @@ class RegistryArbiter:
         self.registry = registry
 
     def claim(self, key: str, body: bytes) -> bytes:
-        from clickhouse_tx.registry import AlreadyRegisteredError
-
         d = json.loads(body)
-        entry = RegistryEntry(
-            xid=key,
-            txn_id=str(d["txn_id"]),
-            batch=int(d["batch"]),
-            partition=0,
-            attempt=int(d["version"]),
-            mode=Mode.NONE,
-            server="",
-            table="",
-            state="committed",
-            payload={"body": body.decode()},
+        won = self.registry.create_record(
+            key, body.decode(), txn_id=str(d["txn_id"]), batch=int(d["batch"]), attempt=int(d["version"])
         )
-        try:
-            self.registry.register(entry)
-            return body
-        except AlreadyRegisteredError:
-            won = self.get(key)
-            if won is None:
-                raise
-            return won
+        return won.encode()
 
     def get(self, key: str) -> bytes | None:
-        e = self.registry.get(key)
-        return None if e is None else str(e.payload["body"]).encode()
+        body = self.registry.record(key)
+        return None if body is None else body.encode()
 
     def forget(self, keys: Sequence[str]) -> None:
         self.registry.forget(list(keys))

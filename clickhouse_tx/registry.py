@@ -332,6 +332,50 @@ class KeeperMapRegistry:
         """The entry of ``xid`` or None."""
         return self._get_with_token(xid, read_back=False)[0]
 
+    def create_record(
+        self,
+        key: str,
+        body: str,
+        *,
+        txn_id: str,
+        batch: int,
+        partition: int = 0,
+        attempt: int = 0,
+        mode: Mode = Mode.NONE,
+    ) -> str:
+        """Store ``body`` under ``key`` unless the key exists; the body stored afterwards.
+
+        A record is a finished (``committed``) entry that nothing else acts on, holding
+        ``body`` in its payload: the registry's atomic create-if-absent used as a
+        compare-and-set arbiter (decisions on object stores, dedup batch layouts).
+        Whoever's create wins, every caller gets the winner's body.
+        """
+        entry = RegistryEntry(
+            xid=key,
+            txn_id=txn_id,
+            batch=batch,
+            partition=partition,
+            attempt=attempt,
+            mode=mode,
+            server="",
+            table="",
+            state="committed",
+            payload={"body": body},
+        )
+        try:
+            self.register(entry)
+            return body
+        except AlreadyRegisteredError:
+            stored = self.record(key)
+            if stored is None:
+                raise
+            return stored
+
+    def record(self, key: str) -> str | None:
+        """The body a :meth:`create_record` stored under ``key``, or None."""
+        e = self.get(key)
+        return None if e is None else str(e.payload["body"])
+
     def list_batch(self, txn_id: str, batch: int) -> list[RegistryEntry]:
         """Every entry of (``txn_id``, ``batch``), in (partition, attempt, xid) order."""
         return self._select("txn_id = {t:String} AND batch = {b:UInt64}", {"t": txn_id, "b": int(batch)})

@@ -42,7 +42,7 @@ import json
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from clickhouse_tx.errors import NotCommittedError
-from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target
+from clickhouse_tx.interfaces import Mode, Prepared, Target
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.registry import KeeperMapRegistry
@@ -222,11 +222,11 @@ def check_messages(
         )
 
 
-def _body(e: RegistryEntry) -> dict[str, Any]:
+def _body(key: str, stored: str) -> dict[str, Any]:
     """The JSON object a layout record holds."""
-    body = json.loads(str(e.payload["body"]))
+    body = json.loads(stored)
     if not isinstance(body, dict):
-        raise ValueError(f"layout record {e.xid} holds {type(body).__name__}, not an object")
+        raise ValueError(f"layout record {key} holds {type(body).__name__}, not an object")
     return body
 
 
@@ -250,32 +250,14 @@ class LayoutRecords:
 
     def _create(self, key: str, txn_id: str, batch: int, partition: int, body: dict[str, Any]) -> dict[str, Any]:
         """Create ``key`` holding ``body`` unless it exists; the body that is stored."""
-        from clickhouse_tx.registry import AlreadyRegisteredError
-
-        entry = RegistryEntry(
-            xid=key,
-            txn_id=txn_id,
-            batch=batch,
-            partition=partition,
-            attempt=0,
-            mode=Mode.DEDUP,
-            server="",
-            table="",
-            state="committed",
-            payload={"body": json.dumps(body, sort_keys=True)},
+        stored = self.registry.create_record(
+            key, json.dumps(body, sort_keys=True), txn_id=txn_id, batch=batch, partition=partition, mode=Mode.DEDUP
         )
-        try:
-            self.registry.register(entry)
-            return body
-        except AlreadyRegisteredError:
-            stored = self._get(key)
-            if stored is None:
-                raise
-            return stored
+        return _body(key, stored)
 
     def _get(self, key: str) -> dict[str, Any] | None:
-        e = self.registry.get(key)
-        return None if e is None else _body(e)
+        stored = self.registry.record(key)
+        return None if stored is None else _body(key, stored)
 
     def sealed(self, txn_id: str, batch: int) -> dict[int, Part] | None:
         """The batch's seal, or None before the first commit of the batch."""
@@ -304,7 +286,11 @@ class LayoutRecords:
 
     def claims(self, txn_id: str, batch: int) -> dict[int, Claim]:
         """Every partition claim of the batch (one KeeperMap scan; the table stays small)."""
-        return {e.partition: _body(e) for e in self.registry.list_batch(txn_id, batch) if e.partition != SEAL_PARTITION}
+        return {
+            e.partition: _body(e.xid, str(e.payload["body"]))
+            for e in self.registry.list_batch(txn_id, batch)
+            if e.partition != SEAL_PARTITION
+        }
 
     def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:
         """Seal the batch's layout unless sealed; the seal that is stored."""
