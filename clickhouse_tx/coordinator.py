@@ -321,19 +321,7 @@ class TxOps:
 
         Returns the state the xid is in afterwards (someone may have registered it first).
         """
-        entry = RegistryEntry(
-            xid=p.xid,
-            txn_id=p.txn_id,
-            batch=p.batch,
-            partition=p.partition,
-            attempt=p.attempt,
-            mode=p.mode,
-            server=p.server,
-            table=p.table,
-            state=TxState.ABORTED.value,
-            created_ms=self.now_ms(),
-            updated_ms=self.now_ms(),
-        )
+        entry = RegistryEntry.of_attempt(p, TxState.ABORTED.value, self.now_ms())
         try:
             self.call(lambda: self.registry.register(entry))
         except Exception:  # exists already, or reply lost: read it back
@@ -553,20 +541,7 @@ class Coordinator:
             rows=0,
             checksum=0,
         )
-        now = self.ops.now_ms()
-        entry = RegistryEntry(
-            xid=xid,
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            attempt=ctx.attempt,
-            mode=self.mode_io.mode,
-            server=safe_url(self.target.url),
-            table=provisional.table,
-            state=TxState.INITIALIZED.value,
-            created_ms=now,
-            updated_ms=now,
-        )
+        entry = RegistryEntry.of_attempt(provisional, TxState.INITIALIZED.value, self.ops.now_ms())
         try:
             self.ops.call(lambda: self.registry.register(entry))
         except Exception as exc:

@@ -204,6 +204,23 @@ class RegistryEntry:
     created_ms: int = 0
     updated_ms: int = 0
 
+    @classmethod
+    def of_attempt(cls, p: "Prepared", state: str, now_ms: int) -> "RegistryEntry":
+        """The entry that registers attempt ``p`` in ``state`` at ``now_ms``."""
+        return cls(
+            xid=p.xid,
+            txn_id=p.txn_id,
+            batch=p.batch,
+            partition=p.partition,
+            attempt=p.attempt,
+            mode=p.mode,
+            server=p.server,
+            table=p.table,
+            state=state,
+            created_ms=now_ms,
+            updated_ms=now_ms,
+        )
+
 
 @runtime_checkable
 class DecisionLogIO(Protocol):
