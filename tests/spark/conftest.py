@@ -44,3 +44,12 @@ def spark() -> Iterator["object"]:
         for q in session.streams.active:
             q.stop()
         session.stop()
+
+
+@pytest.fixture(scope="module")
+def sp(spark):
+    """The session with this project's data sources registered (idempotent)."""
+    import spark_datasource
+
+    spark_datasource.register(spark)
+    return spark

@@ -24,12 +24,13 @@ from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.interfaces import Target
 from server_patches import stack as stack_mod
-from tests.spark.test_writer_batch import (
+from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,
     events,
     expected_totals,
     open_registry_entries,
+    resumable_job,
     run_sql,
     scalar,
     writer_options,
@@ -38,28 +39,9 @@ from tests.spark.test_writer_batch import (
 N = 3000
 
 
-@pytest.fixture(scope="module")
-def sp(spark):
-    import spark_datasource
-
-    spark_datasource.register(spark)
-    return spark
-
-
 def _job(sp, url: str, database: str, parts: int, txn: str, log_dir: Path, **extra: str) -> None:
-    """Write ids 0..N-1 cut into ``parts`` partitions (repartition(parts)) under ``txn``."""
-    (
-        events(sp, N, 1)
-        .repartition(parts)
-        .write.format("clickhouse_tx")
-        .options(
-            **writer_options(
-                url, database, "events", "transaction", transactional_id=txn, decision_log=str(log_dir), **extra
-            )
-        )
-        .mode("append")
-        .save()
-    )
+    """Ids 0..N-1 in mode transaction, cut into ``parts`` partitions, as a resumable batch job."""
+    resumable_job(sp, url, database, "transaction", N, parts, txn, log_dir, **extra)
 
 
 def _once(url: str, database: str, n: int = N) -> None:

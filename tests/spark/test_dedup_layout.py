@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.test_writer_batch import (
+from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,
-    events,
     expected_totals,
+    resumable_job,
     scalar,
     writer_options,
 )
@@ -29,26 +29,9 @@ from tests.spark.test_writer_batch import (
 N = 3000
 
 
-@pytest.fixture(scope="module")
-def sp(spark):
-    import spark_datasource
-
-    spark_datasource.register(spark)
-    return spark
-
-
 def _job(sp, url: str, database: str, parts: int, txn: str, log_dir: Path, **extra: str) -> None:
-    """Write ids 0..N-1 in mode dedup cut into ``parts`` partitions (a resumable batch job)."""
-    (
-        events(sp, N, 1)
-        .repartition(parts)
-        .write.format("clickhouse_tx")
-        .options(
-            **writer_options(url, database, "events", "dedup", transactional_id=txn, decision_log=str(log_dir), **extra)
-        )
-        .mode("append")
-        .save()
-    )
+    """Ids 0..N-1 in mode dedup, cut into ``parts`` partitions, as a resumable batch job."""
+    resumable_job(sp, url, database, "dedup", N, parts, txn, log_dir, **extra)
 
 
 def _failed_before_its_commit(sp, url: str, database: str, tmp_path: Path, parts: int) -> tuple[str, Path]:

@@ -24,95 +24,20 @@ import pytest
 import requests
 
 from clickhouse_tx.interfaces import Target
+from tests.helpers.spark_writes import (
+    actual_totals,
+    create_events_table,
+    events,
+    expected_totals,
+    open_registry_entries,
+    read_committed,
+    run_sql,
+    scalar,
+    table_names,
+    writer_options,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-# ------------------------------------------------------------------ helpers (shared)
-
-
-def run_sql(url: str, text: str) -> str:
-    """Run one statement on the server; raise with the server's message on error."""
-    r = requests.post(url, data=text.encode(), timeout=120)
-    if r.status_code != 200:
-        raise RuntimeError(f"{text!r}: HTTP {r.status_code}: {r.text.strip()}")
-    return r.text
-
-
-def read_committed(url: str, select: str) -> list[list[str]]:
-    """Rows (TSV cells) of ``select`` seen read-committed (``implicit_transaction=1``)."""
-    out = run_sql(url, f"{select} SETTINGS implicit_transaction = 1 FORMAT TSV")
-    return [line.split("\t") for line in out.splitlines() if line]
-
-
-def scalar(url: str, select: str) -> int:
-    return int(read_committed(url, select)[0][0])
-
-
-def table_names(url: str, database: str) -> list[str]:
-    # system tables are not transactional: a plain read
-    out = run_sql(url, f"SELECT name FROM system.tables WHERE database = '{database}' ORDER BY name FORMAT TSV")
-    return out.split()
-
-
-def open_registry_entries(url: str, database: str) -> int:
-    """Registry entries of ``database`` still INITIALIZED/COMMITTING/ABORTING (0 if no registry)."""
-    if "clickhouse_tx_registry" not in table_names(url, database):
-        return 0
-    # KeeperMap is not transactional: a plain read
-    return int(
-        run_sql(
-            url,
-            f"SELECT count() FROM `{database}`.clickhouse_tx_registry "
-            "WHERE lower(state) NOT IN ('committed', 'aborted') FORMAT TSV",
-        )
-    )
-
-
-def writer_options(url: str, database: str, table: str, mode: str, **extra: str) -> dict[str, str]:
-    # The test frames are nullable (casts, mapInArrow schemas) but never hold nulls.
-    return {
-        "url": url,
-        "database": database,
-        "table": table,
-        "mode": mode,
-        "allow_nullable_into_non_nullable": "true",
-        **extra,
-    }
-
-
-def create_events_table(url: str, database: str, table: str, mode: str, extra: str = "") -> None:
-    """``(id Int64, k Int32, s String)``; with a dedup window when ``mode`` is dedup."""
-    settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""
-    run_sql(
-        url,
-        f"CREATE TABLE `{database}`.`{table}` (id Int64, k Int32, s String) "
-        f"ENGINE = MergeTree {extra} ORDER BY id{settings}",
-    )
-
-
-def events(spark, n: int, partitions: int):
-    return spark.range(0, n, 1, partitions).selectExpr(
-        "id", "cast(id % 1000 as int) as k", "concat('r', cast(id as string)) as s"
-    )
-
-
-def expected_totals(n: int) -> tuple[int, int, int, int]:
-    """(count, sum(id), sum(k), sum(length(s))) of :func:`events` (computed here, not by Spark)."""
-    return (n, n * (n - 1) // 2, sum(i % 1000 for i in range(n)), sum(1 + len(str(i)) for i in range(n)))
-
-
-def actual_totals(url: str, database: str, table: str) -> tuple[int, int, int, int]:
-    row = read_committed(url, f"SELECT count(), sum(id), sum(k), sum(length(s)) FROM `{database}`.`{table}`")[0]
-    return tuple(int(x) for x in row)  # type: ignore[return-value]
-
-
-@pytest.fixture(scope="module")
-def sp(spark):
-    import spark_datasource
-
-    spark_datasource.register(spark)
-    return spark
 
 
 # ------------------------------------------------------------------ appends

@@ -12,17 +12,9 @@ import socket
 
 import pytest
 
-from tests.spark.test_writer_batch import open_registry_entries, run_sql, table_names
+from tests.helpers.spark_writes import open_registry_entries, run_sql, table_names
 
 SECRET = "s3cr3t-never-shown"
-
-
-@pytest.fixture(scope="module")
-def sp(spark):
-    import spark_datasource
-
-    spark_datasource.register(spark)
-    return spark
 
 
 def _frame(sp):

@@ -9,17 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.spark.test_writer_batch import open_registry_entries, read_committed, run_sql, scalar, writer_options
+from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql, scalar, writer_options
 
 N = 10_000
-
-
-@pytest.fixture(scope="module")
-def sp(spark):
-    import spark_datasource
-
-    spark_datasource.register(spark)
-    return spark
 
 
 @pytest.fixture

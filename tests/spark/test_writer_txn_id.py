@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from tests.spark.test_writer_batch import (
+from tests.helpers.spark_streams import assert_exactly, create_target, make_topic, start_query, target_rows
+from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,
     events,
@@ -26,15 +27,6 @@ from tests.spark.test_writer_batch import (
     table_names,
     writer_options,
 )
-from tests.spark.test_writer_streaming import assert_exactly, create_target, make_topic, start_query, target_rows
-
-
-@pytest.fixture(scope="module")
-def sp(spark):
-    import spark_datasource
-
-    spark_datasource.register(spark)
-    return spark
 
 
 def registered_txn_ids(url: str, database: str) -> set[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.spark.test_writer_batch import open_registry_entries, read_committed, run_sql
+from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
 
 README_TABLE = "(id UInt64, name String, amount Float64, ts DateTime) ENGINE = MergeTree ORDER BY id"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.test_writer_batch import open_registry_entries
-from tests.spark.test_writer_streaming import assert_exactly, create_target, make_topic
+from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
+from tests.helpers.spark_writes import open_registry_entries
 from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION, _run_child
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.test_writer_batch import open_registry_entries, read_committed, run_sql
-from tests.spark.test_writer_streaming import make_topic
+from tests.helpers.spark_streams import make_topic
+from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
 from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION, _run_child
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.test_writer_batch import open_registry_entries, run_sql
-from tests.spark.test_writer_streaming import assert_exactly, make_topic, target_rows
+from tests.helpers.spark_streams import assert_exactly, make_topic, target_rows
+from tests.helpers.spark_writes import open_registry_entries, run_sql
 from tests.torture.test_checkpoint_spelling import _run
 from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION
 

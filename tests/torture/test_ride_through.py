@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from server_patches import stack as stack_mod
-from tests.spark.test_writer_batch import open_registry_entries, run_sql, scalar
-from tests.spark.test_writer_streaming import assert_exactly, create_target, make_topic
+from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
+from tests.helpers.spark_writes import open_registry_entries, run_sql, scalar
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3

@@ -1,0 +1,84 @@
+"""Kafka topics with known records, and streaming queries from them into ClickHouse.
+
+The records are ``"<partition>:<i>"`` at offset ``i``, so a target must hold each
+(partition, offset) once with that value, whatever happened to the query in between.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from kafka import KafkaProducer
+
+from server_patches.kafka_broker import create_topic
+from tests.helpers.spark_writes import read_committed, run_sql
+
+
+def make_topic(stack, bootstrap: str, partitions: int, per_partition: int) -> tuple[str, set[tuple[int, int, str]]]:
+    """A new topic filled with ``per_partition`` records per partition; the expected rows."""
+    topic = f"w_{uuid.uuid4().hex[:10]}"
+    create_topic(stack.kafka_control, topic, partitions)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    expected = set()
+    for p in range(partitions):
+        for i in range(per_partition):
+            producer.send(topic, value=f"{p}:{i}".encode(), partition=p)
+            expected.add((p, i, f"{p}:{i}"))
+    producer.flush()
+    producer.close()
+    return topic, expected
+
+
+def create_target(url: str, database: str) -> None:
+    run_sql(url, f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree ORDER BY (p, o)")
+
+
+def start_query(
+    sp,
+    *,
+    bootstrap: str,
+    topic: str,
+    url: str,
+    database: str,
+    chk: Path,
+    name: str,
+    max_offsets: int | None = None,
+    available_now: bool = False,
+    **extra: str,
+):
+    reader = (
+        sp.readStream.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    if max_offsets:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
+    writer = (
+        reader.load()
+        .selectExpr("partition as p", "offset as o", "cast(value as string) as v")
+        .writeStream.format("clickhouse_tx")
+        .queryName(name)
+        .option("url", url)
+        .option("database", database)
+        .option("table", "events")
+        .option("allow_nullable_into_non_nullable", "true")
+        .option("checkpointLocation", str(chk))
+    )
+    for k, v in extra.items():
+        writer = writer.option(k, v)
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    return writer.start()
+
+
+def target_rows(url: str, database: str) -> list[tuple[int, int, str]]:
+    return [(int(p), int(o), v) for p, o, v in read_committed(url, f"SELECT p, o, v FROM `{database}`.events")]
+
+
+def assert_exactly(url: str, database: str, expected: set[tuple[int, int, str]]) -> None:
+    rows = target_rows(url, database)
+    assert len(rows) == len(set(rows)), "duplicates in the target"
+    missing, extra = expected - set(rows), set(rows) - expected
+    assert not missing and not extra, f"{len(missing)} missing, {len(extra)} unexpected rows"
