@@ -697,9 +697,7 @@ class Coordinator:
 
     def _check_layout(self, batch: int, msgs: Sequence[Prepared]) -> None:
         """A mode that records how a batch was cut (dedup) refuses a run that cut it otherwise."""
-        check = getattr(self.mode_io, "check_layout", None)
-        if check is not None:
-            self.ops.call(lambda: check(self.target, batch, msgs), is_transient_or_unknown)
+        self.ops.call(lambda: self.mode_io.check_layout(self.target, batch, msgs), is_transient_or_unknown)
 
     def _replay_of_done(
         self, decision: Decision, msgs: Sequence[Prepared], t0: float, durations: dict[str, float]

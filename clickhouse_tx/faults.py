@@ -29,7 +29,7 @@ import dataclasses
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -195,6 +195,9 @@ class FaultyModeIO:
 
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         return self.inner.lookup(target, p)
+
+    def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
+        self.inner.check_layout(target, batch, messages)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)

@@ -169,6 +169,11 @@ class CommitModeIO(Protocol):
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         """Driver: resolve an in-doubt ``p`` (marker lookup, never a blind retry)."""
 
+    def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
+        """Driver, at the start of every commit of ``batch``, before its decision: refuse
+        (raise) a run that cut the batch otherwise than an earlier run whose rows are
+        already visible. A no-op in modes whose rows stay invisible until the commit."""
+
 
 @runtime_checkable
 class RegistryIO(Protocol):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -39,6 +39,9 @@ class ModeBase:
     @staticmethod
     def display(target: Target) -> str:
         return f"{target.database}.{target.table}"
+
+    def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
+        """Nothing to check: the mode's rows stay invisible until the commit (dedup overrides)."""
 
     def describe_and_check(self, target: Target, schema: pa.Schema) -> TableInfo:
         """Driver: the table must exist and accept ``schema``; raise ConfigurationError."""

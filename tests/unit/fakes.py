@@ -149,6 +149,9 @@ class FakeClickHouse:
             details={"session_id": xid},
         )
 
+    def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
+        """Transaction mode's: nothing to check (its rows are invisible until COMMIT)."""
+
     def commit(self, target: Target, p: Prepared) -> None:
         self._hit("commit", "before")
         self.commit_calls.append(p.xid)
