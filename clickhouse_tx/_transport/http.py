@@ -36,7 +36,7 @@ import pyarrow as pa
 import requests
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport.errors import error_from_connection, error_from_reply
+from clickhouse_tx._transport.errors import ReplyLostError, error_from_connection, error_from_reply
 from clickhouse_tx.interfaces import Target
 
 
@@ -247,9 +247,14 @@ class ClickHouseHTTP:
         names = json.loads(lines[0])
         convs = [_converter(t) for t in json.loads(lines[1])]
         out = []
-        for ln in lines[2:]:
-            vals = json.loads(ln)
-            out.append({n: (f(v) if f else v) for n, f, v in zip(names, convs, vals)})
+        try:
+            for ln in lines[2:]:
+                vals = json.loads(ln)
+                out.append({n: (f(v) if f else v) for n, f, v in zip(names, convs, vals)})
+        except ValueError as exc:  # a reply broken mid-stream is a lost reply, not rows
+            raise ReplyLostError(
+                f"{_what(sql)}: reply from {self.server} is not the rows asked for ({exc})", xid=self.session_id
+            ) from None
         return out
 
     def insert_arrow_stream(
