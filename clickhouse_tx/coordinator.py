@@ -893,6 +893,7 @@ class Coordinator:
             TxState.COMMITTING,
             payload,
         )
+        self._commit_together(run, [chosen[p] for p in parts if chosen[p].xid in ready])
         doubt: dict[int, Exception] = {}
 
         def commit_one(part: int) -> bool:
@@ -928,6 +929,27 @@ class Coordinator:
                 name=getattr(first, "name", None),
             ) from first
         return results
+
+    def _commit_together(self, run: "_Run", ps: Sequence[Prepared]) -> None:
+        """Publish the batch in one step where the mode offers it (``visibility=batch``).
+
+        Only xids the bulk CAS moved to COMMITTING take part. If the one step is
+        refused (a stage gone after a restart, a part locked), nothing of it is visible
+        and the per-xid commits that follow publish the batch partition by partition:
+        still exactly once, but no longer at once, and the log says so.
+        """
+        if not ps:
+            return
+        try:
+            d = run.decision
+            self.ops.call(lambda: self.mode_io.commit_together(self.target, d.batch, d.version, ps))
+        except NotCommittedError as exc:
+            log.warning(
+                "batch %d: could not publish the batch in one transaction (%s); committing its "
+                "partitions one by one, so readers may see part of it",
+                run.decision.batch,
+                exc,
+            )
 
     def _forget(self, xids: Iterable[str]) -> None:
         """Drop a done batch's finished entries from the registry (best effort).

@@ -28,13 +28,16 @@ if TYPE_CHECKING:  # pragma: no cover
 COMMIT_PARALLELISM = 8
 
 
-def build_mode_io(mode: "Mode | str", registry: KeeperMapRegistry | None = None) -> CommitModeIO:
+def build_mode_io(
+    mode: "Mode | str", registry: KeeperMapRegistry | None = None, *, visibility: str = "partition"
+) -> CommitModeIO:
     """The commit mode's I/O (raises ConfigurationError naming an unknown mode).
 
     ``registry``: where mode ``dedup`` checks, before each chunk it inserts, that its
     xid is still INITIALIZED (the fence of a zombie attempt); default the target's.
+    ``visibility``: the writer option (``partition`` or ``batch``, see :func:`mode_io_for`).
     """
-    io = mode_io_for(mode)
+    io = mode_io_for(mode, visibility=visibility)
     if registry is not None and isinstance(io, DedupMode):
         io.registry = registry
     return io
@@ -78,6 +81,7 @@ def build_coordinator(
     retry: "RetryPolicy | None" = None,
     retain_batches: int = DEFAULT_RETAIN_BATCHES,
     conversion: "ConversionPlan | None" = None,
+    visibility: str = "partition",
 ) -> "Coordinator":
     """A :class:`~clickhouse_tx.coordinator.Coordinator` for one query into one target.
 
@@ -97,6 +101,8 @@ def build_coordinator(
         Policy for transient errors (default :class:`~clickhouse_tx.retry.RetryPolicy`).
     conversion
         The table's column types; executors convert and check values before sending.
+    visibility
+        ``partition`` or ``batch`` (mode ``staging``: the batch appears at once).
     """
     from clickhouse_tx.coordinator import Coordinator
 
@@ -106,7 +112,7 @@ def build_coordinator(
     return Coordinator(
         txn_id,
         target,
-        build_mode_io(mode, registry),
+        build_mode_io(mode, registry, visibility=visibility),
         registry,
         build_decision_log(
             target, txn_id, decision_log_uri, registry_database=registry_database, retain_batches=retain_batches

@@ -3,7 +3,8 @@
 A :class:`FaultPlan` names one step and an action. The step names follow the driver's
 commit path (``before_decision``, ``after_decision``, ``after_commit:N`` for the N-th
 COMMIT of the batch, ``before_mark_done``) and the executor's prepare path
-(``after_prepare``). The action ``kill`` SIGKILLs the whole process group (the Spark
+(``after_prepare``); ``in_batch_transaction`` fires inside the one transaction of a
+``visibility=batch`` commit, just before its COMMIT. The action ``kill`` SIGKILLs the whole process group (the Spark
 driver's Python, its JVM and workers when the job was started in its own session),
 ``exit`` ends only this process, ``raise`` raises :class:`InjectedFault`.
 
@@ -29,7 +30,7 @@ import dataclasses
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -43,7 +44,14 @@ KILL_PGID_ENV = "CLICKHOUSE_TX_KILL_PGID"
 #: Set to ``1`` by the test suite (and the demo's job) only: without it ``fault.*`` is refused.
 TEST_FAULTS_ENV = "CLICKHOUSE_TX_TEST_FAULTS"
 
-STEPS = ("before_decision", "after_decision", "after_commit", "before_mark_done", "after_prepare")
+STEPS = (
+    "before_decision",
+    "after_decision",
+    "in_batch_transaction",
+    "after_commit",
+    "before_mark_done",
+    "after_prepare",
+)
 ACTIONS = ("kill", "exit", "raise")
 
 
@@ -198,6 +206,18 @@ class FaultyModeIO:
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         self.inner.check_layout(target, batch, messages)
+
+    def commit_together(
+        self,
+        target: Target,
+        batch: int,
+        version: int,
+        ps: Sequence[Prepared],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        self.inner.commit_together(
+            target, batch, version, ps, before_commit=lambda: self.plan.hit("in_batch_transaction", batch)
+        )
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)

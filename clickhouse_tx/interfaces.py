@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import pyarrow as pa
 
@@ -173,6 +173,19 @@ class CommitModeIO(Protocol):
         """Driver, at the start of every commit of ``batch``, before its decision: refuse
         (raise) a run that cut the batch otherwise than an earlier run whose rows are
         already visible. A no-op in modes whose rows stay invisible until the commit."""
+
+    def commit_together(
+        self,
+        target: Target,
+        batch: int,
+        version: int,
+        ps: Sequence[Prepared],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Driver, once per batch commit, after the decision and before the per-xid
+        commits: publish every ``p`` of ``ps`` in one step where the mode can (staging
+        with ``visibility=batch``); a no-op elsewhere. Raises NotCommittedError when
+        nothing of it took effect (the per-xid commits then publish them one by one)."""
 
 
 @runtime_checkable

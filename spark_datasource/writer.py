@@ -102,6 +102,7 @@ def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPla
         opts.decision_log_uri(txn_id),
         retry=opts.retry_policy(),
         conversion=conversion,
+        visibility=opts.visibility,
     )
     plan = FaultPlan.parse(opts.faults) if opts.faults else None
     return with_faults(coordinator, plan) if plan else coordinator

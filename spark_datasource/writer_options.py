@@ -77,6 +77,7 @@ KNOWN_OPTIONS = (
     "strict_precision",
     "bad_rows",
     "dead_letter_table",
+    "visibility",
 )
 _PREFIXES = ("setting.", "fault.")
 
@@ -294,6 +295,9 @@ class WriterOptions:
     #: ``bad_rows=dead_letter``: where rows holding a value that does not fit go,
     #: as ``(database, table)``, instead of failing the task (None: ``bad_rows=fail``).
     dead_letter_table: tuple[str, str] | None = None
+    #: ``partition`` (each Spark partition of a batch appears on its own) or ``batch``
+    #: (mode staging: the whole batch appears at once, in one ClickHouse transaction).
+    visibility: str = "partition"
     retry_attempts: int = 5
     retry_max_seconds: float = 60.0
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
@@ -493,6 +497,7 @@ class WriterOptions:
             table_column=table_column,
             tables=_route_tables(opts.get("tables"), database),
             dead_letter_table=_dead_letter_table(opts, database, mode),
+            visibility=_visibility(opts, mode),
             **_scalar_values(opts),  # type: ignore[arg-type]
         )
 
@@ -552,6 +557,18 @@ def _table_name(option: str, raw: str, name: str, database: str, expected: str) 
         return split_table(name, database)
     except ConfigurationError:
         raise _bad(option, raw, expected) from None
+
+
+def _visibility(opts: Mapping[str, str], mode: Mode) -> str:
+    """``visibility`` (default ``partition``); ``batch`` needs mode staging (checked here, on the driver)."""
+    from clickhouse_tx.modes import mode_io_for
+
+    raw = opts.get("visibility", "partition")
+    value = raw.strip().lower()
+    if value not in ("partition", "batch"):
+        raise _bad("visibility", raw, "partition or batch")
+    mode_io_for(mode, visibility=value)  # refuses batch outside mode staging, naming why
+    return value
 
 
 def _mode(opts: Mapping[str, str]) -> Mode:

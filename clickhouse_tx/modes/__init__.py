@@ -17,12 +17,24 @@ from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import CommitModeIO, Mode
 
 
-def mode_io_for(mode: "Mode | str") -> CommitModeIO:
-    """The :class:`CommitModeIO` of ``mode`` (``transaction``, ``staging``, ``dedup``, ``none``)."""
+def mode_io_for(mode: "Mode | str", *, visibility: str = "partition") -> CommitModeIO:
+    """The :class:`CommitModeIO` of ``mode`` (``transaction``, ``staging``, ``dedup``, ``none``).
+
+    ``visibility``: ``partition`` (each partition of a batch appears on its own) or
+    ``batch`` (mode ``staging`` only: the whole batch appears at once).
+    """
     try:
         m = Mode(mode.value if isinstance(mode, Mode) else str(mode).lower())
     except ValueError:
         raise ConfigurationError(f"unknown mode {mode!r}: choose one of {', '.join(x.value for x in Mode)}") from None
+    if visibility not in ("partition", "batch"):
+        raise ConfigurationError(f"option visibility={visibility!r}: choose 'partition' or 'batch'")
+    if visibility == "batch" and m is not Mode.STAGING:
+        raise ConfigurationError(
+            f"option visibility=batch with mode={m.value!r}: only mode 'staging' can publish a whole "
+            "batch at once (its stages are moved in one transaction); use mode staging, or "
+            "visibility=partition"
+        )
     if m is Mode.TRANSACTION:
         from clickhouse_tx.modes.transaction import TransactionMode
 
@@ -30,7 +42,7 @@ def mode_io_for(mode: "Mode | str") -> CommitModeIO:
     if m is Mode.STAGING:
         from clickhouse_tx.modes.staging import StagingMode
 
-        return StagingMode()
+        return StagingMode(whole_batch=visibility == "batch")
     if m is Mode.DEDUP:
         from clickhouse_tx.modes.dedup import DedupMode
 

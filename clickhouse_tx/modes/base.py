@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Sequence
+import uuid
+from typing import Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
+from clickhouse_tx.errors import ConfigurationError, ServerError
 from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table
@@ -42,6 +44,33 @@ class ModeBase:
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         """Nothing to check: the mode's rows stay invisible until the commit (dedup overrides)."""
+
+    def commit_together(
+        self,
+        target: Target,
+        batch: int,
+        version: int,
+        ps: Sequence[Prepared],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Nothing to do: each xid commits on its own (staging with ``visibility=batch`` overrides)."""
+
+    def require_transactions(self, target: Target, needed_by: str, instead: str = "") -> None:
+        """Driver, once per query: the server must run ``BEGIN TRANSACTION``; else ConfigurationError."""
+        probe = self.client(target, f"clickhouse_tx_probe_{uuid.uuid4().hex}", 60)
+        try:
+            probe.command("BEGIN TRANSACTION")
+            probe.command("ROLLBACK")
+        except ServerError as e:
+            raise ConfigurationError(
+                f"the server at {probe.server} refused BEGIN TRANSACTION ({e.message}): {needed_by} "
+                "needs allow_experimental_transactions and Keeper, see "
+                f"server_patches/config.d/transactions.xml{'; ' + instead if instead else ''}",
+                code=e.code,
+                name=e.name,
+            ) from None
+        finally:
+            probe.close()
 
     def describe_and_check(self, target: Target, schema: pa.Schema) -> TableInfo:
         """Driver: the table must exist and accept ``schema``; raise ConfigurationError."""

@@ -36,18 +36,31 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP, ReplyLostError
+from clickhouse_tx._transport import (
+    INVALID_TRANSACTION,
+    SESSION_IS_LOCKED,
+    SESSION_NOT_FOUND,
+    ClickHouseHTTP,
+    ReplyLostError,
+)
 from clickhouse_tx.dead_letters import write_dead_letters
-from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError, OutcomeUnknownError
+from clickhouse_tx.errors import (
+    ClickHouseTxError,
+    ConfigurationError,
+    IllegalTransitionError,
+    NotCommittedError,
+    OutcomeUnknownError,
+)
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CountingBatches
+from clickhouse_tx.markers import CommitMarkers, CountingBatches
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 
 log = logging.getLogger(__name__)
@@ -58,6 +71,15 @@ STAGE_PREFIX = "_ctx_stage_"
 DEAD_LETTER_STAGE_PREFIX = "_ctx_dlstage_"
 #: Stage tables of batch overwrite jobs (``spark_datasource.overwrite``).
 OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
+#: Idle seconds after which the server rolls back a batch transaction whose driver died
+#: holding it (its MOVEs lock the stages' parts until then).
+BATCH_SESSION_TIMEOUT_S = 60
+#: How long a replay waits for a batch COMMIT still running in the session (SESSION_IS_LOCKED).
+SETTLE_WAIT_S = 30.0
+
+#: The two values of the writer option ``visibility``.
+VISIBILITY_PARTITION = "partition"
+VISIBILITY_BATCH = "batch"
 
 
 def stage_name(xid: str) -> str:
@@ -84,13 +106,33 @@ def is_overwrite_stage_of(name: str, txn_id: str) -> bool:
 
 
 class StagingMode(ModeBase):
-    """Exactly-once per partition via stage tables and ``MOVE PARTITION``."""
+    """Exactly-once per partition via stage tables and ``MOVE PARTITION``.
+
+    ``whole_batch=True`` (writer option ``visibility=batch``) publishes every partition
+    of a batch in one ClickHouse transaction (:meth:`commit_together`).
+    """
 
     mode = Mode.STAGING
 
+    def __init__(self, *, whole_batch: bool = False) -> None:
+        self.whole_batch = whole_batch
+
+    def __repr__(self) -> str:
+        return f"StagingMode(whole_batch={self.whole_batch})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StagingMode) and other.whole_batch == self.whole_batch
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.whole_batch))
+
     # -- driver --------------------------------------------------------------------------
     def validate(self, target: Target, schema: pa.Schema) -> None:
-        """Driver, once per query: table, schema, a MergeTree-family engine, markers table."""
+        """Driver, once per query: table, schema, a MergeTree-family engine, markers table.
+
+        With ``visibility=batch`` also a non-replicated table and a server that runs
+        transactions (the one publishing transaction needs both).
+        """
         info = self.describe_and_check(target, schema)
         if not info.is_merge_tree:
             raise ConfigurationError(
@@ -98,6 +140,14 @@ class StagingMode(ModeBase):
                 "and needs a *MergeTree table (Replicated ones included); use mode 'none' for "
                 "other engines"
             )
+        if self.whole_batch:
+            if info.is_replicated:
+                raise ConfigurationError(
+                    f"table {info.display} has engine {info.engine}: option visibility=batch "
+                    "publishes a batch in one ClickHouse transaction, and transactions support "
+                    "non-replicated *MergeTree tables only; use visibility=partition"
+                )
+            self.require_transactions(target, "option visibility=batch")
         self.markers(target).ensure_table()
 
     # -- executor ------------------------------------------------------------------------
@@ -195,6 +245,84 @@ class StagingMode(ModeBase):
             except ReplyLostError as e:
                 raise OutcomeUnknownError(f"commit step lost its reply: {e.message}", xid=p.xid) from None
 
+    def commit_together(
+        self,
+        target: Target,
+        batch: int,
+        version: int,
+        ps: Sequence[Prepared],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Driver, once per batch commit, before the per-xid commits: publish ``ps`` at once.
+
+        A no-op unless ``visibility=batch``. Inside one transaction: MOVE every
+        partition of every stage (and dead-letter stage) of ``ps`` not yet published,
+        insert their markers, COMMIT. ``before_commit`` runs just before the COMMIT
+        (the test-only fault hooks).
+
+        Raises
+        ------
+        NotCommittedError
+            The transaction was refused or rolled back (a stage gone, a part locked):
+            nothing of it is visible; the per-xid commits publish the batch instead.
+        OutcomeUnknownError
+            A COMMIT of this batch was still running after :data:`SETTLE_WAIT_S`.
+        """
+        if not self.whole_batch or not ps:
+            return
+        markers = self.markers(target)
+        markers.ensure_table()  # DDL is refused inside a transaction
+        with self.client(target, batch_session(ps[0].txn_id, batch, version), BATCH_SESSION_TIMEOUT_S) as c:
+            _settle(c)
+            done = {str(m["xid"]) for m in markers.list(ps[0].txn_id, batch)}
+            todo = [p for p in ps if p.xid not in done]
+            if not todo:
+                return
+            statements = [sql for p in todo for sql in self._moves_of(c, target, p)]
+            statements += [markers.insert_sql(p) for p in todo]
+            try:
+                c.command("BEGIN TRANSACTION")
+                for sql in statements:
+                    c.command(sql)
+                if before_commit is not None:
+                    before_commit()
+                c.command("COMMIT")
+            except ClickHouseTxError as exc:
+                self._after_failed_batch_commit(c, markers, todo, exc)
+
+    def _after_failed_batch_commit(
+        self, c: ClickHouseHTTP, markers: CommitMarkers, todo: Sequence[Prepared], exc: ClickHouseTxError
+    ) -> None:
+        """Settle the batch's session, then the markers say whether the COMMIT landed."""
+        _settle(c)
+        done = {str(m["xid"]) for m in markers.list(todo[0].txn_id, todo[0].batch)}
+        if all(p.xid in done for p in todo):
+            return  # the COMMIT landed; only its reply was lost
+        raise NotCommittedError(
+            f"batch {todo[0].batch}: the transaction publishing {len(todo)} stages at once "
+            f"failed and was rolled back ({type(exc).__name__}: {exc})",
+            xid=todo[0].xid,
+        ) from exc
+
+    def _moves_of(self, c: ClickHouseHTTP, target: Target, p: Prepared) -> list[str]:
+        """The MOVE statements of ``p``'s stage and dead-letter stage (read before BEGIN)."""
+        stage = stage_name(p.xid)
+        if self._comment(c, target.database, stage) is None:
+            raise NotCommittedError(f"stage table {target.database}.{stage} is gone and no marker exists", xid=p.xid)
+        out = [
+            self._move_sql(target.database, stage, pid, self.target_sql(target))
+            for pid in self._partitions(c, target.database, stage)
+        ]
+        if p.details.get("dead_letters") != 0:
+            dl = dead_letter_stage_name(p.xid)
+            into = _plan_of(self._comment(c, target.database, dl)).get("clickhouse_tx_into")
+            if isinstance(into, list) and len(into) == 2:
+                out += [
+                    self._move_sql(target.database, dl, pid, q.qualified(*into))
+                    for pid in self._partitions(c, target.database, dl)
+                ]
+        return out
+
     def rollback(self, target: Target, p: Prepared) -> None:
         """Driver or GC: drop both stages; refuse if partitions of either were already moved."""
         with self.client(target) as c:
@@ -236,9 +364,11 @@ class StagingMode(ModeBase):
     def _move(self, c: ClickHouseHTTP, database: str, name: str, into: str) -> None:
         """MOVE every partition still in stage ``name`` into ``into`` (none left: nothing)."""
         for pid in self._partitions(c, database, name):
-            c.command(
-                f"ALTER TABLE {q.qualified(database, name)} MOVE PARTITION ID {q.quote_string(pid)} TO TABLE {into}"
-            )
+            c.command(self._move_sql(database, name, pid, into))
+
+    @staticmethod
+    def _move_sql(database: str, name: str, pid: str, into: str) -> str:
+        return f"ALTER TABLE {q.qualified(database, name)} MOVE PARTITION ID {q.quote_string(pid)} TO TABLE {into}"
 
     @staticmethod
     def _drop_stages(c: ClickHouseHTTP, target: Target, xid: str, *, quiet: bool = False, letters: bool = True) -> None:
@@ -275,6 +405,41 @@ class StagingMode(ModeBase):
             params={"d": database, "t": name},
         )
         return [str(r["partition_id"]) for r in rows]
+
+
+def batch_session(txn_id: str, batch: int, version: int) -> str:
+    """The session of batch ``batch``'s publishing transaction under decision ``version``.
+
+    Named, not random, so a replay (another driver process) finds and settles what an
+    attempt that died left open in it.
+    """
+    return f"clickhouse_tx_batch_{sanitize_txn(txn_id)}_{int(batch)}_v{int(version)}"
+
+
+def _settle(c: ClickHouseHTTP) -> None:
+    """End what an earlier attempt left in ``c``'s session, so its outcome is final.
+
+    ROLLBACK an open transaction; a session that does not exist, or holds no
+    transaction, has nothing open (a COMMIT there finished, or never came). A session
+    still busy (SESSION_IS_LOCKED: a COMMIT running) is waited for.
+    """
+    deadline = time.monotonic() + SETTLE_WAIT_S
+    while True:
+        try:
+            c.command("ROLLBACK", session_check=True)
+            return
+        except ClickHouseTxError as exc:
+            if exc.code in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
+                return
+            if exc.code != SESSION_IS_LOCKED and not isinstance(exc, ReplyLostError):
+                raise
+            if time.monotonic() >= deadline:
+                raise OutcomeUnknownError(
+                    f"the batch transaction in session {c.session_id} is still running after "
+                    f"{SETTLE_WAIT_S:.0f} s; a replay settles it",
+                    xid=c.session_id,
+                ) from exc
+        time.sleep(0.5)
 
 
 def tables_named(target: Target, prefix: str) -> list[tuple[str, float]]:

@@ -40,7 +40,6 @@ import dataclasses
 import logging
 import threading
 import time
-import uuid
 from typing import Iterator
 
 import pyarrow as pa
@@ -81,20 +80,7 @@ class TransactionMode(ModeBase):
                 "non-replicated *MergeTree table (ClickHouse transactions support nothing else); "
                 "use mode 'staging' (exactly-once on any MergeTree, incl. Replicated) or 'dedup'"
             )
-        probe = ClickHouseHTTP(target, session_id=f"clickhouse_tx_probe_{uuid.uuid4().hex}", session_timeout=60)
-        try:
-            probe.command("BEGIN TRANSACTION")
-            probe.command("ROLLBACK")
-        except ServerError as e:
-            raise ConfigurationError(
-                f"the server at {probe.server} refused BEGIN TRANSACTION ({e.message}): mode "
-                "'transaction' needs allow_experimental_transactions and Keeper, see "
-                "server_patches/config.d/transactions.xml; or use mode 'staging'",
-                code=e.code,
-                name=e.name,
-            ) from None
-        finally:
-            probe.close()
+        self.require_transactions(target, "mode 'transaction'", instead="or use mode 'staging'")
         self.markers(target).ensure_table()
 
     # -- executor ------------------------------------------------------------------------

@@ -51,9 +51,12 @@ def _classify(seen: collections.Counter) -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["transaction", "staging", "dedup"])
+@pytest.mark.parametrize(
+    ("mode", "visibility"),
+    [("transaction", "partition"), ("staging", "partition"), ("dedup", "partition"), ("staging", "batch")],
+)
 def test_a_reader_during_a_multi_partition_commit_never_sees_part_of_a_partition(
-    clickhouse_url: str, database: str, tmp_path: Path, mode: str
+    clickhouse_url: str, database: str, tmp_path: Path, mode: str, visibility: str
 ) -> None:
     target = Target(url=clickhouse_url, database=database, table="events")
     admin = ClickHouseHTTP(target)
@@ -61,7 +64,7 @@ def test_a_reader_during_a_multi_partition_commit_never_sees_part_of_a_partition
         f"CREATE TABLE {q.qualified(database, 'events')} (id UInt64) ENGINE = MergeTree "
         "ORDER BY id SETTINGS non_replicated_deduplication_window = 1000"
     )
-    coord = build_coordinator(target, mode, f"vis-{mode}", str(tmp_path))
+    coord = build_coordinator(target, mode, f"vis-{mode}", str(tmp_path), visibility=visibility)
     seen: collections.Counter[int] = collections.Counter()
     before_commit = []
     stop = threading.Event()
@@ -86,6 +89,7 @@ def test_a_reader_during_a_multi_partition_commit_never_sees_part_of_a_partition
         thread.join()
     result = {
         "mode": mode,
+        "visibility": visibility,
         "batches": BATCHES,
         "partitions": PARTITIONS,
         "rows_per_partition": ROWS,
@@ -95,5 +99,7 @@ def test_a_reader_during_a_multi_partition_commit_never_sees_part_of_a_partition
     print("reader visibility:", json.dumps(result))
     assert _count(admin, target) == BATCHES * PARTITIONS * ROWS
     assert result["reads"] > 0 and result["part_of_a_partition"] == 0, result
+    if visibility == "batch":  # the whole batch appears in one step, or nothing of it
+        assert result["part_of_a_batch"] == 0, result
     # Prepared rows: invisible until the commit, except in dedup mode (inserted straight in).
     assert set(before_commit) == ({PARTITIONS * ROWS} if mode == "dedup" else {0})

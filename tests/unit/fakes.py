@@ -110,11 +110,14 @@ class FakeClickHouse:
 
     mode = Mode.TRANSACTION
 
-    def __init__(self, faults: FaultPlan | None = None) -> None:
+    def __init__(self, faults: FaultPlan | None = None, *, whole_batch: bool = False) -> None:
         self.faults = faults or FaultPlan()
         self.tx: dict[str, _Tx] = {}
         self.rollbacks_of_committed: list[str] = []
         self.commit_calls: list[str] = []
+        #: ``visibility=batch``: :meth:`commit_together` publishes a batch's xids in one step.
+        self.whole_batch = whole_batch
+        self.together_calls: list[tuple[str, ...]] = []
 
     def _hit(self, op: str, phase: str) -> None:
         self.faults.hit(f"ch.{op}", phase)
@@ -151,6 +154,27 @@ class FakeClickHouse:
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         """Transaction mode's: nothing to check (its rows are invisible until COMMIT)."""
+
+    def commit_together(
+        self,
+        target: Target,
+        batch: int,
+        version: int,
+        ps: Sequence[Prepared],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Nothing unless ``whole_batch``; then every xid of ``ps`` commits in one step, or none."""
+        if not self.whole_batch:
+            return
+        self._hit("commit_together", "before")
+        txs = [self.tx.get(p.xid) for p in ps]
+        if any(t is None or t.status in ("dead", "rolled_back") for t in txs):
+            raise NotCommittedError("a transaction of the batch is gone: none committed", xid=ps[0].xid)
+        self.together_calls.append(tuple(p.xid for p in ps))
+        for t in txs:
+            assert t is not None
+            t.status = "committed"
+        self._hit("commit_together", "after")
 
     def commit(self, target: Target, p: Prepared) -> None:
         self._hit("commit", "before")
@@ -351,9 +375,10 @@ class World:
     txn_id: str = "q1"
     faults: FaultPlan = dataclasses.field(default_factory=FaultPlan)
     now: list[float] = dataclasses.field(default_factory=lambda: [1000.0])
+    whole_batch: bool = False
 
     def __post_init__(self) -> None:
-        self.ch = FakeClickHouse(self.faults)
+        self.ch = FakeClickHouse(self.faults, whole_batch=self.whole_batch)
         self.registry = FakeRegistry(self.faults, clock=lambda: self.now[0])
         self.log = FakeDecisionLog(self.txn_id, self.faults)
         self.faults.on_kill = self.ch.kill_sessions

@@ -150,6 +150,32 @@ def test_the_decision_is_written_before_the_first_commit() -> None:
     assert max(i for i, op in enumerate(ops) if op == "ch.commit") < ops.index("log.mark_done")
 
 
+def test_a_whole_batch_commit_publishes_every_partition_in_one_step_before_the_per_xid_commits() -> None:
+    w = World(whole_batch=True)
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.trace.clear()
+    w.coordinator().commit_batch(0, ms)
+    assert w.ch.together_calls == [tuple(m.xid for m in ms)]
+    ops = [op for _, op, phase in w.faults.trace if phase == "before"]
+    assert ops.index("log.write") < ops.index("ch.commit_together") < ops.index("ch.commit")
+    assert_exactly_once(w)
+
+
+def test_a_refused_whole_batch_commit_falls_back_to_per_partition_commits_exactly_once() -> None:
+    w = World(whole_batch=True)
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise NotCommittedError("the one transaction was refused: nothing of it is visible")
+
+    w.ch.commit_together = refused  # type: ignore[method-assign]
+    report = w.coordinator().commit_batch(0, ms)
+    assert len(report.committed) == PARTS and w.ch.together_calls == []
+    assert_exactly_once(w)
+
+
 def test_a_replay_of_a_done_batch_rolls_back_its_messages_and_commits_nothing() -> None:
     w = World()
     c = w.coordinator()
@@ -410,22 +436,23 @@ def _restart_and_replay(w: World, recover: bool) -> None:
     _check_invariants(w)
 
 
-def _count_steps() -> int:
-    w = World()
+def _count_steps(whole_batch: bool = False) -> int:
+    w = World(whole_batch=whole_batch)
     assert _first_run(w) == "ok"
     return w.faults.step
 
 
+@pytest.mark.parametrize("whole_batch", [False, True], ids=["per-partition", "whole-batch"])
 @pytest.mark.parametrize("recover", [False, True], ids=["replay", "recover-then-replay"])
 @pytest.mark.parametrize("kind", ["crash", "error", "kill"])
 def test_a_fault_at_every_step_then_a_replay_leaves_every_partition_visible_exactly_once(
-    kind: str, recover: bool
+    kind: str, recover: bool, whole_batch: bool
 ) -> None:
-    steps = _count_steps()
+    steps = _count_steps(whole_batch)
     assert steps > 50  # registry, ClickHouse and log calls of prepares and the commit
     outcomes: dict[str, int] = {}
     for at in range(steps):
-        w = World(faults=FaultPlan(at=at, kind=kind))
+        w = World(faults=FaultPlan(at=at, kind=kind), whole_batch=whole_batch)
         outcome = _first_run(w)
         assert w.faults.fired, f"step {at} was never reached"
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
