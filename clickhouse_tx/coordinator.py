@@ -941,8 +941,7 @@ class Coordinator:
         if not ps:
             return
         try:
-            d = run.decision
-            self.ops.call(lambda: self.mode_io.commit_together(self.target, d.batch, d.version, ps))
+            self.ops.call(lambda: self.mode_io.commit_together(self.target, run.decision.batch, ps))
         except NotCommittedError as exc:
             log.warning(
                 "batch %d: could not publish the batch in one transaction (%s); committing its "

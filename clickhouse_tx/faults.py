@@ -211,12 +211,11 @@ class FaultyModeIO:
         self,
         target: Target,
         batch: int,
-        version: int,
         ps: Sequence[Prepared],
         before_commit: Callable[[], None] | None = None,
     ) -> None:
         self.inner.commit_together(
-            target, batch, version, ps, before_commit=lambda: self.plan.hit("in_batch_transaction", batch)
+            target, batch, ps, before_commit=lambda: self.plan.hit("in_batch_transaction", batch)
         )
 
     def __getattr__(self, name: str) -> object:

@@ -178,7 +178,6 @@ class CommitModeIO(Protocol):
         self,
         target: Target,
         batch: int,
-        version: int,
         ps: Sequence[Prepared],
         before_commit: Callable[[], None] | None = None,
     ) -> None:

@@ -12,7 +12,8 @@ Outcome certainty
 - :class:`~clickhouse_tx.errors.ServerBusyError` (a ``TransientError``): the server
   refused the request before running it: HTTP 503/429 without a ClickHouse exception
   (a proxy or an overloaded server), ``TOO_MANY_SIMULTANEOUS_QUERIES``,
-  ``SESSION_IS_LOCKED``, no Keeper connection at all. Nothing was done; the retry helper retries it.
+  ``SESSION_IS_LOCKED``, ``PART_IS_TEMPORARILY_LOCKED``, no Keeper connection at all.
+  Nothing was done; the retry helper retries it.
 - :class:`~clickhouse_tx.errors.ServerOutcomeUnknownError` (an ``OutcomeUnknownError``):
   the Keeper connection was lost, the Keeper session expired or a Keeper operation
   timed out while the request ran; a write may or may not have reached Keeper. Reads
@@ -58,15 +59,24 @@ TOO_MANY_SIMULTANEOUS_QUERIES = 202
 NO_ZOOKEEPER = 225
 TABLE_IS_READ_ONLY = 242
 ALL_CONNECTION_TRIES_FAILED = 279
+PART_IS_TEMPORARILY_LOCKED = 384
 SESSION_NOT_FOUND = 372
 SESSION_IS_LOCKED = 373
 INVALID_TRANSACTION = 649
 KEEPER_EXCEPTION = 999
 
 #: Codes whose query was refused before it ran: retrying cannot do anything twice.
-#: (SESSION_IS_LOCKED: another request holds the session; this one never started.)
+#: (SESSION_IS_LOCKED: another request holds the session; this one never started.
+#: PART_IS_TEMPORARILY_LOCKED: an ALTER found a part it needs locked, and did nothing.)
 _REFUSED_BEFORE_RUNNING = frozenset(
-    {TOO_MANY_SIMULTANEOUS_QUERIES, NO_ZOOKEEPER, TABLE_IS_READ_ONLY, ALL_CONNECTION_TRIES_FAILED, SESSION_IS_LOCKED}
+    {
+        TOO_MANY_SIMULTANEOUS_QUERIES,
+        NO_ZOOKEEPER,
+        TABLE_IS_READ_ONLY,
+        ALL_CONNECTION_TRIES_FAILED,
+        SESSION_IS_LOCKED,
+        PART_IS_TEMPORARILY_LOCKED,
+    }
 )
 #: HTTP statuses that, without a ClickHouse exception, mean "not run, come back later".
 _BUSY_STATUSES = frozenset({429, 503})

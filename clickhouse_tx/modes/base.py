@@ -49,7 +49,6 @@ class ModeBase:
         self,
         target: Target,
         batch: int,
-        version: int,
         ps: Sequence[Prepared],
         before_commit: Callable[[], None] | None = None,
     ) -> None:

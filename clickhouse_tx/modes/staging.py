@@ -57,6 +57,7 @@ from clickhouse_tx.errors import (
     IllegalTransitionError,
     NotCommittedError,
     OutcomeUnknownError,
+    ServerBusyError,
 )
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
@@ -76,6 +77,8 @@ OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
 BATCH_SESSION_TIMEOUT_S = 60
 #: How long a replay waits for a batch COMMIT still running in the session (SESSION_IS_LOCKED).
 SETTLE_WAIT_S = 30.0
+#: How long a batch commit waits for stage parts a rolled-back MOVE left locked.
+LOCKED_PARTS_WAIT_S = 120.0
 
 #: The two values of the writer option ``visibility``.
 VISIBILITY_PARTITION = "partition"
@@ -164,7 +167,10 @@ class StagingMode(ModeBase):
                     c.insert_arrow_stream(stage, schema, counted)
                 letters = self._stage_dead_letters(c, target, ctx, xid, converted)
                 partitions = self._partitions(c, target.database, stage_name(xid))
-                _record_plan(c, stage, {"clickhouse_tx_partitions": partitions})
+                plan: dict[str, Any] = {"clickhouse_tx_partitions": partitions}
+                if self.whole_batch:  # a per-xid commit (recover) settles the batch's session first
+                    plan["clickhouse_tx_batch_session"] = batch_session(ctx.txn_id, ctx.batch)
+                _record_plan(c, stage, plan)
             except BaseException:
                 self._drop_stages(c, target, xid, quiet=True)
                 raise
@@ -221,12 +227,16 @@ class StagingMode(ModeBase):
                 if markers.lookup(p.xid) is not None:
                     self._drop_stages(c, target, p.xid, letters=letters)
                     return
-                if self._comment(c, target.database, stage_name(p.xid)) is None:
+                comment = self._comment(c, target.database, stage_name(p.xid))
+                if comment is None:
                     raise NotCommittedError(
                         f"stage table {target.database}.{stage_name(p.xid)} is "
                         "gone and no marker exists: it was rolled back",
                         xid=p.xid,
                     )
+                if self._settle_batch_of(target, p, _plan_of(comment)):
+                    self.commit(target, p)  # the batch's transaction may have published it meanwhile
+                    return
                 self._move(c, target.database, stage_name(p.xid), self.target_sql(target))
                 into = (
                     (
@@ -249,7 +259,6 @@ class StagingMode(ModeBase):
         self,
         target: Target,
         batch: int,
-        version: int,
         ps: Sequence[Prepared],
         before_commit: Callable[[], None] | None = None,
     ) -> None:
@@ -263,8 +272,9 @@ class StagingMode(ModeBase):
         Raises
         ------
         NotCommittedError
-            The transaction was refused or rolled back (a stage gone, a part locked):
-            nothing of it is visible; the per-xid commits publish the batch instead.
+            The transaction was refused or rolled back (a stage gone, parts locked for
+            :data:`LOCKED_PARTS_WAIT_S`): nothing of it is visible; the per-xid commits
+            publish the batch instead.
         OutcomeUnknownError
             A COMMIT of this batch was still running after :data:`SETTLE_WAIT_S`.
         """
@@ -272,37 +282,112 @@ class StagingMode(ModeBase):
             return
         markers = self.markers(target)
         markers.ensure_table()  # DDL is refused inside a transaction
-        with self.client(target, batch_session(ps[0].txn_id, batch, version), BATCH_SESSION_TIMEOUT_S) as c:
-            _settle(c)
-            done = {str(m["xid"]) for m in markers.list(ps[0].txn_id, batch)}
-            todo = [p for p in ps if p.xid not in done]
-            if not todo:
+        deadline = time.monotonic() + LOCKED_PARTS_WAIT_S
+        with self.client(target, batch_session(ps[0].txn_id, batch), BATCH_SESSION_TIMEOUT_S) as c:
+            if _settle(c):  # a dead attempt's transaction was open: its MOVEs left locks
+                self._wait_for_unlocked_stages(c, target, ps, deadline)
+            while True:
+                try:
+                    self._publish(c, target, markers, ps, before_commit)
+                    return
+                except ServerBusyError as exc:
+                    if time.monotonic() >= deadline:
+                        raise NotCommittedError(
+                            f"batch {batch}: stage parts stayed locked for {LOCKED_PARTS_WAIT_S:.0f} s ({exc.message})",
+                            xid=ps[0].xid,
+                        ) from exc
+                    log.info("batch %d: waiting for locked stage parts (%s)", batch, exc.message)
+                    self._wait_for_unlocked_stages(c, target, ps, deadline)
+                except NotCommittedError:
+                    # The per-xid commits take over: the MOVEs a rollback just undid must be free.
+                    self._wait_for_unlocked_stages(c, target, ps, deadline)
+                    raise
+
+    def _wait_for_unlocked_stages(
+        self, c: ClickHouseHTTP, target: Target, ps: Sequence[Prepared], deadline: float
+    ) -> None:
+        """Wait (without a transaction) until no stage of ``ps`` holds a rolled-back MOVE's part.
+
+        A MOVE that a transaction rolled back leaves an outdated copy of the part in the
+        stage (``remove_time`` zero); until ClickHouse's cleanup removes it (about 30 s
+        here) a MOVE of that partition fails with PART_IS_TEMPORARILY_LOCKED. Retrying
+        inside a transaction meanwhile would MOVE, then roll back, the stages that are
+        free, and lock them again: so wait for all of them first.
+        """
+        names = [n for p in ps for n in (stage_name(p.xid), dead_letter_stage_name(p.xid))]
+        while time.monotonic() < deadline:
+            rows = c.query_json(
+                "SELECT count() AS n FROM system.parts WHERE database = {d:String} "
+                "AND table IN {t:Array(String)} AND NOT active AND remove_time = toDateTime(0)",
+                params={"d": target.database, "t": names},
+            )
+            if not rows or int(rows[0]["n"]) == 0:
                 return
-            statements = [sql for p in todo for sql in self._moves_of(c, target, p)]
-            statements += [markers.insert_sql(p) for p in todo]
-            try:
-                c.command("BEGIN TRANSACTION")
-                for sql in statements:
-                    c.command(sql)
-                if before_commit is not None:
-                    before_commit()
-                c.command("COMMIT")
-            except ClickHouseTxError as exc:
-                self._after_failed_batch_commit(c, markers, todo, exc)
+            time.sleep(1.0)
+
+    def _publish(
+        self,
+        c: ClickHouseHTTP,
+        target: Target,
+        markers: CommitMarkers,
+        ps: Sequence[Prepared],
+        before_commit: Callable[[], None] | None,
+    ) -> None:
+        """One attempt of :meth:`commit_together` in the batch's session ``c`` (settled)."""
+        done = {str(m["xid"]) for m in markers.list(ps[0].txn_id, ps[0].batch)}
+        todo = [p for p in ps if p.xid not in done]
+        if not todo:
+            return
+        statements = [sql for p in todo for sql in self._moves_of(c, target, p)]
+        statements += [markers.insert_sql(p) for p in todo]
+        try:
+            c.command("BEGIN TRANSACTION")
+            for sql in statements:
+                c.command(sql)
+            if before_commit is not None:
+                before_commit()
+            c.command("COMMIT")
+        except ClickHouseTxError as exc:
+            self._after_failed_batch_commit(c, markers, todo, exc)
 
     def _after_failed_batch_commit(
         self, c: ClickHouseHTTP, markers: CommitMarkers, todo: Sequence[Prepared], exc: ClickHouseTxError
     ) -> None:
-        """Settle the batch's session, then the markers say whether the COMMIT landed."""
+        """Settle the batch's session, then the markers say whether the COMMIT landed.
+
+        A refusal before running (:class:`ServerBusyError`) is raised again as it is, once
+        the session is settled, for :meth:`commit_together` to wait and try again.
+        """
         _settle(c)
         done = {str(m["xid"]) for m in markers.list(todo[0].txn_id, todo[0].batch)}
         if all(p.xid in done for p in todo):
             return  # the COMMIT landed; only its reply was lost
+        if isinstance(exc, ServerBusyError):
+            raise exc
         raise NotCommittedError(
             f"batch {todo[0].batch}: the transaction publishing {len(todo)} stages at once "
             f"failed and was rolled back ({type(exc).__name__}: {exc})",
             xid=todo[0].xid,
         ) from exc
+
+    def _settle_batch_of(self, target: Target, p: Prepared, plan: dict[str, Any]) -> bool:
+        """Before a per-xid MOVE of a ``visibility=batch`` stage: end the batch's transaction.
+
+        A driver that died inside :meth:`commit_together` leaves its transaction open
+        (until :data:`BATCH_SESSION_TIMEOUT_S`); its MOVEs hide the stage's partitions
+        from a plain read, so a per-xid commit (``recover``) would move nothing and
+        write the marker of rows that the rollback then takes back. True if a
+        transaction was rolled back (the caller starts over); either way the stage's
+        parts are unlocked when it returns.
+        """
+        session = plan.get("clickhouse_tx_batch_session")
+        if not isinstance(session, str):
+            return False
+        with self.client(target, session, BATCH_SESSION_TIMEOUT_S) as c:
+            rolled_back = _settle(c)
+            # Also when another xid's commit rolled it back: this stage's parts may still be locked.
+            self._wait_for_unlocked_stages(c, target, [p], time.monotonic() + LOCKED_PARTS_WAIT_S)
+        return rolled_back
 
     def _moves_of(self, c: ClickHouseHTTP, target: Target, p: Prepared) -> list[str]:
         """The MOVE statements of ``p``'s stage and dead-letter stage (read before BEGIN)."""
@@ -407,30 +492,31 @@ class StagingMode(ModeBase):
         return [str(r["partition_id"]) for r in rows]
 
 
-def batch_session(txn_id: str, batch: int, version: int) -> str:
-    """The session of batch ``batch``'s publishing transaction under decision ``version``.
+def batch_session(txn_id: str, batch: int) -> str:
+    """The session of batch ``batch``'s publishing transaction.
 
-    Named, not random, so a replay (another driver process) finds and settles what an
-    attempt that died left open in it.
+    Named, not random, so a replay (another driver process) or ``recover`` finds and
+    settles what an attempt that died left open in it. One name for every decision
+    version: whoever comes next settles whatever is open, and a MOVE is idempotent.
     """
-    return f"clickhouse_tx_batch_{sanitize_txn(txn_id)}_{int(batch)}_v{int(version)}"
+    return f"clickhouse_tx_batch_{sanitize_txn(txn_id)}_{int(batch)}"
 
 
-def _settle(c: ClickHouseHTTP) -> None:
+def _settle(c: ClickHouseHTTP) -> bool:
     """End what an earlier attempt left in ``c``'s session, so its outcome is final.
 
-    ROLLBACK an open transaction; a session that does not exist, or holds no
-    transaction, has nothing open (a COMMIT there finished, or never came). A session
-    still busy (SESSION_IS_LOCKED: a COMMIT running) is waited for.
+    ROLLBACK an open transaction (then True); a session that does not exist, or holds
+    no transaction, has nothing open (a COMMIT there finished, or never came). A
+    session still busy (SESSION_IS_LOCKED: a COMMIT running) is waited for.
     """
     deadline = time.monotonic() + SETTLE_WAIT_S
     while True:
         try:
             c.command("ROLLBACK", session_check=True)
-            return
+            return True
         except ClickHouseTxError as exc:
             if exc.code in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
-                return
+                return False
             if exc.code != SESSION_IS_LOCKED and not isinstance(exc, ReplyLostError):
                 raise
             if time.monotonic() >= deadline:

@@ -117,3 +117,9 @@ def test_verify_checks_a_staging_table_on_a_server_without_transactions(url: str
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["clean"] is True
+
+
+def test_visibility_batch_is_refused_on_a_server_without_transactions_and_says_what_it_needs(url: str) -> None:
+    target, _ = _table(url, "batch_visibility")
+    with pytest.raises(ConfigurationError, match="visibility=batch needs allow_experimental_transactions"):
+        build_mode_io("staging", visibility="batch").validate(target, pa.schema([("id", pa.uint64())]))

@@ -70,6 +70,23 @@ def test_a_million_rows_arrive_exactly_once_with_matching_checksums_in_every_mod
     assert not [t for t in table_names(clickhouse_url, database) if t.startswith("_ctx_")]
 
 
+def test_a_staging_job_with_visibility_batch_arrives_exactly_once_and_leaves_no_stage(
+    sp, clickhouse_url: str, database: str
+) -> None:
+    n = 200_000
+    create_events_table(clickhouse_url, database, "events", "staging")
+    txn = f"vis-{uuid.uuid4().hex[:6]}"
+    opts = writer_options(clickhouse_url, database, "events", "staging", transactional_id=txn)
+    events(sp, n, 4).write.format("clickhouse_tx").options(**opts, visibility="batch").mode("append").save()
+    assert actual_totals(clickhouse_url, database, "events") == expected_totals(n)
+    markers = read_committed(
+        clickhouse_url,
+        f"SELECT count(), sum(rows) FROM `{database}`.clickhouse_tx_commits WHERE startsWith(txn_id, '{txn}.job-')",
+    )[0]
+    assert [int(x) for x in markers] == [4, n]
+    assert not [t for t in table_names(clickhouse_url, database) if t.startswith("_ctx_")]
+
+
 def _fail_in_partition(target_partition: int, delay_s: float):
     def fail(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import time

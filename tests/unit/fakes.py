@@ -159,7 +159,6 @@ class FakeClickHouse:
         self,
         target: Target,
         batch: int,
-        version: int,
         ps: Sequence[Prepared],
         before_commit: Callable[[], None] | None = None,
     ) -> None:

@@ -494,3 +494,13 @@ def test_bad_rows_dead_letter_needs_a_table_and_an_exactly_once_mode_and_is_refu
     )
     assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="staging").dead_letter_table
     assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="dedup").dead_letter_table
+
+
+def test_visibility_defaults_to_partition_and_batch_is_taken_in_mode_staging():
+    assert parse().visibility == "partition"
+    assert parse(mode="staging", visibility="Batch").visibility == "batch"
+
+
+def test_visibility_batch_outside_mode_staging_or_an_unknown_visibility_is_refused_on_the_driver():
+    assert "only mode 'staging'" in error_of({**BASE, "visibility": "batch"})
+    assert "visibility='whole'" in error_of({**BASE, "mode": "staging", "visibility": "whole"})
