@@ -32,7 +32,8 @@ from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches.stack import running_stack
 
-MODES = ("none", "transaction", "staging", "dedup")
+#: ``staging+batch``: mode staging with ``visibility=batch`` (the batch in one transaction).
+MODES = ("none", "transaction", "staging", "staging+batch", "dedup")
 DDL = (
     "CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, ts DateTime64(3), payload String) "
     "ENGINE = MergeTree ORDER BY id PARTITION BY intDiv(id, 100000000000) "
@@ -51,6 +52,10 @@ def make_partition(first: int, rows: int) -> pa.Table:
     )
 
 
+def _table(mode: str) -> str:
+    return "t_" + mode.replace("+", "_")
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -60,7 +65,8 @@ def run_batch(
     target: Target, mode: str, txn: str, log: str, batch: int, parts: list[pa.Table], first_partition: int = 0
 ) -> tuple[float, float]:
     """Prepare every partition (in parallel, as executors would), then commit; (prepare s, commit s)."""
-    coord = build_coordinator(target, mode, txn, log)
+    mode, _, visibility = mode.partition("+")
+    coord = build_coordinator(target, mode, txn, log, visibility=visibility or "partition")
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(min(4, len(parts))) as pool:
         msgs = list(
@@ -72,7 +78,8 @@ def run_batch(
             )
         )
     t1 = time.perf_counter()
-    build_coordinator(target, mode, txn, log).commit_batch(batch, msgs)  # fresh, as Spark does
+    fresh = build_coordinator(target, mode, txn, log, visibility=visibility or "partition")  # as Spark does
+    fresh.commit_batch(batch, msgs)
     return t1 - t0, time.perf_counter() - t1
 
 
@@ -91,14 +98,14 @@ def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
     }
     try:
         for mode in MODES:
-            admin.command(DDL.format(db=db, t=f"t_{mode}"))
+            admin.command(DDL.format(db=db, t=_table(mode)))
         # Throughput: rounds alternate modes so drift hits all of them alike.
         secs: dict[str, list[float]] = {m: [] for m in MODES}
         for r in range(repeat):
             # Distinct rows per round: identical blocks would be dropped by the dedup window.
             parts = [make_partition(r * rows + p * (rows // 4), rows // 4) for p in range(4)]
             for mode in MODES:
-                target = Target(url=url, database=db, table=f"t_{mode}")
+                target = Target(url=url, database=db, table=_table(mode))
                 prep, com = run_batch(target, mode, f"tp-{mode}", logroot, r, parts)
                 secs[mode].append(prep + com)
             print(
@@ -109,7 +116,7 @@ def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
         base = rows / statistics.median(secs["none"])
         for mode in MODES:
             rate = rows / statistics.median(secs[mode])
-            count = int(admin.command(f"SELECT count() FROM {db}.t_{mode}", settings={}).strip() or 0)
+            count = int(admin.command(f"SELECT count() FROM {db}.{_table(mode)}", settings={}).strip() or 0)
             out["throughput"][mode] = {
                 "rows_per_s_median": round(rate),
                 "ratio_to_none": round(rate / base, 3),
@@ -120,7 +127,7 @@ def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
                 raise SystemExit(f"{mode}: {count} rows visible, expected {rows * repeat}")
         # Commit latency: small batches, so the protocol's own cost dominates.
         for mode in MODES:
-            target = Target(url=url, database=db, table=f"t_{mode}")
+            target = Target(url=url, database=db, table=_table(mode))
             out["commit_latency_ms"][mode] = {}
             for n in (1, 4, 16):
                 lat = []
@@ -134,7 +141,7 @@ def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
                     "p99": round(percentile(lat, 0.99), 1),
                 }
                 print(
-                    f"  commit latency {mode:11s} {n:2d} partitions: p50 {percentile(lat, 0.5):6.1f} ms, "
+                    f"  commit latency {mode:13s} {n:2d} partitions: p50 {percentile(lat, 0.5):6.1f} ms, "
                     f"p99 {percentile(lat, 0.99):6.1f} ms",
                     flush=True,
                 )

@@ -105,9 +105,14 @@ class CommitMarkers:
                 raise
         _CREATED.add(key)
 
-    def insert_sql(self, p: Prepared) -> str:
-        """The ``INSERT`` of ``p``'s marker (run it through any client/session)."""
-        values = [
+    def insert_sql(self, p: Prepared, *more: Prepared) -> str:
+        """The ``INSERT`` of the markers of ``p`` (and ``more``), one statement (any client/session)."""
+        rows = ", ".join(f"({', '.join(self._values(x))})" for x in (p, *more))
+        return f"INSERT INTO {self.fq} ({_SELECT}) VALUES {rows}"
+
+    @staticmethod
+    def _values(p: Prepared) -> list[str]:
+        return [
             q.quote_string(p.txn_id),
             str(int(p.batch)),
             str(int(p.partition)),
@@ -118,7 +123,6 @@ class CommitMarkers:
             q.quote_string(p.mode.value),
             "now64(3)",
         ]
-        return f"INSERT INTO {self.fq} ({_SELECT}) VALUES ({', '.join(values)})"
 
     def insert(self, p: Prepared, client: ClickHouseHTTP | None = None) -> None:
         """Insert ``p``'s marker through ``client`` (e.g. the xid's session) or our own."""

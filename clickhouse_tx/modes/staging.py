@@ -338,8 +338,8 @@ class StagingMode(ModeBase):
         todo = [p for p in ps if p.xid not in done]
         if not todo:
             return
-        statements = [sql for p in todo for sql in self._moves_of(c, target, p)]
-        statements += [markers.insert_sql(p) for p in todo]
+        statements = self._moves_of(c, target, todo)
+        statements.append(markers.insert_sql(*todo))
         try:
             c.command("BEGIN TRANSACTION")
             for sql in statements:
@@ -389,23 +389,37 @@ class StagingMode(ModeBase):
             self._wait_for_unlocked_stages(c, target, [p], time.monotonic() + LOCKED_PARTS_WAIT_S)
         return rolled_back
 
-    def _moves_of(self, c: ClickHouseHTTP, target: Target, p: Prepared) -> list[str]:
-        """The MOVE statements of ``p``'s stage and dead-letter stage (read before BEGIN)."""
-        stage = stage_name(p.xid)
-        if self._comment(c, target.database, stage) is None:
-            raise NotCommittedError(f"stage table {target.database}.{stage} is gone and no marker exists", xid=p.xid)
-        out = [
-            self._move_sql(target.database, stage, pid, self.target_sql(target))
-            for pid in self._partitions(c, target.database, stage)
-        ]
-        if p.details.get("dead_letters") != 0:
-            dl = dead_letter_stage_name(p.xid)
-            into = _plan_of(self._comment(c, target.database, dl)).get("clickhouse_tx_into")
+    def _moves_of(self, c: ClickHouseHTTP, target: Target, ps: Sequence[Prepared]) -> list[str]:
+        """The MOVE statements of every stage and dead-letter stage of ``ps`` (read before BEGIN).
+
+        Two reads for the whole batch (the stages' COMMENTs, their partitions with rows),
+        not two per stage: they run while the batch waits for its commit.
+        """
+        db = target.database
+        names = [n for p in ps for n in (stage_name(p.xid), dead_letter_stage_name(p.xid))]
+        comments = {
+            str(r["name"]): str(r["comment"])
+            for r in c.query_json(
+                "SELECT name, comment FROM system.tables WHERE database = {d:String} AND name IN {t:Array(String)}",
+                params={"d": db, "t": names},
+            )
+        }
+        partitions: dict[str, list[str]] = {}
+        for r in c.query_json(
+            "SELECT DISTINCT table, partition_id FROM system.parts WHERE database = {d:String} "
+            "AND table IN {t:Array(String)} AND active AND rows > 0 ORDER BY table, partition_id",
+            params={"d": db, "t": names},
+        ):
+            partitions.setdefault(str(r["table"]), []).append(str(r["partition_id"]))
+        out: list[str] = []
+        for p in ps:
+            stage, dl = stage_name(p.xid), dead_letter_stage_name(p.xid)
+            if stage not in comments:
+                raise NotCommittedError(f"stage table {db}.{stage} is gone and no marker exists", xid=p.xid)
+            out += [self._move_sql(db, stage, pid, self.target_sql(target)) for pid in partitions.get(stage, [])]
+            into = _plan_of(comments.get(dl)).get("clickhouse_tx_into")
             if isinstance(into, list) and len(into) == 2:
-                out += [
-                    self._move_sql(target.database, dl, pid, q.qualified(*into))
-                    for pid in self._partitions(c, target.database, dl)
-                ]
+                out += [self._move_sql(db, dl, pid, q.qualified(*into)) for pid in partitions.get(dl, [])]
         return out
 
     def rollback(self, target: Target, p: Prepared) -> None:
