@@ -233,6 +233,44 @@ def test_no_import_cycle_exists_between_the_modules_of_the_project() -> None:
     assert find_cycle(import_graph()) is None
 
 
+def imported_test_modules(path: Path) -> list[str]:
+    """The ``test_*`` modules a file under ``tests/`` imports (``tests.x.test_y`` or ``.test_y``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n.split(".")[-1].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_from_another_test_module() -> None:
+    # Shared test code lives in tests/helpers (or a conftest fixture): a test module
+    # imported by another runs its module-level code twice and ties their edits together.
+    imports = {
+        str(path.relative_to(ROOT)): imported_test_modules(path)
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if imported_test_modules(path)
+    }
+    assert imports == {}
+
+
+def test_the_test_import_check_sees_absolute_and_relative_imports_of_test_modules(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text(
+        "from tests.torture.test_driver_kill import run\n"
+        "from .test_cli import _cli\n"
+        "import tests.spark.test_kafka_reader as r\n"
+        "from tests.helpers.torture import run_child\n"
+        "from tests.unit import fakes\n"
+    )
+    assert imported_test_modules(src) == ["tests.torture.test_driver_kill", "test_cli", "tests.spark.test_kafka_reader"]
+
+
 @pytest.mark.parametrize(
     "importer, target, allowed",
     [
