@@ -462,43 +462,22 @@ def verify(
     db, t = split_table(table)
     ch = ClickHouseReader(url, user=user, password=password)
     try:
-        _check_columns(
-            ch,
-            db,
-            t,
-            url,
-            topic_col=topic_col,
-            partition_col=partition_col,
-            offset_col=offset_col,
-            segment_col=segment_col,
-        )
-        scan = _Scan(
-            ch,
-            _Cols(topic_col or None, partition_col, offset_col),
-            f"{quote_ident(db)}.{quote_ident(t)}",
-            int(sample_limit),
+        scan = _open_scan(
+            ch, db, t, url, (topic_col, partition_col, offset_col), segment_col=segment_col, sample_limit=sample_limit
         )
         if expected and not scan.cols.topic:
             # a table without a topic column is checked by partition alone
             expected = {(None, p): v for (_, p), v in expected.items()}
         summaries = _summaries(scan, expected or {})
         total = sum(s.rows for s in summaries.values())
-        checks = ["duplicates", "gaps"]
-        anomalies = _duplicates(scan, summaries) + _gaps(scan, summaries)
-        if expected:
-            checks.append("expected offsets")
-            anomalies.extend(check_expected(summaries, expected))
-        if segment_col:
-            checks.append(f"segments by {segment_col}")
-            anomalies.extend(_segment_anomalies(scan, segment_col))
+        checks, anomalies = _offset_checks(scan, summaries, expected, segment_col)
         marker_info = _marker_and_decision_checks(
             ch, db, t, total, txn_id=txn_id, checkpoint=checkpoint, markers=markers, checks=checks, anomalies=anomalies
         )
-        distinct = sum(s.distinct for s in summaries.values())
         return VerifyReport(
             table=table,
             rows=total,
-            distinct=distinct,
+            distinct=sum(s.distinct for s in summaries.values()),
             partitions=tuple(summaries[k] for k in sorted(summaries, key=_tp_order)),
             anomalies=tuple(anomalies),
             checks=tuple(checks),
@@ -506,6 +485,57 @@ def verify(
         )
     finally:
         ch.close()
+
+
+def _open_scan(
+    ch: ClickHouseReader,
+    db: str,
+    t: str,
+    url: str,
+    coordinates: tuple[str | None, str, str],
+    *,
+    segment_col: str | None,
+    sample_limit: int,
+) -> _Scan:
+    """The scan of ``db.t`` once the table and every named column are found to exist.
+
+    ``coordinates``: the (topic, partition, offset) columns; topic None or "" for none.
+    """
+    topic_col, partition_col, offset_col = coordinates
+    _check_columns(
+        ch,
+        db,
+        t,
+        url,
+        topic_col=topic_col,
+        partition_col=partition_col,
+        offset_col=offset_col,
+        segment_col=segment_col,
+    )
+    return _Scan(
+        ch,
+        _Cols(topic_col or None, partition_col, offset_col),
+        f"{quote_ident(db)}.{quote_ident(t)}",
+        int(sample_limit),
+    )
+
+
+def _offset_checks(
+    scan: _Scan,
+    summaries: Mapping[TP, PartitionSummary],
+    expected: Mapping[TP, tuple[int, int]] | None,
+    segment_col: str | None,
+) -> tuple[list[str], list[Anomaly]]:
+    """The checks of the stored offsets (duplicates, gaps, expected, segments): their names and findings."""
+    checks = ["duplicates", "gaps"]
+    anomalies = _duplicates(scan, summaries) + _gaps(scan, summaries)
+    if expected:
+        checks.append("expected offsets")
+        anomalies.extend(check_expected(summaries, expected))
+    if segment_col:
+        checks.append(f"segments by {segment_col}")
+        anomalies.extend(_segment_anomalies(scan, segment_col))
+    return checks, anomalies
 
 
 @dataclasses.dataclass(frozen=True)

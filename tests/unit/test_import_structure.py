@@ -173,15 +173,6 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-#: Functions still over the limit, each in a module another branch of this round splits:
-#: (module, qualified name) -> its length when listed. An entry that is gone or short
-#: enough fails the test below, so the list only shrinks.
-LONG_FUNCTIONS_BEING_SPLIT = {
-    ("spark_datasource.kafka_options", "parse_kafka_options"): 102,
-    ("benchmarks.checkpoint_sweep", "main"): 106,
-    ("clickhouse_tx.verify", "verify"): 89,
-    ("spark_datasource.type_mapping", "spark_to_clickhouse"): 81,
-}
 MAX_FUNCTION_LINES = 80
 
 
@@ -204,10 +195,8 @@ def function_lengths() -> dict[tuple[str, str], int]:
 
 def test_no_function_of_the_project_is_over_80_lines() -> None:
     lengths = function_lengths()
-    long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES and k not in LONG_FUNCTIONS_BEING_SPLIT}
+    long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES}
     assert long == {}
-    done = [k for k in LONG_FUNCTIONS_BEING_SPLIT if lengths.get(k, 0) <= MAX_FUNCTION_LINES]
-    assert done == [], "split now: remove them from LONG_FUNCTIONS_BEING_SPLIT"
 
 
 def test_the_walk_sees_every_package_of_the_project() -> None:
