@@ -53,7 +53,12 @@ def _session(args: dict):  # -> pyspark.sql.SparkSession (pyspark is imported in
 
 
 def streaming_job(args: dict) -> None:
-    """The streaming job (child process): drain the topic with availableNow, then exit 0."""
+    """The streaming job (child process): drain the topic with availableNow, then exit 0.
+
+    ``args``: bootstrap, topic, url, database, chk, and optionally name, master,
+    max_offsets, repartition, daemon, and writer options in ``options`` and ``fault``
+    (``fault`` wins where both name one).
+    """
     spark = _session(args)
     df = (
         spark.readStream.format("kafka_py")
@@ -77,7 +82,7 @@ def streaming_job(args: dict) -> None:
     )
     if args.get("name"):
         writer = writer.queryName(args["name"])
-    for k, v in (args.get("fault") or {}).items():
+    for k, v in {**args.get("options", {}), **(args.get("fault") or {})}.items():
         writer = writer.option(k, v)
     q = writer.start()
     q.awaitTermination()
