@@ -73,19 +73,7 @@ def prepared_from_entry(e: RegistryEntry) -> Prepared:
     Zombie and speculative attempts never reach the driver as messages; their
     registry entry is all there is (rows and checksum are unknown, so 0).
     """
-    return Prepared(
-        xid=e.xid,
-        txn_id=e.txn_id,
-        batch=e.batch,
-        partition=e.partition,
-        attempt=e.attempt,
-        mode=e.mode,
-        server=e.server,
-        table=e.table,
-        rows=0,
-        checksum=0,
-        details=dict(e.payload or {}),
-    )
+    return Prepared(**e.attempt_fields(), rows=0, checksum=0, details=dict(e.payload or {}))
 
 
 def same_rows(a: Prepared, b: Prepared) -> bool:
@@ -529,17 +517,8 @@ class Coordinator:
         if ctx.txn_id != self.txn_id:
             raise ValueError(f"WriteContext txn_id {ctx.txn_id!r} != coordinator's {self.txn_id!r}")
         xid = self.xid_factory(ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt)
-        provisional = Prepared(
-            xid=xid,
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            attempt=ctx.attempt,
-            mode=self.mode_io.mode,
-            server=safe_url(self.target.url),
-            table=f"{self.target.database}.{self.target.table}",
-            rows=0,
-            checksum=0,
+        provisional = Prepared.for_attempt(
+            ctx, xid, self.mode_io.mode, safe_url(self.target.url), f"{self.target.database}.{self.target.table}"
         )
         entry = RegistryEntry.of_attempt(provisional, TxState.INITIALIZED.value, self.ops.now_ms())
         try:

@@ -59,19 +59,8 @@ class ModeBase:
         checksum: int,
         details: Mapping[str, object] | None = None,
     ) -> Prepared:
-        return Prepared(
-            xid=xid,
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            attempt=ctx.attempt,
-            mode=self.mode,
-            server=safe_url(target.url),
-            table=self.display(target),
-            rows=rows,
-            checksum=checksum,
-            details=dict(details or {}),
-        )
+        server, table = safe_url(target.url), self.display(target)
+        return Prepared.for_attempt(ctx, xid, self.mode, server, table, rows=rows, checksum=checksum, details=details)
 
     @staticmethod
     def markers(target: Target, client: ClickHouseHTTP | None = None) -> CommitMarkers:
