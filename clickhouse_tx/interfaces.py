@@ -102,7 +102,6 @@ class Prepared(Attempt):
         mode: Mode,
         server: str,
         table: str,
-        *,
         rows: int = 0,
         checksum: int = 0,
         details: Mapping[str, Any] | None = None,

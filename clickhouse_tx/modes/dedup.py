@@ -40,7 +40,6 @@ import pyarrow as pa
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP
-from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
@@ -399,12 +398,11 @@ class DedupMode(ModeBase):
                         ensure_window(c, target, first_block, xid)
                     self._insert(c, target, schema, one, token)
         letters = self._dead_letters(target, ctx, xid, converted)
-        return self.prepared(
+        return self.prepared_counted(
             target,
             ctx,
             xid,
-            counted.rows,
-            counted.checksum,
+            counted,
             {
                 "chunks": sum(seen.values()),
                 "chunk_rows": self.chunk_rows,
@@ -425,16 +423,8 @@ class DedupMode(ModeBase):
             return 0
         digest = hashlib.sha256("\n".join(d["row_json"] for d in letters).encode()).hexdigest()
         with self.client(target) as c:
-            return write_dead_letters(
-                c,
-                converted,
-                table=self.display(target),
-                txn_id=ctx.txn_id,
-                batch=ctx.batch,
-                partition=ctx.partition,
-                xid=xid,
-                token=f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}",
-            )
+            token = f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}"
+            return self.insert_dead_letters(c, target, ctx, xid, converted, token=token)
 
     def _insert(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, one: pa.RecordBatch, token: str) -> None:
         c.insert_arrow_stream(

@@ -43,7 +43,6 @@ import pyarrow as pa
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, ReplyLostError
-from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
@@ -118,14 +117,8 @@ class StagingMode(ModeBase):
             except BaseException:
                 self._drop_stages(c, target, xid, quiet=True)
                 raise
-        return self.prepared(
-            target,
-            ctx,
-            xid,
-            counted.rows,
-            counted.checksum,
-            {"stage": stage_name(xid), "partitions": partitions, "dead_letters": letters},
-        )
+        details = {"stage": stage_name(xid), "partitions": partitions, "dead_letters": letters}
+        return self.prepared_counted(target, ctx, xid, counted, details)
 
     def _stage_dead_letters(
         self, c: ClickHouseHTTP, target: Target, ctx: WriteContext, xid: str, converted: object
@@ -138,16 +131,7 @@ class StagingMode(ModeBase):
         stage = q.qualified(target.database, name)
         c.command(f"CREATE TABLE {stage} AS {q.qualified(*plan.dead_letter_table)}")
         # A fresh stage (the target's xid): the rows' own dedup token is enough.
-        n = write_dead_letters(
-            c,
-            converted,
-            table=self.display(target),
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            xid=xid,
-            stage=stage,
-        )
+        n = self.insert_dead_letters(c, target, ctx, xid, converted, stage=stage)
         _record_plan(
             c,
             stage,
