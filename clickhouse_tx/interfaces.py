@@ -95,23 +95,14 @@ class Prepared(Attempt):
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def for_attempt(
-        cls,
-        ctx: WriteContext,
-        xid: str,
-        mode: Mode,
-        server: str,
-        table: str,
-        rows: int = 0,
-        checksum: int = 0,
-        details: Mapping[str, Any] | None = None,
-    ) -> "Prepared":
-        """Attempt ``xid`` of ``ctx`` (its query, batch, partition and attempt number).
+    def for_attempt(cls, ctx: WriteContext, xid: str, mode: Mode, server: str, table: str) -> "Prepared":
+        """Attempt ``xid`` of ``ctx`` (its query, batch, partition and attempt number), no rows yet.
 
-        Built once per attempt on the executor, and by recovery for a leftover it found.
+        Built once per attempt on the executor, and by recovery for a leftover it found;
+        the rows, checksum and details go in with :func:`dataclasses.replace`.
         """
         identity = Attempt(xid, ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt, mode, server, table)
-        return cls(**identity.attempt_fields(), rows=rows, checksum=checksum, details=dict(details or {}))
+        return cls(**identity.attempt_fields(), rows=0, checksum=0)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

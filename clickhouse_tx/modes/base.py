@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
-from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table
@@ -60,41 +60,14 @@ class ModeBase:
         checksum: int,
         details: Mapping[str, object] | None = None,
     ) -> Prepared:
-        server, table = safe_url(target.url), self.display(target)
-        return Prepared.for_attempt(ctx, xid, self.mode, server, table, rows=rows, checksum=checksum, details=details)
+        attempt = Prepared.for_attempt(ctx, xid, self.mode, safe_url(target.url), self.display(target))
+        return dataclasses.replace(attempt, rows=rows, checksum=checksum, details=dict(details or {}))
 
     def prepared_counted(
         self, target: Target, ctx: WriteContext, xid: str, counted: CountingBatches, details: Mapping[str, object]
     ) -> Prepared:
         """:meth:`prepared` with the rows and checksum of what ``counted`` passed on."""
         return self.prepared(target, ctx, xid, counted.rows, counted.checksum, details)
-
-    def insert_dead_letters(
-        self,
-        client: ClickHouseHTTP,
-        target: Target,
-        ctx: WriteContext,
-        xid: str,
-        converted: object,
-        *,
-        token: str | None = None,
-        stage: str | None = None,
-    ) -> int:
-        """Executor: the partition's dead letters through ``client``; their count.
-
-        ``token``, ``stage``: as :func:`clickhouse_tx.dead_letters.write_dead_letters` takes them.
-        """
-        return write_dead_letters(
-            client,
-            converted,
-            table=self.display(target),
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            xid=xid,
-            token=token,
-            stage=stage,
-        )
 
     @staticmethod
     def markers(target: Target, client: ClickHouseHTTP | None = None) -> CommitMarkers:

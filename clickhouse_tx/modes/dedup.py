@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
@@ -424,7 +425,7 @@ class DedupMode(ModeBase):
         digest = hashlib.sha256("\n".join(d["row_json"] for d in letters).encode()).hexdigest()
         with self.client(target) as c:
             token = f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}"
-            return self.insert_dead_letters(c, target, ctx, xid, converted, token=token)
+            return write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, token=token)
 
     def _insert(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, one: pa.RecordBatch, token: str) -> None:
         c.insert_arrow_stream(

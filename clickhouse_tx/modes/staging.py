@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, ReplyLostError
+from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
@@ -131,7 +132,7 @@ class StagingMode(ModeBase):
         stage = q.qualified(target.database, name)
         c.command(f"CREATE TABLE {stage} AS {q.qualified(*plan.dead_letter_table)}")
         # A fresh stage (the target's xid): the rows' own dedup token is enough.
-        n = self.insert_dead_letters(c, target, ctx, xid, converted, stage=stage)
+        n = write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, stage=stage)
         _record_plan(
             c,
             stage,

@@ -54,6 +54,7 @@ from clickhouse_tx._transport import (
     ClickHouseHTTP,
     ReplyLostError,
 )
+from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ConfigurationError, NotCommittedError, OutcomeUnknownError, ServerError, TransientError
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches, batch_checksum, combine, finish
@@ -116,7 +117,7 @@ class TransactionMode(ModeBase):
                 session.insert_arrow_stream(
                     self.target_sql(target), schema, counted, settings={"insert_deduplication_token": xid}
                 )
-            letters = self.insert_dead_letters(session, target, ctx, xid, converted)
+            letters = write_dead_letters(session, converted, table=self.display(target), ctx=ctx, xid=xid)
             details = {"session_timeout_s": target.session_timeout_s, "dead_letters": letters}
             p = self.prepared_counted(target, ctx, xid, counted, details)
             markers.insert(p, client=session)
