@@ -487,14 +487,12 @@ class Coordinator:
         self.txn_id = txn_id
         self.conversion = conversion
         self.xid_factory = xid_factory
-        self.target = target
-        self.mode_io = mode_io
-        self.registry = registry
         self.log = log
-        self.retry = retry or RetryPolicy()
         self.parallelism = parallelism
-        self.clock = clock
-        self.ops = TxOps(target, mode_io, registry, retry=self.retry, clock=clock, sleep=sleep)
+        self.ops = TxOps(target, mode_io, registry, retry=retry, clock=clock, sleep=sleep)
+        # what the coordinator shares with its ops, by the same names
+        self.target, self.mode_io, self.registry = target, mode_io, registry
+        self.retry, self.clock = self.ops.retry, clock
 
     def __repr__(self) -> str:
         return f"Coordinator(txn_id={self.txn_id!r}, target={self.target!r}, mode={self.mode_io.mode.value})"
