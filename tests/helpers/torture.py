@@ -21,10 +21,31 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
 PER_PARTITION = 2000
 MAX_OFFSETS = 1500  # several micro-batches, each spanning every partition
+
+
+def job_args(bootstrap: str, topic: str, url: str, database: str, chk: Path, **more: object) -> dict:
+    """The arguments of :func:`streaming_job`: the topic, the target, the checkpoint, then ``more``."""
+    return {"bootstrap": bootstrap, "topic": topic, "url": url, "database": database, "chk": str(chk), **more}
+
+
+def kill_at(step: str, tmp_path: Path, batch: int = 1) -> dict[str, str]:
+    """The fault options that SIGKILL the job's process group once, at ``step`` of ``batch``.
+
+    The once-file ``tmp_path / "fault.once"`` exists afterwards: the kill fired.
+    """
+    once = str(tmp_path / "fault.once")
+    return {"fault.step": step, "fault.action": "kill", "fault.batch": str(batch), "fault.once_file": once}
+
+
+def slow_except(values: list[str], fast: str) -> list:
+    """``values`` as pytest params, each marked slow but ``fast`` (the one the default run keeps)."""
+    return [pytest.param(v, marks=() if v == fast else pytest.mark.slow) for v in values]
 
 
 def _session(args: dict):  # -> pyspark.sql.SparkSession (pyspark is imported in the child only)

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries
-from tests.helpers.torture import PARTITIONS, PER_PARTITION, run_child_past_worker_start
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, kill_at, run_child_past_worker_start, slow_except
 
 
 def _respelled(variant: str, chk: Path) -> tuple[str, str | None, Path]:
@@ -41,9 +41,7 @@ VARIANTS = ["trailing_slash", "relative", "file_uri", "query_name_added"]
 
 
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize(
-    "variant", [pytest.param(v, marks=() if v == "relative" else pytest.mark.slow) for v in VARIANTS]
-)
+@pytest.mark.parametrize("variant", slow_except(VARIANTS, fast="relative"))
 def test_a_restart_with_the_checkpoint_spelled_otherwise_rolls_the_killed_batch_forward_not_again(
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, variant: str
 ) -> None:
@@ -51,12 +49,7 @@ def test_a_restart_with_the_checkpoint_spelled_otherwise_rolls_the_killed_batch_
     create_target(clickhouse_url, database)
     chk = tmp_path / "chk"
     base = {"bootstrap": kafka_bootstrap, "topic": topic, "url": clickhouse_url, "database": database, "daemon": True}
-    fault = {
-        "fault.step": "before_mark_done",
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-    }
+    fault = kill_at("before_mark_done", tmp_path)
     codes = [run_child_past_worker_start({**base, "chk": str(chk), "name": None, "fault": fault}, tmp_path)]
     assert codes[0] == -signal.SIGKILL and (tmp_path / "fault.once").exists()
     assert not (chk / "commits" / "1").exists(), "Spark logged batch 1: the kill came too late"

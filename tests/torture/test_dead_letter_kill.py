@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers.spark_streams import make_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
-from tests.helpers.torture import PARTITIONS, PER_PARTITION, run_child
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
 
 
 @pytest.mark.slow
@@ -43,21 +43,9 @@ def test_dead_letters_survive_a_driver_kill_and_restart_exactly_once(
     bad = expected - good
     assert good and bad
     options = {"bad_rows": "dead_letter", "dead_letter_table": "events_dlq", "mode": mode}
-    args = {
-        "bootstrap": kafka_bootstrap,
-        "topic": topic,
-        "url": clickhouse_url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": f"dlq_{uuid.uuid4().hex[:6]}",
-    }
-    fault = {
-        "fault.step": step,
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-    }
-    codes = [run_child({**args, "fault": {**options, **fault}})]
+    name = f"dlq_{uuid.uuid4().hex[:6]}"
+    args = job_args(kafka_bootstrap, topic, clickhouse_url, database, tmp_path / "chk", name=name)
+    codes = [run_child({**args, "fault": {**options, **kill_at(step, tmp_path)}})]
     for _ in range(4):
         if codes[-1] == 0:
             break

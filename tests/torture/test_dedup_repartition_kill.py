@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers.spark_streams import assert_exactly, make_topic, target_rows
 from tests.helpers.spark_writes import open_registry_entries, run_sql
-from tests.helpers.torture import PARTITIONS, PER_PARTITION, run_child_past_worker_start
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child_past_worker_start
 
 DEDUP = {"mode": "dedup"}  # writer options the child passes through (with the fault plan's)
 
@@ -37,22 +37,8 @@ def test_a_dedup_driver_killed_after_its_inserts_and_restarted_under_another_par
         f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree "
         "ORDER BY (p, o) SETTINGS non_replicated_deduplication_window = 1000",
     )
-    base = {
-        "bootstrap": kafka_bootstrap,
-        "topic": topic,
-        "url": clickhouse_url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": None,
-        "daemon": True,
-    }
-    fault = {
-        **DEDUP,
-        "fault.step": step,
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-    }
+    base = job_args(kafka_bootstrap, topic, clickhouse_url, database, tmp_path / "chk", name=None, daemon=True)
+    fault = {**DEDUP, **kill_at(step, tmp_path)}
     codes = [run_child_past_worker_start({**base, "repartition": 3, "fault": fault}, tmp_path)]
     assert codes[0] == -signal.SIGKILL and (tmp_path / "fault.once").exists()
     assert not (tmp_path / "chk" / "commits" / "1").exists(), "Spark logged batch 1: the kill came too late"

@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries
-from tests.helpers.torture import PARTITIONS, PER_PARTITION, run_child
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child, slow_except
 
 
 def _kill_and_recover(
@@ -36,14 +36,8 @@ def _kill_and_recover(
 ) -> list[int]:
     topic, expected = make_topic(stack, kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(clickhouse_url, database)
-    args = {
-        "bootstrap": kafka_bootstrap,
-        "topic": topic,
-        "url": clickhouse_url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": f"kill_{uuid.uuid4().hex[:6]}",
-    }
+    name = f"kill_{uuid.uuid4().hex[:6]}"
+    args = job_args(kafka_bootstrap, topic, clickhouse_url, database, tmp_path / "chk", name=name)
     codes = [run_child({**args, "fault": fault}, kill_after_s=kill_after_s)]
     for _ in range(4):
         if codes[-1] == 0:
@@ -60,19 +54,11 @@ STEPS = ["after_prepare", "before_decision", "after_decision", "after_commit:1",
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    "step", [pytest.param(s, marks=() if s == "after_commit:1" else pytest.mark.slow) for s in STEPS]
-)
+@pytest.mark.parametrize("step", slow_except(STEPS, fast="after_commit:1"))
 def test_a_driver_killed_at_a_protocol_step_and_restarted_loses_and_duplicates_nothing(
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
 ) -> None:
-    fault = {
-        "fault.step": step,
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-    }
-    _kill_and_recover(stack, kafka_bootstrap, clickhouse_url, database, tmp_path, fault)
+    _kill_and_recover(stack, kafka_bootstrap, clickhouse_url, database, tmp_path, kill_at(step, tmp_path))
     assert (tmp_path / "fault.once").exists()
 
 

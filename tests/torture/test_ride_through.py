@@ -29,7 +29,7 @@ import pytest
 from server_patches import stack as stack_mod
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries, run_sql, scalar
-from tests.helpers.torture import PARTITIONS, PER_PARTITION, kill_session, start_child
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_session, start_child
 
 MAX_OFFSETS = 600  # 10 batches: the run outlasts both outages
 OUTAGE_S = 3.0
@@ -87,18 +87,18 @@ def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhou
     run_sql(url, f"CREATE DATABASE `{database}`")
     topic, expected = make_topic(own, own.kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(url, database)
-    args = {
-        "bootstrap": own.kafka_bootstrap,
-        "topic": topic,
-        "url": url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": f"ride_{uuid.uuid4().hex[:6]}",
-        "daemon": True,
-        "master": "local[2,4]",
-        "max_offsets": MAX_OFFSETS,
-        "fault": {"mode": "staging", "retry.attempts": "40", "retry.max_seconds": "60"},
-    }
+    args = job_args(
+        own.kafka_bootstrap,
+        topic,
+        url,
+        database,
+        tmp_path / "chk",
+        name=f"ride_{uuid.uuid4().hex[:6]}",
+        daemon=True,
+        master="local[2,4]",
+        max_offsets=MAX_OFFSETS,
+        fault={"mode": "staging", "retry.attempts": "40", "retry.max_seconds": "60"},
+    )
     proc = _start_child(args, tmp_path / "child.log")
     try:
         for _ in range(4):  # Spark gave up on a Python worker's start before any batch: start again

@@ -21,29 +21,15 @@ import pytest
 from server_patches import stack as stack_mod
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries, run_sql
-from tests.helpers.torture import PARTITIONS, PER_PARTITION, run_child
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
 
 
 def _killed_after_the_decision(stack, url: str, database: str, tmp_path: Path, **extra) -> tuple[dict, set]:
     topic, expected = make_topic(stack, stack.kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(url, database)
-    args = {
-        "bootstrap": stack.kafka_bootstrap,
-        "topic": topic,
-        "url": url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": f"expiry_{uuid.uuid4().hex[:6]}",
-        "daemon": True,
-        **extra,
-    }
-    fault = {
-        "fault.step": "after_decision",
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-        "session_timeout": "5",
-    }
+    name = f"expiry_{uuid.uuid4().hex[:6]}"
+    args = job_args(stack.kafka_bootstrap, topic, url, database, tmp_path / "chk", name=name, daemon=True, **extra)
+    fault = {**kill_at("after_decision", tmp_path), "session_timeout": "5"}
     assert run_child({**args, "fault": fault}) == -signal.SIGKILL
     assert (tmp_path / "fault.once").exists()
     return args, expected
