@@ -10,11 +10,10 @@ never reused; consumers of different settings are never shared.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from server_patches.kafka_broker import delete_records, start_broker, stop_broker
+from server_patches.kafka_broker import delete_records
 from spark_datasource.kafka_options import parse_kafka_options
 from spark_datasource.kafka_reader import (
     SCHEMA,
@@ -26,16 +25,6 @@ from spark_datasource.kafka_reader import (
     read_range,
 )
 from tests.helpers.kafka import new_topic, produce, rows_of
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[tuple[str, str]]:
-    """A dev broker of this module's own: one test here cuts its consumers' connections."""
-    proc, bootstrap, control = start_broker()
-    try:
-        yield bootstrap, control
-    finally:
-        stop_broker(proc)
 
 
 def _opts(bootstrap: str, topic: str, **extra: str):  # type: ignore[no-untyped-def]

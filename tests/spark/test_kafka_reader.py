@@ -13,7 +13,6 @@ import pickle
 import socket
 import uuid
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +21,7 @@ from kafka import KafkaProducer
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
-from server_patches.kafka_broker import create_topic, delete_records, start_broker, stop_broker
+from server_patches.kafka_broker import create_topic, delete_records
 from spark_datasource.kafka_options import parse_kafka_options
 from spark_datasource.kafka_reader import (
     KafkaBatchReader,
@@ -193,16 +192,6 @@ def test_option_names_are_case_insensitive_like_spark() -> None:
 
 
 # ------------------------------------------------------------------ the broker
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[tuple[str, str]]:
-    """The dev broker for this module: (bootstrap, control URL)."""
-    proc, bootstrap, control = start_broker()
-    try:
-        yield bootstrap, control
-    finally:
-        stop_broker(proc)
 
 
 def test_replaying_the_same_offsets_reads_exactly_the_same_records(broker: tuple[str, str]) -> None:
