@@ -59,37 +59,14 @@ def test_recover_rolls_forward_a_decided_xid_a_dead_driver_left_committing(
     assert registry.transition(p.xid, [TxState.INITIALIZED.value], TxState.COMMITTING.value)
     assert visible_ids(admin, target) == 0
 
-    rec = run_cli(
-        "recover",
-        "--url",
-        clickhouse_url,
-        "--table",
-        f"{database}.events",
-        "--mode",
-        "transaction",
-        "--checkpoint",
-        str(tmp_path),
-        "--json",
-    )
+    recover = ["recover", "--url", clickhouse_url, "--table", f"{database}.events", "--mode", "transaction"]
+    rec = run_cli(*recover, "--checkpoint", str(tmp_path), "--json")
     assert rec.returncode == 0, rec.stderr
     assert json.loads(rec.stdout)["committed"] == [p.xid]
     assert registry.get(p.xid).state == TxState.COMMITTED.value
     assert visible_ids(admin, target) == 100
     # A second pass finds nothing in doubt and changes nothing.
-    again = json.loads(
-        run_cli(
-            "recover",
-            "--url",
-            clickhouse_url,
-            "--table",
-            f"{database}.events",
-            "--mode",
-            "transaction",
-            "--checkpoint",
-            str(tmp_path),
-            "--json",
-        ).stdout
-    )
+    again = json.loads(run_cli(*recover, "--checkpoint", str(tmp_path), "--json").stdout)
     assert again["committed"] == [] and visible_ids(admin, target) == 100
     assert build_mode_io("transaction").lookup(target, p).value == "committed"
 
