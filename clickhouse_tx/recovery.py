@@ -164,11 +164,11 @@ def gc_stale(
     log_for: LogFor,
     older_than_s: float,
     *,
+    overwrite_stages: bool = True,
+    not_running: bool = False,
     txn_ids: Collection[str] | None = None,
     retry: RetryPolicy | None = None,
     clock: Callable[[], float] = time.time,
-    overwrite_stages: bool = True,
-    not_running: bool = False,
 ) -> RecoveryReport:
     """Remove what dead executors, zombies and crashed drivers left behind.
 
