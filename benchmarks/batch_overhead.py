@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.spark_session import local_session
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import pyarrow as pa
@@ -93,25 +95,18 @@ def _trace_dir() -> Path:
 
 
 def _spark(trace: Path | None):
-    from pyspark.sql import SparkSession
-
     import spark_datasource
 
     if trace is not None:
         paths = [str(_trace_dir()), str(ROOT), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         os.environ[http_trace.ENV] = str(trace)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("clickhouse-tx-batch-overhead")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    conf = {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        "spark.driver.memory": "1g",
+    }
+    spark = local_session("clickhouse-tx-batch-overhead", conf)
     spark_datasource.register(spark)
     spark.dataSource.register(NoopStreamSource)
     return spark

@@ -29,6 +29,7 @@ stack serves every run; each run has its own topic, table and checkpoint.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -131,7 +132,22 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """What one sweep runs and where it writes, from the command line."""
+
+    quick: bool
+    intervals: list[float]
+    modes: list[str]  # ``none`` first when asked for: the baseline of the overheads
+    rate: float
+    partitions: int
+    base_s: float
+    json_path: Path
+    png_path: Path
+
+
+def sweep_plan(argv: Sequence[str] | None = None) -> SweepPlan:
+    """Parse the command line (``None``: ``sys.argv``) into the sweep's plan, defaults filled in."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.checkpoint_sweep", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help=f"intervals {QUICK_INTERVALS}, shorter runs")
     ap.add_argument("--intervals", default=None, help="comma-separated seconds (default 1,5,10,30,60)")
@@ -153,69 +169,86 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if "none" in modes:
         modes = ["none"] + [m for m in modes if m != "none"]
-    rate = a.rate or (2000.0 if a.quick else 4000.0)
-    base = a.duration or (20.0 if a.quick else 40.0)
     name = "checkpoint_sweep_quick" if a.quick else "checkpoint_sweep"
     jpath = Path(a.json) if a.json else RESULTS / f"{name}.json"
-    ppath = Path(a.png) if a.png else jpath.with_suffix(".png")
+    return SweepPlan(
+        quick=a.quick,
+        intervals=intervals,
+        modes=modes,
+        rate=a.rate or (2000.0 if a.quick else 4000.0),
+        partitions=a.partitions,
+        base_s=a.duration or (20.0 if a.quick else 40.0),
+        json_path=jpath,
+        png_path=Path(a.png) if a.png else jpath.with_suffix(".png"),
+    )
 
+
+def _run_one(plan: SweepPlan, info: Any, work_dir: Path, interval: float, mode: str, seed: int, t0: float) -> dict:
+    """One pipeline run of ``mode`` at ``interval``: its result, or its error recorded."""
+    cfg = PipelineConfig(
+        events=int(plan.rate * run_duration(interval, plan.base_s)),
+        partitions=plan.partitions,
+        mode=mode,
+        trigger=interval,
+        crashes=0,
+        rate=plan.rate,
+        url=info.clickhouse_url,
+        bootstrap=str(info.kafka_bootstrap),
+        kafka_control=info.kafka_control,
+        work_dir=str(work_dir),
+        measure_latency=True,
+        quiet=True,
+        seed=seed,
+    )
+    print(
+        f"[{time.monotonic() - t0:6.0f} s] interval {interval:g} s, mode {mode}: "
+        f"{cfg.events} events at {plan.rate:g}/s ...",
+        flush=True,
+    )
+    try:
+        r = run_pipeline(cfg)
+    except Exception as e:  # record and go on with the sweep
+        print(f"    FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
+        return {"mode": mode, "trigger_s": interval, "error": f"{type(e).__name__}: {e}"}
+    r.pop("anomalies", None)
+    r.pop("kafka_end_offsets", None)
+    lat = r["latency_ms"] or {}
+    print(
+        f"    {r['processing_rps']:,.0f} rows/s processing, p50 {lat.get('p50') or 0:,.0f} ms, "
+        f"p99 {lat.get('p99') or 0:,.0f} ms, {r['batches']} batches, "
+        f"dup {r['duplicates']} lost {r['lost']}",
+        flush=True,
+    )
+    return r
+
+
+def _sweep(plan: SweepPlan, t0: float) -> list[dict[str, Any]]:
+    """Every (interval, mode) run on one embedded stack, started and stopped here."""
     from server_patches import stack as stack_mod
 
     runs: list[dict[str, Any]] = []
-    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="chtx-sweep-") as tmp:
         info = stack_mod.start_stack(Path(tmp) / "stack", kafka=True)
         try:
-            for interval in intervals:
-                for mode in modes:
-                    dur = run_duration(interval, base)
-                    cfg = PipelineConfig(
-                        events=int(rate * dur),
-                        partitions=a.partitions,
-                        mode=mode,
-                        trigger=interval,
-                        crashes=0,
-                        rate=rate,
-                        url=info.clickhouse_url,
-                        bootstrap=str(info.kafka_bootstrap),
-                        kafka_control=info.kafka_control,
-                        work_dir=str(Path(tmp) / "work"),
-                        measure_latency=True,
-                        quiet=True,
-                        seed=len(runs),
-                    )
-                    print(
-                        f"[{time.monotonic() - t0:6.0f} s] interval {interval:g} s, mode {mode}: "
-                        f"{cfg.events} events at {rate:g}/s ...",
-                        flush=True,
-                    )
-                    try:
-                        r = run_pipeline(cfg)
-                    except Exception as e:  # record and go on with the sweep
-                        print(f"    FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
-                        runs.append({"mode": mode, "trigger_s": interval, "error": f"{type(e).__name__}: {e}"})
-                        continue
-                    r.pop("anomalies", None)
-                    r.pop("kafka_end_offsets", None)
-                    runs.append(r)
-                    lat = r["latency_ms"] or {}
-                    print(
-                        f"    {r['processing_rps']:,.0f} rows/s processing, p50 {lat.get('p50') or 0:,.0f} ms, "
-                        f"p99 {lat.get('p99') or 0:,.0f} ms, {r['batches']} batches, "
-                        f"dup {r['duplicates']} lost {r['lost']}",
-                        flush=True,
-                    )
+            for interval in plan.intervals:
+                for mode in plan.modes:
+                    runs.append(_run_one(plan, info, Path(tmp) / "work", interval, mode, len(runs), t0))
         finally:
             stack_mod.stop_stack(Path(tmp) / "stack")
-    doc = {
+    return runs
+
+
+def _document(plan: SweepPlan, runs: list[dict[str, Any]], t0: float) -> dict[str, Any]:
+    """The JSON result: the configuration, every run and the overheads over ``none``."""
+    return {
         "benchmark": "checkpoint_sweep",
-        "quick": a.quick,
+        "quick": plan.quick,
         "config": {
-            "intervals": intervals,
-            "modes": modes,
-            "rate": rate,
-            "partitions": a.partitions,
-            "base_duration_s": base,
+            "intervals": plan.intervals,
+            "modes": plan.modes,
+            "rate": plan.rate,
+            "partitions": plan.partitions,
+            "base_duration_s": plan.base_s,
             "latency_poll_ms": 100,
             "spark": "local[2]",
             "machine": "2 cores, shared",
@@ -226,11 +259,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "overheads": overheads([r for r in runs if "error" not in r]),
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    jpath.parent.mkdir(parents=True, exist_ok=True)
-    write_result(jpath, doc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the sweep (the command line); write JSON and PNG. Exit 1 if any run failed."""
+    plan = sweep_plan(argv)
+    t0 = time.monotonic()
+    runs = _sweep(plan, t0)
+    doc = _document(plan, runs, t0)
+    plan.json_path.parent.mkdir(parents=True, exist_ok=True)
+    write_result(plan.json_path, doc)
     if any("error" not in r for r in runs):
-        plot(doc, ppath)
-    print(f"wrote {jpath} and {ppath}")
+        plot(doc, plan.png_path)
+    print(f"wrote {plan.json_path} and {plan.png_path}")
     for o in doc["overheads"]:
         print(
             f"  interval {o['trigger_s']:>4g} s {o['mode']:<12} throughput overhead "

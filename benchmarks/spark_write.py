@@ -43,6 +43,7 @@ import requests
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from benchmarks.results_file import write_result
+from benchmarks.spark_session import local_session
 
 # Read when the SparkSession starts its Python workers, not at import.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -105,19 +106,9 @@ def _typed_frame(spark, rows: int):
 
 
 def _spark():
-    from pyspark.sql import SparkSession
-
     import spark_datasource
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("clickhouse-tx-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("clickhouse-tx-bench", {"spark.driver.memory": "2g"})
     spark_datasource.register(spark)
     spark.dataSource.register(NoopDataSource)
     return spark

@@ -25,6 +25,8 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from benchmarks.spark_session import local_session
+
 #: The JSON each event carries (see :func:`benchmarks.pipeline_run.event_json`).
 EVENT_SCHEMA = "event_id LONG, user_id LONG, amount DOUBLE, ts LONG"
 
@@ -83,27 +85,19 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def build_session():  # -> SparkSession
     """``local[2]`` session, UI off, this interpreter on the workers (driver, once)."""
-    from pyspark.sql import SparkSession
-
     # fault.action=kill must take the whole driver (Python and JVM), not only the
     # pyspark worker daemon's own process group (see clickhouse_tx.faults).
     os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("clickhouse-tx-pipeline")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    conf = {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.driver.memory": "1g",
+        "spark.pyspark.python": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+    }
+    return local_session("clickhouse-tx-pipeline", conf)
 
 
 def reached(end_offsets: Mapping[str, Mapping[str, int]], committed: Mapping[str, Mapping[str, int]] | None) -> bool:

@@ -77,6 +77,12 @@ _IPV6_RE = r"^[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*$|" + _IPV4_RE[1:-1].join("^$")
 # --------------------------------------------------------------------------- kinds
 
 
+def _is_any_of(at: pa.DataType, *names: str) -> bool:
+    """True if ``pa.types.is_<name>(at)`` for one of ``names``; a check this pyarrow lacks
+    (``is_string_view`` in an older pyarrow) is False."""
+    return any(getattr(pa.types, f"is_{name}", lambda _: False)(at) for name in names)
+
+
 def _kind(at: pa.DataType) -> str:
     """The family of an Arrow type, as far as the relation below cares."""
     checks: list[tuple[Callable[[pa.DataType], bool], str]] = [
@@ -84,23 +90,9 @@ def _kind(at: pa.DataType) -> str:
         (pa.types.is_integer, "int"),
         (pa.types.is_floating, "float"),
         (pa.types.is_decimal, "decimal"),
-        (
-            lambda t: (
-                pa.types.is_string(t)
-                or pa.types.is_large_string(t)
-                or getattr(pa.types, "is_string_view", lambda _: False)(t)
-            ),
-            "string",
-        ),
+        (lambda t: _is_any_of(t, "string", "large_string", "string_view"), "string"),
         (pa.types.is_fixed_size_binary, "binary"),
-        (
-            lambda t: (
-                pa.types.is_binary(t)
-                or pa.types.is_large_binary(t)
-                or getattr(pa.types, "is_binary_view", lambda _: False)(t)
-            ),
-            "binary",
-        ),
+        (lambda t: _is_any_of(t, "binary", "large_binary", "binary_view"), "binary"),
         (pa.types.is_date, "date"),
         (pa.types.is_timestamp, "timestamp"),
         (pa.types.is_duration, "duration"),
@@ -113,29 +105,26 @@ def _kind(at: pa.DataType) -> str:
     return next((kind for fn, kind in checks if fn(at)), "other")
 
 
+def _accepting(kinds: str, *names: str) -> dict[str, frozenset[str]]:
+    """ClickHouse types ``names``, each accepting the Arrow kinds ``kinds`` (space-separated)."""
+    return dict.fromkeys(names, frozenset(kinds.split()))
+
+
 #: ClickHouse type name -> Arrow kinds whose values may fit (checked value by value).
 _ACCEPTS: dict[str, frozenset[str]] = {
-    **{n: frozenset({"bool", "int", "decimal"}) for n in (*_INT_TYPES, *_WIDE_INTS)},
-    "Float32": frozenset({"bool", "int", "float"}),
-    "Float64": frozenset({"bool", "int", "float"}),
-    "Bool": frozenset({"bool", "int"}),
-    "Decimal": frozenset({"int", "decimal"}),
-    "String": frozenset({"string", "binary"}),
-    "FixedString": frozenset({"string", "binary"}),
-    "Enum8": frozenset({"string", "int"}),
-    "Enum16": frozenset({"string", "int"}),
-    "UUID": frozenset({"string"}),
-    "IPv4": frozenset({"string"}),
-    "IPv6": frozenset({"string"}),
-    "Date": frozenset({"date"}),
-    "Date32": frozenset({"date"}),
-    "DateTime": frozenset({"timestamp"}),
-    "DateTime64": frozenset({"timestamp"}),
-    "Time": frozenset({"time"}),
-    "Time64": frozenset({"time"}),
-    "Array": frozenset({"list"}),
-    "Map": frozenset({"map"}),
-    "Tuple": frozenset({"struct"}),
+    **_accepting("bool int decimal", *_INT_TYPES, *_WIDE_INTS),
+    **_accepting("bool int float", "Float32", "Float64"),
+    **_accepting("bool int", "Bool"),
+    **_accepting("int decimal", "Decimal"),
+    **_accepting("string binary", "String", "FixedString"),
+    **_accepting("string int", "Enum8", "Enum16"),
+    **_accepting("string", "UUID", "IPv4", "IPv6"),
+    **_accepting("date", "Date", "Date32"),
+    **_accepting("timestamp", "DateTime", "DateTime64"),
+    **_accepting("time", "Time", "Time64"),
+    **_accepting("list", "Array"),
+    **_accepting("map", "Map"),
+    **_accepting("struct", "Tuple"),
 }
 _HINTS = {
     ("float", "int"): "floats are never rounded into integers: round or cast in Spark first",

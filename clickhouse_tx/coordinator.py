@@ -73,19 +73,7 @@ def prepared_from_entry(e: RegistryEntry) -> Prepared:
     Zombie and speculative attempts never reach the driver as messages; their
     registry entry is all there is (rows and checksum are unknown, so 0).
     """
-    return Prepared(
-        xid=e.xid,
-        txn_id=e.txn_id,
-        batch=e.batch,
-        partition=e.partition,
-        attempt=e.attempt,
-        mode=e.mode,
-        server=e.server,
-        table=e.table,
-        rows=0,
-        checksum=0,
-        details=dict(e.payload or {}),
-    )
+    return Prepared(**e.attempt_fields(), rows=0, checksum=0, details=dict(e.payload or {}))
 
 
 def same_rows(a: Prepared, b: Prepared) -> bool:
@@ -499,14 +487,12 @@ class Coordinator:
         self.txn_id = txn_id
         self.conversion = conversion
         self.xid_factory = xid_factory
-        self.target = target
-        self.mode_io = mode_io
-        self.registry = registry
         self.log = log
-        self.retry = retry or RetryPolicy()
         self.parallelism = parallelism
-        self.clock = clock
-        self.ops = TxOps(target, mode_io, registry, retry=self.retry, clock=clock, sleep=sleep)
+        self.ops = TxOps(target, mode_io, registry, retry=retry, clock=clock, sleep=sleep)
+        # what the coordinator shares with its ops, by the same names
+        self.target, self.mode_io, self.registry = target, mode_io, registry
+        self.retry, self.clock = self.ops.retry, clock
 
     def __repr__(self) -> str:
         return f"Coordinator(txn_id={self.txn_id!r}, target={self.target!r}, mode={self.mode_io.mode.value})"
@@ -529,17 +515,8 @@ class Coordinator:
         if ctx.txn_id != self.txn_id:
             raise ValueError(f"WriteContext txn_id {ctx.txn_id!r} != coordinator's {self.txn_id!r}")
         xid = self.xid_factory(ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt)
-        provisional = Prepared(
-            xid=xid,
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            attempt=ctx.attempt,
-            mode=self.mode_io.mode,
-            server=safe_url(self.target.url),
-            table=f"{self.target.database}.{self.target.table}",
-            rows=0,
-            checksum=0,
+        provisional = Prepared.for_attempt(
+            ctx, xid, self.mode_io.mode, safe_url(self.target.url), f"{self.target.database}.{self.target.table}"
         )
         entry = RegistryEntry.of_attempt(provisional, TxState.INITIALIZED.value, self.ops.now_ms())
         try:

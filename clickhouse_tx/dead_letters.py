@@ -16,6 +16,7 @@ import pyarrow as pa
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.convert import ConvertedBatches
+from clickhouse_tx.interfaces import WriteContext
 
 __all__ = ["DEAD_LETTER_COLUMNS", "dead_letter_ddl", "write_dead_letters"]
 
@@ -39,9 +40,7 @@ def write_dead_letters(
     batches: object,
     *,
     table: str,
-    txn_id: str,
-    batch: int,
-    partition: int,
+    ctx: WriteContext,
     xid: str,
     token: str | None = None,
     stage: str | None = None,
@@ -65,9 +64,9 @@ def write_dead_letters(
         data = pa.record_batch(
             {
                 "table": pa.array([table] * n),
-                "txn_id": pa.array([txn_id] * n),
-                "batch": pa.array([batch] * n, pa.int64()),
-                "partition": pa.array([partition] * n, pa.int64()),
+                "txn_id": pa.array([ctx.txn_id] * n),
+                "batch": pa.array([ctx.batch] * n, pa.int64()),
+                "partition": pa.array([ctx.partition] * n, pa.int64()),
                 "xid": pa.array([xid] * n),
                 "row": pa.array([d["row"] for d in letters], pa.uint64()),
                 **{k: pa.array([d[k] for d in letters]) for k in ("column", "clickhouse_type", "reason", "row_json")},

@@ -64,12 +64,9 @@ class WriteContext:
 
 
 @dataclasses.dataclass(frozen=True)
-class Prepared:
-    """What ``prepare`` returns to the driver: picklable, no open handles.
-
-    ``details`` holds mode-specific plain data (the stage table and its partition
-    ids for staging, the dedup tokens for dedup); values must be JSON-serialisable.
-    """
+class Attempt:
+    """Which attempt, of which partition and query, writes where: what a :class:`Prepared`
+    and a :class:`RegistryEntry` of the same attempt share (their first fields)."""
 
     xid: str
     txn_id: str
@@ -79,9 +76,33 @@ class Prepared:
     mode: Mode
     server: str
     table: str  # fully qualified, unquoted "db.table" for display
+
+    def attempt_fields(self) -> dict[str, Any]:
+        """The :class:`Attempt` fields by name: to build the other record of the same attempt."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Attempt)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared(Attempt):
+    """What ``prepare`` returns to the driver: picklable, no open handles.
+
+    ``details`` holds mode-specific plain data (the stage table and its partition
+    ids for staging, the dedup tokens for dedup); values must be JSON-serialisable.
+    """
+
     rows: int
     checksum: int
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def for_attempt(cls, ctx: WriteContext, xid: str, mode: Mode, server: str, table: str) -> "Prepared":
+        """Attempt ``xid`` of ``ctx`` (its query, batch, partition and attempt number), no rows yet.
+
+        Built once per attempt on the executor, and by recovery for a leftover it found;
+        the rows, checksum and details go in with :func:`dataclasses.replace`.
+        """
+        identity = Attempt(xid, ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt, mode, server, table)
+        return cls(**identity.attempt_fields(), rows=0, checksum=0)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -207,15 +228,7 @@ class RegistryIO(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class RegistryEntry:
-    xid: str
-    txn_id: str
-    batch: int
-    partition: int
-    attempt: int
-    mode: Mode
-    server: str
-    table: str
+class RegistryEntry(Attempt):
     state: str
     payload: Mapping[str, object] = dataclasses.field(default_factory=dict)
     created_ms: int = 0
@@ -224,19 +237,7 @@ class RegistryEntry:
     @classmethod
     def of_attempt(cls, p: "Prepared", state: str, now_ms: int) -> "RegistryEntry":
         """The entry that registers attempt ``p`` in ``state`` at ``now_ms``."""
-        return cls(
-            xid=p.xid,
-            txn_id=p.txn_id,
-            batch=p.batch,
-            partition=p.partition,
-            attempt=p.attempt,
-            mode=p.mode,
-            server=p.server,
-            table=p.table,
-            state=state,
-            created_ms=now_ms,
-            updated_ms=now_ms,
-        )
+        return cls(**p.attempt_fields(), state=state, created_ms=now_ms, updated_ms=now_ms)
 
 
 @runtime_checkable

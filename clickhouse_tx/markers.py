@@ -29,7 +29,7 @@ be a cryptographic hash.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,6 +66,30 @@ READ_COMMITTED = " SETTINGS implicit_transaction = 1"
 _CREATED: set[tuple[str, str]] = set()
 
 
+class CommittedReader:
+    """SELECTs through ``client`` that see committed rows only.
+
+    With ``implicit_transaction=1`` while the server takes it; once it refuses
+    transactions (remembered by this object) no transaction can be open, so a plain
+    read sees committed rows only. One per markers table or ``verify`` run.
+    """
+
+    def __init__(self, client: ClickHouseHTTP) -> None:
+        self.client = client
+        self.transactions = True  # until the server refuses implicit_transaction
+
+    def query_json(self, sql: str, params: Mapping[str, object] | None = None) -> list[dict[str, Any]]:
+        """The rows of ``sql`` (a SELECT without SETTINGS) as a read-committed reader sees them."""
+        if self.transactions:
+            try:
+                return self.client.query_json(sql + READ_COMMITTED, params=params)
+            except ServerError as e:
+                if not transactions_unsupported(e):
+                    raise
+                self.transactions = False
+        return self.client.query_json(sql, params=params)
+
+
 class CommitMarkers:
     """The markers table of one target database.
 
@@ -86,7 +110,7 @@ class CommitMarkers:
         self.target = target
         self.client = client or ClickHouseHTTP(target)
         self.fq = q.qualified(target.database, MARKERS_TABLE)
-        self._transactions = True  # until the server refuses implicit_transaction
+        self._committed = CommittedReader(self.client)
 
     def ensure_table(self) -> None:
         """Create the markers table if missing (idempotent; not inside a transaction)."""
@@ -129,19 +153,8 @@ class CommitMarkers:
         (client or self.client).command(self.insert_sql(p))
 
     def _read(self, sql: str, params: dict[str, object]) -> list[dict[str, Any]]:
-        """``sql`` read-committed: with ``implicit_transaction=1`` where the server has transactions.
-
-        Without them (refused once, remembered by this object) no transaction can be
-        open, so the plain read sees committed markers only.
-        """
-        if self._transactions:
-            try:
-                return self.client.query_json(sql + READ_COMMITTED, params=params)
-            except ServerError as e:
-                if not transactions_unsupported(e):
-                    raise
-                self._transactions = False
-        return self.client.query_json(sql, params=params)
+        """``sql`` read-committed (:class:`CommittedReader`)."""
+        return self._committed.query_json(sql, params)
 
     def lookup(self, xid: str) -> dict[str, Any] | None:
         """The committed marker row of ``xid`` or None (read-committed; no table = None)."""

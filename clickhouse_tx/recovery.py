@@ -30,6 +30,7 @@ from clickhouse_tx.interfaces import (
     RegistryEntry,
     RegistryIO,
     Target,
+    WriteContext,
 )
 from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, is_overwrite_stage_of, tables_named
 from clickhouse_tx.retry import RetryPolicy
@@ -163,11 +164,11 @@ def gc_stale(
     log_for: LogFor,
     older_than_s: float,
     *,
+    overwrite_stages: bool = True,
+    not_running: bool = False,
     txn_ids: Collection[str] | None = None,
     retry: RetryPolicy | None = None,
     clock: Callable[[], float] = time.time,
-    overwrite_stages: bool = True,
-    not_running: bool = False,
 ) -> RecoveryReport:
     """Remove what dead executors, zombies and crashed drivers left behind.
 
@@ -326,18 +327,8 @@ def _drop_leftover_stages(
         entry = registry.get(xid)
         if entry is not None and as_state(entry.state) is not TxState.ABORTED:
             continue  # a live or decided xid: the passes above or its replay settle it
-        p = Prepared(
-            xid=xid,
-            txn_id=parts.txn,
-            batch=parts.batch,
-            partition=parts.partition,
-            attempt=parts.attempt,
-            mode=mode_io.mode,
-            server=safe_url(target.url),
-            table=f"{target.database}.{target.table}",
-            rows=0,
-            checksum=0,
-        )
+        ctx = WriteContext(parts.txn, parts.batch, parts.partition, parts.attempt)
+        p = Prepared.for_attempt(ctx, xid, mode_io.mode, safe_url(target.url), f"{target.database}.{target.table}")
         try:
             if mode_io.lookup(target, p) is CommitOutcome.COMMITTED:
                 mode_io.commit(target, p)  # all moved, marker written: only the drop was missing

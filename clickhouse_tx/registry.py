@@ -260,15 +260,7 @@ class KeeperMapRegistry:
         token = uuid.uuid4().hex
         sql = self._cas_sql(f"= {q.quote_string(xid)}", expected, new, payload, token)
         for _ in range(_CAS_ROUNDS):
-            try:
-                self.client.command(sql, settings=_STRICT)
-            except OutcomeUnknownError:
-                pass  # reply or Keeper connection lost: the read below tells what landed
-            except ServerError as e:
-                # Bad version: another writer changed the node between our read and
-                # write; nothing of ours was written. Anything else is a real error.
-                if not is_keeper_error(e, KeeperError.BAD_VERSION):
-                    raise
+            self._cas_write(sql)
             current, cur_token = self._get_with_token(xid)
             if current is None:
                 return False
@@ -279,6 +271,23 @@ class KeeperMapRegistry:
             # Still in an expected state but not ours: we lost a race to a writer that
             # moved it between two expected states. Try again on the fresh version.
         raise OutcomeUnknownError(f"CAS to {new} kept losing races", xid=xid)
+
+    def _cas_write(self, sql: str) -> bool:
+        """Run one compare-and-set ``sql``; False if a concurrent change refused it whole.
+
+        Bad version: another writer changed a node between our read and write, and
+        nothing of ours was written. True: it landed or its reply was lost, which the
+        caller's read-back of the tokens tells apart. Any other error is raised.
+        """
+        try:
+            self.client.command(sql, settings=_STRICT)
+        except OutcomeUnknownError:
+            pass  # reply or Keeper connection lost: the read-back tells what landed
+        except ServerError as e:
+            if not is_keeper_error(e, KeeperError.BAD_VERSION):
+                raise
+            return False
+        return True
 
     def _cas_sql(
         self, xid_condition: str, expected: Sequence[str], new: str, payload: Mapping[str, object] | None, token: str
@@ -317,13 +326,7 @@ class KeeperMapRegistry:
         self.ensure_table()
         token = uuid.uuid4().hex
         sql = self._cas_sql(f"IN {q.quote_strings(xids)}", expected, new, payload, token)
-        try:
-            self.client.command(sql, settings=_STRICT)
-        except OutcomeUnknownError:
-            pass  # reply or Keeper connection lost: the read below tells what landed
-        except ServerError as e:
-            if not is_keeper_error(e, KeeperError.BAD_VERSION):
-                raise
+        if not self._cas_write(sql):
             return []  # a concurrent writer changed one of them: nothing of ours landed
         rows = self._read_back(f"SELECT xid, cas_token FROM {self._fq} WHERE xid IN {q.quote_strings(xids)}", {})
         return [str(r["xid"]) for r in rows if r["cas_token"] == token]
@@ -350,18 +353,8 @@ class KeeperMapRegistry:
         compare-and-set arbiter (decisions on object stores, dedup batch layouts).
         Whoever's create wins, every caller gets the winner's body.
         """
-        entry = RegistryEntry(
-            xid=key,
-            txn_id=txn_id,
-            batch=batch,
-            partition=partition,
-            attempt=attempt,
-            mode=mode,
-            server="",
-            table="",
-            state="committed",
-            payload={"body": body},
-        )
+        # a record writes nothing anywhere: no server, no table
+        entry = RegistryEntry(key, txn_id, batch, partition, attempt, mode, "", "", "committed", {"body": body})
         try:
             self.register(entry)
             return body

@@ -38,7 +38,10 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class TableInfo:
-    """What the modes need to know about a target table."""
+    """What the modes need to know about a target table, read by :func:`describe_table`.
+
+    The dedup windows are the table's own settings, else the server's MergeTree defaults.
+    """
 
     database: str
     table: str

@@ -34,10 +34,10 @@ import json
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
-from clickhouse_tx._transport import ClickHouseHTTP, safe_url, transactions_unsupported
-from clickhouse_tx.errors import ConfigurationError, ServerError
+from clickhouse_tx._transport import ClickHouseHTTP, safe_url
+from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.markers import READ_COMMITTED
+from clickhouse_tx.markers import CommittedReader
 from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
 from clickhouse_tx.sql import split_table
 
@@ -65,7 +65,7 @@ class ClickHouseReader:
         self._client = ClickHouseHTTP(
             Target(url=url, database="", table="", user=user, password=password, request_timeout_s=timeout_s)
         )
-        self._transactions = True  # until the server refuses implicit_transaction
+        self._committed = CommittedReader(self._client)
 
     def __repr__(self) -> str:
         return f"ClickHouseReader(url={self.url!r}, user={self.user!r})"
@@ -82,13 +82,8 @@ class ClickHouseReader:
         tables; ``system.*`` needs ``committed=False``). Where the server refuses
         transactions none can be open, so the plain read is committed (remembered).
         """
-        if committed and self._transactions:
-            try:
-                return self._client.query_json(sql + READ_COMMITTED, params=params)
-            except ServerError as e:
-                if not transactions_unsupported(e):
-                    raise
-                self._transactions = False
+        if committed:
+            return self._committed.query_json(sql, params)
         return self._client.query_json(sql, params=params)
 
     def columns(self, database: str, table: str) -> dict[str, str]:
@@ -326,6 +321,11 @@ def check_segments(topic: str | None, partition: int, segments: Sequence[Segment
     return out
 
 
+def _span(kind: str, tp: TP, first: int, last: int, detail: str) -> Anomaly:
+    """An anomaly over the offsets ``first..last`` (inclusive) of ``tp``, all of them concerned."""
+    return Anomaly(kind, tp[0], tp[1], first, last, last - first + 1, detail)
+
+
 def check_expected(summaries: Mapping[TP, PartitionSummary], expected: Mapping[TP, tuple[int, int]]) -> list[Anomaly]:
     """Head/tail gaps, missing partitions and offsets past the expected end."""
     out: list[Anomaly] = []
@@ -333,69 +333,22 @@ def check_expected(summaries: Mapping[TP, PartitionSummary], expected: Mapping[T
         s = summaries.get(tp)
         if s is None:
             if end > start:
-                out.append(Anomaly("gap", tp[0], tp[1], start, end - 1, end - start, "partition has no rows at all"))
+                out.append(_span("gap", tp, start, end - 1, "partition has no rows at all"))
             continue
         if s.min_offset > start:
-            out.append(
-                Anomaly(
-                    "gap",
-                    tp[0],
-                    tp[1],
-                    start,
-                    s.min_offset - 1,
-                    s.min_offset - start,
-                    f"head missing: first stored offset is {s.min_offset}, expected {start}",
-                )
-            )
+            head = f"head missing: first stored offset is {s.min_offset}, expected {start}"
+            out.append(_span("gap", tp, start, s.min_offset - 1, head))
         if s.max_offset < end - 1:
-            out.append(
-                Anomaly(
-                    "gap",
-                    tp[0],
-                    tp[1],
-                    s.max_offset + 1,
-                    end - 1,
-                    end - 1 - s.max_offset,
-                    f"tail missing: last stored offset is {s.max_offset}, expected {end - 1}",
-                )
-            )
+            tail = f"tail missing: last stored offset is {s.max_offset}, expected {end - 1}"
+            out.append(_span("gap", tp, s.max_offset + 1, end - 1, tail))
         if s.min_offset < start:
-            out.append(
-                Anomaly(
-                    "unexpected",
-                    tp[0],
-                    tp[1],
-                    s.min_offset,
-                    start - 1,
-                    start - s.min_offset,
-                    f"offsets below the expected start {start}",
-                )
-            )
+            out.append(_span("unexpected", tp, s.min_offset, start - 1, f"offsets below the expected start {start}"))
         if s.max_offset >= end:
-            out.append(
-                Anomaly(
-                    "unexpected",
-                    tp[0],
-                    tp[1],
-                    end,
-                    s.max_offset,
-                    s.max_offset - end + 1,
-                    f"offsets at or past the expected end {end}",
-                )
-            )
+            out.append(_span("unexpected", tp, end, s.max_offset, f"offsets at or past the expected end {end}"))
     for tp, s in sorted(summaries.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         if expected and tp not in expected:
-            out.append(
-                Anomaly(
-                    "unexpected",
-                    tp[0],
-                    tp[1],
-                    s.min_offset,
-                    s.max_offset,
-                    s.rows,
-                    "partition not in the expected offsets",
-                )
-            )
+            stray = "partition not in the expected offsets"
+            out.append(Anomaly("unexpected", tp[0], tp[1], s.min_offset, s.max_offset, s.rows, stray))
     return out
 
 
@@ -462,43 +415,22 @@ def verify(
     db, t = split_table(table)
     ch = ClickHouseReader(url, user=user, password=password)
     try:
-        _check_columns(
-            ch,
-            db,
-            t,
-            url,
-            topic_col=topic_col,
-            partition_col=partition_col,
-            offset_col=offset_col,
-            segment_col=segment_col,
-        )
-        scan = _Scan(
-            ch,
-            _Cols(topic_col or None, partition_col, offset_col),
-            f"{quote_ident(db)}.{quote_ident(t)}",
-            int(sample_limit),
+        scan = _open_scan(
+            ch, db, t, url, (topic_col, partition_col, offset_col), segment_col=segment_col, sample_limit=sample_limit
         )
         if expected and not scan.cols.topic:
             # a table without a topic column is checked by partition alone
             expected = {(None, p): v for (_, p), v in expected.items()}
         summaries = _summaries(scan, expected or {})
         total = sum(s.rows for s in summaries.values())
-        checks = ["duplicates", "gaps"]
-        anomalies = _duplicates(scan, summaries) + _gaps(scan, summaries)
-        if expected:
-            checks.append("expected offsets")
-            anomalies.extend(check_expected(summaries, expected))
-        if segment_col:
-            checks.append(f"segments by {segment_col}")
-            anomalies.extend(_segment_anomalies(scan, segment_col))
+        checks, anomalies = _offset_checks(scan, summaries, expected, segment_col)
         marker_info = _marker_and_decision_checks(
             ch, db, t, total, txn_id=txn_id, checkpoint=checkpoint, markers=markers, checks=checks, anomalies=anomalies
         )
-        distinct = sum(s.distinct for s in summaries.values())
         return VerifyReport(
             table=table,
             rows=total,
-            distinct=distinct,
+            distinct=sum(s.distinct for s in summaries.values()),
             partitions=tuple(summaries[k] for k in sorted(summaries, key=_tp_order)),
             anomalies=tuple(anomalies),
             checks=tuple(checks),
@@ -506,6 +438,57 @@ def verify(
         )
     finally:
         ch.close()
+
+
+def _open_scan(
+    ch: ClickHouseReader,
+    db: str,
+    t: str,
+    url: str,
+    coordinates: tuple[str | None, str, str],
+    *,
+    segment_col: str | None,
+    sample_limit: int,
+) -> _Scan:
+    """The scan of ``db.t`` once the table and every named column are found to exist.
+
+    ``coordinates``: the (topic, partition, offset) columns; topic None or "" for none.
+    """
+    topic_col, partition_col, offset_col = coordinates
+    _check_columns(
+        ch,
+        db,
+        t,
+        url,
+        topic_col=topic_col,
+        partition_col=partition_col,
+        offset_col=offset_col,
+        segment_col=segment_col,
+    )
+    return _Scan(
+        ch,
+        _Cols(topic_col or None, partition_col, offset_col),
+        f"{quote_ident(db)}.{quote_ident(t)}",
+        int(sample_limit),
+    )
+
+
+def _offset_checks(
+    scan: _Scan,
+    summaries: Mapping[TP, PartitionSummary],
+    expected: Mapping[TP, tuple[int, int]] | None,
+    segment_col: str | None,
+) -> tuple[list[str], list[Anomaly]]:
+    """The checks of the stored offsets (duplicates, gaps, expected, segments): their names and findings."""
+    checks = ["duplicates", "gaps"]
+    anomalies = _duplicates(scan, summaries) + _gaps(scan, summaries)
+    if expected:
+        checks.append("expected offsets")
+        anomalies.extend(check_expected(summaries, expected))
+    if segment_col:
+        checks.append(f"segments by {segment_col}")
+        anomalies.extend(_segment_anomalies(scan, segment_col))
+    return checks, anomalies
 
 
 @dataclasses.dataclass(frozen=True)

@@ -269,21 +269,9 @@ def _coerce_kafka_value(option: str, key: str, raw: str, default: object) -> obj
     )
 
 
-def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = None) -> KafkaOptions:
-    """Validate ``options`` (names case-insensitive) and build :class:`KafkaOptions`.
-
-    Runs on the driver, when the DataFrame is defined (``load()``), so mistakes fail
-    before any job starts. ``streaming`` None checks what batch and streaming reads
-    share; True/False adds the checks of that kind of read.
-
-    Raises
-    ------
-    ConfigurationError
-        Naming the offending option.
-    """
-    opts = {str(k).lower(): v for k, v in options.items()}
+def _kafka_params(opts: Mapping[str, str]) -> list[tuple[str, object]]:
+    """The ``kafka.*`` settings as kafka-python keywords; any other unknown option refused."""
     kafka_defaults = _kafka_python_defaults()
-
     kafka_params: list[tuple[str, object]] = []
     for key, raw in sorted(opts.items()):
         if key.startswith("kafka.") and key != "kafka.bootstrap.servers":
@@ -302,7 +290,11 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
                 "kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
                 "fetchOffset.retryIntervalMs, maxRecordsPerBatch, kafka.*",
             )
+    return kafka_params
 
+
+def _bootstrap(opts: Mapping[str, str]) -> str:
+    """``bootstrap.servers`` (or ``kafka.bootstrap.servers``, not both differently), checked."""
     servers = [opts.get(k, "").strip() for k in ("bootstrap.servers", "kafka.bootstrap.servers")]
     if servers[0] and servers[1] and servers[0] != servers[1]:
         raise _fail("bootstrap.servers", "differs from kafka.bootstrap.servers; give one")
@@ -313,7 +305,18 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         host, _, port = hp.strip().rpartition(":")
         if not host or not port.isdigit():
             raise _fail("bootstrap.servers", f"expected host:port entries, got {hp.strip()!r}")
+    return bootstrap
 
+
+_Subscription = tuple[
+    tuple[str, ...] | None,  # subscribe
+    str | None,  # subscribePattern
+    tuple[tuple[str, tuple[int, ...]], ...] | None,  # assign
+]
+
+
+def _subscription(opts: Mapping[str, str]) -> _Subscription:
+    """Exactly one of subscribe, subscribePattern, assign: (topics, pattern, assignment), the others None."""
     chosen = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k, "").strip()]
     if len(chosen) != 1:
         raise _fail(
@@ -321,20 +324,23 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
             "give exactly one of subscribe, subscribePattern, assign"
             + (f" (got {', '.join(chosen)})" if chosen else ""),
         )
-    subscribe = subscribe_pattern = assign = None
     if chosen[0] == "subscribe":
         subscribe = tuple(sorted({t.strip() for t in opts["subscribe"].split(",") if t.strip()}))
         if not subscribe:
             raise _fail("subscribe", "expected a comma-separated list of topics")
-    elif chosen[0] == "subscribepattern":
+        return subscribe, None, None
+    if chosen[0] == "subscribepattern":
         subscribe_pattern = opts["subscribepattern"].strip()
         try:
             re.compile(subscribe_pattern)
         except re.error as e:
             raise _fail("subscribePattern", f"not a valid regular expression: {e}") from None
-    else:
-        assign = _parse_assign(opts["assign"])
+        return None, subscribe_pattern, None
+    return None, None, _parse_assign(opts["assign"])
 
+
+def _offset_bounds(opts: Mapping[str, str], streaming: bool | None) -> tuple[OffsetSpec, OffsetSpec]:
+    """(startingOffsets, endingOffsets), with the checks of a batch or a streaming read."""
     starting = _parse_offsets_json(
         "startingOffsets", opts.get("startingoffsets") or ("earliest" if streaming is False else "latest")
     )
@@ -348,7 +354,11 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
             raise _fail("endingOffsets", "earliest (-2) is not allowed in a batch read")
         if opts.get("maxoffsetspertrigger"):
             raise _fail("maxOffsetsPerTrigger", "applies to streaming reads only")
+    return starting, ending
 
+
+def _partition_bounds(opts: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """(minPartitions, maxPartitions), each None when not given; min above max refused."""
     min_parts = _int_option(opts, "minpartitions", "minPartitions", minimum=1, default=None)
     max_parts = _int_option(opts, "maxpartitions", "maxPartitions", minimum=1, default=None)
     if min_parts and max_parts and min_parts > max_parts:
@@ -357,6 +367,27 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
             f"is {max_parts}, below minPartitions={min_parts}; give "
             f"one of them, or a maxPartitions at least minPartitions",
         )
+    return min_parts, max_parts
+
+
+def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = None) -> KafkaOptions:
+    """Validate ``options`` (names case-insensitive) and build :class:`KafkaOptions`.
+
+    Runs on the driver, when the DataFrame is defined (``load()``), so mistakes fail
+    before any job starts. ``streaming`` None checks what batch and streaming reads
+    share; True/False adds the checks of that kind of read.
+
+    Raises
+    ------
+    ConfigurationError
+        Naming the offending option.
+    """
+    opts = {str(k).lower(): v for k, v in options.items()}
+    kafka_params = _kafka_params(opts)
+    bootstrap = _bootstrap(opts)
+    subscribe, subscribe_pattern, assign = _subscription(opts)
+    starting, ending = _offset_bounds(opts, streaming)
+    min_parts, max_parts = _partition_bounds(opts)
     return KafkaOptions(
         bootstrap_servers=bootstrap,
         subscribe=subscribe,

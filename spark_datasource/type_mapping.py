@@ -60,6 +60,17 @@ def spark_to_clickhouse(dt: T.DataType, nullable: bool = False, *, column: str =
     """
     if isinstance(dt, T.UserDefinedType):
         return spark_to_clickhouse(dt.sqlType(), nullable, column=column)
+    scalar = _scalar_type(dt)
+    if scalar is not None:
+        return _nullable(scalar, nullable)
+    nested = _nested_type(dt, column)
+    if nested is not None:
+        return nested
+    raise _no_column_type(dt, column)
+
+
+def _scalar_type(dt: T.DataType) -> str | None:
+    """The ClickHouse type of a scalar Spark type (before ``Nullable``), or None for any other type."""
     simple: list[tuple[type, str]] = [
         (T.BooleanType, "Bool"),
         (T.ByteType, "Int8"),
@@ -83,11 +94,16 @@ def spark_to_clickhouse(dt: T.DataType, nullable: bool = False, *, column: str =
     ]
     for cls, ch in simple:
         if isinstance(dt, cls):
-            return _nullable(ch, nullable)
+            return ch
     if isinstance(dt, T.DecimalType):
-        return _nullable(f"Decimal({dt.precision}, {dt.scale})", nullable)
+        return f"Decimal({dt.precision}, {dt.scale})"
     if isinstance(dt, T.TimeType):
-        return _nullable(f"Time64({dt.precision})", nullable)
+        return f"Time64({dt.precision})"
+    return None
+
+
+def _nested_type(dt: T.DataType, column: str) -> str | None:
+    """The ClickHouse type of an array, map, struct or geo type (never ``Nullable``), or None."""
     if isinstance(dt, T.ArrayType):
         inner = spark_to_clickhouse(dt.elementType, dt.containsNull, column=column)
         return f"Array({inner})"
@@ -107,6 +123,11 @@ def spark_to_clickhouse(dt: T.DataType, nullable: bool = False, *, column: str =
         # Spark ships these as struct<srid int32, wkb binary>; ClickHouse reads WKB
         # with readWKB(), so keep the bytes as they come.
         return "Tuple(srid Int32, wkb String)"
+    return None
+
+
+def _no_column_type(dt: T.DataType, column: str) -> ConfigurationError:
+    """The error for a Spark type no ClickHouse column holds faithfully: what to do instead."""
     hints = {
         T.NullType: "cast it to a concrete type (a ClickHouse column cannot be Nullable(Nothing))",
         T.VariantType: "convert it with to_json() and write a String (or JSON) column",
@@ -115,10 +136,10 @@ def spark_to_clickhouse(dt: T.DataType, nullable: bool = False, *, column: str =
     }
     for cls, hint in hints.items():
         if isinstance(dt, cls):
-            raise ConfigurationError(
+            return ConfigurationError(
                 f"column `{column}`: Spark type {dt.simpleString()} has no ClickHouse column type: {hint}"
             )
-    raise ConfigurationError(f"column `{column}`: unsupported Spark type {dt.simpleString()}")
+    return ConfigurationError(f"column `{column}`: unsupported Spark type {dt.simpleString()}")
 
 
 def arrow_to_clickhouse(at: pa.DataType, nullable: bool = False, *, column: str = "?") -> str:

@@ -79,16 +79,13 @@ class _ByteCounter:
     """Wrap the executor's batch iterator: add up Arrow buffer sizes as batches pass."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
-        self._it = iter(batches)
         self.bytes = 0
+        self.batches = self._passing(batches)  # what the coordinator reads
 
-    def __iter__(self) -> "_ByteCounter":
-        return self
-
-    def __next__(self) -> pa.RecordBatch:
-        b = next(self._it)
-        self.bytes += b.nbytes
-        return b
+    def _passing(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            self.bytes += b.nbytes
+            yield b
 
 
 def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPlan | None" = None):
@@ -151,7 +148,7 @@ class _WriterBase:
         batch, partition, attempt = _task_context(self.streaming)
         ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt, run=self.run)
         counted = _ByteCounter(iterator)
-        prepared = coordinator_for(self.opts, self.txn_id, self.conversion).prepare(ctx, counted)
+        prepared = coordinator_for(self.opts, self.txn_id, self.conversion).prepare(ctx, counted.batches)
         return ClickHouseTxCommitMessage(prepared.to_json(), time.monotonic() - started, counted.bytes)
 
     def _metrics(self, batch: int, status: str, messages: Sequence[WriterCommitMessage | None], **kwargs: Any) -> None:

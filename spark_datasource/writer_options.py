@@ -400,16 +400,12 @@ class WriterOptions:
 
     def target(self) -> Target:
         """The :class:`clickhouse_tx.interfaces.Target` these options describe."""
+        # Options named like the Target fields they fill, then the others.
+        connection = ("url", "database", "table", "user", "password")
+        timeouts = ("connect_timeout_s", "request_timeout_s", "session_timeout_s")
         return Target(
-            url=self.url,
-            database=self.database,
-            table=self.table,
-            user=self.user,
-            password=self.password,
+            **{name: getattr(self, name) for name in (*connection, *timeouts)},
             settings=dict(self.settings),
-            connect_timeout_s=self.connect_timeout_s,
-            request_timeout_s=self.request_timeout_s,
-            session_timeout_s=self.session_timeout_s,
             route_column=self.table_column,
             route_tables=self.tables,
         )

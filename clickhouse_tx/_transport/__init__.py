@@ -6,45 +6,10 @@ clickhouse-connect's ``driver/``: a client (:mod:`.http`) and the classification
 what the server or the connection answered (:mod:`.errors`).
 """
 
-from clickhouse_tx._transport.errors import (
-    INVALID_TRANSACTION,
-    KEEPER_EXCEPTION,
-    NOT_IMPLEMENTED,
-    SESSION_IS_LOCKED,
-    SESSION_NOT_FOUND,
-    TABLE_ALREADY_EXISTS,
-    TOO_MANY_SIMULTANEOUS_QUERIES,
-    UNKNOWN_DATABASE,
-    UNKNOWN_TABLE,
-    KeeperError,
-    ReplyLostError,
-    RequestNotSentError,
-    error_from_connection,
-    error_from_reply,
-    is_keeper_error,
-    keeper_error,
-    transactions_unsupported,
-)
+# Every name of the error mapping's __all__ (codes, classification, the ReplyLostError
+# and RequestNotSentError it raises) is the package's too: listed once, in errors.py.
+from clickhouse_tx._transport.errors import *  # noqa: F403
+from clickhouse_tx._transport.errors import __all__ as _error_names
 from clickhouse_tx._transport.http import ClickHouseHTTP, safe_url
 
-__all__ = [
-    "INVALID_TRANSACTION",
-    "KEEPER_EXCEPTION",
-    "NOT_IMPLEMENTED",
-    "SESSION_IS_LOCKED",
-    "SESSION_NOT_FOUND",
-    "TABLE_ALREADY_EXISTS",
-    "TOO_MANY_SIMULTANEOUS_QUERIES",
-    "UNKNOWN_DATABASE",
-    "UNKNOWN_TABLE",
-    "ClickHouseHTTP",
-    "KeeperError",
-    "ReplyLostError",
-    "RequestNotSentError",
-    "error_from_connection",
-    "error_from_reply",
-    "is_keeper_error",
-    "keeper_error",
-    "safe_url",
-    "transactions_unsupported",
-]
+__all__ = [*_error_names, "ClickHouseHTTP", "safe_url"]

@@ -226,8 +226,6 @@ class ClickHouseHTTP:
         sql: str,
         params: Mapping[str, object] | None = None,
         settings: Mapping[str, object] | None = None,
-        *,
-        session_check: bool = False,
     ) -> list[dict[str, Any]]:
         """Run a SELECT and return its rows as dicts; 64-bit integers come back as ints.
 
@@ -237,7 +235,7 @@ class ClickHouseHTTP:
         transaction every extra setting is one more thing that can fail it).
         """
         resp = self._post(
-            url_params=self._params(settings, params, session_check, None),
+            url_params=self._params(settings, params, False, None),
             data=(sql.rstrip().rstrip(";") + "\nFORMAT JSONCompactEachRowWithNamesAndTypes").encode(),
             what=_what(sql),
         )

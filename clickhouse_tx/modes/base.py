@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -11,7 +12,7 @@ from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.errors import ConfigurationError, ServerError
 from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CommitMarkers
+from clickhouse_tx.markers import CommitMarkers, CountingBatches
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table
 
 
@@ -87,19 +88,14 @@ class ModeBase:
         checksum: int,
         details: Mapping[str, object] | None = None,
     ) -> Prepared:
-        return Prepared(
-            xid=xid,
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            attempt=ctx.attempt,
-            mode=self.mode,
-            server=safe_url(target.url),
-            table=self.display(target),
-            rows=rows,
-            checksum=checksum,
-            details=dict(details or {}),
-        )
+        attempt = Prepared.for_attempt(ctx, xid, self.mode, safe_url(target.url), self.display(target))
+        return dataclasses.replace(attempt, rows=rows, checksum=checksum, details=dict(details or {}))
+
+    def prepared_counted(
+        self, target: Target, ctx: WriteContext, xid: str, counted: CountingBatches, details: Mapping[str, object]
+    ) -> Prepared:
+        """:meth:`prepared` with the rows and checksum of what ``counted`` passed on."""
+        return self.prepared(target, ctx, xid, counted.rows, counted.checksum, details)
 
     @staticmethod
     def markers(target: Target, client: ClickHouseHTTP | None = None) -> CommitMarkers:

@@ -399,12 +399,11 @@ class DedupMode(ModeBase):
                         ensure_window(c, target, first_block, xid)
                     self._insert(c, target, schema, one, token)
         letters = self._dead_letters(target, ctx, xid, converted)
-        return self.prepared(
+        return self.prepared_counted(
             target,
             ctx,
             xid,
-            counted.rows,
-            counted.checksum,
+            counted,
             {
                 "chunks": sum(seen.values()),
                 "chunk_rows": self.chunk_rows,
@@ -425,16 +424,8 @@ class DedupMode(ModeBase):
             return 0
         digest = hashlib.sha256("\n".join(d["row_json"] for d in letters).encode()).hexdigest()
         with self.client(target) as c:
-            return write_dead_letters(
-                c,
-                converted,
-                table=self.display(target),
-                txn_id=ctx.txn_id,
-                batch=ctx.batch,
-                partition=ctx.partition,
-                xid=xid,
-                token=f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}",
-            )
+            token = f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}"
+            return write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, token=token)
 
     def _insert(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, one: pa.RecordBatch, token: str) -> None:
         c.insert_arrow_stream(

@@ -35,7 +35,7 @@ class PlainMode(ModeBase):
         if schema is not None:
             with self.client(target) as c:
                 c.insert_arrow_stream(self.target_sql(target), schema, counted)
-        return self.prepared(target, ctx, xid, counted.rows, counted.checksum)
+        return self.prepared_counted(target, ctx, xid, counted, {})
 
     def commit(self, target: Target, p: Prepared) -> None:
         """Nothing to do: the rows went in during prepare."""

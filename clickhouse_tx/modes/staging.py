@@ -174,14 +174,8 @@ class StagingMode(ModeBase):
             except BaseException:
                 self._drop_stages(c, target, xid, quiet=True)
                 raise
-        return self.prepared(
-            target,
-            ctx,
-            xid,
-            counted.rows,
-            counted.checksum,
-            {"stage": stage_name(xid), "partitions": partitions, "dead_letters": letters},
-        )
+        details = {"stage": stage_name(xid), "partitions": partitions, "dead_letters": letters}
+        return self.prepared_counted(target, ctx, xid, counted, details)
 
     def _stage_dead_letters(
         self, c: ClickHouseHTTP, target: Target, ctx: WriteContext, xid: str, converted: object
@@ -194,16 +188,7 @@ class StagingMode(ModeBase):
         stage = q.qualified(target.database, name)
         c.command(f"CREATE TABLE {stage} AS {q.qualified(*plan.dead_letter_table)}")
         # A fresh stage (the target's xid): the rows' own dedup token is enough.
-        n = write_dead_letters(
-            c,
-            converted,
-            table=self.display(target),
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            xid=xid,
-            stage=stage,
-        )
+        n = write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, stage=stage)
         _record_plan(
             c,
             stage,

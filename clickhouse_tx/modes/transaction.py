@@ -103,23 +103,9 @@ class TransactionMode(ModeBase):
                 session.insert_arrow_stream(
                     self.target_sql(target), schema, counted, settings={"insert_deduplication_token": xid}
                 )
-            letters = write_dead_letters(
-                session,
-                converted,
-                table=self.display(target),
-                txn_id=ctx.txn_id,
-                batch=ctx.batch,
-                partition=ctx.partition,
-                xid=xid,
-            )
-            p = self.prepared(
-                target,
-                ctx,
-                xid,
-                counted.rows,
-                counted.checksum,
-                {"session_timeout_s": target.session_timeout_s, "dead_letters": letters},
-            )
+            letters = write_dead_letters(session, converted, table=self.display(target), ctx=ctx, xid=xid)
+            details = {"session_timeout_s": target.session_timeout_s, "dead_letters": letters}
+            p = self.prepared_counted(target, ctx, xid, counted, details)
             markers.insert(p, client=session)
             return p
 

@@ -7,16 +7,21 @@ read-committed reader sees.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
+from clickhouse_tx.coordinator import Coordinator
+from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.markers import MARKERS_TABLE
+from clickhouse_tx.modes.dedup import DedupMode
 
 TXN = "q1"
+DEDUP_TXN = "dq"  # the query of the dedup-mode tests
 PARTITIONS = 4  # the tables below are PARTITION BY id % 4
 
 
@@ -72,3 +77,12 @@ def markers(admin: ClickHouseHTTP, database: str) -> list[dict[str, Any]]:
         f"SELECT xid, `partition`, rows FROM {q.qualified(database, MARKERS_TABLE)} "
         "ORDER BY `partition` SETTINGS implicit_transaction = 1"
     )
+
+
+def dedup_coordinator(target: Target, tmp_path: Path, chunk_rows: int = 300, xid: str | None = None) -> Coordinator:
+    """A mode-dedup coordinator of query ``DEDUP_TXN``: ``chunk_rows`` rows a token, every xid ``xid`` if given."""
+    co = build_coordinator(target, "dedup", DEDUP_TXN, str(tmp_path))
+    co.mode_io = co.ops.mode_io = DedupMode(chunk_rows=chunk_rows, registry=co.registry)
+    if xid is not None:
+        co.xid_factory = lambda *_: xid
+    return co

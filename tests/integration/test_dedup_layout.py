@@ -18,8 +18,17 @@ from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes import dedup_layout
 from clickhouse_tx.modes.dedup_layout import LAYOUT_TABLE, DedupLayoutError
-from tests.integration.test_dedup_mode import TXN, coordinator
-from tests.integration.test_modes import batches, committed_count, distinct_ids, make_table, rows
+from tests.helpers.tables import (
+    DEDUP_TXN as TXN,
+)
+from tests.helpers.tables import (
+    batches,
+    committed_count,
+    dedup_coordinator,
+    distinct_ids,
+    make_table,
+    rows,
+)
 
 N = 1200
 
@@ -38,14 +47,14 @@ def test_a_partition_whose_retry_holds_other_rows_is_refused_before_it_inserts(
 ) -> None:
     target = make_table(admin, database)
     first = cut(rows(N), 3)
-    run(coordinator(target, tmp_path), first)  # inserted (visible), then the driver died
+    run(dedup_coordinator(target, tmp_path), first)  # inserted (visible), then the driver died
     assert committed_count(admin, target) == N
     with pytest.raises(DedupLayoutError) as info:  # the replay cut in 2
-        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(cut(rows(N), 2)[0]))
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(cut(rows(N), 2)[0]))
     text = str(info.value)
     assert "partition 0" in text and "batch 0 of dq" in text and "original partitioning" in text
     assert committed_count(admin, target) == N  # nothing of the refused partition went in
-    co = coordinator(target, tmp_path)
+    co = dedup_coordinator(target, tmp_path)
     co.commit_batch(0, run(co, first, attempt=1))  # the original cut: deduplicated, committed
     assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
 
@@ -54,15 +63,15 @@ def test_after_the_first_commit_started_a_partition_beyond_the_sealed_count_or_w
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
     target = make_table(admin, database)
-    co = coordinator(target, tmp_path)
+    co = dedup_coordinator(target, tmp_path)
     msgs = run(co, cut(rows(N), 3))
     co.mode_io.check_layout(target, 0, msgs)  # the commit's first step; then the driver died
     replay = cut(rows(N), 5)
     for p in (0, 3, 4):  # other rows in 0; partitions 3 and 4 did not exist
         with pytest.raises(DedupLayoutError, match=r"cut into 3 partitions \(0: 400 rows, 1: 400 rows, 2: 400 rows\)"):
-            coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, p, 1), batches(replay[p]))
+            dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, p, 1), batches(replay[p]))
     assert committed_count(admin, target) == N
-    co = coordinator(target, tmp_path)
+    co = dedup_coordinator(target, tmp_path)
     report = co.commit_batch(0, run(co, cut(rows(N), 3), attempt=1))
     assert len(report.committed) == 3
     assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
@@ -76,13 +85,13 @@ def test_a_commit_missing_a_partition_an_earlier_run_inserted_is_refused_and_com
     # rows went elsewhere) must not be committed as if it were the whole batch.
     target = make_table(admin, database)
     first = cut(rows(N), 3)
-    run(coordinator(target, tmp_path), first)
-    co = coordinator(target, tmp_path)
+    run(dedup_coordinator(target, tmp_path), first)
+    co = dedup_coordinator(target, tmp_path)
     msgs = run(co, first[:2], attempt=1)
     with pytest.raises(DedupLayoutError, match=r"inserted partitions \[2\]"):
         co.commit_batch(0, msgs)
     assert co.log.read(0) is None  # nothing decided
-    co = coordinator(target, tmp_path)
+    co = dedup_coordinator(target, tmp_path)
     co.commit_batch(0, run(co, first, attempt=2))
     assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
 
@@ -91,7 +100,7 @@ def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_co
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
     target = make_table(admin, database)
-    co = coordinator(target, tmp_path)
+    co = dedup_coordinator(target, tmp_path)
     for batch in range(3):
         parts = cut(rows(300, start=batch * 300), 2)
         msgs = [co.prepare(WriteContext(TXN, batch, p, 0), batches(t)) for p, t in enumerate(parts)]
@@ -110,12 +119,12 @@ def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_
     target = make_table(admin, database)
     first = cut(rows(N), 3)
     for p in (0, 1):
-        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, p, 0, run="r1"), batches(first[p], 100))
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, p, 0, run="r1"), batches(first[p], 100))
     inserted = committed_count(admin, target)
     assert inserted == 800
     monkeypatch.setattr(dedup_layout, "WAIT_S", 2.0)
     with pytest.raises(DedupLayoutError, match=r"partitions \[0, 1\] .* did not show within 2 s"):
-        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 2, 0, run="r2"), batches(first[2]))
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 2, 0, run="r2"), batches(first[2]))
 
     monkeypatch.setattr(dedup_layout, "WAIT_S", 60.0)
     replay = cut(rows(N), 4)  # run r3 cuts it in 4: partition 3 waits, partition 0 is refused
@@ -123,7 +132,7 @@ def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_
 
     def partition_3() -> None:
         try:
-            coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 3, 0, run="r3"), batches(replay[3]))
+            dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 3, 0, run="r3"), batches(replay[3]))
         except BaseException as exc:  # inspected below
             waiting["error"] = exc
 
@@ -131,13 +140,13 @@ def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_
     t.start()
     time.sleep(1.0)
     with pytest.raises(DedupLayoutError, match="began with|beginning with"):
-        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r3"), batches(replay[0]))
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r3"), batches(replay[0]))
     t.join(60)
     assert isinstance(waiting.get("error"), DedupLayoutError), waiting
     assert "hold other rows" in str(waiting["error"])
     assert committed_count(admin, target) == inserted  # nothing of run r3 went in
 
-    co = coordinator(target, tmp_path)  # run r4, the original cut: every partition goes through
+    co = dedup_coordinator(target, tmp_path)  # run r4, the original cut: every partition goes through
     msgs = [co.prepare(WriteContext(TXN, 0, p, 0, run="r4"), batches(t, 100)) for p, t in enumerate(first)]
     co.commit_batch(0, msgs)
     assert committed_count(admin, target) == N and distinct_ids(admin, target) == N

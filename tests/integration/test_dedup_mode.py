@@ -11,14 +11,22 @@ import pytest
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
-from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import WriteContext
 from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
 from clickhouse_tx.modes.dedup_layout import DedupLayoutError
 from clickhouse_tx.registry import KeeperMapRegistry
-from tests.helpers.tables import batches, committed_count, distinct_ids, make_table, markers, rows
+from tests.helpers.tables import (
+    DEDUP_TXN,
+    batches,
+    committed_count,
+    dedup_coordinator,
+    distinct_ids,
+    make_table,
+    markers,
+    rows,
+)
 
-TXN = "dq"
+TXN = DEDUP_TXN
 
 
 class SimulatedCrash(Exception):
@@ -34,14 +42,6 @@ def crashing_after(t: pa.Table, n_rows: int, size: int) -> Iterator[pa.RecordBat
         yield b
 
 
-def coordinator(target, tmp_path: Path, chunk_rows: int = 300, xid: str | None = None):
-    co = build_coordinator(target, "dedup", TXN, str(tmp_path))
-    co.mode_io = co.ops.mode_io = DedupMode(chunk_rows=chunk_rows, registry=co.registry)
-    if xid is not None:
-        co.xid_factory = lambda *_: xid
-    return co
-
-
 def ids(admin: ClickHouseHTTP, target) -> list[int]:
     fq = q.qualified(target.database, target.table)
     return [r["id"] for r in admin.query_json(f"SELECT id FROM {fq} ORDER BY id SETTINGS implicit_transaction = 1")]
@@ -53,9 +53,9 @@ def test_a_dedup_replay_with_other_record_batch_sizes_after_a_partial_attempt_in
     target = make_table(admin, database)
     data = rows(1000)
     with pytest.raises(NotCommittedError, match="executor killed after 700 rows"):
-        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), crashing_after(data, 700, 70))
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), crashing_after(data, 700, 70))
     assert committed_count(admin, target) == 600  # two chunks of 300 went in, visible at once
-    replay = coordinator(target, tmp_path)
+    replay = dedup_coordinator(target, tmp_path)
     p = replay.prepare(WriteContext(TXN, 0, 0, 1), batches(data, 999))
     replay.commit_batch(0, [p])
     assert committed_count(admin, target) == 1000 and distinct_ids(admin, target) == 1000
@@ -73,10 +73,10 @@ def test_a_replay_whose_partition_holds_other_rows_is_refused_and_the_original_r
     # original cut finishes the partition without losing its rows 300..399.
     target = make_table(admin, database)
     with pytest.raises(NotCommittedError):
-        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), crashing_after(rows(400), 300, 300))
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), crashing_after(rows(400), 300, 300))
     with pytest.raises(DedupLayoutError):
-        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(rows(300, start=5000)))
-    replay = coordinator(target, tmp_path)
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(rows(300, start=5000)))
+    replay = dedup_coordinator(target, tmp_path)
     replay.commit_batch(0, [replay.prepare(WriteContext(TXN, 0, 0, 2), batches(rows(400)))])
     assert ids(admin, target) == list(range(400))
 
@@ -84,7 +84,7 @@ def test_a_replay_whose_partition_holds_other_rows_is_refused_and_the_original_r
 def test_equal_chunks_of_one_partition_are_both_inserted(admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
     target = make_table(admin, database)
     twice = pa.concat_tables([rows(300), rows(300)])
-    co = coordinator(target, tmp_path)
+    co = dedup_coordinator(target, tmp_path)
     co.commit_batch(0, [co.prepare(WriteContext(TXN, 0, 0, 0), batches(twice))])
     assert committed_count(admin, target) == 600
 
@@ -98,7 +98,7 @@ def fencing_after(t: pa.Table, n_rows: int, fence: Callable[[], None]) -> Iterat
 
 def test_a_fenced_zombie_dedup_insert_is_refused(admin: ClickHouseHTTP, database: str, tmp_path: Path) -> None:
     target = make_table(admin, database)
-    co = coordinator(target, tmp_path, xid="zombie-0")
+    co = dedup_coordinator(target, tmp_path, xid="zombie-0")
     registry = KeeperMapRegistry(target)
 
     def fence() -> None:
@@ -116,7 +116,7 @@ def test_a_dedup_prepare_stops_before_the_window_fills_and_names_the_fix(
     # 4 table partitions: a 300-row chunk writes 4 parts; a window of 10 holds 2 chunks
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
     with pytest.raises(NotCommittedError, match=r"12 parts .* dedup window holds 10.*MODIFY SETTING"):
-        coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), batches(rows(1200)))
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), batches(rows(1200)))
     assert committed_count(admin, target) == 900
 
 
@@ -124,7 +124,7 @@ def test_a_dedup_commit_is_refused_when_the_window_filled_since_the_first_chunk(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
-    co = coordinator(target, tmp_path)
+    co = dedup_coordinator(target, tmp_path)
     p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(600)))  # 8 parts
     other = DedupMode(chunk_rows=300, registry=co.registry)
     other._insert(admin, target, rows(4, start=9000).schema, rows(4, start=9000).to_batches()[0], "elsewhere")
@@ -137,7 +137,7 @@ def test_a_dedup_commit_is_refused_when_the_window_filled_since_the_first_chunk(
     admin.command(
         f"ALTER TABLE {q.qualified(database, 'events')} MODIFY SETTING non_replicated_deduplication_window = 1000"
     )
-    coordinator(target, tmp_path).commit_batch(0, [p])
+    dedup_coordinator(target, tmp_path).commit_batch(0, [p])
     assert [m["xid"] for m in markers(admin, database)] == [p.xid]
 
 
@@ -146,10 +146,10 @@ def test_a_late_attempt_of_a_committed_partition_inserts_nothing_even_after_the_
 ) -> None:
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
     data = rows(300)
-    co = coordinator(target, tmp_path)
+    co = dedup_coordinator(target, tmp_path)
     co.commit_batch(0, [co.prepare(WriteContext(TXN, 0, 0, 0), batches(data))])
     for i in range(3):  # another writer: 12 parts, the batch's tokens leave the window
         co.mode_io._insert(admin, target, data.schema, rows(4, start=9000 + 4 * i).to_batches()[0], f"w{i}")
-    late = coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(data, 7))
+    late = dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(data, 7))
     assert distinct_ids(admin, target) == committed_count(admin, target) == 312
     assert late.rows == 0 and late.details["committed_by"]

@@ -19,7 +19,7 @@ from clickhouse_tx.ids import StoredQueryId
 from clickhouse_tx.interfaces import CommitOutcome, Prepared, Target, WriteContext
 from clickhouse_tx.registry import KeeperMapRegistry
 from clickhouse_tx.state import TxState
-from tests.integration.test_cli import _batch, _cli, _setup, _visible
+from tests.helpers.cli import id_batch, id_table, run_cli, visible_ids
 
 
 def _never_decided(target: Target, mode: str, chk: Path, txn: str, batch: int = 0) -> list[Prepared]:
@@ -27,11 +27,11 @@ def _never_decided(target: Target, mode: str, chk: Path, txn: str, batch: int = 
     (chk / "clickhouse_tx").mkdir(parents=True, exist_ok=True)
     (chk / "clickhouse_tx" / "query.json").write_bytes(StoredQueryId(txn, "spark-query-id").to_json())
     coord = build_coordinator(target, mode, txn, str(chk))
-    return [coord.prepare(WriteContext(txn, batch, p, 0), iter(_batch(100 * p))) for p in range(2)]
+    return [coord.prepare(WriteContext(txn, batch, p, 0), iter(id_batch(100 * p))) for p in range(2)]
 
 
 def _gc(target: Target, mode: str, *args: str):
-    return _cli(
+    return run_cli(
         "gc", "--url", target.url, "--table", f"{target.database}.{target.table}", "--mode", mode, *args, "--json"
     )
 
@@ -40,7 +40,7 @@ def _gc(target: Target, mode: str, *args: str):
 def test_gc_not_running_rolls_back_every_prepare_of_a_query_that_never_decided_and_refuses_without_the_flag(
     clickhouse_url: str, database: str, tmp_path: Path, mode: str
 ) -> None:
-    target, admin = _setup(clickhouse_url, database)
+    target, admin = id_table(clickhouse_url, database)
     chk, txn = tmp_path / "chk", f"never-{mode}"
     prepared = _never_decided(target, mode, chk, txn)
     io = build_mode_io(mode)
@@ -62,13 +62,13 @@ def test_gc_not_running_rolls_back_every_prepare_of_a_query_that_never_decided_a
         "SELECT count() AS n FROM system.tables WHERE database = {d:String} AND startsWith(name, '_ctx_stage_')",
         params={"d": database},
     )
-    assert int(stages[0]["n"]) == 0 and _visible(admin, target) == 0
+    assert int(stages[0]["n"]) == 0 and visible_ids(admin, target) == 0
 
 
 def test_gc_not_running_leaves_a_batch_whose_xid_started_committing_and_forgets_an_aborted_one(
     clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    target, admin = _setup(clickhouse_url, database)
+    target, admin = id_table(clickhouse_url, database)
     txn = "never-mixed"
     started = _never_decided(target, "transaction", tmp_path / "a", txn, batch=1)
     registry = KeeperMapRegistry(target)

@@ -284,6 +284,22 @@ def _dead_letter_setup(admin: ClickHouseHTTP, database: str, tmp_path: Path, mod
     return target, batch, coordinator
 
 
+def _replay_commits_rows_and_dead_letters_once(admin, database: str, target, batch, coordinator) -> list[dict]:
+    """Attempt 1 of partition 0 of batch 5 prepares and commits (twice: the second changes
+    nothing); the good rows and both dead letters are stored once, under its xid."""
+    again = coordinator().prepare(WriteContext("q", 5, 0, 1), iter([batch]))
+    coordinator().commit_batch(5, [again])
+    coordinator().commit_batch(5, [again])  # a replayed commit changes nothing
+    assert stored(admin, target) == ["1", "2", "3"]
+    letters = _dead_letters(admin, database)
+    assert [(d["row"], d["column"], d["xid"], d["batch"], d["partition"]) for d in letters] == [
+        (1, "v", again.xid, 5, 0),
+        (3, "v", again.xid, 5, 0),
+    ]
+    assert letters[0]["row_json"] == '{"id": 1, "v": 300}' and "outside the range of UInt8" in letters[0]["reason"]
+    return letters
+
+
 def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted_attempt(
     admin, database: str, tmp_path: Path
 ) -> None:
@@ -295,16 +311,7 @@ def test_dead_letters_commit_with_their_partition_exactly_once_across_an_aborted
     assert _dead_letters(admin, database) == [] and stored(admin, target) == []
     coordinator().abort_batch(5, [first])
     # The replay commits: good rows and dead letters together, once.
-    again = coordinator().prepare(WriteContext("q", 5, 0, 1), iter([batch]))
-    coordinator().commit_batch(5, [again])
-    coordinator().commit_batch(5, [again])  # a replayed commit changes nothing
-    assert stored(admin, target) == ["1", "2", "3"]
-    letters = _dead_letters(admin, database)
-    assert [(d["row"], d["column"], d["xid"], d["batch"], d["partition"]) for d in letters] == [
-        (1, "v", again.xid, 5, 0),
-        (3, "v", again.xid, 5, 0),
-    ]
-    assert letters[0]["row_json"] == '{"id": 1, "v": 300}' and "outside the range of UInt8" in letters[0]["reason"]
+    letters = _replay_commits_rows_and_dead_letters_once(admin, database, target, batch, coordinator)
     assert {d["table"] for d in letters} == {f"{database}.typed"} and {d["txn_id"] for d in letters} == {"q"}
 
 
@@ -348,16 +355,7 @@ def test_in_staging_mode_dead_letters_move_with_their_partition_once_across_a_ro
     coordinator().abort_batch(5, [first])
     assert dl_stages() == [] and leftovers(admin, database) == []
     # The replay commits: good rows and dead letters moved together, once.
-    again = coordinator().prepare(WriteContext("q", 5, 0, 1), iter([batch]))
-    coordinator().commit_batch(5, [again])
-    coordinator().commit_batch(5, [again])  # a replayed commit changes nothing
-    assert stored(admin, target) == ["1", "2", "3"]
-    letters = _dead_letters(admin, database)
-    assert [(d["row"], d["column"], d["xid"], d["batch"], d["partition"]) for d in letters] == [
-        (1, "v", again.xid, 5, 0),
-        (3, "v", again.xid, 5, 0),
-    ]
-    assert letters[0]["row_json"] == '{"id": 1, "v": 300}' and "outside the range of UInt8" in letters[0]["reason"]
+    _replay_commits_rows_and_dead_letters_once(admin, database, target, batch, coordinator)
     assert dl_stages() == [] and leftovers(admin, database) == []
 
 

@@ -53,3 +53,16 @@ def sp(spark):
 
     spark_datasource.register(spark)
     return spark
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[tuple[str, str]]:
+    """A dev Kafka broker of the test module's own (one module cuts its consumers'
+    connections): (bootstrap, control URL)."""
+    from server_patches.kafka_broker import start_broker, stop_broker
+
+    proc, bootstrap, control = start_broker()
+    try:
+        yield bootstrap, control
+    finally:
+        stop_broker(proc)

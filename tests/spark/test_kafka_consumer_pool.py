@@ -10,11 +10,10 @@ never reused; consumers of different settings are never shared.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from server_patches.kafka_broker import delete_records, start_broker, stop_broker
+from server_patches.kafka_broker import delete_records
 from spark_datasource.kafka_options import parse_kafka_options
 from spark_datasource.kafka_reader import (
     SCHEMA,
@@ -25,17 +24,7 @@ from spark_datasource.kafka_reader import (
     arrow_schema,
     read_range,
 )
-from tests.spark.test_kafka_reader import _new_topic, _produce, _rows_of
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[tuple[str, str]]:
-    """A dev broker of this module's own: one test here cuts its consumers' connections."""
-    proc, bootstrap, control = start_broker()
-    try:
-        yield bootstrap, control
-    finally:
-        stop_broker(proc)
+from tests.helpers.kafka import new_topic, produce, rows_of
 
 
 def _opts(bootstrap: str, topic: str, **extra: str):  # type: ignore[no-untyped-def]
@@ -43,15 +32,15 @@ def _opts(bootstrap: str, topic: str, **extra: str):  # type: ignore[no-untyped-
 
 
 def _read(opts, rng: KafkaOffsetRange, pool: ConsumerPool) -> list[tuple]:  # type: ignore[no-untyped-def]
-    return _rows_of(list(read_range(opts, rng, pool)))
+    return rows_of(list(read_range(opts, rng, pool)))
 
 
 def test_the_same_offsets_read_twice_through_the_pool_give_the_same_rows_in_the_same_order(
     broker: tuple[str, str],
 ) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 2)
-    _produce(bootstrap, topic, {0: 300, 1: 40})
+    topic = new_topic(control, 2)
+    produce(bootstrap, topic, {0: 300, 1: 40})
     opts, pool = _opts(bootstrap, topic), ConsumerPool()
     try:
         rng = KafkaOffsetRange(topic, 0, 17, 230)
@@ -69,8 +58,8 @@ def test_consecutive_ranges_of_a_partition_reuse_one_consumer_and_read_every_rec
     broker: tuple[str, str],
 ) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 2)
-    _produce(bootstrap, topic, {0: 500, 1: 500})
+    topic = new_topic(control, 2)
+    produce(bootstrap, topic, {0: 500, 1: 500})
     opts, pool = _opts(bootstrap, topic, maxRecordsPerBatch="64"), ConsumerPool()
     rows = []
     try:
@@ -86,8 +75,8 @@ def test_consecutive_ranges_of_a_partition_reuse_one_consumer_and_read_every_rec
 
 def test_a_consumer_idle_longer_than_the_idle_time_is_closed(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 1)
-    _produce(bootstrap, topic, {0: 10})
+    topic = new_topic(control, 1)
+    produce(bootstrap, topic, {0: 10})
     opts, pool = _opts(bootstrap, topic), ConsumerPool(idle_s=0.2)
     _read(opts, KafkaOffsetRange(topic, 0, 0, 10), pool)
     assert pool.idle_count() == 1
@@ -103,8 +92,8 @@ def test_a_pooled_consumer_whose_broker_connection_died_is_replaced_and_still_re
     broker: tuple[str, str],
 ) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 1)
-    _produce(bootstrap, topic, {0: 200})
+    topic = new_topic(control, 1)
+    produce(bootstrap, topic, {0: 200})
     opts, pool = _opts(bootstrap, topic), ConsumerPool()
     try:
         _read(opts, KafkaOffsetRange(topic, 0, 0, 100), pool)
@@ -122,7 +111,7 @@ def test_a_pooled_consumer_whose_broker_connection_died_is_replaced_and_still_re
 
 def test_a_read_that_fails_closes_its_consumer_instead_of_pooling_it(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 1)
+    topic = new_topic(control, 1)
     from kafka import KafkaProducer
 
     p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
@@ -142,8 +131,8 @@ def test_a_reader_that_stops_early_returns_its_consumer_and_the_next_range_is_st
     broker: tuple[str, str],
 ) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 1)
-    _produce(bootstrap, topic, {0: 300})
+    topic = new_topic(control, 1)
+    produce(bootstrap, topic, {0: 300})
     opts, pool = _opts(bootstrap, topic, maxRecordsPerBatch="50"), ConsumerPool()
     try:
         it = read_range(opts, KafkaOffsetRange(topic, 0, 0, 300), pool)

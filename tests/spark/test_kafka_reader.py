@@ -13,7 +13,6 @@ import pickle
 import socket
 import uuid
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +21,7 @@ from kafka import KafkaProducer
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
-from server_patches.kafka_broker import create_topic, delete_records, start_broker, stop_broker
+from server_patches.kafka_broker import create_topic, delete_records
 from spark_datasource.kafka_options import parse_kafka_options
 from spark_datasource.kafka_reader import (
     KafkaBatchReader,
@@ -39,6 +38,7 @@ from spark_datasource.kafka_reader import (
     read_range,
     to_json_offsets,
 )
+from tests.helpers.kafka import new_topic, produce, rows_of
 
 # ------------------------------------------------------------------ pure planning
 
@@ -194,45 +194,10 @@ def test_option_names_are_case_insensitive_like_spark() -> None:
 # ------------------------------------------------------------------ the broker
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[tuple[str, str]]:
-    """The dev broker for this module: (bootstrap, control URL)."""
-    proc, bootstrap, control = start_broker()
-    try:
-        yield bootstrap, control
-    finally:
-        stop_broker(proc)
-
-
-def _produce(bootstrap: str, topic: str, counts: dict[int, int], tag: str = "v") -> set:
-    """Produce ``counts[p]`` records to each partition; return {(partition, value)}."""
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    sent = set()
-    for part, n in counts.items():
-        for i in range(n):
-            value = f"{tag}-{part}-{i}".encode()
-            p.send(topic, key=b"k%d" % i, value=value, partition=part, headers=[("i", str(i).encode())])
-            sent.add((part, value))
-    p.flush()
-    p.close()
-    return sent
-
-
-def _new_topic(control: str, partitions: int) -> str:
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    create_topic(control, name, partitions)
-    return name
-
-
-def _rows_of(batches: list[pa.RecordBatch]) -> list[tuple]:
-    t = pa.Table.from_batches(batches, schema=arrow_schema())
-    return list(zip(t["partition"].to_pylist(), t["offset"].to_pylist(), t["value"].to_pylist()))
-
-
 def test_replaying_the_same_offsets_reads_exactly_the_same_records(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 3)
-    _produce(bootstrap, topic, {0: 40, 1: 25, 2: 0})
+    topic = new_topic(control, 3)
+    produce(bootstrap, topic, {0: 40, 1: 25, 2: 0})
     opts = parse_kafka_options(
         {"bootstrap.servers": bootstrap, "subscribe": topic, "minPartitions": "4"}, streaming=True
     )
@@ -243,10 +208,10 @@ def test_replaying_the_same_offsets_reads_exactly_the_same_records(broker: tuple
         start = {topic: {"0": 3, "1": 0, "2": 0}}
         end = reader.latestOffset(start, ReadMaxRows(50))
         assert sum(end[topic].values()) - 3 == 50
-        first = [_rows_of(list(reader.read(p))) for p in reader.partitions(start, end)]
+        first = [rows_of(list(reader.read(p))) for p in reader.partitions(start, end)]
         # A fresh, unpickled reader (as after a driver restart) plans and reads the same.
         again_reader = pickle.loads(pickle.dumps(reader))
-        again = [_rows_of(list(again_reader.read(p))) for p in again_reader.partitions(start, end)]
+        again = [rows_of(list(again_reader.read(p))) for p in again_reader.partitions(start, end)]
     finally:
         reader.stop()
     assert first == again
@@ -257,8 +222,8 @@ def test_replaying_the_same_offsets_reads_exactly_the_same_records(broker: tuple
 
 def test_a_stream_with_no_new_records_returns_the_start_offset(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 2)
-    _produce(bootstrap, topic, {0: 3})
+    topic = new_topic(control, 2)
+    produce(bootstrap, topic, {0: 3})
     reader = KafkaStreamReader(
         parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic}, streaming=True)
     )
@@ -274,7 +239,7 @@ def test_records_deleted_before_they_are_read_fail_the_read_unless_failondatalos
     broker: tuple[str, str],
 ) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 1)
+    topic = new_topic(control, 1)
     p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
     for i in range(20):
         p.send(topic, value=b"%d" % i, partition=0).get(timeout=10)  # one batch each
@@ -285,7 +250,7 @@ def test_records_deleted_before_they_are_read_fail_the_read_unless_failondatalos
     with pytest.raises(KafkaDataLossError, match=rf"\[2, 8\) of {topic}\[0\].*failOnDataLoss"):
         list(read_range(strict, rng))
     lenient = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic, "failOnDataLoss": "false"})
-    rows = _rows_of(list(read_range(lenient, rng)))
+    rows = rows_of(list(read_range(lenient, rng)))
     assert [o for _, o, _ in rows] == list(range(8, 20))
 
 
@@ -311,7 +276,7 @@ def test_a_default_read_is_read_committed_at_the_broker_and_reads_past_transacti
     broker: tuple[str, str],
 ) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 1)
+    topic = new_topic(control, 1)
     committed = _produce_transactions(bootstrap, topic, [True, True, True])
     # The mock broker writes transaction markers with CRC 0, which a real broker never does.
     opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic, "kafka.check.crcs": "false"})
@@ -323,7 +288,7 @@ def test_a_default_read_is_read_committed_at_the_broker_and_reads_past_transacti
     finally:
         consumer.close()
     assert end == 12  # 9 records and 3 markers (at offsets 3, 7, 11)
-    rows = _rows_of(list(read_range(opts, KafkaOffsetRange(topic, 0, 0, end))))
+    rows = rows_of(list(read_range(opts, KafkaOffsetRange(topic, 0, 0, end))))
     # The markers' offsets are gaps of invisible records, not data loss (failOnDataLoss=true).
     assert [v for _, _, v in rows] == committed
     assert [o for _, o, _ in rows] == [0, 1, 2, 4, 5, 6, 8, 9, 10]
@@ -365,8 +330,8 @@ def kspark(spark):
 
 def test_a_batch_read_returns_exactly_the_produced_records(kspark, broker) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 3)
-    sent = _produce(bootstrap, topic, {0: 50, 1: 7, 2: 31})
+    topic = new_topic(control, 3)
+    sent = produce(bootstrap, topic, {0: 50, 1: 7, 2: 31})
     df = kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap).option("subscribe", topic).load()
     rows = df.collect()
     assert {(r.partition, bytes(r.value)) for r in rows} == sent
@@ -446,8 +411,8 @@ def _committed(out: Path) -> dict[int, pa.Table]:
 
 def test_a_stream_reads_every_record_once_in_order_across_limited_micro_batches(kspark, broker, tmp_path: Path) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 2)
-    sent = _produce(bootstrap, topic, {0: 120, 1: 60})
+    topic = new_topic(control, 2)
+    sent = produce(bootstrap, topic, {0: 120, 1: 60})
     out = tmp_path / "out"
     out.mkdir()
     ran = _run_stream(kspark, bootstrap, topic, tmp_path / "chk", out, max_per=50)
@@ -467,8 +432,8 @@ def test_a_stream_reads_every_record_once_in_order_across_limited_micro_batches(
 
 def test_a_restarted_stream_replays_the_failed_batch_identically_and_continues(kspark, broker, tmp_path: Path) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 2)
-    sent = _produce(bootstrap, topic, {0: 70, 1: 30})
+    topic = new_topic(control, 2)
+    sent = produce(bootstrap, topic, {0: 70, 1: 30})
     out, chk = tmp_path / "out", tmp_path / "chk"
     out.mkdir()
 
@@ -476,7 +441,7 @@ def test_a_restarted_stream_replays_the_failed_batch_identically_and_continues(k
         _run_stream(kspark, bootstrap, topic, chk, out, max_per=40, fail_on_batch=1)
     assert sorted(_committed(out)) == [0]
 
-    sent |= _produce(bootstrap, topic, {0: 15, 1: 5}, tag="late")  # arrives while stopped
+    sent |= produce(bootstrap, topic, {0: 15, 1: 5}, tag="late")  # arrives while stopped
     ran = _run_stream(kspark, bootstrap, topic, chk, out, max_per=40)
     assert ran[0] == 1  # the failed batch is replayed first, with the same id
     failed = pq.read_table(out / "failed-1.parquet").sort_by([("partition", "ascending"), ("offset", "ascending")])
@@ -536,8 +501,8 @@ def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None
     prefix = f"pat_{uuid.uuid4().hex[:6]}"
     for suffix, parts in (("x", 2), ("y", 1)):
         create_topic(control, f"{prefix}_{suffix}", parts)
-    _produce(bootstrap, f"{prefix}_x", {0: 3, 1: 4})
-    _produce(bootstrap, f"{prefix}_y", {0: 5})
+    produce(bootstrap, f"{prefix}_x", {0: 3, 1: 4})
+    produce(bootstrap, f"{prefix}_y", {0: 5})
     opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribePattern": f"{prefix}_.*"}, streaming=False)
     assert KafkaBatchReader(opts).partitions() == [
         KafkaOffsetRange(f"{prefix}_x", 0, 0, 3),
@@ -573,8 +538,8 @@ def test_max_partitions_below_min_partitions_is_refused_naming_both() -> None:
 
 def test_a_read_with_max_partitions_returns_every_record_once_in_fewer_spark_partitions(kspark, broker) -> None:
     bootstrap, control = broker
-    topic = _new_topic(control, 5)
-    sent = _produce(bootstrap, topic, {0: 30, 1: 7, 2: 19, 3: 0, 4: 11})
+    topic = new_topic(control, 5)
+    sent = produce(bootstrap, topic, {0: 30, 1: 7, 2: 19, 3: 0, 4: 11})
     df = (
         kspark.read.format("kafka_py")
         .option("bootstrap.servers", bootstrap)

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries
-from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION, _run_child
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, kill_at, run_child_past_worker_start, slow_except
 
 
 def _respelled(variant: str, chk: Path) -> tuple[str, str | None, Path]:
@@ -37,29 +37,11 @@ def _respelled(variant: str, chk: Path) -> tuple[str, str | None, Path]:
     raise ValueError(variant)
 
 
-def _run(args: dict, cwd: Path) -> int:
-    """One run of the job; again when Spark gave up on a Python worker's start.
-
-    Spark waits 10 s (hard-coded in ``PythonWorkerFactory``) for a new worker to connect
-    back; on a loaded machine a worker can take longer to import pyspark and the job
-    fails before it reads a record. That is no protocol step, so the run is repeated.
-    """
-    for attempt in range(3):
-        try:
-            return _run_child(args, cwd=cwd, timeout_s=600)
-        except AssertionError as e:
-            if "connect back" not in str(e) or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 VARIANTS = ["trailing_slash", "relative", "file_uri", "query_name_added"]
 
 
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize(
-    "variant", [pytest.param(v, marks=() if v == "relative" else pytest.mark.slow) for v in VARIANTS]
-)
+@pytest.mark.parametrize("variant", slow_except(VARIANTS, fast="relative"))
 def test_a_restart_with_the_checkpoint_spelled_otherwise_rolls_the_killed_batch_forward_not_again(
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, variant: str
 ) -> None:
@@ -67,19 +49,14 @@ def test_a_restart_with_the_checkpoint_spelled_otherwise_rolls_the_killed_batch_
     create_target(clickhouse_url, database)
     chk = tmp_path / "chk"
     base = {"bootstrap": kafka_bootstrap, "topic": topic, "url": clickhouse_url, "database": database, "daemon": True}
-    fault = {
-        "fault.step": "before_mark_done",
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-    }
-    codes = [_run({**base, "chk": str(chk), "name": None, "fault": fault}, tmp_path)]
+    fault = kill_at("before_mark_done", tmp_path)
+    codes = [run_child_past_worker_start({**base, "chk": str(chk), "name": None, "fault": fault}, tmp_path)]
     assert codes[0] == -signal.SIGKILL and (tmp_path / "fault.once").exists()
     assert not (chk / "commits" / "1").exists(), "Spark logged batch 1: the kill came too late"
 
     spelling, name, cwd = _respelled(variant, chk)
     for _ in range(3):
-        codes.append(_run({**base, "chk": spelling, "name": name}, cwd))
+        codes.append(run_child_past_worker_start({**base, "chk": spelling, "name": name}, cwd))
         if codes[-1] == 0:
             break
     assert codes[-1] == 0, f"the restarted job did not drain the topic: exit codes {codes}"

@@ -1,6 +1,6 @@
 """Dead letters exactly once: the streaming driver SIGKILLed mid-protocol, then restarted.
 
-The Kafka job of :mod:`tests.torture.test_driver_kill` writes into a table whose ``v``
+The Kafka job of :mod:`tests.helpers.torture` writes into a table whose ``v``
 column is ``FixedString(5)``: values ``p:i`` with ``i >= 1000`` are 6 bytes and do not
 fit. With ``bad_rows=dead_letter`` those rows go to the dead-letter table with the good
 rows of their partition: in its transaction, with its dedup token, or in a stage moved
@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers.spark_streams import make_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
-from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION, _run_child
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
 
 
 @pytest.mark.slow
@@ -43,25 +43,13 @@ def test_dead_letters_survive_a_driver_kill_and_restart_exactly_once(
     bad = expected - good
     assert good and bad
     options = {"bad_rows": "dead_letter", "dead_letter_table": "events_dlq", "mode": mode}
-    args = {
-        "bootstrap": kafka_bootstrap,
-        "topic": topic,
-        "url": clickhouse_url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": f"dlq_{uuid.uuid4().hex[:6]}",
-    }
-    fault = {
-        "fault.step": step,
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-    }
-    codes = [_run_child({**args, "fault": {**options, **fault}})]
+    name = f"dlq_{uuid.uuid4().hex[:6]}"
+    args = job_args(kafka_bootstrap, topic, clickhouse_url, database, tmp_path / "chk", name=name)
+    codes = [run_child({**args, "fault": {**options, **kill_at(step, tmp_path)}})]
     for _ in range(4):
         if codes[-1] == 0:
             break
-        codes.append(_run_child({**args, "fault": options}))
+        codes.append(run_child({**args, "fault": options}))
     assert codes[0] == -signal.SIGKILL and codes[-1] == 0, f"exit codes {codes}"
 
     # FixedString pads with NUL bytes, which TSV prints escaped: strip them in SQL.

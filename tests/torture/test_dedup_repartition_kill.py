@@ -20,8 +20,7 @@ import pytest
 
 from tests.helpers.spark_streams import assert_exactly, make_topic, target_rows
 from tests.helpers.spark_writes import open_registry_entries, run_sql
-from tests.torture.test_checkpoint_spelling import _run
-from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child_past_worker_start
 
 DEDUP = {"mode": "dedup"}  # writer options the child passes through (with the fault plan's)
 
@@ -38,35 +37,21 @@ def test_a_dedup_driver_killed_after_its_inserts_and_restarted_under_another_par
         f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree "
         "ORDER BY (p, o) SETTINGS non_replicated_deduplication_window = 1000",
     )
-    base = {
-        "bootstrap": kafka_bootstrap,
-        "topic": topic,
-        "url": clickhouse_url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": None,
-        "daemon": True,
-    }
-    fault = {
-        **DEDUP,
-        "fault.step": step,
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-    }
-    codes = [_run({**base, "repartition": 3, "fault": fault}, tmp_path)]
+    base = job_args(kafka_bootstrap, topic, clickhouse_url, database, tmp_path / "chk", name=None, daemon=True)
+    fault = {**DEDUP, **kill_at(step, tmp_path)}
+    codes = [run_child_past_worker_start({**base, "repartition": 3, "fault": fault}, tmp_path)]
     assert codes[0] == -signal.SIGKILL and (tmp_path / "fault.once").exists()
     assert not (tmp_path / "chk" / "commits" / "1").exists(), "Spark logged batch 1: the kill came too late"
     after_kill = target_rows(clickhouse_url, database)
     assert len(after_kill) == len(set(after_kill)) and len(after_kill) > 0
 
     with pytest.raises(AssertionError) as refused:
-        _run({**base, "repartition": 5, "fault": DEDUP}, tmp_path)
+        run_child_past_worker_start({**base, "repartition": 5, "fault": DEDUP}, tmp_path)
     assert "DedupLayoutError" in str(refused.value) and "original partitioning" in str(refused.value)
     assert sorted(target_rows(clickhouse_url, database)) == sorted(after_kill)  # nothing inserted
 
     for _ in range(3):
-        codes.append(_run({**base, "repartition": 3, "fault": DEDUP}, tmp_path))
+        codes.append(run_child_past_worker_start({**base, "repartition": 3, "fault": DEDUP}, tmp_path))
         if codes[-1] == 0:
             break
     assert codes[-1] == 0, f"the restarted job did not drain the topic: exit codes {codes}"

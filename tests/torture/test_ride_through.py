@@ -13,17 +13,13 @@ by the ClickHouse restart fails its task, which Spark retries under a new xid
 (``spark.task.maxFailures``: 4 by default on a cluster, ``local[2,4]`` here); the cut
 attempt's stage is rolled back.
 
-The child is the streaming job of :mod:`tests.torture.test_driver_kill` (its writer
+The child is the streaming job of :mod:`tests.helpers.torture` (its writer
 options given as ``fault``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -33,10 +29,8 @@ import pytest
 from server_patches import stack as stack_mod
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries, run_sql, scalar
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_session, start_child
 
-ROOT = Path(__file__).resolve().parents[2]
-PARTITIONS = 3
-PER_PARTITION = 2000
 MAX_OFFSETS = 600  # 10 batches: the run outlasts both outages
 OUTAGE_S = 3.0
 
@@ -60,25 +54,8 @@ def _wait_rows(proc: subprocess.Popen, url: str, database: str, at_least: int, t
 
 
 def _start_child(args: dict, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
     with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.torture.test_driver_kill", "run", json.dumps(args)],
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's session (it may have ended; a JVM or worker may have outlived it)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        return start_child(args, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _started(proc: subprocess.Popen, url: str, database: str, log: Path, timeout_s: float = 900) -> bool:
@@ -110,24 +87,24 @@ def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhou
     run_sql(url, f"CREATE DATABASE `{database}`")
     topic, expected = make_topic(own, own.kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(url, database)
-    args = {
-        "bootstrap": own.kafka_bootstrap,
-        "topic": topic,
-        "url": url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": f"ride_{uuid.uuid4().hex[:6]}",
-        "daemon": True,
-        "master": "local[2,4]",
-        "max_offsets": MAX_OFFSETS,
-        "fault": {"mode": "staging", "retry.attempts": "40", "retry.max_seconds": "60"},
-    }
+    args = job_args(
+        own.kafka_bootstrap,
+        topic,
+        url,
+        database,
+        tmp_path / "chk",
+        name=f"ride_{uuid.uuid4().hex[:6]}",
+        daemon=True,
+        master="local[2,4]",
+        max_offsets=MAX_OFFSETS,
+        fault={"mode": "staging", "retry.attempts": "40", "retry.max_seconds": "60"},
+    )
     proc = _start_child(args, tmp_path / "child.log")
     try:
         for _ in range(4):  # Spark gave up on a Python worker's start before any batch: start again
             if _started(proc, url, database, tmp_path / "child.log"):
                 break
-            _kill_group(proc)
+            kill_session(proc)
             proc = _start_child(args, tmp_path / "child.log")
         before_zk = _wait_rows(proc, url, database, MAX_OFFSETS)
         stack_mod.kill_zookeeper(own.dir)
@@ -140,7 +117,7 @@ def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhou
         stack_mod.start_clickhouse(own.dir)
         code = proc.wait(1200)
     finally:
-        _kill_group(proc)
+        kill_session(proc)
     tail = (tmp_path / "child.log").read_text(errors="replace")[-3000:]
     assert code == 0, f"the query failed ({code}):\n{tail}"
     assert before_ch < len(expected), "ClickHouse was restarted after the last batch"

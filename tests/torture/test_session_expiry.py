@@ -6,7 +6,7 @@ session expiry (their keep-alive died with the executors) or by a ClickHouse res
 One restart of the query on the same checkpoint must drain the topic with every
 Kafka record in ClickHouse exactly once, also when it cuts batches into another
 number of partitions than the killed run (``repartition``). Child processes come
-from :mod:`tests.torture.test_driver_kill`.
+from :mod:`tests.helpers.torture`.
 """
 
 from __future__ import annotations
@@ -21,30 +21,16 @@ import pytest
 from server_patches import stack as stack_mod
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries, run_sql
-from tests.torture.test_driver_kill import PARTITIONS, PER_PARTITION, _run_child
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
 
 
 def _killed_after_the_decision(stack, url: str, database: str, tmp_path: Path, **extra) -> tuple[dict, set]:
     topic, expected = make_topic(stack, stack.kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(url, database)
-    args = {
-        "bootstrap": stack.kafka_bootstrap,
-        "topic": topic,
-        "url": url,
-        "database": database,
-        "chk": str(tmp_path / "chk"),
-        "name": f"expiry_{uuid.uuid4().hex[:6]}",
-        "daemon": True,
-        **extra,
-    }
-    fault = {
-        "fault.step": "after_decision",
-        "fault.action": "kill",
-        "fault.batch": "1",
-        "fault.once_file": str(tmp_path / "fault.once"),
-        "session_timeout": "5",
-    }
-    assert _run_child({**args, "fault": fault}) == -signal.SIGKILL
+    name = f"expiry_{uuid.uuid4().hex[:6]}"
+    args = job_args(stack.kafka_bootstrap, topic, url, database, tmp_path / "chk", name=name, daemon=True, **extra)
+    fault = {**kill_at("after_decision", tmp_path), "session_timeout": "5"}
+    assert run_child({**args, "fault": fault}) == -signal.SIGKILL
     assert (tmp_path / "fault.once").exists()
     return args, expected
 
@@ -57,7 +43,7 @@ def test_a_driver_killed_after_its_decision_and_restarted_after_the_session_time
     args, expected = _killed_after_the_decision(stack, clickhouse_url, database, tmp_path)
     time.sleep(8)  # past the 5 s session_timeout: every decided transaction has expired
     # one restart drains the topic: the batch is written again once, no restart loop
-    assert _run_child({**args, "fault": {"session_timeout": "5"}}) == 0
+    assert run_child({**args, "fault": {"session_timeout": "5"}}) == 0
     assert_exactly(clickhouse_url, database, expected)
     assert open_registry_entries(clickhouse_url, database) == 0
 
@@ -73,6 +59,6 @@ def test_a_query_restarted_after_a_clickhouse_restart_with_another_partitioning_
     run_sql(own.clickhouse_url, f"CREATE DATABASE `{database}`")
     args, expected = _killed_after_the_decision(own, own.clickhouse_url, database, tmp_path, repartition=3)
     own = stack_mod.restart_clickhouse(own.dir)  # the decided, prepared transactions are lost
-    assert _run_child({**args, "url": own.clickhouse_url, "repartition": parts}) == 0
+    assert run_child({**args, "url": own.clickhouse_url, "repartition": parts}) == 0
     assert_exactly(own.clickhouse_url, database, expected)
     assert open_registry_entries(own.clickhouse_url, database) == 0

@@ -138,19 +138,9 @@ class FakeClickHouse:
                 ids.extend(b.column("id").to_pylist())
         self.tx[xid] = _Tx(key=(ctx.txn_id, ctx.batch, ctx.partition), rows=rows, ids=tuple(ids))
         self._hit("prepare", "after")
-        return Prepared(
-            xid=xid,
-            txn_id=ctx.txn_id,
-            batch=ctx.batch,
-            partition=ctx.partition,
-            attempt=ctx.attempt,
-            mode=self.mode,
-            server=target.url,
-            table=f"{target.database}.{target.table}",
-            rows=rows,
-            checksum=int(checksum.hexdigest()[:12], 16),
-            details={"session_id": xid},
-        )
+        attempt = Prepared.for_attempt(ctx, xid, self.mode, target.url, f"{target.database}.{target.table}")
+        digest = int(checksum.hexdigest()[:12], 16)
+        return dataclasses.replace(attempt, rows=rows, checksum=digest, details={"session_id": xid})
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         """Transaction mode's: nothing to check (its rows are invisible until COMMIT)."""

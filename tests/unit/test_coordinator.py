@@ -44,17 +44,7 @@ def msg(xid: str, partition: int, attempt: int = 0, batch: int = 0) -> Prepared:
 
 
 def entry(p: Prepared, state: TxState) -> RegistryEntry:
-    return RegistryEntry(
-        xid=p.xid,
-        txn_id=p.txn_id,
-        batch=p.batch,
-        partition=p.partition,
-        attempt=p.attempt,
-        mode=p.mode,
-        server=p.server,
-        table=p.table,
-        state=state.value,
-    )
+    return RegistryEntry.of_attempt(p, state.value, 0)
 
 
 def prepare(c: Coordinator, partition: int, attempt: int, batch: int = 0) -> Prepared:

@@ -173,15 +173,6 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-#: Functions still over the limit, each in a module another branch of this round splits:
-#: (module, qualified name) -> its length when listed. An entry that is gone or short
-#: enough fails the test below, so the list only shrinks.
-LONG_FUNCTIONS_BEING_SPLIT = {
-    ("spark_datasource.kafka_options", "parse_kafka_options"): 102,
-    ("benchmarks.checkpoint_sweep", "main"): 106,
-    ("clickhouse_tx.verify", "verify"): 89,
-    ("spark_datasource.type_mapping", "spark_to_clickhouse"): 81,
-}
 MAX_FUNCTION_LINES = 80
 
 
@@ -204,10 +195,8 @@ def function_lengths() -> dict[tuple[str, str], int]:
 
 def test_no_function_of_the_project_is_over_80_lines() -> None:
     lengths = function_lengths()
-    long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES and k not in LONG_FUNCTIONS_BEING_SPLIT}
+    long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES}
     assert long == {}
-    done = [k for k in LONG_FUNCTIONS_BEING_SPLIT if lengths.get(k, 0) <= MAX_FUNCTION_LINES]
-    assert done == [], "split now: remove them from LONG_FUNCTIONS_BEING_SPLIT"
 
 
 def test_the_walk_sees_every_package_of_the_project() -> None:
@@ -231,6 +220,44 @@ def test_no_module_of_the_project_imports_a_private_name_of_another_module() -> 
 
 def test_no_import_cycle_exists_between_the_modules_of_the_project() -> None:
     assert find_cycle(import_graph()) is None
+
+
+def imported_test_modules(path: Path) -> list[str]:
+    """The ``test_*`` modules a file under ``tests/`` imports (``tests.x.test_y`` or ``.test_y``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n.split(".")[-1].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_from_another_test_module() -> None:
+    # Shared test code lives in tests/helpers (or a conftest fixture): a test module
+    # imported by another runs its module-level code twice and ties their edits together.
+    imports = {
+        str(path.relative_to(ROOT)): imported_test_modules(path)
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if imported_test_modules(path)
+    }
+    assert imports == {}
+
+
+def test_the_test_import_check_sees_absolute_and_relative_imports_of_test_modules(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text(
+        "from tests.torture.test_driver_kill import run\n"
+        "from .test_cli import _cli\n"
+        "import tests.spark.test_kafka_reader as r\n"
+        "from tests.helpers.torture import run_child\n"
+        "from tests.unit import fakes\n"
+    )
+    assert imported_test_modules(src) == ["tests.torture.test_driver_kill", "test_cli", "tests.spark.test_kafka_reader"]
 
 
 @pytest.mark.parametrize(

@@ -10,15 +10,15 @@ from clickhouse_tx.errors import IllegalTransitionError, TransactionFinishedErro
 from clickhouse_tx.state import TRANSITIONS, TxState, as_state, can_transition, is_finished, next_state, predecessors
 
 S = TxState
-LEGAL = {
-    (S.UNKNOWN, S.INITIALIZED),
-    (S.UNKNOWN, S.ABORTED),
-    (S.INITIALIZED, S.COMMITTING),
-    (S.INITIALIZED, S.ABORTING),
-    (S.COMMITTING, S.COMMITTED),
-    (S.COMMITTING, S.ABORTING),
-    (S.ABORTING, S.ABORTED),
+# The design's lifecycle, written as each state's successors (the table lists pairs):
+# an independent statement of it, not a copy.
+SUCCESSORS = {
+    S.UNKNOWN: (S.INITIALIZED, S.ABORTED),
+    S.INITIALIZED: (S.COMMITTING, S.ABORTING),
+    S.COMMITTING: (S.COMMITTED, S.ABORTING),
+    S.ABORTING: (S.ABORTED,),
 }
+LEGAL = {(cur, nxt) for cur, nexts in SUCCESSORS.items() for nxt in nexts}
 NO_OPS = {(S.COMMITTED, S.COMMITTED), (S.ABORTED, S.ABORTED), (S.COMMITTING, S.COMMITTING), (S.ABORTING, S.ABORTING)}
 
 

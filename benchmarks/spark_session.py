@@ -1,0 +1,20 @@
+"""The ``local[2]`` SparkSession a benchmark process runs its jobs on."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+def local_session(app: str, conf: Mapping[str, str]) -> Any:  # pyspark.sql.SparkSession
+    """A ``local[2]`` session named ``app``, UI off, logging at ERROR, with the Spark ``conf`` added.
+
+    Driver, once per benchmark process (``getOrCreate``: a second call returns the first session).
+    """
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName(app)
+    for key, value in {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,38 @@
+"""Topics on the dev Kafka broker with known records, and the rows the ``kafka_py`` reader gives back."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+from kafka import KafkaProducer
+
+from server_patches.kafka_broker import create_topic
+from spark_datasource.kafka_reader import arrow_schema
+
+
+def produce(bootstrap: str, topic: str, counts: dict[int, int], tag: str = "v") -> set:
+    """Produce ``counts[p]`` records to each partition; return {(partition, value)}."""
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    sent = set()
+    for part, n in counts.items():
+        for i in range(n):
+            value = f"{tag}-{part}-{i}".encode()
+            p.send(topic, key=b"k%d" % i, value=value, partition=part, headers=[("i", str(i).encode())])
+            sent.add((part, value))
+    p.flush()
+    p.close()
+    return sent
+
+
+def new_topic(control: str, partitions: int) -> str:
+    """A new topic of ``partitions`` partitions, created through the broker's control address."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    create_topic(control, name, partitions)
+    return name
+
+
+def rows_of(batches: list[pa.RecordBatch]) -> list[tuple]:
+    """(partition, offset, value) of every record the reader returned."""
+    t = pa.Table.from_batches(batches, schema=arrow_schema())
+    return list(zip(t["partition"].to_pylist(), t["offset"].to_pylist(), t["value"].to_pylist()))

@@ -1,0 +1,177 @@
+"""The streaming job the SIGKILL torture tests run as a child process, and how they run it.
+
+The job (``kafka_py`` -> ``clickhouse_tx``, trigger ``availableNow``) runs in a child
+process started in its own session, so a fault plan (``fault.step`` +
+``fault.action=kill``) or the test can SIGKILL its whole process group: driver, JVM and
+workers. This module is the child's entry point
+(``python -m tests.helpers.torture run <json args>``).
+
+The child sets ``spark.python.use.daemon=false`` unless ``daemon`` is asked for:
+PySpark's worker daemon moves its workers into a process group of their own
+(``os.setpgid(0, 0)`` in ``pyspark/daemon.py``), so a kill fired in a worker would
+otherwise miss the driver and the JVM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 3
+PER_PARTITION = 2000
+MAX_OFFSETS = 1500  # several micro-batches, each spanning every partition
+
+
+def job_args(bootstrap: str, topic: str, url: str, database: str, chk: Path, **more: object) -> dict:
+    """The arguments of :func:`streaming_job`: the topic, the target, the checkpoint, then ``more``."""
+    return {"bootstrap": bootstrap, "topic": topic, "url": url, "database": database, "chk": str(chk), **more}
+
+
+def kill_at(step: str, tmp_path: Path, batch: int = 1) -> dict[str, str]:
+    """The fault options that SIGKILL the job's process group once, at ``step`` of ``batch``.
+
+    The once-file ``tmp_path / "fault.once"`` exists afterwards: the kill fired.
+    """
+    once = str(tmp_path / "fault.once")
+    return {"fault.step": step, "fault.action": "kill", "fault.batch": str(batch), "fault.once_file": once}
+
+
+def slow_except(values: list[str], fast: str) -> list:
+    """``values`` as pytest params, each marked slow but ``fast`` (the one the default run keeps)."""
+    return [pytest.param(v, marks=() if v == fast else pytest.mark.slow) for v in values]
+
+
+def _session(args: dict):  # -> pyspark.sql.SparkSession (pyspark is imported in the child only)
+    from pyspark.sql import SparkSession
+
+    import spark_datasource
+    from clickhouse_tx.faults import KILL_PGID_ENV
+
+    if args.get("daemon"):
+        # Workers forked by pyspark's daemon sit in groups of their own: a fault kills
+        # this group (driver, JVM) by id first. Forking is quicker than starting a
+        # worker, which Spark allows 10 s to connect back (too short on a loaded machine).
+        os.environ[KILL_PGID_ENV] = str(os.getpgrp())
+    spark = (
+        SparkSession.builder.master(args.get("master", "local[2]"))
+        .appName("clickhouse-tx-driver-kill")
+        .config("spark.python.use.daemon", "true" if args.get("daemon") else "false")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_datasource.register(spark)
+    return spark
+
+
+def streaming_job(args: dict) -> None:
+    """The streaming job (child process): drain the topic with availableNow, then exit 0.
+
+    ``args``: bootstrap, topic, url, database, chk, and optionally name, master,
+    max_offsets, repartition, daemon, and writer options in ``options`` and ``fault``
+    (``fault`` wins where both name one).
+    """
+    spark = _session(args)
+    df = (
+        spark.readStream.format("kafka_py")
+        .option("bootstrap.servers", args["bootstrap"])
+        .option("subscribe", args["topic"])
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(args.get("max_offsets", MAX_OFFSETS)))
+        .load()
+        .selectExpr("partition as p", "offset as o", "cast(value as string) as v")
+    )
+    if args.get("repartition"):  # another partitioning than the Kafka partitions
+        df = df.repartition(int(args["repartition"]))
+    writer = (
+        df.writeStream.format("clickhouse_tx")
+        .option("url", args["url"])
+        .option("database", args["database"])
+        .option("table", "events")
+        .option("allow_nullable_into_non_nullable", "true")
+        .option("checkpointLocation", args["chk"])
+        .trigger(availableNow=True)
+    )
+    if args.get("name"):
+        writer = writer.queryName(args["name"])
+    for k, v in {**args.get("options", {}), **(args.get("fault") or {})}.items():
+        writer = writer.option(k, v)
+    q = writer.start()
+    q.awaitTermination()
+    spark.stop()
+
+
+def start_child(args: dict, cwd: Path = ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """Start the streaming job in a session of its own (``cwd``: where a relative checkpoint resolves)."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.torture", "run", json.dumps(args)],
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        stdout=stdout,
+        stderr=stderr,
+    )
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's session (it may have ended; a JVM or worker may have outlived it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 300, cwd: Path = ROOT) -> int:
+    """Run the job to its end (or SIGKILL it after ``kill_after_s``); its exit code.
+
+    Raises AssertionError when the job failed otherwise than by SIGKILL.
+    """
+    proc = start_child(args, cwd=cwd)
+    try:
+        if kill_after_s is not None:
+            try:
+                proc.wait(kill_after_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout_s)
+    finally:
+        kill_session(proc)  # whatever of the session survived its leader (a JVM, a worker)
+    assert proc.stderr is not None
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"streaming job failed ({proc.returncode}): {proc.stderr.read().decode()[-3000:]}")
+    proc.stderr.close()
+    return proc.returncode
+
+
+def run_child_past_worker_start(args: dict, cwd: Path) -> int:
+    """One run of the job; again when Spark gave up on a Python worker's start.
+
+    Spark waits 10 s (hard-coded in ``PythonWorkerFactory``) for a new worker to connect
+    back; on a loaded machine a worker can take longer to import pyspark and the job
+    fails before it reads a record. That is no protocol step, so the run is repeated.
+    """
+    for attempt in range(3):
+        try:
+            return run_child(args, cwd=cwd, timeout_s=600)
+        except AssertionError as e:
+            if "connect back" not in str(e) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        streaming_job(json.loads(sys.argv[2]))
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}")
