@@ -137,9 +137,14 @@ def render(
     prefix = f"{STACK_ZK_ROOT}/{name}"
     txn_prefix = map_prefix = prefix
     if member is not None:
-        # Replicas of a shard share its KeeperMap tables (the registry); shards do not,
-        # and no two servers share a transaction log.
-        map_prefix, txn_prefix = f"{prefix}-s{member.shard}", f"{prefix}-s{member.shard}r{member.replica}"
+        # Every shard under its own ZooKeeper root (chroot): chdb's servers all have the
+        # server UUID 0, and servers sharing a root register their Keeper session on one
+        # node (/clickhouse/sessions/zookeeper/<uuid>): one server's COMMIT then rolled
+        # back the other's open transactions (measured on 26.9). Replicas of a shard
+        # share its root (and so its KeeperMap tables: the registry), each with its own
+        # transaction log.
+        _set(root, "zookeeper/root", shard_root(name, member.shard))
+        map_prefix, txn_prefix = "", f"/r{member.replica}"
         _add_cluster(root, member)
     if transactions:
         # ClickHouse creates missing ancestors of both paths itself (checked on 26.9).
@@ -167,6 +172,12 @@ class ClusterMember:
     shard: int
     replica: int
     servers: tuple[tuple[tuple[str, int], ...], ...]
+
+
+def shard_root(name: str, shard: int) -> str:
+    """The ZooKeeper root (chroot) of one shard of the cluster stack ``name``; it must exist
+    before the shard's servers start (the stack creates it)."""
+    return f"{STACK_ZK_ROOT}/{name}-s{shard}"
 
 
 #: The cluster name the embedded stack's ``remote_servers`` section defines.

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import urllib.error
@@ -518,6 +519,21 @@ def _cluster_members(shards: int, replicas: int, ports: Mapping[str, int]) -> li
     return [chdb_config.ClusterMember(i, j, servers) for i in range(shards) for j in range(replicas)]
 
 
+def _create_znodes(zk: str, paths: list[str]) -> None:
+    """Create each path (and its ancestors) in ZooKeeper with its own CLI; existing ones stay."""
+    todo: list[str] = []
+    for path in paths:
+        parts = path.strip("/").split("/")
+        todo += [
+            "/" + "/".join(parts[: k + 1]) for k in range(len(parts)) if "/" + "/".join(parts[: k + 1]) not in todo
+        ]
+    script = "".join(f'create {p} ""\n' for p in todo) + "quit\n"
+    argv = [zookeeper.find_java(), "-cp", zookeeper.classpath(), "org.apache.zookeeper.ZooKeeperMain", "-server", zk]
+    done = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise StackError(f"could not create the shards' ZooKeeper roots {paths}: {done.stderr[-2000:]}")
+
+
 @dataclasses.dataclass
 class _Launch:
     """One ``start_stack`` call: what already runs, what it starts, in order (ZooKeeper,
@@ -588,6 +604,9 @@ class _Launch:
                 processes.stop(self.procs[n], DEFAULT_STOP_TIMEOUT_S)
                 self.alive[n] = False
         self._member_ports(names, wanted_port)
+        if len(names) > 1:
+            name = chdb_config.stack_name(self.stack_dir)
+            _create_znodes(self.zk_addr, [chdb_config.shard_root(name, i) for i in range(self.shards)])
         for n, member in zip(names, _cluster_members(self.shards, self.replicas, self.ports)):
             if self.alive.get(n):
                 continue

@@ -27,8 +27,9 @@ def test_rendered_cluster_config_has_macros_the_cluster_and_per_shard_keeper_pat
     )
     assert "<shard>1</shard>" in text and "<replica>r0</replica>" in text
     assert "<clickhouse_tx>" in text and text.count("<replica>\n") == 4
-    assert "/clickhouse_tx_stack/st-s1/keeper_map" in text
-    assert "/clickhouse_tx_stack/st-s1r0/txn" in text
+    # Each shard under its own ZooKeeper root; each server its own transaction log.
+    assert "<root>/clickhouse_tx_stack/st-s1</root>" in text
+    assert "<keeper_map_path_prefix>/keeper_map<" in text and "<zookeeper_path>/r0/txn<" in text
 
 
 def test_two_shards_are_two_servers_with_their_own_data_and_keeper_map_tables(sharded_stack: StackInfo) -> None:
