@@ -129,3 +129,30 @@ def test_a_decision_logged_before_the_driver_died_is_rolled_forward_on_every_sha
     assert report.replay
     per = ids_per_shard(sharded_stack, target)
     assert sorted(per[0] + per[1]) == list(range(1000))
+
+
+@pytest.mark.parametrize("mode", ["staging", "dedup"])
+def test_a_dead_replica_is_skipped_and_the_xid_commits_on_the_replica_that_prepared_it(
+    stack_factory, tmp_path: Path, mode: str
+) -> None:
+    from server_patches import stack as stack_mod
+
+    info: StackInfo = stack_factory(shards=1, replicas=2)
+    target = sharded_table(info)
+    ((r0, r1),) = info.clickhouse_urls
+    stack_mod.kill_clickhouse(info.dir, shard=0, replica=0)
+    layout = ShardLayout(((r0, r1),))
+    msgs = _prepare(layout, target, mode, tmp_path, rows(600), parts=3)
+    assert {m.server for m in msgs} == {r1}
+    report = build_sharded_coordinator(target, layout, _one(mode, tmp_path)).commit_batch(0, msgs)
+    assert report.rows == 600
+    stack_mod.start_clickhouse(info.dir, shard=0, replica=0)
+    from clickhouse_tx.http_client import ClickHouseHTTP
+
+    def count(url: str) -> int:
+        with ClickHouseHTTP(dataclasses.replace(target, url=url)) as c:
+            fq = f"`{target.database}`.`{target.table}`"
+            return int(c.query_json(f"SELECT count() AS n FROM {fq} SETTINGS implicit_transaction = 1")[0]["n"])
+
+    # No replication on the embedded engine (docs/deployment.md): the rows are where they were prepared.
+    assert (count(r0), count(r1)) == (0, 600)
