@@ -156,3 +156,28 @@ def test_a_dead_replica_is_skipped_and_the_xid_commits_on_the_replica_that_prepa
 
     # No replication on the embedded engine (docs/deployment.md): the rows are where they were prepared.
     assert (count(r0), count(r1)) == (0, 600)
+
+
+def test_transaction_mode_refuses_a_replicated_target_on_any_shard_naming_staging_and_dedup(
+    sharded_stack: StackInfo, tmp_path: Path
+) -> None:
+    from clickhouse_tx.errors import ConfigurationError
+    from tests.helpers.shards import create_everywhere
+
+    target = sharded_table(sharded_stack, table="plain")
+    try:
+        create_everywhere(
+            sharded_stack,
+            f"CREATE TABLE `{target.database}`.repl (id UInt64, s String) "
+            f"ENGINE = ReplicatedMergeTree('/t/{target.database}/{{shard}}/repl', '{{replica}}') ORDER BY id",
+        )
+        layout = ShardLayout(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
+        repl = dataclasses.replace(target, table="repl")
+        co = build_sharded_coordinator(repl, layout, _one("transaction", tmp_path))
+        with pytest.raises(ConfigurationError, match="staging") as e:
+            co.validate(rows(1).schema)
+        assert "dedup" in str(e.value)
+        for mode in ("staging", "dedup"):
+            build_sharded_coordinator(repl, layout, _one(mode, tmp_path)).validate(rows(1).schema)
+    finally:
+        drop_everywhere(sharded_stack, target.database)

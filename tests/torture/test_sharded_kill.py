@@ -106,7 +106,9 @@ def _run_child(args: dict, during: Callable[[], None] | None = None, timeout_s: 
         if side:
             side.join()
     if proc.returncode not in (0, -signal.SIGKILL):
-        print(f"job exit {proc.returncode}: {err.decode()[-1500:]}")
+        text = err.decode()
+        causes = [line for line in text.splitlines() if "Error" in line or "Caused by" in line]
+        print(f"job exit {proc.returncode}: " + "\n".join(causes[:8]))
     return int(proc.returncode)
 
 
@@ -163,7 +165,11 @@ def test_a_driver_killed_at_each_protocol_step_on_two_shards_loses_and_duplicate
         once = tmp_path / f"{step}.once"
         fault = {"fault.step": step, "fault.action": "kill", "fault.batch": "1", "fault.once_file": str(once)}
         codes = [_run_child({**args, "fault": fault})]
-        assert codes[0] == -signal.SIGKILL and once.exists(), f"{step}: the first run was not killed: {codes}"
+        # A run that failed before the fault fired (a loaded machine: "Python worker
+        # failed to connect back") is a restart like any other: run it again, faulty.
+        while not once.exists() and codes[-1] != 0 and len(codes) < 3:
+            codes.append(_run_child({**args, "fault": fault}))
+        assert codes[-1] == -signal.SIGKILL and once.exists(), f"{step}: no run was killed: {codes}"
         _until_drained(args, codes)
         _assert_exactly_once_across_shards(info, args["database"], expected)
         print(f"{step}: exit codes {codes}")
