@@ -32,8 +32,8 @@ from tests.helpers.spark_writes import open_registry_entries, read_committed
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
-PER_PARTITION = 2000
-MAX_OFFSETS = 1500
+PER_PARTITION = 1000
+MAX_OFFSETS = 900  # 300 per partition: 4 micro-batches
 STEPS = ["after_prepare", "before_decision", "after_decision", "after_commit:1", "before_mark_done"]
 
 
@@ -42,11 +42,16 @@ def _child(args: dict) -> None:
     from pyspark.sql import SparkSession
 
     import spark_datasource
+    from clickhouse_tx.faults import KILL_PGID_ENV
 
+    # Workers forked by pyspark's daemon sit in process groups of their own: a fault
+    # kills this group (driver, JVM) by id. Forking beats starting a worker, which
+    # Spark allows 10 s to connect back (too short on a loaded machine).
+    os.environ[KILL_PGID_ENV] = str(os.getpgrp())
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("clickhouse-tx-sharded-kill")
-        .config("spark.python.use.daemon", "false")  # a fault's kill must reach the driver
+        .config("spark.python.use.daemon", "true")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -183,10 +188,16 @@ def test_a_shard_server_killed_and_restarted_mid_run_loses_and_duplicates_nothin
 ) -> None:
     info = stack_factory(shards=2, kafka=True)
     args, expected = _setup(info, tmp_path, mode)
+    urls = info.clickhouse_urls
     restarted: list[float] = []
 
     def crash_shard_1() -> None:
-        time.sleep(18.0)  # the JVM is up and micro-batches are running
+        # Once the first micro-batch is visible the query is mid-run: crash shard 1 then.
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if any(read_committed(u, f"SELECT 1 FROM `{args['database']}`.events LIMIT 1") for (u,) in urls):
+                break
+            time.sleep(0.2)
         stack_mod.restart_clickhouse(info.dir, shard=1)
         restarted.append(time.monotonic())
 
