@@ -19,6 +19,13 @@ gc
     prepares of batches without a decision log, such as a query that never decided
     a batch (:func:`clickhouse_tx.recovery.untouched_batch` says why that is safe).
 
+With ``--shards URL[|URL],URL...`` instead of ``--url`` (a sharded write's ``shards``
+option), ``status``, ``recover`` and ``gc`` run on every shard in turn (each shard's
+registry holds its own xids; the decision logs are shared), printing one block (one
+JSON document with ``--json``) per shard, and ``verify`` checks the table's offsets
+across the shards (:func:`clickhouse_tx.verify_shards.verify_shards`: the same offset
+on two shards is a duplicate).
+
 ``recover`` and ``gc`` act on the xids of one ``--mode`` at a time, and only on the
 queries they are given: ``--txn-id``, or else every query with a decision log under
 ``--checkpoint``. With neither they refuse (the registry is shared by every query of
@@ -44,7 +51,13 @@ EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
 
 
 def _add_connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="ClickHouse HTTP endpoint, e.g. http://127.0.0.1:8123")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="ClickHouse HTTP endpoint, e.g. http://127.0.0.1:8123")
+    where.add_argument(
+        "--shards",
+        metavar="URL[|URL],URL...",
+        help="every shard of a sharded table (the writer's shards option): ',' between shards, '|' between replicas",
+    )
     p.add_argument("--user", default="default")
     p.add_argument(
         "--password-env",
@@ -320,10 +333,64 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_CLEAN if report.clean else EXIT_ANOMALIES
 
 
+def _shard_urls(args: argparse.Namespace) -> list[str]:
+    """One URL per shard: the first replica that answers (the first one if none does)."""
+    from clickhouse_tx.interfaces import Target
+    from clickhouse_tx.sharded import answers
+    from clickhouse_tx.shards import parse_shard_urls
+
+    probe = Target(url="", database="default", table="", user=args.user, password=_password(args))
+    out = []
+    for replicas in parse_shard_urls(args.shards):
+        out.append(next((u for u in replicas if len(replicas) == 1 or answers(probe, u)), replicas[0]))
+    return out
+
+
+def _each_shard(args: argparse.Namespace) -> int:
+    """``status``/``recover``/``gc`` on every shard in turn; the worst exit code."""
+    from clickhouse_tx.http_client import safe_url
+
+    worst = EXIT_CLEAN
+    for i, url in enumerate(_shard_urls(args)):
+        if not args.json:
+            print(f"shard {i} ({safe_url(url)}):")
+        one = argparse.Namespace(**{**vars(args), "url": url, "shards": None})
+        worst = max(worst, _status(one) if args.command == "status" else _recover_or_gc(one))
+    return worst
+
+
+def _verify_shards(args: argparse.Namespace) -> int:
+    from clickhouse_tx.verify import parse_expected
+    from clickhouse_tx.verify_shards import verify_shards
+
+    report = verify_shards(
+        _shard_urls(args),
+        args.table,
+        topic_col=args.topic_col or None,
+        partition_col=args.partition_col,
+        offset_col=args.offset_col,
+        expected=parse_expected(args.expected),
+        user=args.user,
+        password=_password(args),
+    )
+    if args.json:
+        doc = json.dumps(report.to_json(), indent=1)
+        if args.json == "-":
+            print(doc)
+        else:
+            with open(args.json, "w") as fh:
+                fh.write(doc)
+    if not args.quiet and args.json != "-":
+        print(report.summary())
+    return EXIT_CLEAN if report.clean else EXIT_ANOMALIES
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the process exit code."""
     args = _parser().parse_args(argv)
     try:
+        if args.shards:
+            return _verify_shards(args) if args.command == "verify" else _each_shard(args)
         if args.command == "verify":
             return _verify(args)
         if args.command == "status":

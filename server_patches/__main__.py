@@ -1,4 +1,9 @@
-"""``python -m server_patches up|down|status --dir DIR``: the embedded stack from a shell.
+"""``python -m server_patches up|down|status|kill|restart --dir DIR``: the embedded stack from a shell.
+
+``up --shards N --replicas R`` starts N × R ClickHouse servers on the one ZooKeeper
+and adds ``clickhouse_urls`` (shards, then replicas) and ``shards_option`` (the
+writer's ``shards`` option) to the JSON. ``kill``/``restart --shard I --replica J``
+SIGKILL (and start again) one ClickHouse server, for crash tests.
 
 ``up`` prints the stack as one JSON line (what ``DIR/stack.json`` holds) and returns
 once everything answers; the servers keep running after it exits. ``down`` stops
@@ -42,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
         default=stack.DEFAULT_START_TIMEOUT_S,
         help="seconds to wait for each component to answer",
     )
+    up.add_argument("--shards", type=int, help="ClickHouse shards (default: as before, else 1)")
+    up.add_argument("--replicas", type=int, help="ClickHouse servers per shard (default: as before, else 1)")
+    for name, what in (("kill", "SIGKILL one ClickHouse server"), ("restart", "SIGKILL one server and start it")):
+        one = sub.add_parser(name, help=what)
+        one.add_argument("--dir", required=True)
+        one.add_argument("--shard", type=int, default=0)
+        one.add_argument("--replica", type=int, default=0)
     down = sub.add_parser("down", help="stop every process of the stack")
     down.add_argument("--dir", required=True)
     down.add_argument("--purge", action="store_true", help="also delete data, logs and stack.json")
@@ -67,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 password_env=args.password_env,
                 max_session_timeout=args.max_session_timeout,
                 timeout_s=args.timeout,
+                shards=args.shards,
+                replicas=args.replicas,
             )
             out = info.to_json()
             out["already_running"] = bool(before.get("running")) and (
@@ -77,6 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "down":
             stopped = stack.stop_stack(args.dir, purge=args.purge, timeout_s=args.timeout)
             print(json.dumps({"dir": args.dir, "stopped": stopped, "purged": args.purge}), flush=True)
+            return 0
+        if args.command in ("kill", "restart"):
+            action = stack.kill_clickhouse if args.command == "kill" else stack.restart_clickhouse
+            action(args.dir, shard=args.shard, replica=args.replica)
+            print(json.dumps({"dir": args.dir, args.command: stack.member_name(args.shard, args.replica)}), flush=True)
             return 0
         st = stack.stack_status(args.dir)
         print(json.dumps(st, sort_keys=True), flush=True)

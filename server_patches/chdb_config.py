@@ -11,6 +11,7 @@ KeeperMap tables.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import xml.etree.ElementTree as ET
@@ -99,8 +100,9 @@ def render(
     config_d: Path = CONFIG_D,
     session_timeout_s: int | None = None,
     transactions: bool = True,
+    member: "ClusterMember | None" = None,
 ) -> str:
-    """The full config text for one embedded stack.
+    """The full config text for one embedded stack (or one server of a cluster stack).
 
     Parameters
     ----------
@@ -114,6 +116,10 @@ def render(
     transactions
         False leaves out ``transactions.xml``'s settings: a server as users run it
         without experimental transactions (modes ``staging``, ``dedup``, ``none``).
+    member
+        This server's place in a cluster stack (:class:`ClusterMember`): adds its
+        ``macros``, the ``remote_servers`` cluster, and gives each shard its own
+        KeeperMap prefix and each server its own transaction log. None: one server.
     """
     if not zookeeper:
         raise ValueError("at least one ZooKeeper node is needed")
@@ -129,14 +135,25 @@ def render(
         ET.SubElement(node, "port").text = str(int(port))
     ET.SubElement(zk, "session_timeout_ms").text = "30000"
     prefix = f"{STACK_ZK_ROOT}/{name}"
+    txn_prefix = map_prefix = prefix
+    if member is not None:
+        # Every shard under its own ZooKeeper root (chroot): chdb's servers all have the
+        # server UUID 0, and servers sharing a root register their Keeper session on one
+        # node (/clickhouse/sessions/zookeeper/<uuid>): one server's COMMIT then rolled
+        # back the other's open transactions (measured on 26.9). Replicas of a shard
+        # share its root (and so its KeeperMap tables: the registry), each with its own
+        # transaction log.
+        _set(root, "zookeeper/root", shard_root(name, member.shard))
+        map_prefix, txn_prefix = "", f"/r{member.replica}"
+        _add_cluster(root, member)
     if transactions:
         # ClickHouse creates missing ancestors of both paths itself (checked on 26.9).
-        _set(root, "transaction_log/zookeeper_path", f"{prefix}/txn")
+        _set(root, "transaction_log/zookeeper_path", f"{txn_prefix}/txn")
     else:
         for tag in ("allow_experimental_transactions", "transaction_log"):
             for old in root.findall(tag):
                 root.remove(old)
-    _set(root, "keeper_map_path_prefix", f"{prefix}/keeper_map")
+    _set(root, "keeper_map_path_prefix", f"{map_prefix}/keeper_map")
     if session_timeout_s is not None:
         _set(root, "max_session_timeout", str(int(session_timeout_s)))
     ET.indent(root)
@@ -145,6 +162,49 @@ def render(
         "for one embedded stack; edit config.d, not this file. -->\n"
     )
     return header + ET.tostring(root, encoding="unicode") + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterMember:
+    """One server of a cluster stack: its shard and replica index and every server's
+    ``(host, port)``, shards then replicas (the ``remote_servers`` cluster)."""
+
+    shard: int
+    replica: int
+    servers: tuple[tuple[tuple[str, int], ...], ...]
+
+
+def shard_root(name: str, shard: int) -> str:
+    """The ZooKeeper root (chroot) of one shard of the cluster stack ``name``; it must exist
+    before the shard's servers start (the stack creates it)."""
+    return f"{STACK_ZK_ROOT}/{name}-s{shard}"
+
+
+#: The cluster name the embedded stack's ``remote_servers`` section defines.
+CLUSTER_NAME = "clickhouse_tx"
+
+
+def _add_cluster(root: ET.Element, member: ClusterMember) -> None:
+    """``<macros>`` (shard, replica: for ``Replicated*MergeTree`` paths) and the
+    ``remote_servers`` cluster :data:`CLUSTER_NAME` listing every shard's replicas.
+
+    The ports listed are the servers' HTTP ports: the embedded server speaks HTTP
+    only, so ``Distributed`` tables and ``cluster()`` do not work on it (docs/deployment.md).
+    """
+    for tag in ("macros", "remote_servers"):
+        for old in root.findall(tag):
+            root.remove(old)
+    macros = ET.SubElement(root, "macros")
+    ET.SubElement(macros, "shard").text = str(member.shard)
+    ET.SubElement(macros, "replica").text = f"r{member.replica}"
+    cluster = ET.SubElement(ET.SubElement(root, "remote_servers"), CLUSTER_NAME)
+    for replicas in member.servers:
+        shard = ET.SubElement(cluster, "shard")
+        ET.SubElement(shard, "internal_replication").text = "true"
+        for host, port in replicas:
+            r = ET.SubElement(shard, "replica")
+            ET.SubElement(r, "host").text = host
+            ET.SubElement(r, "port").text = str(int(port))
 
 
 def write(path: Path, **kwargs: Any) -> Path:

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import urllib.error
@@ -71,6 +72,9 @@ class StackInfo:
     max_session_timeout: int = 3600
     #: The dev broker's HTTP control endpoint (creates topics), when Kafka runs.
     kafka_control: str | None = None
+    #: A cluster stack runs shards × replicas ClickHouse servers (``member_name``).
+    shards: int = 1
+    replicas: int = 1
 
     @property
     def pids(self) -> dict[str, int]:
@@ -80,6 +84,29 @@ class StackInfo:
     @property
     def clickhouse_port(self) -> int:
         return int(self.ports["clickhouse"])
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.shards * self.replicas > 1
+
+    @property
+    def members(self) -> list[tuple[int, int, str]]:
+        """``(shard, replica, component name)`` of every ClickHouse server, shards then replicas."""
+        return [(i, j, member_name(i, j)) for i in range(self.shards) for j in range(self.replicas)]
+
+    def url_of(self, shard: int = 0, replica: int = 0) -> str:
+        """The HTTP URL of one ClickHouse server of the stack."""
+        return f"http://{HOST}:{self.ports[member_name(shard, replica)]}"
+
+    @property
+    def clickhouse_urls(self) -> list[list[str]]:
+        """Every server's URL: one list per shard, of its replicas."""
+        return [[self.url_of(i, j) for j in range(self.replicas)] for i in range(self.shards)]
+
+    @property
+    def shards_option(self) -> str:
+        """The writer's ``shards`` option for this stack: ``,`` between shards, ``|`` between replicas."""
+        return ",".join("|".join(r) for r in self.clickhouse_urls)
 
     def alive(self) -> dict[str, bool]:
         """Component name → whether the process we started for it still runs."""
@@ -101,6 +128,18 @@ class StackInfo:
             "user": self.user,
             "password_env": self.password_env,
             "max_session_timeout": self.max_session_timeout,
+            **self._cluster_json(),
+        }
+
+    def _cluster_json(self) -> dict[str, Any]:
+        """The keys only a cluster stack has (a one-server stack.json stays as it was)."""
+        if not self.is_cluster:
+            return {}
+        return {
+            "shards": self.shards,
+            "replicas": self.replicas,
+            "clickhouse_urls": self.clickhouse_urls,
+            "shards_option": self.shards_option,
         }
 
     @classmethod
@@ -119,7 +158,16 @@ class StackInfo:
             user=d.get("user"),
             password_env=d.get("password_env"),
             max_session_timeout=int(d.get("max_session_timeout", 3600)),
+            shards=int(d.get("shards", 1)),
+            replicas=int(d.get("replicas", 1)),
         )
+
+
+def member_name(shard: int, replica: int) -> str:
+    """The component name of one ClickHouse server: ``clickhouse`` for the first (the
+    one-server stack's name, so a cluster's first server is where a single one would be),
+    ``clickhouse-s<shard>r<replica>`` for the others."""
+    return "clickhouse" if (shard, replica) == (0, 0) else f"clickhouse-s{shard}r{replica}"
 
 
 # ---------------------------------------------------------------------------- files
@@ -215,10 +263,14 @@ def _start_clickhouse(
     max_session_timeout: int | None,
     timeout_s: float,
     transactions: bool = True,
+    name: str = "clickhouse",
+    member: chdb_config.ClusterMember | None = None,
 ) -> tuple[ProcessRef, dict[str, str], str, int]:
     """Render the config and start the HTTP server on chdb; wait for its ready file and /ping.
 
     ``max_session_timeout`` None keeps the value of ``config.d/sessions.xml``.
+    ``name`` is the component (:func:`member_name`): its directory, log names and
+    keys; ``member`` its place in a cluster stack (None: the one server).
     Returns (process, log files, config file, effective max_session_timeout).
     """
     if importlib.util.find_spec("server_patches.http_server") is None:
@@ -228,7 +280,7 @@ def _start_clickhouse(
         )
     if password_env and password_env not in os.environ:
         raise StackError(f"--password-env names the environment variable {password_env!r}, which is not set")
-    ch_dir = stack_dir / "clickhouse"
+    ch_dir = stack_dir / name
     data_dir = ch_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     zk_host, zk_port = zk.rsplit(":", 1)
@@ -238,14 +290,15 @@ def _start_clickhouse(
         name=chdb_config.stack_name(stack_dir),
         session_timeout_s=max_session_timeout,
         transactions=transactions,
+        member=member,
     )
     # The HTTP server enforces the cap itself: hand it the value the config holds.
     effective_max = int(chdb_config.server_setting(config_file, "max_session_timeout") or 3600)
     ready = ch_dir / "ready.json"
     ready.unlink(missing_ok=True)
     logs = {
-        "clickhouse": str(stack_dir / "logs" / "clickhouse.log"),
-        "clickhouse_stdout": str(stack_dir / "logs" / "clickhouse.out"),
+        name: str(stack_dir / "logs" / f"{name}.log"),
+        f"{name}_stdout": str(stack_dir / "logs" / f"{name}.out"),
     }
     argv = [
         sys.executable,
@@ -264,29 +317,24 @@ def _start_clickhouse(
         "--max-session-timeout",
         str(effective_max),
         "--log-file",
-        logs["clickhouse"],
+        logs[name],
     ]
     if user:
         argv += ["--user", user]
     if password_env:
         argv += ["--password-env", password_env]
-    ref = processes.spawn(argv, log_file=Path(logs["clickhouse_stdout"]), env=_child_env())
-    _wait_for_clickhouse(ref, port, ready, logs, timeout_s)
+    ref = processes.spawn(argv, log_file=Path(logs[f"{name}_stdout"]), env=_child_env())
+    _wait_for_clickhouse(ref, port, ready, list(logs.values())[::-1], timeout_s)
     return ref, logs, str(config_file), effective_max
 
 
-def _wait_for_clickhouse(ref: ProcessRef, port: int, ready: Path, logs: Mapping[str, str], timeout_s: float) -> None:
+def _wait_for_clickhouse(ref: ProcessRef, port: int, ready: Path, logs: list[str], timeout_s: float) -> None:
     """Until the server wrote its ready file and answers /ping; its log tails if it does not."""
     url = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout_s
 
     def tails() -> str:
-        return (
-            f"\n--- {logs['clickhouse_stdout']}:\n"
-            + processes.log_tail(Path(logs["clickhouse_stdout"]))
-            + f"\n--- {logs['clickhouse']}:\n"
-            + processes.log_tail(Path(logs["clickhouse"]))
-        )
+        return "".join(f"\n--- {f}:\n" + processes.log_tail(Path(f)) for f in logs)
 
     while not (_read_ready(ready) and ping(url)):
         if not processes.is_alive(ref):
@@ -364,6 +412,8 @@ def start_stack(
     max_session_timeout: int | None = None,
     timeout_s: float = DEFAULT_START_TIMEOUT_S,
     transactions: bool = True,
+    shards: int | None = None,
+    replicas: int | None = None,
 ) -> StackInfo:
     """Start (or complete) the stack in ``stack_dir`` and return what runs.
 
@@ -386,6 +436,13 @@ def start_stack(
     transactions
         False starts ClickHouse without experimental transactions (as most servers
         run); only when it starts here, a restart turns them on again.
+    shards, replicas
+        A cluster stack: ``shards`` × ``replicas`` ClickHouse servers on the one
+        ZooKeeper, each with its own data directory and port, and the same config
+        (``macros``, a ``remote_servers`` cluster ``clickhouse_tx``); see
+        :attr:`StackInfo.clickhouse_urls` and :attr:`StackInfo.shards_option`.
+        None keeps what the directory ran before (1 × 1 for a new one). ``port``
+        is the first server's.
 
     Raises
     ------
@@ -400,6 +457,7 @@ def start_stack(
         if prev and alive.get("clickhouse"):
             _refuse_changes_to_a_running_stack(prev, port=port, zk_port=zk_port, user=user, password_env=password_env)
         launch = _Launch.resume(stack_dir, prev, alive, timeout_s)
+        launch.shards, launch.replicas = _cluster_shape(prev, bool(alive.get("clickhouse")), shards, replicas)
         if prev:
             user = user if user is not None else prev.user
             password_env = password_env if password_env is not None else prev.password_env
@@ -423,6 +481,20 @@ def start_stack(
         return info
 
 
+def _cluster_shape(prev: StackInfo | None, running: bool, shards: int | None, replicas: int | None) -> tuple[int, int]:
+    """(shards, replicas) to run: as asked, else as before, else 1 × 1; a running stack keeps its shape."""
+    shards = shards if shards is not None else (prev.shards if prev else 1)
+    replicas = replicas if replicas is not None else (prev.replicas if prev else 1)
+    if shards < 1 or replicas < 1:
+        raise StackError(f"--shards and --replicas must be at least 1, not {shards} and {replicas}")
+    if prev and running and (shards, replicas) != (prev.shards, prev.replicas):
+        raise StackError(
+            f"the stack in {prev.dir} runs {prev.shards} shard(s) × {prev.replicas} replica(s), "
+            f"not {shards} × {replicas}; run `down` first"
+        )
+    return shards, replicas
+
+
 def _refuse_changes_to_a_running_stack(
     prev: StackInfo, *, port: int | None, zk_port: int | None, user: str | None, password_env: str | None
 ) -> None:
@@ -437,6 +509,29 @@ def _refuse_changes_to_a_running_stack(
         raise StackError(
             f"the stack in {prev.dir} already runs with user {prev.user!r}; run `down` first to change the user"
         )
+
+
+def _cluster_members(shards: int, replicas: int, ports: Mapping[str, int]) -> list[chdb_config.ClusterMember | None]:
+    """Each server's place in the cluster, in :func:`member_name` order (``[None]``: one server)."""
+    if shards * replicas == 1:
+        return [None]
+    servers = tuple(tuple((HOST, int(ports[member_name(i, j)])) for j in range(replicas)) for i in range(shards))
+    return [chdb_config.ClusterMember(i, j, servers) for i in range(shards) for j in range(replicas)]
+
+
+def _create_znodes(zk: str, paths: list[str]) -> None:
+    """Create each path (and its ancestors) in ZooKeeper with its own CLI; existing ones stay."""
+    todo: list[str] = []
+    for path in paths:
+        parts = path.strip("/").split("/")
+        todo += [
+            "/" + "/".join(parts[: k + 1]) for k in range(len(parts)) if "/" + "/".join(parts[: k + 1]) not in todo
+        ]
+    script = "".join(f'create {p} ""\n' for p in todo) + "quit\n"
+    argv = [zookeeper.find_java(), "-cp", zookeeper.classpath(), "org.apache.zookeeper.ZooKeeperMain", "-server", zk]
+    done = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise StackError(f"could not create the shards' ZooKeeper roots {paths}: {done.stderr[-2000:]}")
 
 
 @dataclasses.dataclass
@@ -455,6 +550,8 @@ class _Launch:
     kafka_bootstrap: str | None = None
     kafka_control: str | None = None
     started: list[ProcessRef] = dataclasses.field(default_factory=list)
+    shards: int = 1
+    replicas: int = 1
 
     @classmethod
     def resume(cls, stack_dir: Path, prev: StackInfo | None, alive: dict[str, bool], timeout_s: float) -> "_Launch":
@@ -499,28 +596,49 @@ class _Launch:
         max_session_timeout: int | None,
         transactions: bool,
     ) -> None:
-        """Start ClickHouse unless it runs against the current ZooKeeper."""
-        if self.alive.get("clickhouse") and zk_changed:
-            # Its config points at the old ZooKeeper port: restart it on the new one.
-            processes.stop(self.procs["clickhouse"], DEFAULT_STOP_TIMEOUT_S)
-            self.alive["clickhouse"] = False
-        if self.alive.get("clickhouse"):
-            return
-        ch_p = _pick_port("ClickHouse", wanted_port, self.ports.get("clickhouse"))
-        ref, ch_logs, self.config_file, self.max_session_timeout = _start_clickhouse(
-            self.stack_dir,
-            port=ch_p,
-            zk=self.zk_addr,
-            user=user,
-            password_env=password_env,
-            max_session_timeout=max_session_timeout,
-            timeout_s=self.timeout_s,
-            transactions=transactions,
-        )
-        self.started.append(ref)
-        self.procs["clickhouse"] = ref
-        self.ports["clickhouse"] = ch_p
-        self.logs.update(ch_logs)
+        """Start every ClickHouse server unless it runs against the current ZooKeeper."""
+        names = [member_name(i, j) for i in range(self.shards) for j in range(self.replicas)]
+        for n in names:
+            if self.alive.get(n) and zk_changed:
+                # Its config points at the old ZooKeeper port: restart it on the new one.
+                processes.stop(self.procs[n], DEFAULT_STOP_TIMEOUT_S)
+                self.alive[n] = False
+        self._member_ports(names, wanted_port)
+        if len(names) > 1:
+            name = chdb_config.stack_name(self.stack_dir)
+            _create_znodes(self.zk_addr, [chdb_config.shard_root(name, i) for i in range(self.shards)])
+        for n, member in zip(names, _cluster_members(self.shards, self.replicas, self.ports)):
+            if self.alive.get(n):
+                continue
+            ref, ch_logs, config_file, max_timeout = _start_clickhouse(
+                self.stack_dir,
+                port=self.ports[n],
+                zk=self.zk_addr,
+                user=user,
+                password_env=password_env,
+                max_session_timeout=max_session_timeout,
+                timeout_s=self.timeout_s,
+                transactions=transactions,
+                name=n,
+                member=member,
+            )
+            if n == "clickhouse":
+                self.config_file, self.max_session_timeout = config_file, max_timeout
+            self.started.append(ref)
+            self.procs[n] = ref
+            self.logs.update(ch_logs)
+
+    def _member_ports(self, names: list[str], wanted_first: int | None) -> None:
+        """A port for every server not running: the wanted one (first server), else the
+        previous one when free, else a new one no other server of the stack has."""
+        for n in names:
+            if self.alive.get(n):
+                continue
+            taken = {p for k, p in self.ports.items() if k != n}
+            port = _pick_port("ClickHouse", wanted_first if n == "clickhouse" else None, self.ports.get(n))
+            while port in taken:
+                port = processes.free_port(HOST)
+            self.ports[n] = port
 
     def kafka(self) -> None:
         """Start the dev Kafka broker unless it runs."""
@@ -551,7 +669,11 @@ class _Launch:
             processes=self.procs,
             ports=self.ports,
             data_dirs={
-                "clickhouse": str(self.stack_dir / "clickhouse" / "data"),
+                **{
+                    member_name(i, j): str(self.stack_dir / member_name(i, j) / "data")
+                    for i in range(self.shards)
+                    for j in range(self.replicas)
+                },
                 "zookeeper": str(self.stack_dir / "zookeeper" / "data"),
             },
             logs=self.logs,
@@ -559,6 +681,8 @@ class _Launch:
             user=user,
             password_env=password_env,
             max_session_timeout=self.max_session_timeout,
+            shards=self.shards,
+            replicas=self.replicas,
         )
 
 
@@ -577,13 +701,15 @@ def stop_stack(stack_dir: Path | str, *, purge: bool = False, timeout_s: float =
         was_running: list[str] = []
         if info:
             alive = info.alive()
-            for name in STOP_ORDER:
+            servers = [n for _, _, n in info.members]
+            for name in ("kafka", *servers, "zookeeper"):
                 ref = info.processes.get(name)
                 if ref is not None and alive.get(name):
                     was_running.append(name)
                     processes.stop(ref, timeout_s)
         if purge:
-            for sub in ("zookeeper", "clickhouse", "kafka", "logs"):
+            servers = [n for _, _, n in info.members] if info else ["clickhouse"]
+            for sub in ("zookeeper", "kafka", "logs", *servers):
                 shutil.rmtree(stack_dir / sub, ignore_errors=True)
             _stack_file(stack_dir).unlink(missing_ok=True)
         return was_running
@@ -592,14 +718,16 @@ def stop_stack(stack_dir: Path | str, *, purge: bool = False, timeout_s: float =
 def stack_status(stack_dir: Path | str) -> dict[str, Any]:
     """What runs in ``stack_dir``: per component ``{"alive", "pid"}`` plus URLs.
 
-    ``clickhouse`` is alive only if its process runs *and* ``/ping`` answers.
+    A ClickHouse server (``clickhouse``, and in a cluster stack every
+    ``clickhouse-s<i>r<j>``) is alive only if its process runs *and* ``/ping`` answers.
     """
     info = read_stack(stack_dir)
     if info is None:
         return {"dir": str(Path(stack_dir).resolve()), "running": False, "components": {}}
     alive = info.alive()
-    if alive.get("clickhouse"):
-        alive["clickhouse"] = ping(info.clickhouse_url)
+    for i, j, name in info.members:
+        if alive.get(name):
+            alive[name] = ping(info.url_of(i, j))
     if alive.get("zookeeper"):
         host, port = info.zookeeper.rsplit(":", 1)
         alive["zookeeper"] = zookeeper.is_healthy(host, int(port))
@@ -611,6 +739,7 @@ def stack_status(stack_dir: Path | str) -> dict[str, Any]:
         "clickhouse_url": info.clickhouse_url,
         "zookeeper": info.zookeeper,
         "kafka_bootstrap": info.kafka_bootstrap,
+        **({"clickhouse_urls": info.clickhouse_urls, "shards_option": info.shards_option} if info.is_cluster else {}),
     }
 
 
@@ -633,43 +762,64 @@ def _require(stack_dir: Path | str) -> StackInfo:
     return info
 
 
-def kill_clickhouse(stack_dir: Path | str) -> StackInfo:
-    """SIGKILL the ClickHouse HTTP server (a crash: sessions and open transactions die)."""
+def _member(info: StackInfo, shard: int, replica: int) -> str:
+    if not (0 <= shard < info.shards and 0 <= replica < info.replicas):
+        raise StackError(
+            f"the stack in {info.dir} has {info.shards} shard(s) × {info.replicas} replica(s): "
+            f"no server at shard {shard}, replica {replica}"
+        )
+    return member_name(shard, replica)
+
+
+def kill_clickhouse(stack_dir: Path | str, *, shard: int = 0, replica: int = 0) -> StackInfo:
+    """SIGKILL one ClickHouse HTTP server (a crash: sessions and open transactions die).
+
+    ``shard``, ``replica``: which server of a cluster stack (the first by default).
+    """
     stack_dir = Path(stack_dir).resolve()
     with _locked(stack_dir):
         info = _require(stack_dir)
-        processes.kill(info.processes.get("clickhouse"))
-        _wait_port_free(info.clickhouse_port)
+        name = _member(info, shard, replica)
+        processes.kill(info.processes.get(name))
+        _wait_port_free(int(info.ports[name]))
         return info
 
 
-def start_clickhouse(stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StackInfo:
-    """Start ClickHouse again on the same data dir, port and ZooKeeper (no-op if running)."""
+def start_clickhouse(
+    stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIMEOUT_S, *, shard: int = 0, replica: int = 0
+) -> StackInfo:
+    """Start one ClickHouse server again on the same data dir, port and ZooKeeper (no-op if running)."""
     stack_dir = Path(stack_dir).resolve()
     with _locked(stack_dir):
         info = _require(stack_dir)
-        if processes.is_alive(info.processes.get("clickhouse")):
+        name = _member(info, shard, replica)
+        if processes.is_alive(info.processes.get(name)):
             return info
         ref, logs, config_file, _ = _start_clickhouse(
             stack_dir,
-            port=info.clickhouse_port,
+            port=int(info.ports[name]),
             zk=info.zookeeper,
             user=info.user,
             password_env=info.password_env,
             max_session_timeout=info.max_session_timeout,
             timeout_s=timeout_s,
+            name=name,
+            member=_cluster_members(info.shards, info.replicas, info.ports)[shard * info.replicas + replica],
         )
+        config_file = config_file if name == "clickhouse" else info.config_file
         info = dataclasses.replace(
-            info, processes={**info.processes, "clickhouse": ref}, logs={**info.logs, **logs}, config_file=config_file
+            info, processes={**info.processes, name: ref}, logs={**info.logs, **logs}, config_file=config_file
         )
         _write_stack(info)
         return info
 
 
-def restart_clickhouse(stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StackInfo:
-    """Crash ClickHouse (SIGKILL) and start it again on the same data, port and ZooKeeper."""
-    kill_clickhouse(stack_dir)
-    return start_clickhouse(stack_dir, timeout_s)
+def restart_clickhouse(
+    stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIMEOUT_S, *, shard: int = 0, replica: int = 0
+) -> StackInfo:
+    """Crash one ClickHouse server (SIGKILL) and start it again on the same data, port and ZooKeeper."""
+    kill_clickhouse(stack_dir, shard=shard, replica=replica)
+    return start_clickhouse(stack_dir, timeout_s, shard=shard, replica=replica)
 
 
 def kill_zookeeper(stack_dir: Path | str) -> StackInfo:

@@ -39,7 +39,8 @@ from .overwrite import OverwriteStage, create_stage, drop_stage, swap_in
 from .writer_options import WriterOptions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from clickhouse_tx.coordinator import CommitReport
+    from clickhouse_tx.coordinator import CommitReport, Coordinator
+    from clickhouse_tx.interfaces import Target
 
 log = logging.getLogger("clickhouse_tx.spark")
 
@@ -51,11 +52,13 @@ class ClickHouseTxCommitMessage(WriterCommitMessage):
     prepared: dict[str, Any]  # Prepared.to_json(): plain data so any Python on the driver unpickles it
     prepare_seconds: float = 0.0
     bytes: int = 0  # Arrow bytes of the partition (buffer sizes), for metrics
+    #: A sharded write: the xids prepared on the other shards (``prepared`` is the first).
+    more: tuple[dict[str, Any], ...] = ()
 
     def metrics(self) -> dict[str, Any]:
         """What :mod:`spark_datasource.metrics` needs of this message (plain data)."""
         return {
-            "rows": int(self.prepared.get("rows", 0)),
+            "rows": sum(int(p.get("rows", 0)) for p in (self.prepared, *self.more)),
             "bytes": self.bytes,
             "prepare_seconds": self.prepare_seconds,
             "attempt": int(self.prepared.get("attempt", 0)),
@@ -65,6 +68,10 @@ class ClickHouseTxCommitMessage(WriterCommitMessage):
     def to_prepared(self) -> Prepared:
         return Prepared.from_json(self.prepared)
 
+    def all_prepared(self) -> list[Prepared]:
+        """Every xid this task prepared: one, or one per shard that got rows."""
+        return [Prepared.from_json(p) for p in (self.prepared, *self.more)]
+
 
 def _ours(messages: Sequence[WriterCommitMessage | None]) -> list[ClickHouseTxCommitMessage]:
     # Spark passes None for tasks that failed; only our own messages carry a transaction.
@@ -72,7 +79,7 @@ def _ours(messages: Sequence[WriterCommitMessage | None]) -> list[ClickHouseTxCo
 
 
 def _prepared(messages: Sequence[WriterCommitMessage | None]) -> list[Prepared]:
-    return [m.to_prepared() for m in _ours(messages)]
+    return [p for m in _ours(messages) for p in m.all_prepared()]
 
 
 class _ByteCounter:
@@ -89,20 +96,54 @@ class _ByteCounter:
 
 
 def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPlan | None" = None):
-    """A fresh coordinator (driver or executor); with ``fault.*`` options, a faulty one."""
+    """A fresh coordinator (driver or executor); with ``fault.*`` options, a faulty one.
+
+    With the ``shards`` option it is the driver's coordinator over every shard
+    (:func:`clickhouse_tx.sharded.build_sharded_coordinator`); executors prepare
+    through :func:`_prepare_sharded` instead.
+    """
     from clickhouse_tx.factory import build_coordinator
 
-    coordinator = build_coordinator(
-        opts.target(),
-        opts.mode,
-        txn_id,
-        opts.decision_log_uri(txn_id),
-        retry=opts.retry_policy(),
-        conversion=conversion,
-        visibility=opts.visibility,
-    )
+    def one(target: Target) -> Coordinator:
+        return build_coordinator(
+            target,
+            opts.mode,
+            txn_id,
+            opts.decision_log_uri(txn_id),
+            retry=opts.retry_policy(),
+            conversion=conversion,
+            visibility=opts.visibility,
+        )
+
+    layout = opts.shard_layout()
+    if layout is None:
+        coordinator = one(opts.target())
+    else:
+        from clickhouse_tx.sharded import build_sharded_coordinator
+
+        coordinator = build_sharded_coordinator(opts.target(), layout, one)
     plan = FaultPlan.parse(opts.faults) if opts.faults else None
     return with_faults(coordinator, plan) if plan else coordinator
+
+
+def _prepare_sharded(
+    opts: WriterOptions,
+    txn_id: str,
+    conversion: "ConversionPlan | None",
+    ctx: WriteContext,
+    batches: Iterator[pa.RecordBatch],
+) -> list[Prepared]:
+    """Executor, once per partition attempt of a sharded write: one xid per shard with rows,
+    each prepared by the one-server coordinator of a replica of its shard that answers."""
+    from clickhouse_tx.sharded import prepare_sharded
+
+    layout = opts.shard_layout()
+    assert layout is not None
+
+    def on(shard: int, url: str) -> Coordinator:
+        return coordinator_for(dataclasses.replace(opts, url=url, shards=()), txn_id, conversion)
+
+    return prepare_sharded(layout, on, opts.target(), ctx, batches)
 
 
 def _task_context(streaming: bool) -> tuple[int, int, int]:
@@ -148,8 +189,13 @@ class _WriterBase:
         batch, partition, attempt = _task_context(self.streaming)
         ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt, run=self.run)
         counted = _ByteCounter(iterator)
-        prepared = coordinator_for(self.opts, self.txn_id, self.conversion).prepare(ctx, counted.batches)
-        return ClickHouseTxCommitMessage(prepared.to_json(), time.monotonic() - started, counted.bytes)
+        if self.opts.shards:
+            first, *rest = _prepare_sharded(self.opts, self.txn_id, self.conversion, ctx, counted.batches)
+        else:
+            first, rest = coordinator_for(self.opts, self.txn_id, self.conversion).prepare(ctx, counted.batches), []
+        return ClickHouseTxCommitMessage(
+            first.to_json(), time.monotonic() - started, counted.bytes, tuple(p.to_json() for p in rest)
+        )
 
     def _metrics(self, batch: int, status: str, messages: Sequence[WriterCommitMessage | None], **kwargs: Any) -> None:
         record = batch_metrics(
@@ -291,6 +337,13 @@ def reject_unsupported(opts: WriterOptions, overwrite: bool = False) -> None:
     from clickhouse_tx.errors import ConfigurationError
 
     opts.check_routing()
+    if opts.shards and (overwrite or opts.table_column):
+        raise ConfigurationError(
+            "option shards with "
+            + ("table_column (multi-table routing)" if opts.table_column else ".mode('overwrite')")
+            + ": not supported on a sharded write yet; append into one table, or write each shard "
+            "with its own url"
+        )
     if opts.table_column and overwrite:
         raise ConfigurationError(
             f"option table_column={opts.table_column!r} with .mode('overwrite'): multi-table "

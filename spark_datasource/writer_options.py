@@ -41,6 +41,7 @@ from clickhouse_tx.sql import split_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.retry import RetryPolicy
+    from clickhouse_tx.shards import ShardLayout
 
 #: The parsed type of one option (``from_options``'s ``get``).
 T = TypeVar("T")
@@ -78,6 +79,9 @@ KNOWN_OPTIONS = (
     "bad_rows",
     "dead_letter_table",
     "visibility",
+    "shards",
+    "sharding_key",
+    "shard_weights",
 )
 _PREFIXES = ("setting.", "fault.")
 
@@ -306,6 +310,12 @@ class WriterOptions:
     #: A batch job keyed by the user's own ``transactional_id`` and ``decision_log``:
     #: running it again replays its unfinished decision (a finished one is refused).
     resumable_batch_job: bool = False
+    #: ``shards``: per shard, its replicas' URLs (empty: the one server of ``url``,
+    #: which is then shard 0's first replica); ``sharding_key``, ``shard_weights``: how
+    #: rows are spread (:mod:`clickhouse_tx.shards`, ``docs/deployment.md``).
+    shards: tuple[tuple[str, ...], ...] = ()
+    sharding_key: str | None = None
+    shard_weights: tuple[int, ...] = ()
 
     @property
     def qualified_table(self) -> str:
@@ -410,6 +420,14 @@ class WriterOptions:
             route_tables=self.tables,
         )
 
+    def shard_layout(self) -> "ShardLayout | None":
+        """The :class:`~clickhouse_tx.shards.ShardLayout` of a sharded write; None for one server."""
+        if not self.shards:
+            return None
+        from clickhouse_tx.shards import ShardLayout
+
+        return ShardLayout(self.shards, self.shard_weights, self.sharding_key)
+
     def check_routing(self) -> None:
         """Driver, when the writer is built: the routing options must go together.
 
@@ -494,6 +512,7 @@ class WriterOptions:
             tables=_route_tables(opts.get("tables"), database),
             dead_letter_table=_dead_letter_table(opts, database, mode),
             visibility=_visibility(opts, mode),
+            **_sharding(opts),
             **_scalar_values(opts),  # type: ignore[arg-type]
         )
 
@@ -524,6 +543,13 @@ def _refuse_unknown(opts: Mapping[str, str]) -> None:
 
 
 def _required_url(opts: Mapping[str, str]) -> str:
+    if "shards" in opts:
+        if opts.get("url", "").strip():
+            raise ConfigurationError(
+                "options url and shards are given together: give url for one server, or shards "
+                "(',' between shards, '|' between replicas) for a cluster, not both"
+            )
+        return _sharding(opts)["shards"][0][0]
     if not opts.get("url", "").strip():
         raise ConfigurationError("option url is required (e.g. http://127.0.0.1:8123)")
     return _url(opts["url"])
@@ -639,3 +665,25 @@ def _prefixed(opts: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
 def _scalar_values(opts: Mapping[str, str]) -> dict[str, object]:
     """The :data:`_SCALAR_OPTIONS` given, parsed, by field; absent ones keep the field default."""
     return {field: parser(name, opts[name]) for name, (field, parser) in _SCALAR_OPTIONS.items() if name in opts}
+
+
+def _sharding(opts: Mapping[str, str]) -> dict[str, Any]:
+    """``shards`` (each URL checked like ``url``), ``sharding_key``, ``shard_weights`` as fields."""
+    from clickhouse_tx.shards import parse_shard_urls, parse_weights
+
+    if "shards" not in opts:
+        for name in ("sharding_key", "shard_weights"):
+            if name in opts:
+                raise ConfigurationError(f"option {name} needs the option shards (the cluster's servers)")
+        return {}
+    if opts.get("visibility", "").strip().lower() == "batch":
+        raise ConfigurationError(
+            "option visibility=batch with shards: a batch spans several servers and one ClickHouse "
+            "transaction cannot; use visibility=partition (the default)"
+        )
+    shards = tuple(tuple(_url(u) for u in replicas) for replicas in parse_shard_urls(opts["shards"]))
+    key = opts.get("sharding_key", "").strip() or None
+    if "sharding_key" in opts and key is None:
+        raise _bad("sharding_key", opts["sharding_key"], "a column name")
+    weights = parse_weights(opts["shard_weights"], len(shards)) if "shard_weights" in opts else ()
+    return {"shards": shards, "sharding_key": key, "shard_weights": weights}

@@ -40,8 +40,10 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
     -------
     ConversionPlan
         The column types every executor converts the data to (for routing: the
-        types all routed tables share).
+        types all routed tables share; for shards: the types every server's table shares).
     """
+    if opts.shards:
+        return _prepare_shards(opts, schema)
     target = opts.target()
     client = ClickHouseHTTP(target)
     where = f"ClickHouse at {opts.url} as user {opts.user!r}"
@@ -161,3 +163,36 @@ def _without(schema: StructType, column: str | None) -> StructType:
     if not column:
         return schema
     return StructType([f for f in schema.fields if f.name != column])
+
+
+def _prepare_shards(opts: WriterOptions, schema: StructType) -> ConversionPlan:
+    """Every shard: the checks of one server on each replica that answers (at least one per
+    shard), the same column types everywhere, and a ``sharding_key`` the hash takes."""
+    from clickhouse_tx.sharded import answers
+    from clickhouse_tx.shards import is_hashable_type
+
+    if opts.sharding_key is not None:
+        if opts.sharding_key not in schema.fieldNames():
+            raise ConfigurationError(
+                f"option sharding_key={opts.sharding_key!r}: the data has no such column "
+                f"(columns: {', '.join(schema.fieldNames())})"
+            )
+        arrow_type = spark_schema_to_arrow(schema).field(opts.sharding_key).type
+        if not is_hashable_type(arrow_type):
+            raise ConfigurationError(
+                f"option sharding_key={opts.sharding_key!r}: a column of Spark type "
+                f"{schema[opts.sharding_key].dataType.simpleString()} cannot pick a shard; use an "
+                "integer, boolean, date, timestamp, string or binary column"
+            )
+    plans = []
+    for shard, replicas in enumerate(opts.shards):
+        live = [u for u in replicas if len(replicas) == 1 or answers(opts.target(), u)]
+        if not live:
+            raise ConfigurationError(f"option shards: no replica of shard {shard} answers; nothing was written")
+        plans += [prepare_target(dataclasses.replace(opts, url=u, shards=()), schema) for u in live]
+    if len({p.columns for p in plans}) > 1:
+        raise ConfigurationError(
+            f"option shards: the table {opts.qualified_table} has different column types on different "
+            "servers; create it alike on every shard"
+        )
+    return plans[0]

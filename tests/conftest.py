@@ -77,6 +77,18 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
 
 
 @pytest.fixture(scope="session")
+def sharded_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
+    """A stack of 2 ClickHouse shards (one server each) on one ZooKeeper, shared by the
+    tests of a run that need shards and do not crash servers (``stack_factory(shards=2)``
+    for those that do); ``.shards_option`` is the writer's ``shards`` option."""
+    d = tmp_path_factory.mktemp("sharded_stack")
+    try:
+        yield stack_mod.start_stack(d, shards=2)
+    finally:
+        stack_mod.stop_stack(d)
+
+
+@pytest.fixture(scope="session")
 def clickhouse_url(stack: StackInfo) -> str:
     """``http://127.0.0.1:<port>`` of the shared stack's ClickHouse HTTP interface."""
     return stack.clickhouse_url
@@ -142,5 +154,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if top in ("spark", "torture"):
             item.add_marker(pytest.mark.spark)
-        if top == "integration" or {"stack", "stack_factory"} & set(getattr(item, "fixturenames", ())):
+        if top == "integration" or {"stack", "stack_factory", "sharded_stack"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)

@@ -504,3 +504,9 @@ def test_visibility_defaults_to_partition_and_batch_is_taken_in_mode_staging():
 def test_visibility_batch_outside_mode_staging_or_an_unknown_visibility_is_refused_on_the_driver():
     assert "only mode 'staging'" in error_of({**BASE, "visibility": "batch"})
     assert "visibility='whole'" in error_of({**BASE, "mode": "staging", "visibility": "whole"})
+
+
+def test_visibility_batch_with_shards_is_refused_on_the_driver():
+    opts = {"table": "db.events", "mode": "staging", "visibility": "batch", "shards": "http://a:8123,http://b:8123"}
+    msg = error_of(opts)
+    assert "visibility=batch with shards" in msg
