@@ -254,7 +254,8 @@ def start_connect_server(log_dir: Path, master: str = "local[2]", **conf: str) -
     for k, v in settings.items():
         args += ["--conf", f"{k}={v}"]
     log = log_dir / "connect-server.log"
-    proc = _spawn([*args, str(jar)], log, spark_env())
+    # the launcher sizes the Connect server's heap like a daemon's (SPARK_DAEMON_MEMORY)
+    proc = _spawn([*args, str(jar)], log, spark_env(SPARK_DAEMON_MEMORY=settings["spark.driver.memory"]))
     try:
         wait_for_port(port, proc, "the Spark Connect server", timeout_s=180)
     except BaseException:
