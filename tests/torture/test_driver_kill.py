@@ -27,8 +27,10 @@ import time
 import uuid
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 
+from tests.helpers import s3
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries
 
@@ -83,7 +85,7 @@ def _child(args: dict) -> None:
     )
     if args.get("name"):
         writer = writer.queryName(args["name"])
-    for k, v in (args.get("fault") or {}).items():
+    for k, v in {**args.get("options", {}), **(args.get("fault") or {})}.items():
         writer = writer.option(k, v)
     q = writer.start()
     q.awaitTermination()
@@ -131,6 +133,8 @@ def _kill_and_recover(
     tmp_path: Path,
     fault: dict | None,
     kill_after_s: float | None = None,
+    options: dict[str, str] | None = None,
+    daemon: bool = False,
 ) -> list[int]:
     topic, expected = make_topic(stack, kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(clickhouse_url, database)
@@ -141,6 +145,8 @@ def _kill_and_recover(
         "database": database,
         "chk": str(tmp_path / "chk"),
         "name": f"kill_{uuid.uuid4().hex[:6]}",
+        "options": options or {},
+        "daemon": daemon,
     }
     codes = [_run_child({**args, "fault": fault}, kill_after_s=kill_after_s)]
     for _ in range(4):
@@ -183,6 +189,40 @@ def test_a_driver_killed_at_a_random_time_and_restarted_loses_and_duplicates_not
     delay = random.Random(seed).uniform(12.0, 30.0)  # JVM start takes ~10 s; then batches run
     print(f"random kill after {delay:.1f}s (CTX_KILL_SEED={seed})")
     _kill_and_recover(stack, kafka_bootstrap, clickhouse_url, database, tmp_path, None, kill_after_s=delay)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("step", STEPS)
+def test_a_driver_killed_at_a_protocol_step_with_the_decision_log_on_s3_loses_and_duplicates_nothing(
+    stack,
+    kafka_bootstrap: str,
+    clickhouse_url: str,
+    database: str,
+    tmp_path: Path,
+    step: str,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for k, v in s3.s3_env().items():
+        monkeypatch.setenv(k, v)  # the child drivers and their Python workers inherit them
+    prefix = f"kill-{database}"
+    fault = {
+        "fault.step": step,
+        "fault.action": "kill",
+        "fault.batch": "1",
+        "fault.once_file": str(tmp_path / "fault.once"),
+    }
+    options = {"decision_log": s3.uri(s3_endpoint, prefix)}
+    # Forked workers (daemon): a started one must connect back within 10 s, which the
+    # shared 2-core machine missed once in this test.
+    _kill_and_recover(stack, kafka_bootstrap, clickhouse_url, database, tmp_path, fault, options=options, daemon=True)
+    assert (tmp_path / "fault.once").exists()
+    selector = pafs.FileSelector(f"{s3.BUCKET}/{prefix}", recursive=True)
+    decisions = [f.path for f in s3.filesystem(s3_endpoint).get_file_info(selector) if f.path.endswith(".json")]
+    assert len(decisions) >= 2, f"the decisions are not on S3: {decisions}"
+    # beside Spark's checkpoint only the query's identity, no decision
+    assert [p.name for p in (tmp_path / "chk" / "clickhouse_tx").rglob("*")] == ["query.json"]
 
 
 if __name__ == "__main__":
