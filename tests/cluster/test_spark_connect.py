@@ -8,6 +8,7 @@ deliver every record once.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -24,17 +25,25 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]  # 239 s for the module here,
 
 @pytest.fixture(scope="module")
 def remote(connect_server: spark_cluster.ConnectServer) -> Iterator[object]:
-    """A Spark Connect client session with this project's sources registered from the client."""
+    """A Spark Connect client session with this project's sources registered from the client.
+
+    pyspark marks the whole process as a Connect client (``SPARK_CONNECT_MODE_ENABLED``
+    in ``os.environ``, inherited by children); the mark is taken back afterwards so the
+    classic sessions of later tests and the drivers they start stay classic.
+    """
     from pyspark.sql import SparkSession
 
     import spark_datasource
 
+    marked = "SPARK_CONNECT_MODE_ENABLED" in os.environ
     session = SparkSession.builder.remote(connect_server.remote).getOrCreate()
-    spark_datasource.register(session)
     try:
+        spark_datasource.register(session)
         yield session
     finally:
         session.stop()
+        if not marked:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
 
 
 @pytest.mark.timeout(600)
