@@ -6,7 +6,9 @@ Each case runs the streaming job (``kafka_py`` -> ``clickhouse_tx``, trigger
 group at that protocol step; the random case is killed from outside after a random
 delay. The job is then restarted on the same checkpoint without the fault until it
 drains the topic. Every source record must be in ClickHouse exactly once (read with
-``implicit_transaction=1``).
+``implicit_transaction=1``). The S3 variant runs every step with ``decision_log`` on
+a moto S3 server process (the session fixture ``s3_endpoint``), arbitrated through
+the registry, and checks that the decisions are in the bucket.
 
 The child sets ``spark.python.use.daemon=false``: PySpark's worker daemon moves its
 workers into a process group of their own (``os.setpgid(0, 0)`` in
