@@ -89,6 +89,15 @@ def sharded_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInf
 
 
 @pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """``127.0.0.1:<port>`` of a moto S3 server process with the bucket ``chk`` (once per run)."""
+    from tests.helpers.s3 import moto_server
+
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
 def clickhouse_url(stack: StackInfo) -> str:
     """``http://127.0.0.1:<port>`` of the shared stack's ClickHouse HTTP interface."""
     return stack.clickhouse_url

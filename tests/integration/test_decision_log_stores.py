@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-from typing import Iterator
-
 import pyarrow.fs as pafs
 import pytest
 
@@ -16,53 +10,14 @@ from clickhouse_tx.errors import DecisionConflictError
 from clickhouse_tx.factory import build_decision_log
 from clickhouse_tx.interfaces import Decision, Mode, Prepared, Target
 from clickhouse_tx.registry import KeeperMapRegistry
-from tests.helpers.decision_log import race
+from tests.helpers import s3
+from tests.helpers.decision_log import race, race_processes
 
-BUCKET = "chk"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """``127.0.0.1:<port>`` of a moto S3 server process, with the bucket ``chk``."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto S3 server did not start on port {port}") from None
-                time.sleep(0.1)
-        endpoint = f"127.0.0.1:{port}"
-        _s3(endpoint).create_dir(BUCKET)
-        yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(10)
+BUCKET = s3.BUCKET
 
 
 def _s3(endpoint: str) -> pafs.S3FileSystem:
-    return pafs.S3FileSystem(
-        access_key="test",
-        secret_key="test",
-        endpoint_override=endpoint,
-        scheme="http",
-        region="us-east-1",
-        allow_bucket_creation=True,
-    )
+    return s3.filesystem(endpoint)
 
 
 @pytest.fixture
@@ -144,3 +99,15 @@ def test_the_factory_arbitrates_an_s3_checkpoint_through_the_registry_and_a_loca
     assert [p.xid for p in log.read(3).chosen] == ["a"]
     local = build_decision_log(target, "q", str(tmp_path))
     assert local.semantics == "posix-link" and local.arbiter is None
+
+
+def test_drivers_in_separate_processes_racing_to_decide_one_batch_on_s3_leave_exactly_one_decision(
+    s3_endpoint: str, target: Target, database: str, clickhouse_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in s3.s3_env().items():
+        monkeypatch.setenv(k, v)  # inherited by the racing processes
+    uri = s3.uri(s3_endpoint, f"procs-{database}")
+    build_decision_log(target, "q", uri).arbiter.registry.ensure_table()
+    winners = race_processes(clickhouse_url, database, uri, writers=3)
+    assert len(winners) == 1, f"winners: {winners}"
+    assert [p.xid for p in build_decision_log(target, "q", uri).read(3).chosen] == winners

@@ -1,0 +1,84 @@
+"""The Kafka -> ClickHouse streaming job run on a Spark cluster or through Spark Connect.
+
+:func:`start_stream` builds the query on any session (a classic one on a standalone
+cluster, or a Spark Connect client): ``kafka_py`` -> ``clickhouse_tx`` with trigger
+``availableNow``, rows ``(p, o, v)`` as in :mod:`tests.helpers.spark_streams`. A
+``delay_s`` makes each task sleep that long per Arrow batch on its executor, so that
+most of a run is spent inside tasks and an executor killed at any moment is likely
+killed while it writes.
+
+This module is also the entry point of a driver process on a standalone cluster:
+``python -m tests.helpers.cluster_job '<json args>'`` (``conf``: the Spark settings).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+
+class Throttle:
+    """``mapInArrow`` function: every batch unchanged, each after ``delay_s`` seconds (executor)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            time.sleep(self.delay_s)
+            yield b
+
+
+def start_stream(spark: Any, args: dict[str, Any]) -> Any:
+    """Start the query on ``spark`` (classic or Connect); its ``StreamingQuery``.
+
+    ``args``: ``bootstrap``, ``topic``, ``url``, ``database``, ``chk`` (absolute),
+    optional ``max_offsets``, ``delay_s``, ``options`` (more writer options).
+    """
+    df = (
+        spark.readStream.format("kafka_py")
+        .option("bootstrap.servers", args["bootstrap"])
+        .option("subscribe", args["topic"])
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(args.get("max_offsets", 1500)))
+        .load()
+    )
+    if args.get("delay_s"):
+        df = df.mapInArrow(Throttle(float(args["delay_s"])), df.schema)
+    writer = (
+        df.selectExpr("partition as p", "offset as o", "cast(value as string) as v")
+        .writeStream.format("clickhouse_tx")
+        .option("url", args["url"])
+        .option("database", args["database"])
+        .option("table", "events")
+        .option("allow_nullable_into_non_nullable", "true")
+        .option("checkpointLocation", args["chk"])
+        .trigger(availableNow=True)
+    )
+    for k, v in args.get("options", {}).items():
+        writer = writer.option(k, v)
+    return writer.start()
+
+
+def _main(args: dict[str, Any]) -> None:
+    """A driver: a classic session with ``args["conf"]``, the query drained, exit 0."""
+    from pyspark.sql import SparkSession
+
+    import spark_datasource
+
+    builder = SparkSession.builder.appName("clickhouse-tx-cluster-job")
+    for k, v in args["conf"].items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")  # the test reads the lost executors and tasks from it
+    spark_datasource.register(spark)
+    start_stream(spark, args).awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    _main(json.loads(sys.argv[1]))
