@@ -364,6 +364,7 @@ def start_stack(
     max_session_timeout: int | None = None,
     timeout_s: float = DEFAULT_START_TIMEOUT_S,
     transactions: bool = True,
+    zookeeper_address_for_clickhouse: str | None = None,
 ) -> StackInfo:
     """Start (or complete) the stack in ``stack_dir`` and return what runs.
 
@@ -386,6 +387,10 @@ def start_stack(
     transactions
         False starts ClickHouse without experimental transactions (as most servers
         run); only when it starts here, a restart turns them on again.
+    zookeeper_address_for_clickhouse
+        ``host:port`` ClickHouse uses as its Keeper instead of the stack's ZooKeeper,
+        e.g. a fault-injecting proxy in front of it (``make chaos``); only when
+        ClickHouse starts here (:func:`start_clickhouse` takes it again).
 
     Raises
     ------
@@ -412,6 +417,7 @@ def start_stack(
                 password_env=password_env,
                 max_session_timeout=max_session_timeout,
                 transactions=transactions,
+                zk_addr=zookeeper_address_for_clickhouse,
             )
             if kafka:
                 launch.kafka()
@@ -498,8 +504,9 @@ class _Launch:
         password_env: str | None,
         max_session_timeout: int | None,
         transactions: bool,
+        zk_addr: str | None = None,
     ) -> None:
-        """Start ClickHouse unless it runs against the current ZooKeeper."""
+        """Start ClickHouse unless it runs against the current ZooKeeper (or ``zk_addr``)."""
         if self.alive.get("clickhouse") and zk_changed:
             # Its config points at the old ZooKeeper port: restart it on the new one.
             processes.stop(self.procs["clickhouse"], DEFAULT_STOP_TIMEOUT_S)
@@ -510,7 +517,7 @@ class _Launch:
         ref, ch_logs, self.config_file, self.max_session_timeout = _start_clickhouse(
             self.stack_dir,
             port=ch_p,
-            zk=self.zk_addr,
+            zk=zk_addr or self.zk_addr,
             user=user,
             password_env=password_env,
             max_session_timeout=max_session_timeout,
@@ -643,8 +650,16 @@ def kill_clickhouse(stack_dir: Path | str) -> StackInfo:
         return info
 
 
-def start_clickhouse(stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StackInfo:
-    """Start ClickHouse again on the same data dir, port and ZooKeeper (no-op if running)."""
+def start_clickhouse(
+    stack_dir: Path | str,
+    timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    *,
+    zookeeper_address_for_clickhouse: str | None = None,
+) -> StackInfo:
+    """Start ClickHouse again on the same data dir, port and ZooKeeper (no-op if running).
+
+    ``zookeeper_address_for_clickhouse`` as in :func:`start_stack`.
+    """
     stack_dir = Path(stack_dir).resolve()
     with _locked(stack_dir):
         info = _require(stack_dir)
@@ -653,7 +668,7 @@ def start_clickhouse(stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIM
         ref, logs, config_file, _ = _start_clickhouse(
             stack_dir,
             port=info.clickhouse_port,
-            zk=info.zookeeper,
+            zk=zookeeper_address_for_clickhouse or info.zookeeper,
             user=info.user,
             password_env=info.password_env,
             max_session_timeout=info.max_session_timeout,
