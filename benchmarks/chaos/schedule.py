@@ -4,9 +4,10 @@ Pure (no I/O): :func:`plan` turns a seed into a frozen :class:`Schedule`, so a f
 schedule is replayed exactly by its seed (``make chaos CHAOS_SEED=S CHAOS_SCHEDULES=1``).
 
 Fault kinds are dealt round-robin over consecutive seeds: schedule ``s`` has
-``1 + s % 3`` faults, and its faults are the next ones of the endless sequence
-``KINDS[0], KINDS[1], ...`` after the faults of seeds ``0 .. s-1``. So any 100
-consecutive seeds inject every kind 16 or 17 times (200 faults over 12 kinds).
+``1 + s % 3`` faults, and its faults are the next ones of an endless sequence
+(:func:`kind_of`) after the faults of seeds ``0 .. s-1``; every block of 12 in that
+sequence holds each kind once. So any 100 consecutive seeds plan 200 faults and every
+kind 15 to 18 times.
 """
 
 from __future__ import annotations
@@ -100,9 +101,16 @@ def _window(kind: str, rng: random.Random) -> tuple[float, int]:
     return 0.0, 0
 
 
+def kind_of(index: int) -> str:
+    """Kind of fault number ``index``: each block of 12 holds every kind once, in a
+    block-seeded order (so kinds meet in varied combinations, and counts stay even)."""
+    block, pos = divmod(index, len(KINDS))
+    return KINDS[random.Random(block).sample(range(len(KINDS)), len(KINDS))[pos]]
+
+
 def _fault(index: int, rng: random.Random) -> FaultPlan:
     """Fault number ``index`` of the endless sequence; its times from ``rng``."""
-    kind = KINDS[index % len(KINDS)]
+    kind = kind_of(index)
     seconds, rate = _window(kind, rng)
     # every other driver kill is armed at a protocol step, the steps in turn
     occurrence = index // len(KINDS)
