@@ -90,9 +90,9 @@ def table(summary: dict) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
-def _run_all(a: argparse.Namespace, work: Path) -> list[dict]:
+def _run_all(a: argparse.Namespace, work: Path, records: list[dict]) -> None:
+    """Run the schedules, appending each record to ``records`` as it ends."""
     stack = ChaosStack(work / "stack")
-    records: list[dict] = []
     try:
         print(f"stack: ClickHouse {stack.url} (writer via {stack.proxy_url}), Keeper via {stack.zk_via_proxy}")
         for i in range(a.schedules):
@@ -105,7 +105,6 @@ def _run_all(a: argparse.Namespace, work: Path) -> list[dict]:
                 print(f"  replay: {replay_command(sch.seed)}", flush=True)
     finally:
         stack.close()
-    return records
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,12 +113,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="chtx-chaos-"))
     t0 = time.monotonic()
+    records: list[dict] = []
+    interrupted = False
     try:
-        records = _run_all(a, work)
+        _run_all(a, work, records)
+    except KeyboardInterrupt:  # report the schedules that finished
+        interrupted = True
+        print(f"interrupted after {len(records)} schedules; the stack was stopped", file=sys.stderr)
     finally:
         if a.work_dir is None and not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     summary = summarize(records, time.monotonic() - t0)
+    summary["interrupted"] = interrupted
     print(table(summary))
     for seed in summary["failed"]:
         print(f"FAILED seed {seed}: replay with `{replay_command(seed)}`")
@@ -127,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = a.json or str(ROOT / "benchmarks" / "results" / f"chaos-{date}.json")
     write_result(out, {"seed": a.seed, "events": a.events, "summary": summary, "schedules": records})
     print(f"wrote {out}")
+    if interrupted:
+        return 130
     return 0 if not summary["failed"] else 1
 
 
