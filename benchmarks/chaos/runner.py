@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ import requests
 from benchmarks.chaos.batch_job import BATCH_TOPIC
 from benchmarks.chaos.inject import ChaosStack, Injector
 from benchmarks.chaos.schedule import Schedule
-from benchmarks.pipeline_run import ROOT, JobLauncher, JobRun, create_target, create_topic, produce
+from benchmarks.pipeline_run import ROOT, JobLauncher, JobRun, create_target, create_topic, group_members, produce
 from clickhouse_tx.modes.staging import STAGE_PREFIX
 from clickhouse_tx.sql import quote_identifier
 from clickhouse_tx.verify import ClickHouseReader
@@ -134,7 +135,8 @@ def _run_job(s: _Sched, rng: random.Random) -> Injector:
             rc = launcher.wait(run, JOB_TIMEOUT_S + 60)
             if rc == 0 and run.done is not None:
                 return inj
-            if rc is None:
+            if rc is None:  # hung: keep the JVM's threads for the post-mortem, then kill
+                _dump_jvm_threads(s, run)
                 launcher.kill(run)
             s.restarts += 1
             s.notes.append(f"run {index}: exit {rc}{' (killed)' if run.killed_by_us else ''}")
@@ -143,6 +145,22 @@ def _run_job(s: _Sched, rng: random.Random) -> Injector:
     finally:
         inj.finish()
         launcher.stop_all()
+
+
+def _dump_jvm_threads(s: _Sched, run: JobRun) -> None:
+    """``jstack`` of the job's JVM into ``job-<n>.jstack`` (where ``jstack`` exists)."""
+    jstack = shutil.which("jstack")
+    if jstack is None:
+        return
+    for pid in group_members(run.pgid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"java" in cmd.split(b"\0")[0]:
+            with open(s.work / f"job-{run.index}.jstack", "ab") as out:
+                subprocess.run([jstack, str(pid)], stdout=out, stderr=subprocess.STDOUT, timeout=60, check=False)
+    s.notes.append(f"run {run.index} hung: thread dump in job-{run.index}.jstack")
 
 
 def _wait_alive(run: JobRun, timeout_s: float = 180.0) -> None:
