@@ -26,6 +26,14 @@ test-slow: bootstrap
 demo: bootstrap
 	$(PY) -m benchmarks.pipeline $(DEMO_ARGS)
 
+## make chaos: seeded fault schedules over the embedded stack (docs/chaos.md); not part of make test.
+## CHAOS_SCHEDULES=N (default 100), CHAOS_SEED=S (first seed, default 1): CHAOS_SEED=S CHAOS_SCHEDULES=1 replays one
+CHAOS_SCHEDULES ?= 100
+CHAOS_SEED ?= 1
+.PHONY: chaos
+chaos: bootstrap
+	$(PY) -m benchmarks.chaos --schedules $(CHAOS_SCHEDULES) --seed $(CHAOS_SEED)
+
 bench: bootstrap
 	$(PY) -m benchmarks.http_insert --json benchmarks/results/http_insert.json
 

@@ -245,8 +245,13 @@ class JobLauncher:
     """Starts :mod:`benchmarks.streaming_job` in its own session; parses its stdout."""
 
     def __init__(
-        self, argv: Sequence[str], work: Path, on_line: Callable[[JobRun, str, dict], None] | None = None
+        self,
+        argv: Sequence[str],
+        work: Path,
+        on_line: Callable[[JobRun, str, dict], None] | None = None,
+        module: str = "benchmarks.streaming_job",
     ) -> None:
+        self.module = module  # another driver program speaking the same stdout protocol (chaos)
         self.argv = list(argv)
         self.work = work
         self.on_line = on_line
@@ -262,7 +267,7 @@ class JobLauncher:
         idx = len(self.runs)
         with open(self.work / f"job-{idx}.stderr", "wb") as err:  # the child keeps its own descriptor
             proc = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.streaming_job", *self.argv, *extra],
+                [sys.executable, "-m", self.module, *self.argv, *extra],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,

@@ -414,6 +414,7 @@ def start_stack(
     transactions: bool = True,
     shards: int | None = None,
     replicas: int | None = None,
+    zookeeper_address_for_clickhouse: str | None = None,
 ) -> StackInfo:
     """Start (or complete) the stack in ``stack_dir`` and return what runs.
 
@@ -443,6 +444,10 @@ def start_stack(
         :attr:`StackInfo.clickhouse_urls` and :attr:`StackInfo.shards_option`.
         None keeps what the directory ran before (1 × 1 for a new one). ``port``
         is the first server's.
+    zookeeper_address_for_clickhouse
+        ``host:port`` ClickHouse uses as its Keeper instead of the stack's ZooKeeper,
+        e.g. a fault-injecting proxy in front of it (``make chaos``); only when
+        ClickHouse starts here (:func:`start_clickhouse` takes it again).
 
     Raises
     ------
@@ -470,6 +475,7 @@ def start_stack(
                 password_env=password_env,
                 max_session_timeout=max_session_timeout,
                 transactions=transactions,
+                zk_addr=zookeeper_address_for_clickhouse,
             )
             if kafka:
                 launch.kafka()
@@ -595,8 +601,9 @@ class _Launch:
         password_env: str | None,
         max_session_timeout: int | None,
         transactions: bool,
+        zk_addr: str | None = None,
     ) -> None:
-        """Start every ClickHouse server unless it runs against the current ZooKeeper."""
+        """Start every ClickHouse server unless it runs against the current ZooKeeper (or ``zk_addr``)."""
         names = [member_name(i, j) for i in range(self.shards) for j in range(self.replicas)]
         for n in names:
             if self.alive.get(n) and zk_changed:
@@ -613,7 +620,7 @@ class _Launch:
             ref, ch_logs, config_file, max_timeout = _start_clickhouse(
                 self.stack_dir,
                 port=self.ports[n],
-                zk=self.zk_addr,
+                zk=zk_addr or self.zk_addr,
                 user=user,
                 password_env=password_env,
                 max_session_timeout=max_session_timeout,
@@ -786,9 +793,17 @@ def kill_clickhouse(stack_dir: Path | str, *, shard: int = 0, replica: int = 0) 
 
 
 def start_clickhouse(
-    stack_dir: Path | str, timeout_s: float = DEFAULT_START_TIMEOUT_S, *, shard: int = 0, replica: int = 0
+    stack_dir: Path | str,
+    timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    *,
+    shard: int = 0,
+    replica: int = 0,
+    zookeeper_address_for_clickhouse: str | None = None,
 ) -> StackInfo:
-    """Start one ClickHouse server again on the same data dir, port and ZooKeeper (no-op if running)."""
+    """Start one ClickHouse server again on the same data dir, port and ZooKeeper (no-op if running).
+
+    ``zookeeper_address_for_clickhouse`` as in :func:`start_stack`.
+    """
     stack_dir = Path(stack_dir).resolve()
     with _locked(stack_dir):
         info = _require(stack_dir)
@@ -798,7 +813,7 @@ def start_clickhouse(
         ref, logs, config_file, _ = _start_clickhouse(
             stack_dir,
             port=int(info.ports[name]),
-            zk=info.zookeeper,
+            zk=zookeeper_address_for_clickhouse or info.zookeeper,
             user=info.user,
             password_env=info.password_env,
             max_session_timeout=info.max_session_timeout,

@@ -1,0 +1,141 @@
+"""``python -m benchmarks.chaos`` (``make chaos``): seeded fault schedules over the real stack.
+
+Environment (or the options of the same name): ``CHAOS_SCHEDULES`` (default 100)
+schedules, seeds ``CHAOS_SEED`` (default 1) upwards; schedule ``s`` is
+:func:`benchmarks.chaos.schedule.plan` of ``s``, so ``CHAOS_SEED=s CHAOS_SCHEDULES=1``
+replays it. One embedded stack (ZooKeeper, ClickHouse on chdb, the dev Kafka broker)
+with fault-injecting proxies in front of ClickHouse and ZooKeeper serves every
+schedule. Prints one line per schedule, then a table; writes
+``benchmarks/results/chaos-<date>.json``; exits 1 if any schedule found a duplicate,
+a loss, a leftover or an error (its replay command is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks.chaos.inject import ChaosStack
+from benchmarks.chaos.runner import run_schedule
+from benchmarks.chaos.schedule import KINDS, plan
+from benchmarks.pipeline_run import ROOT
+from benchmarks.results_file import write_result
+
+
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--schedules", type=int, default=int(os.environ.get("CHAOS_SCHEDULES", "100")))
+    ap.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED", "1")))
+    ap.add_argument("--events", type=int, default=3000, help="events per schedule")
+    ap.add_argument("--json", default=None, help="default benchmarks/results/chaos-<date>.json")
+    ap.add_argument("--work-dir", default=None, help="stack, checkpoints and job logs (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (job logs of failed schedules)")
+    a = ap.parse_args(argv)
+    if a.schedules <= 0:
+        ap.error("--schedules (CHAOS_SCHEDULES) must be positive")
+    return a
+
+
+def replay_command(seed: int) -> str:
+    return f"make chaos CHAOS_SEED={seed} CHAOS_SCHEDULES=1"
+
+
+def _line(i: int, total: int, rec: dict) -> str:
+    faults = ",".join(e["kind"] for e in rec["injected"]) or "-"
+    verdict = "ok" if rec["ok"] else "FAIL " + " | ".join(rec["problems"])[:400]
+    return (
+        f"[{i + 1}/{total}] seed {rec['seed']} {rec['job']}/{rec['mode']}: injected {faults}; "
+        f"restarts {rec['restarts']}, dup {rec.get('duplicates', '?')}, lost {rec.get('lost', '?')}, "
+        f"{rec['wall_s']} s: {verdict}"
+    )
+
+
+def summarize(records: list[dict], wall_s: float) -> dict:
+    """The run's totals (what the table shows and the JSON holds besides every schedule)."""
+    by_kind = collections.Counter(e["kind"] for r in records for e in r["injected"])
+    return {
+        "schedules": len(records),
+        "failed": [r["seed"] for r in records if not r["ok"]],
+        "faults_by_kind": {k: by_kind.get(k, 0) for k in KINDS},
+        "faults_planned": sum(len(r["planned"]) for r in records),
+        "faults_injected": sum(by_kind.values()),
+        "job_restarts": sum(r["restarts"] for r in records),
+        "recovers": sum(r["recovers"] for r in records),
+        "duplicates": sum(r.get("duplicates", 0) for r in records),
+        "lost": sum(r.get("lost", 0) for r in records),
+        "leftovers": sum(
+            r.get("stage_tables", 0) + r.get("open_transactions", 0) + r.get("registry_entries", 0) for r in records
+        ),
+        "wall_s": round(wall_s, 1),
+        "mean_schedule_s": round(wall_s / max(1, len(records)), 1),
+    }
+
+
+def table(summary: dict) -> str:
+    rows = [(k, summary[k]) for k in ("schedules", "faults_planned", "faults_injected")]
+    rows += [(f"  {k}", n) for k, n in summary["faults_by_kind"].items()]
+    rows += [(k, summary[k]) for k in ("job_restarts", "recovers", "duplicates", "lost", "leftovers")]
+    rows += [("failed schedules", len(summary["failed"])), ("wall", f"{summary['wall_s']} s")]
+    rows += [("per schedule", f"{summary['mean_schedule_s']} s")]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def _run_all(a: argparse.Namespace, work: Path, records: list[dict]) -> None:
+    """Run the schedules, appending each record to ``records`` as it ends."""
+    stack = ChaosStack(work / "stack")
+    try:
+        print(f"stack: ClickHouse {stack.url} (writer via {stack.proxy_url}), Keeper via {stack.zk_via_proxy}")
+        for i in range(a.schedules):
+            sch = plan(a.seed + i, events=a.events)
+            print(f"[{i + 1}/{a.schedules}] {sch.describe()}", flush=True)
+            rec = run_schedule(stack, sch, work / f"seed-{sch.seed}")
+            records.append(rec)
+            print(_line(i, a.schedules, rec), flush=True)
+            if not rec["ok"]:
+                print(f"  replay: {replay_command(sch.seed)}", flush=True)
+    finally:
+        stack.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = _args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the stack and the jobs are stopped
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    work = Path(a.work_dir or tempfile.mkdtemp(prefix="chtx-chaos-"))
+    t0 = time.monotonic()
+    records: list[dict] = []
+    interrupted = False
+    try:
+        _run_all(a, work, records)
+    except KeyboardInterrupt:  # report the schedules that finished
+        interrupted = True
+        print(f"interrupted after {len(records)} schedules; the stack was stopped", file=sys.stderr)
+    finally:
+        if a.work_dir is None and not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    summary = summarize(records, time.monotonic() - t0)
+    summary["interrupted"] = interrupted
+    print(table(summary))
+    for seed in summary["failed"]:
+        print(f"FAILED seed {seed}: replay with `{replay_command(seed)}`")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    out = a.json or str(ROOT / "benchmarks" / "results" / f"chaos-{date}.json")
+    write_result(out, {"seed": a.seed, "events": a.events, "summary": summary, "schedules": records})
+    print(f"wrote {out}")
+    if interrupted:
+        return 130
+    return 0 if not summary["failed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

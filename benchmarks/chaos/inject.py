@@ -1,0 +1,174 @@
+"""Carrying out the faults of a chaos schedule on the live stack (runner process).
+
+:class:`ChaosStack` is the one embedded stack the chaos run reuses across schedules,
+with a :class:`~benchmarks.chaos.proxy.FaultProxy` in front of ClickHouse (the
+writer's ``url``) and one in front of ZooKeeper (ClickHouse's Keeper address).
+:class:`Injector` fires one schedule's faults in a thread, timed from the job's first
+sign of life, against whichever job run is current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from benchmarks.chaos.proxy import FaultProxy
+from benchmarks.chaos.schedule import FaultPlan
+from benchmarks.pipeline_run import JobRun, group_members
+from server_patches import stack as stack_mod
+
+WORKER_MARKERS = ("pyspark.daemon", "pyspark.worker", "pyspark/daemon.py", "pyspark/worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ChaosStack:
+    """ZooKeeper, ClickHouse (Keeper address: the ZooKeeper proxy), Kafka, and the two proxies."""
+
+    def __init__(self, stack_dir: Path) -> None:
+        self.dir = stack_dir
+        zk_port = _free_port()
+        self.zk_proxy = FaultProxy(("127.0.0.1", zk_port)).start()
+        self.zk_via_proxy = f"127.0.0.1:{self.zk_proxy.port}"
+        info = stack_mod.start_stack(
+            stack_dir, kafka=True, zk_port=zk_port, zookeeper_address_for_clickhouse=self.zk_via_proxy
+        )
+        self.info = info
+        self.url = info.clickhouse_url
+        self.ch_proxy = FaultProxy(("127.0.0.1", info.clickhouse_port)).start()
+        self.proxy_url = f"http://127.0.0.1:{self.ch_proxy.port}"
+
+    def restart_clickhouse_after(self, seconds: float) -> None:
+        stack_mod.kill_clickhouse(self.dir)
+        time.sleep(seconds)
+        stack_mod.start_clickhouse(self.dir, zookeeper_address_for_clickhouse=self.zk_via_proxy)
+
+    def restart_zookeeper_after(self, seconds: float) -> None:
+        stack_mod.kill_zookeeper(self.dir)
+        time.sleep(seconds)
+        stack_mod.start_zookeeper(self.dir)
+
+    def heal(self) -> None:
+        """Every component up, no proxy fault in force (between schedules)."""
+        self.ch_proxy.clear()
+        self.zk_proxy.clear()
+        alive = stack_mod.read_stack(self.dir).alive()  # type: ignore[union-attr]
+        if not alive.get("zookeeper"):
+            stack_mod.start_zookeeper(self.dir)
+        if not alive.get("clickhouse"):
+            stack_mod.start_clickhouse(self.dir, zookeeper_address_for_clickhouse=self.zk_via_proxy)
+
+    def close(self) -> None:
+        self.ch_proxy.stop()
+        self.zk_proxy.stop()
+        stack_mod.stop_stack(self.dir)
+
+
+def python_workers(run: JobRun) -> list[int]:
+    """Pids of the job's PySpark daemon and worker processes (from /proc)."""
+    out = []
+    for pid in group_members(run.pgid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(m in cmd for m in WORKER_MARKERS):
+            out.append(pid)
+    return out
+
+
+class Injector:
+    """Fires the timed faults of one schedule in a thread (runner process, once per schedule).
+
+    ``current`` gives the job run alive now (faults hit whichever run is current);
+    ``kill_driver`` is the runner's way to SIGKILL the job (it then restarts it).
+    ``log`` collects what was injected, one dict per fault.
+    """
+
+    def __init__(
+        self,
+        stack: ChaosStack,
+        faults: list[FaultPlan],
+        current: Callable[[], JobRun | None],
+        kill_driver: Callable[[JobRun], None],
+        rng: random.Random,
+    ) -> None:
+        self.stack = stack
+        self.faults = faults
+        self.current = current
+        self.kill_driver = kill_driver
+        self.rng = rng
+        self.log: list[dict] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.t0 = 0.0
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self.thread.start()
+
+    def finish(self) -> None:
+        """No fault starts from now on; wait for one in progress (an outage) to end."""
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(120)
+
+    def _run(self) -> None:
+        for f in self.faults:
+            while not self.stop.is_set() and time.monotonic() < self.t0 + f.at_s:
+                time.sleep(0.05)
+            if self.stop.is_set():
+                return
+            try:
+                detail = self._fire(f)
+            except Exception as e:  # recorded, and the schedule fails on it
+                detail = f"error: {type(e).__name__}: {e}"
+            self.log.append({"kind": f.kind, "at_s": round(time.monotonic() - self.t0, 2), "detail": detail})
+
+    def _wait_for_workers(self, run: JobRun, timeout_s: float = 60.0) -> list[int]:
+        """The job's Python workers, waiting for one to exist while the run lives (start-up is slow)."""
+        deadline = time.monotonic() + timeout_s
+        while run.proc.poll() is None and time.monotonic() < deadline and not self.stop.is_set():
+            workers = python_workers(run)
+            if workers:
+                return workers
+            time.sleep(0.1)
+        return []
+
+    def _fire(self, f: FaultPlan) -> str:
+        proxies = {"ch": self.stack.ch_proxy, "zk": self.stack.zk_proxy}
+        link, _, what = f.kind.partition("_")
+        if link in proxies:
+            proxies[link].inject(what, f.seconds, rate=f.rate)
+            return f"{f.seconds:.1f} s" + (f" at {f.rate} B/s" if f.rate else "")
+        if f.kind == "kill_clickhouse":
+            self.stack.restart_clickhouse_after(f.seconds)
+            return f"down {f.seconds:.1f} s"
+        if f.kind == "kill_zookeeper":
+            self.stack.restart_zookeeper_after(f.seconds)
+            return f"down {f.seconds:.1f} s"
+        run = self.current()
+        if run is None or run.proc.poll() is not None:
+            return "no job running"
+        if f.kind == "kill_driver":
+            self.kill_driver(run)
+            return f"run {run.index}"
+        workers = self._wait_for_workers(run)
+        if not workers:
+            return "no Python worker alive"
+        pid = self.rng.choice(workers)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return f"pid {pid} of {len(workers)}"

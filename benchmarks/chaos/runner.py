@@ -1,0 +1,273 @@
+"""One chaos schedule end to end: job, faults, restarts until done, then every check.
+
+:func:`run_schedule` runs in the chaos runner's process, once per schedule, on the
+shared :class:`~benchmarks.chaos.inject.ChaosStack` (a fresh database, topic and
+checkpoint each time). The job is a child driver process per run
+(:class:`~benchmarks.pipeline_run.JobLauncher`); after the faults it is restarted on
+the same checkpoint (or ``transactional_id``) until it finishes. Then: every record is
+checked (Kafka offsets and event ids against what a read-committed reader sees),
+``python -m clickhouse_tx verify`` must pass, ``python -m clickhouse_tx gc`` runs,
+and no stage table, running transaction or registry entry may be left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from benchmarks.chaos.batch_job import BATCH_TOPIC
+from benchmarks.chaos.inject import ChaosStack, Injector
+from benchmarks.chaos.schedule import Schedule
+from benchmarks.pipeline_run import ROOT, JobLauncher, JobRun, create_target, create_topic, group_members, produce
+from clickhouse_tx.modes.staging import STAGE_PREFIX
+from clickhouse_tx.sql import quote_identifier
+from clickhouse_tx.verify import ClickHouseReader
+
+MAX_RUNS = 12
+JOB_TIMEOUT_S = 300.0
+#: Short client timeouts, so stalls are felt, and retries that ride through outages.
+WRITER_OPTIONS = ("request_timeout=6", "connect_timeout=2", "retry.attempts=40", "retry.max_seconds=60")
+
+
+@dataclasses.dataclass
+class _Sched:
+    """What one schedule needs while it runs (runner process)."""
+
+    sch: Schedule
+    stack: ChaosStack
+    work: Path
+    database: str
+    launcher: JobLauncher | None = None
+    restarts: int = 0
+    recovers: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def table(self) -> str:
+        return f"{self.database}.events"
+
+    @property
+    def topic(self) -> str:
+        return BATCH_TOPIC if self.sch.job == "batch" else f"chaos_{self.database}"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.work / "checkpoint"
+
+
+def _job_argv(s: _Sched) -> tuple[str, list[str]]:
+    """(module, argv) of the schedule's driver program; the writer goes through the proxy."""
+    sch = s.sch
+    opts = [a for kv in WRITER_OPTIONS for a in ("--writer-option", kv)]
+    common = ["--url", s.stack.proxy_url, "--table", s.table, "--mode", sch.mode, *opts]
+    if sch.job == "batch":
+        extra = ["--events", str(sch.events), "--partitions", str(sch.partitions), "--txn-id", f"chaos-{s.database}"]
+        return "benchmarks.chaos.batch_job", [*common, *extra, "--decision-log", str(s.checkpoint)]
+    ends = {s.topic: {str(p): len(range(p, sch.events, sch.partitions)) for p in range(sch.partitions)}}
+    trigger = "0" if sch.job == "stream_available_now" else "0.5"
+    return "benchmarks.streaming_job", [
+        *common,
+        "--bootstrap",
+        str(s.stack.info.kafka_bootstrap),
+        "--topic",
+        s.topic,
+        "--checkpoint",
+        str(s.checkpoint),
+        "--trigger",
+        trigger,
+        "--max-offsets-per-trigger",
+        str(max(100, sch.events // 5)),
+        "--end-offsets",
+        json.dumps(ends),
+        "--timeout",
+        str(JOB_TIMEOUT_S),
+    ]
+
+
+def _prepare(s: _Sched) -> None:
+    """The database, target table and (streaming) the topic with every event."""
+    create_target(s.stack.url, s.table, s.sch.mode)
+    if s.sch.job != "batch":
+        info = s.stack.info
+        create_topic(str(info.kafka_bootstrap), info.kafka_control, s.topic, s.sch.partitions)
+        produce(str(info.kafka_bootstrap), s.topic, s.sch.events, s.sch.partitions)
+
+
+def _step_args(s: _Sched, index: int) -> list[str]:
+    """The first run carries the schedule's protocol-step kill, if it has one."""
+    step = next((f.step for f in s.sch.faults if f.step), None)
+    if index != 0 or step is None:
+        return []
+    return ["--fault-step", step, "--fault-action", "kill", "--fault-once-file", str(s.work / "step.once")]
+
+
+def _maybe_recover(s: _Sched, run: JobRun) -> None:
+    """A batch job that died mid-commit names ``recover``: run it, as an operator would."""
+    text = (s.work / f"job-{run.index}.stderr").read_text(errors="replace")
+    if "python -m clickhouse_tx recover" not in text:
+        return
+    s.recovers += 1
+    cli(s, "recover", "--mode", s.sch.mode, "--checkpoint", str(s.checkpoint))
+
+
+def _run_job(s: _Sched, rng: random.Random) -> Injector:
+    """Run the job through its faults, restarting it until it finishes; the injector's log."""
+    module, argv = _job_argv(s)
+    s.launcher = launcher = JobLauncher(argv, s.work, module=module)
+    timed = [f for f in s.sch.faults if not f.step]
+    current: list[JobRun] = []
+    inj = Injector(s.stack, timed, lambda: current[-1] if current else None, launcher.kill, rng)
+    try:
+        for index in range(MAX_RUNS):
+            run = launcher.start(_step_args(s, index), "step" if _step_args(s, index) else None)
+            current.append(run)
+            if index == 0:
+                _wait_alive(run)
+                inj.start(time.monotonic())
+            rc = launcher.wait(run, JOB_TIMEOUT_S + 60)
+            if rc == 0 and run.done is not None:
+                return inj
+            if rc is None:  # hung: keep the JVM's threads for the post-mortem, then kill
+                _dump_jvm_threads(s, run)
+                launcher.kill(run)
+            s.restarts += 1
+            s.notes.append(f"run {index}: exit {rc}{' (killed)' if run.killed_by_us else ''}")
+            _maybe_recover(s, run)
+        raise RuntimeError(f"the job did not finish in {MAX_RUNS} runs; last stderr:\n{launcher.stderr_tail(run)}")
+    finally:
+        inj.finish()
+        launcher.stop_all()
+
+
+def _dump_jvm_threads(s: _Sched, run: JobRun) -> None:
+    """``jstack`` of the job's JVM into ``job-<n>.jstack`` (where ``jstack`` exists)."""
+    jstack = shutil.which("jstack")
+    if jstack is None:
+        return
+    for pid in group_members(run.pgid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"java" in cmd.split(b"\0")[0]:
+            with open(s.work / f"job-{run.index}.jstack", "ab") as out:
+                subprocess.run([jstack, str(pid)], stdout=out, stderr=subprocess.STDOUT, timeout=60, check=False)
+    s.notes.append(f"run {run.index} hung: thread dump in job-{run.index}.jstack")
+
+
+def _wait_alive(run: JobRun, timeout_s: float = 180.0) -> None:
+    """Until the job reported READY (or ended): faults are timed from there."""
+    deadline = time.monotonic() + timeout_s
+    while not run.ready and run.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def cli(s: _Sched, *args: str) -> subprocess.CompletedProcess:
+    """``python -m clickhouse_tx <command> --url <ClickHouse> --table <target> ...`` (direct url)."""
+    cmd, *rest = args
+    argv = [sys.executable, "-m", "clickhouse_tx", cmd, "--url", s.stack.url, "--table", s.table, *rest]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def _expected(s: _Sched) -> dict[str, dict[str, list[int]]]:
+    n, p = s.sch.events, s.sch.partitions
+    return {s.topic: {str(i): [0, len(range(i, n, p))] for i in range(p)}}
+
+
+def _counts(s: _Sched) -> dict[str, int]:
+    """Rows, duplicates and losses, read committed, against the events produced."""
+    ch = ClickHouseReader(s.stack.url)
+    try:
+        row = ch.rows(
+            "SELECT count() AS n, uniqExact(`topic`, `partition`, `offset`) AS d, uniqExact(event_id) AS u, "
+            f"countIf(event_id < 0 OR event_id >= {s.sch.events}) AS alien "
+            f"FROM {quote_identifier(s.database)}.events"
+        )[0]
+    finally:
+        ch.close()
+    n, d, u = int(row["n"]), int(row["d"]), int(row["u"])
+    return {"rows": n, "duplicates": n - d, "lost": s.sch.events - u, "alien": int(row["alien"])}
+
+
+def _plain_rows(url: str, sql: str) -> list[dict]:
+    """Rows of ``sql`` read plainly (system and KeeperMap tables are not transactional)."""
+    r = requests.post(url.rstrip("/") + "/", data=f"{sql} FORMAT JSONEachRow".encode(), timeout=60)
+    if r.status_code != 200:
+        raise RuntimeError(f"ClickHouse refused {sql!r}: {r.text.strip()[:300]}")
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def _leftovers(s: _Sched) -> dict[str, int]:
+    """After gc: stage tables of the database, running transactions, registry entries."""
+    url, db = s.stack.url, s.database.replace("'", "''")
+    tables = [r["name"] for r in _plain_rows(url, f"SELECT name FROM system.tables WHERE database = '{db}'")]
+    tx = _plain_rows(url, "SELECT count() AS n FROM system.transactions WHERE state = 'RUNNING'")
+    reg = 0
+    if "clickhouse_tx_registry" in tables:
+        reg_rows = _plain_rows(url, f"SELECT count() AS n FROM {quote_identifier(s.database)}.clickhouse_tx_registry")
+        reg = int(reg_rows[0]["n"])
+    stages = sum(1 for t in tables if t.startswith(("_ctx_", STAGE_PREFIX)))
+    return {"stage_tables": stages, "open_transactions": int(tx[0]["n"]), "registry_entries": reg}
+
+
+def _check(s: _Sched) -> dict:
+    """Every record, the verify CLI, gc, then what is left."""
+    counts = _counts(s)
+    v = cli(s, "verify", "--expected", json.dumps(_expected(s)), "--checkpoint", str(s.checkpoint), "--quiet")
+    gc_args = ["--mode", s.sch.mode, "--checkpoint", str(s.checkpoint), "--older-than", "0", "--not-running"]
+    gc = cli(s, "gc", *gc_args)
+    left = _leftovers(s)
+    problems = []
+    if v.returncode != 0:
+        problems.append(f"verify exit {v.returncode}: {(v.stdout + v.stderr).strip()[-800:]}")
+    if gc.returncode != 0:
+        problems.append(f"gc exit {gc.returncode}: {(gc.stdout + gc.stderr).strip()[-800:]}")
+    bad = {k: n for k, n in {**counts, **left}.items() if k != "rows" and n}
+    if bad:
+        problems.append("; ".join(f"{k}={n}" for k, n in bad.items()))
+    return {**counts, **left, "verify_exit": v.returncode, "gc_exit": gc.returncode, "problems": problems}
+
+
+def run_schedule(stack: ChaosStack, sch: Schedule, work: Path) -> dict:
+    """Run schedule ``sch`` and return its record (``ok`` false on any problem)."""
+    t0 = time.monotonic()
+    work.mkdir(parents=True, exist_ok=True)
+    s = _Sched(sch, stack, work, database=f"chaos_{sch.seed}_{int(time.time())}")
+    stack.heal()
+    _prepare(s)
+    rec: dict = {"seed": sch.seed, "job": sch.job, "mode": sch.mode, "planned": [f.label() for f in sch.faults]}
+    try:
+        inj = _run_job(s, random.Random(sch.seed))
+        stack.heal()
+        rec["injected"] = _injected(s, inj)
+        rec.update(_check(s))
+    except Exception as e:  # the schedule failed; the run goes on with the next one
+        stack.heal()
+        rec.setdefault("injected", [])
+        rec["problems"] = [f"{type(e).__name__}: {e}"[-1500:]]
+    runs = s.launcher.runs if s.launcher else []
+    rec["run_s"] = [round((r.ended or time.monotonic()) - r.started, 1) for r in runs]
+    rec["batches"] = sum(len(r.progress) for r in runs)
+    rec.update(restarts=s.restarts, recovers=s.recovers, notes=s.notes, wall_s=round(time.monotonic() - t0, 1))
+    rec["ok"] = not rec["problems"]
+    return rec
+
+
+def _injected(s: _Sched, inj: Injector) -> list[dict]:
+    """The faults that really happened (a step kill fired; a timed fault found its target)."""
+    out = [e for e in inj.log if not str(e["detail"]).startswith(("no ", "error"))]
+    step = next((f for f in s.sch.faults if f.step), None)
+    if step is not None and (s.work / "step.once").exists():
+        out.insert(0, {"kind": "kill_driver", "at_s": None, "detail": f"at {step.step}"})
+    errors = [e for e in inj.log if str(e["detail"]).startswith("error")]
+    if errors:
+        raise RuntimeError(f"fault injection failed: {errors}")
+    return out

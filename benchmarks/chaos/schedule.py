@@ -1,0 +1,134 @@
+"""Chaos schedules: which job, which commit mode, which faults when, all from one seed.
+
+Pure (no I/O): :func:`plan` turns a seed into a frozen :class:`Schedule`, so a failing
+schedule is replayed exactly by its seed (``make chaos CHAOS_SEED=S CHAOS_SCHEDULES=1``).
+
+Fault kinds are dealt round-robin over consecutive seeds: schedule ``s`` has
+``1 + s % 3`` faults, and its faults are the next ones of an endless sequence
+(:func:`kind_of`) after the faults of seeds ``0 .. s-1``; every block of 12 in that
+sequence holds each kind once. So any 100 consecutive seeds plan 200 faults and every
+kind 15 to 18 times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+#: Every fault kind: SIGKILLs of a process, then proxy faults on the writer <-> ClickHouse
+#: link (``ch_*``) and on the ClickHouse <-> ZooKeeper link (``zk_*``).
+KINDS = (
+    "kill_driver",
+    "ch_reset",
+    "zk_stall",
+    "kill_worker",
+    "ch_drop_reply",
+    "zk_slow",
+    "kill_clickhouse",
+    "ch_stall",
+    "zk_reset",
+    "kill_zookeeper",
+    "ch_slow",
+    "zk_drop_reply",
+)
+#: The driver programs: a streaming query draining the topic (``Trigger.AvailableNow``
+#: or a 0.5 s processing-time trigger) and a resumable batch write.
+JOBS = ("stream_available_now", "stream_trigger", "batch")
+MODES = ("transaction", "staging", "dedup")
+#: Protocol steps a driver SIGKILL can be armed at (``fault.step`` of the writer).
+STEPS = ("after_prepare", "before_decision", "after_decision", "after_commit:1", "before_mark_done")
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultPlan:
+    """One fault: ``kind`` at ``at_s`` seconds after the job's first sign of life.
+
+    ``step`` (``kill_driver`` only) arms the kill at a protocol step instead of a time;
+    ``seconds`` is the outage or fault window; ``rate`` the bandwidth of ``*_slow``.
+    """
+
+    kind: str
+    at_s: float
+    step: str | None = None
+    seconds: float = 0.0
+    rate: int = 0
+
+    def label(self) -> str:
+        return f"{self.kind}@{self.step}" if self.step else f"{self.kind}@{self.at_s:.1f}s"
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """One chaos schedule: the job, its mode and size, and its faults in time order."""
+
+    seed: int
+    job: str
+    mode: str
+    events: int
+    partitions: int
+    faults: tuple[FaultPlan, ...]
+
+    def describe(self) -> str:
+        return f"seed {self.seed}: {self.job}/{self.mode}, {self.events} events, " + ", ".join(
+            f.label() for f in self.faults
+        )
+
+
+def fault_count(seed: int) -> int:
+    return 1 + seed % 3
+
+
+def first_fault_index(seed: int) -> int:
+    """How many faults the seeds ``0 .. seed-1`` have (closed form of the sum of fault_count)."""
+    r = seed % 3
+    return 2 * (seed - r) + r * (r + 1) // 2
+
+
+def _window(kind: str, rng: random.Random) -> tuple[float, int]:
+    """(seconds, rate) of one fault: outages of 1-4 s, stalls past the client timeouts."""
+    if kind in ("kill_clickhouse", "kill_zookeeper"):
+        return rng.uniform(1.0, 4.0), 0
+    if kind.endswith("_stall"):
+        # the writer's request_timeout is 6 s in chaos runs, ClickHouse's Keeper
+        # operation timeout 10 s: a stall outlasts both
+        return rng.uniform(7.0, 12.0), 0
+    if kind.endswith("_slow"):
+        return rng.uniform(3.0, 8.0), rng.choice((2_000, 8_000, 32_000))
+    if kind.endswith("_reset"):
+        return rng.uniform(0.2, 2.0), 0
+    if kind.endswith("_drop_reply"):
+        return rng.uniform(0.1, 1.0), 0
+    return 0.0, 0
+
+
+def kind_of(index: int) -> str:
+    """Kind of fault number ``index``: each block of 12 holds every kind once, in a
+    block-seeded order (so kinds meet in varied combinations, and counts stay even)."""
+    block, pos = divmod(index, len(KINDS))
+    return KINDS[random.Random(block).sample(range(len(KINDS)), len(KINDS))[pos]]
+
+
+def _fault(index: int, rng: random.Random) -> FaultPlan:
+    """Fault number ``index`` of the endless sequence; its times from ``rng``."""
+    kind = kind_of(index)
+    seconds, rate = _window(kind, rng)
+    # every other driver kill is armed at a protocol step, the steps in turn
+    occurrence = index // len(KINDS)
+    step = STEPS[(occurrence // 2) % len(STEPS)] if kind == "kill_driver" and occurrence % 2 == 0 else None
+    return FaultPlan(kind, round(rng.uniform(0.0, 6.0), 2), step, round(seconds, 2), rate)
+
+
+def plan(seed: int, *, events: int = 3000, partitions: int = 3) -> Schedule:
+    """The schedule of ``seed`` (the same seed gives the same schedule, always)."""
+    rng = random.Random(seed)
+    start = first_fault_index(seed)
+    drawn = [_fault(start + j, rng) for j in range(fault_count(seed))]
+    faults = sorted(drawn, key=lambda f: (f.step is None, f.at_s))
+    return Schedule(
+        seed=seed,
+        job=rng.choice(JOBS),
+        mode=MODES[(seed // 3) % len(MODES)],
+        events=events,
+        partitions=partitions,
+        faults=tuple(faults),
+    )
