@@ -466,22 +466,14 @@ def start_stack(
         if prev:
             user = user if user is not None else prev.user
             password_env = password_env if password_env is not None else prev.password_env
-        try:
-            zk_changed = launch.zookeeper(zk_port)
-            launch.clickhouse(
-                port,
-                zk_changed=zk_changed,
-                user=user,
-                password_env=password_env,
-                max_session_timeout=max_session_timeout,
-                transactions=transactions,
-                zk_addr=zookeeper_address_for_clickhouse,
-            )
-            if kafka:
-                launch.kafka()
-        except BaseException:
-            launch.kill_started()
-            raise
+        clickhouse = {
+            "user": user,
+            "password_env": password_env,
+            "max_session_timeout": max_session_timeout,
+            "transactions": transactions,
+            "zk_addr": zookeeper_address_for_clickhouse,
+        }
+        launch.start_all(zk_port, port, kafka=kafka, clickhouse=clickhouse)
         info = launch.info(user=user, password_env=password_env)
         _write_stack(info)
         return info
@@ -646,6 +638,18 @@ class _Launch:
             while port in taken:
                 port = processes.free_port(HOST)
             self.ports[n] = port
+
+    def start_all(self, zk_port: int | None, port: int | None, *, kafka: bool, clickhouse: dict[str, Any]) -> None:
+        """ZooKeeper, the ClickHouse servers (``clickhouse``: :meth:`clickhouse`'s keywords),
+        then Kafka if asked; what this call started is stopped again if one fails."""
+        try:
+            zk_changed = self.zookeeper(zk_port)
+            self.clickhouse(port, zk_changed=zk_changed, **clickhouse)
+            if kafka:
+                self.kafka()
+        except BaseException:
+            self.kill_started()
+            raise
 
     def kafka(self) -> None:
         """Start the dev Kafka broker unless it runs."""
