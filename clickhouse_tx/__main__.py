@@ -322,6 +322,11 @@ def _verify(args: argparse.Namespace) -> int:
         user=args.user,
         password=_password(args),
     )
+    return _report(args, report)
+
+
+def _report(args: argparse.Namespace, report: Any) -> int:
+    """Write a verify report as ``--json`` asks (``-``: stdout), its summary unless quiet; the exit code."""
     if args.json == "-":
         json.dump(report.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -373,16 +378,7 @@ def _verify_shards(args: argparse.Namespace) -> int:
         user=args.user,
         password=_password(args),
     )
-    if args.json:
-        doc = json.dumps(report.to_json(), indent=1)
-        if args.json == "-":
-            print(doc)
-        else:
-            with open(args.json, "w") as fh:
-                fh.write(doc)
-    if not args.quiet and args.json != "-":
-        print(report.summary())
-    return EXIT_CLEAN if report.clean else EXIT_ANOMALIES
+    return _report(args, report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

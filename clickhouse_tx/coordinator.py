@@ -918,7 +918,7 @@ class Coordinator:
         if not ps:
             return
         try:
-            self.ops.call(lambda: self.mode_io.commit_together(self.target, run.decision.batch, ps))
+            self.ops.call(lambda: self.mode_io.commit_together(self.target, ps))
         except NotCommittedError as exc:
             log.warning(
                 "batch %d: could not publish the batch in one transaction (%s); committing its "

@@ -30,12 +30,12 @@ import dataclasses
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
 from .errors import ConfigurationError
-from .interfaces import CommitModeIO, CommitOutcome, Decision, DecisionLogIO, Prepared, Target, WriteContext
+from .interfaces import CommitModeIO, CommitOutcome, Decision, DecisionLogIO, Hook, Prepared, Target, WriteContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from .coordinator import Coordinator
@@ -207,16 +207,8 @@ class FaultyModeIO:
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         self.inner.check_layout(target, batch, messages)
 
-    def commit_together(
-        self,
-        target: Target,
-        batch: int,
-        ps: Sequence[Prepared],
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
-        self.inner.commit_together(
-            target, batch, ps, before_commit=lambda: self.plan.hit("in_batch_transaction", batch)
-        )
+    def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
+        self.inner.commit_together(target, ps, before_commit=lambda: self.plan.hit("in_batch_transaction", ps[0].batch))
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)

@@ -164,6 +164,10 @@ class CommitOutcome(str, enum.Enum):
     PENDING = "pending"  # still open and committable (session alive)
 
 
+#: A callback with no argument and no result (e.g. the test-only fault hooks' ``before_commit``).
+Hook = Callable[[], None]
+
+
 @runtime_checkable
 class CommitModeIO(Protocol):
     """The I/O of one commit mode. Executor methods must be picklable-free of state.
@@ -195,13 +199,7 @@ class CommitModeIO(Protocol):
         (raise) a run that cut the batch otherwise than an earlier run whose rows are
         already visible. A no-op in modes whose rows stay invisible until the commit."""
 
-    def commit_together(
-        self,
-        target: Target,
-        batch: int,
-        ps: Sequence[Prepared],
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
         """Driver, once per batch commit, after the decision and before the per-xid
         commits: publish every ``p`` of ``ps`` in one step where the mode can (staging
         with ``visibility=batch``); a no-op elsewhere. Raises NotCommittedError when

@@ -23,7 +23,7 @@ from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError
 from clickhouse_tx.ids import parse_xid
-from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Prepared, RegistryEntry, Target, WriteContext
+from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Hook, Prepared, RegistryEntry, Target, WriteContext
 from clickhouse_tx.registry import KeeperMapRegistry
 from clickhouse_tx.shards import ShardLayout, split_by_shard
 
@@ -173,13 +173,7 @@ class ShardedModeIO:
         renew = getattr(self._io(p), "renew", None)
         return True if renew is None else bool(renew(self.target_of(target, p), p))
 
-    def commit_together(
-        self,
-        target: Target,
-        batch: int,
-        ps: Sequence[Prepared],
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
         """Nothing: a batch over shards spans servers (``visibility=batch`` is refused with ``shards``)."""
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.errors import ConfigurationError, ServerError
-from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
+from clickhouse_tx.interfaces import Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table
 
@@ -46,13 +46,7 @@ class ModeBase:
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         """Nothing to check: the mode's rows stay invisible until the commit (dedup overrides)."""
 
-    def commit_together(
-        self,
-        target: Target,
-        batch: int,
-        ps: Sequence[Prepared],
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
         """Nothing to do: each xid commits on its own (staging with ``visibility=batch`` overrides)."""
 
     def require_transactions(self, target: Target, needed_by: str, instead: str = "") -> None:

@@ -38,7 +38,7 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -60,7 +60,7 @@ from clickhouse_tx.errors import (
     ServerBusyError,
 )
 from clickhouse_tx.ids import sanitize_txn
-from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
+from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 
@@ -240,13 +240,7 @@ class StagingMode(ModeBase):
             except ReplyLostError as e:
                 raise OutcomeUnknownError(f"commit step lost its reply: {e.message}", xid=p.xid) from None
 
-    def commit_together(
-        self,
-        target: Target,
-        batch: int,
-        ps: Sequence[Prepared],
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
         """Driver, once per batch commit, before the per-xid commits: publish ``ps`` at once.
 
         A no-op unless ``visibility=batch``. Inside one transaction: MOVE every
@@ -265,6 +259,7 @@ class StagingMode(ModeBase):
         """
         if not self.whole_batch or not ps:
             return
+        batch = ps[0].batch
         markers = self.markers(target)
         markers.ensure_table()  # DDL is refused inside a transaction
         deadline = time.monotonic() + LOCKED_PARTS_WAIT_S
@@ -316,7 +311,7 @@ class StagingMode(ModeBase):
         target: Target,
         markers: CommitMarkers,
         ps: Sequence[Prepared],
-        before_commit: Callable[[], None] | None,
+        before_commit: Hook | None,
     ) -> None:
         """One attempt of :meth:`commit_together` in the batch's session ``c`` (settled)."""
         done = {str(m["xid"]) for m in markers.list(ps[0].txn_id, ps[0].batch)}

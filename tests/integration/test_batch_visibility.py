@@ -8,7 +8,7 @@ operator's per-xid commit do with it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import pytest
 
@@ -16,7 +16,7 @@ from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.interfaces import Prepared, Target, WriteContext
+from clickhouse_tx.interfaces import Hook, Prepared, Target, WriteContext
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.staging import STAGE_PREFIX, StagingMode, batch_session
 from tests.helpers.tables import TXN, batches, committed_count, distinct_ids, make_table, rows, tables
@@ -32,17 +32,11 @@ class DiesInsideTheBatchTransaction(StagingMode):
     def __init__(self) -> None:
         super().__init__(whole_batch=True)
 
-    def commit_together(
-        self,
-        target: Target,
-        batch: int,
-        ps: Sequence[Prepared],
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
         def die() -> None:
             raise DriverDied
 
-        super().commit_together(target, batch, ps, before_commit=die)
+        super().commit_together(target, ps, before_commit=die)
 
 
 def _prepared_batch(target: Target, tmp_path: Path, n: int = 2000, parts: int = 4) -> list[Prepared]:

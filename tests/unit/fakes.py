@@ -32,6 +32,7 @@ from clickhouse_tx.errors import (
 from clickhouse_tx.interfaces import (
     CommitOutcome,
     Decision,
+    Hook,
     Mode,
     Prepared,
     RegistryEntry,
@@ -145,13 +146,7 @@ class FakeClickHouse:
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         """Transaction mode's: nothing to check (its rows are invisible until COMMIT)."""
 
-    def commit_together(
-        self,
-        target: Target,
-        batch: int,
-        ps: Sequence[Prepared],
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
         """Nothing unless ``whole_batch``; then every xid of ``ps`` commits in one step, or none."""
         if not self.whole_batch:
             return
