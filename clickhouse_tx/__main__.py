@@ -306,23 +306,33 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from clickhouse_tx.verify import parse_expected, verify
+    from clickhouse_tx.verify import verify
 
     report = verify(
         args.url,
         args.table,
-        topic_col=args.topic_col or None,
-        partition_col=args.partition_col,
-        offset_col=args.offset_col,
-        expected=parse_expected(args.expected),
         segment_col=args.segment_col,
         txn_id=args.txn_id,
         checkpoint=args.checkpoint,
         markers=False if args.no_markers else None,
-        user=args.user,
-        password=_password(args),
+        **_offset_checks(args),
     )
     return _report(args, report)
+
+
+def _offset_checks(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments ``verify`` and ``verify --shards`` share: the offset columns, what
+    to expect, the credentials."""
+    from clickhouse_tx.verify import parse_expected
+
+    return {
+        "topic_col": args.topic_col or None,
+        "partition_col": args.partition_col,
+        "offset_col": args.offset_col,
+        "expected": parse_expected(args.expected),
+        "user": args.user,
+        "password": _password(args),
+    }
 
 
 def _report(args: argparse.Namespace, report: Any) -> int:
@@ -365,19 +375,9 @@ def _each_shard(args: argparse.Namespace) -> int:
 
 
 def _verify_shards(args: argparse.Namespace) -> int:
-    from clickhouse_tx.verify import parse_expected
     from clickhouse_tx.verify_shards import verify_shards
 
-    report = verify_shards(
-        _shard_urls(args),
-        args.table,
-        topic_col=args.topic_col or None,
-        partition_col=args.partition_col,
-        offset_col=args.offset_col,
-        expected=parse_expected(args.expected),
-        user=args.user,
-        password=_password(args),
-    )
+    report = verify_shards(_shard_urls(args), args.table, **_offset_checks(args))
     return _report(args, report)
 
 
