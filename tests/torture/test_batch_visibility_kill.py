@@ -42,11 +42,11 @@ def test_a_driver_killed_around_the_batch_transaction_and_restarted_loses_and_du
         name=f"vis_{uuid.uuid4().hex[:6]}",
         options=OPTIONS,
     )
-    codes = [run_child({**args, "fault": kill_at(step, tmp_path)})]
+    codes = [run_child({**args, "fault": kill_at(step, tmp_path)}, timeout_s=600)]
     for _ in range(4):
         if codes[-1] == 0:
             break
-        codes.append(run_child(args))
+        codes.append(run_child(args, timeout_s=600))  # a replay may wait out locked parts
     assert (tmp_path / "fault.once").exists(), f"the kill at {step} never fired: exit codes {codes}"
     assert codes[0] == -signal.SIGKILL and codes[-1] == 0, f"exit codes {codes}"
     assert_exactly(clickhouse_url, database, expected)
