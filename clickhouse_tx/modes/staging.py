@@ -80,10 +80,6 @@ SETTLE_WAIT_S = 30.0
 #: How long a batch commit waits for stage parts a rolled-back MOVE left locked.
 LOCKED_PARTS_WAIT_S = 120.0
 
-#: The two values of the writer option ``visibility``.
-VISIBILITY_PARTITION = "partition"
-VISIBILITY_BATCH = "batch"
-
 
 def stage_name(xid: str) -> str:
     """Name of the stage table of ``xid`` (in the target's database)."""
@@ -265,7 +261,7 @@ class StagingMode(ModeBase):
         deadline = time.monotonic() + LOCKED_PARTS_WAIT_S
         with self.client(target, batch_session(ps[0].txn_id, batch), BATCH_SESSION_TIMEOUT_S) as c:
             if _settle(c):  # a dead attempt's transaction was open: its MOVEs left locks
-                self._wait_for_unlocked_stages(c, target, ps, deadline)
+                self._wait_for_unlocked_stages(target, ps, deadline)
             while True:
                 try:
                     self._publish(c, target, markers, ps, before_commit)
@@ -277,16 +273,14 @@ class StagingMode(ModeBase):
                             xid=ps[0].xid,
                         ) from exc
                     log.info("batch %d: waiting for locked stage parts (%s)", batch, exc.message)
-                    self._wait_for_unlocked_stages(c, target, ps, deadline)
+                    self._wait_for_unlocked_stages(target, ps, deadline)
                 except NotCommittedError:
                     # The per-xid commits take over: the MOVEs a rollback just undid must be free.
-                    self._wait_for_unlocked_stages(c, target, ps, deadline)
+                    self._wait_for_unlocked_stages(target, ps, deadline)
                     raise
 
-    def _wait_for_unlocked_stages(
-        self, c: ClickHouseHTTP, target: Target, ps: Sequence[Prepared], deadline: float
-    ) -> None:
-        """Wait (without a transaction) until no stage of ``ps`` holds a rolled-back MOVE's part.
+    def _wait_for_unlocked_stages(self, target: Target, ps: Sequence[Prepared], deadline: float) -> None:
+        """Wait (outside the batch's session) until no stage of ``ps`` holds a rolled-back MOVE's part.
 
         A MOVE that a transaction rolled back leaves an outdated copy of the part in the
         stage (``remove_time`` zero); until ClickHouse's cleanup removes it (about 30 s
@@ -295,11 +289,18 @@ class StagingMode(ModeBase):
         free, and lock them again: so wait for all of them first.
         """
         names = [n for p in ps for n in (stage_name(p.xid), dead_letter_stage_name(p.xid))]
+        # A client of its own: a read in the batch's session would hold it, and the
+        # partitions' parallel per-xid commits all settle that session.
+        with self.client(target) as c:
+            self._poll_locked_parts(c, target.database, names, deadline)
+
+    @staticmethod
+    def _poll_locked_parts(c: ClickHouseHTTP, database: str, names: list[str], deadline: float) -> None:
         while time.monotonic() < deadline:
             rows = c.query_json(
                 "SELECT count() AS n FROM system.parts WHERE database = {d:String} "
                 "AND table IN {t:Array(String)} AND NOT active AND remove_time = toDateTime(0)",
-                params={"d": target.database, "t": names},
+                params={"d": database, "t": names},
             )
             if not rows or int(rows[0]["n"]) == 0:
                 return
@@ -366,7 +367,7 @@ class StagingMode(ModeBase):
         with self.client(target, session, BATCH_SESSION_TIMEOUT_S) as c:
             rolled_back = _settle(c)
             # Also when another xid's commit rolled it back: this stage's parts may still be locked.
-            self._wait_for_unlocked_stages(c, target, [p], time.monotonic() + LOCKED_PARTS_WAIT_S)
+            self._wait_for_unlocked_stages(target, [p], time.monotonic() + LOCKED_PARTS_WAIT_S)
         return rolled_back
 
     def _moves_of(self, c: ClickHouseHTTP, target: Target, ps: Sequence[Prepared]) -> list[str]:

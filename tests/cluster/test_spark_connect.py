@@ -14,11 +14,10 @@ from typing import Iterator
 
 import pytest
 
-from clickhouse_tx.verify import verify
 from tests.helpers import spark_cluster
 from tests.helpers.cluster_job import start_stream
-from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
-from tests.helpers.spark_writes import open_registry_entries, read_committed
+from tests.helpers.spark_streams import assert_exactly_once_by_offsets, create_target, make_topic
+from tests.helpers.spark_writes import read_committed
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]  # 239 s for the module here, Connect server start included
 
@@ -64,17 +63,7 @@ def test_a_stream_started_from_a_spark_connect_client_delivers_every_kafka_recor
     query.awaitTermination(400)
     assert not query.isActive, "the availableNow query did not finish in 400 s"
     assert query.exception() is None, query.exception()
-    assert_exactly(clickhouse_url, database, expected)
-    report = verify(
-        clickhouse_url,
-        f"{database}.events",
-        topic_col=None,
-        partition_col="p",
-        offset_col="o",
-        expected={(None, p): (0, 1500) for p in range(2)},
-    )
-    assert report.clean, report.summary()
-    assert open_registry_entries(clickhouse_url, database) == 0
+    assert_exactly_once_by_offsets(clickhouse_url, database, expected)
     assert list((tmp_path / "chk" / "clickhouse_tx").iterdir()), "no decision log beside the checkpoint"
 
 

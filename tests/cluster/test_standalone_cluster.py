@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx.verify import verify
+from server_patches.processes import free_port
 from tests.helpers import spark_cluster
-from tests.helpers.s3 import free_port
-from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
-from tests.helpers.spark_writes import open_registry_entries, scalar
+from tests.helpers.spark_streams import assert_exactly_once_by_offsets, create_target, make_topic
+from tests.helpers.spark_writes import scalar
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -113,14 +112,4 @@ def test_a_stream_on_a_standalone_cluster_survives_two_executor_sigkills_with_ev
     assert driver_log.count("Lost executor") >= 2, driver_log[-3000:]
     assert driver_log.count("ExecutorLostFailure") >= 2, driver_log[-3000:]
     assert len(set(_executor_dirs(standalone_cluster)) - before) >= 4  # 2 first executors, 2 replacements
-    assert_exactly(clickhouse_url, database, expected)
-    report = verify(
-        clickhouse_url,
-        f"{database}.events",
-        topic_col=None,
-        partition_col="p",
-        offset_col="o",
-        expected={(None, p): (0, PER_PARTITION) for p in range(PARTITIONS)},
-    )
-    assert report.clean, report.summary()
-    assert open_registry_entries(clickhouse_url, database) == 0
+    assert_exactly_once_by_offsets(clickhouse_url, database, expected)

@@ -36,8 +36,10 @@ class Throttle:
 def start_stream(spark: Any, args: dict[str, Any]) -> Any:
     """Start the query on ``spark`` (classic or Connect); its ``StreamingQuery``.
 
-    ``args``: ``bootstrap``, ``topic``, ``url``, ``database``, ``chk`` (absolute),
-    optional ``max_offsets``, ``delay_s``, ``options`` (more writer options).
+    ``args``: ``bootstrap``, ``topic``, ``database``, ``chk`` (absolute), ``url`` (none
+    when ``options`` name ``shards``), optional ``max_offsets``, ``delay_s``,
+    ``repartition`` (another partitioning than the Kafka partitions), ``name`` (the
+    query name), ``options`` and ``fault`` (more writer options; ``fault`` wins).
     """
     df = (
         spark.readStream.format("kafka_py")
@@ -49,17 +51,22 @@ def start_stream(spark: Any, args: dict[str, Any]) -> Any:
     )
     if args.get("delay_s"):
         df = df.mapInArrow(Throttle(float(args["delay_s"])), df.schema)
+    df = df.selectExpr("partition as p", "offset as o", "cast(value as string) as v")
+    if args.get("repartition"):
+        df = df.repartition(int(args["repartition"]))
     writer = (
-        df.selectExpr("partition as p", "offset as o", "cast(value as string) as v")
-        .writeStream.format("clickhouse_tx")
-        .option("url", args["url"])
+        df.writeStream.format("clickhouse_tx")
         .option("database", args["database"])
         .option("table", "events")
         .option("allow_nullable_into_non_nullable", "true")
         .option("checkpointLocation", args["chk"])
         .trigger(availableNow=True)
     )
-    for k, v in args.get("options", {}).items():
+    if args.get("url"):
+        writer = writer.option("url", args["url"])
+    if args.get("name"):
+        writer = writer.queryName(args["name"])
+    for k, v in {**args.get("options", {}), **(args.get("fault") or {})}.items():
         writer = writer.option(k, v)
     return writer.start()
 

@@ -16,16 +16,11 @@ from typing import Iterator
 
 import pyarrow.fs as pafs
 
+from server_patches.processes import free_port
+
 BUCKET = "chk"
 ACCESS_KEY = "test"
 SECRET_KEY = "test"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:

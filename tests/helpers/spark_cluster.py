@@ -24,7 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.s3 import free_port, wait_for_port
+from server_patches.processes import free_port
+from tests.helpers.s3 import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"

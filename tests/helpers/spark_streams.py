@@ -12,7 +12,7 @@ from pathlib import Path
 from kafka import KafkaProducer
 
 from server_patches.kafka_broker import create_topic
-from tests.helpers.spark_writes import read_committed, run_sql
+from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
 
 
 def make_topic(stack, bootstrap: str, partitions: int, per_partition: int) -> tuple[str, set[tuple[int, int, str]]]:
@@ -82,3 +82,18 @@ def assert_exactly(url: str, database: str, expected: set[tuple[int, int, str]])
     assert len(rows) == len(set(rows)), "duplicates in the target"
     missing, extra = expected - set(rows), set(rows) - expected
     assert not missing and not extra, f"{len(missing)} missing, {len(extra)} unexpected rows"
+
+
+def assert_exactly_once_by_offsets(url: str, database: str, expected: set[tuple[int, int, str]]) -> None:
+    """Every expected ``(p, o, v)`` row once, ``python -m clickhouse_tx verify``'s offset
+    checks clean over the same partitions and offsets, no registry entry left open."""
+    from clickhouse_tx.verify import verify
+
+    assert_exactly(url, database, expected)
+    spans: dict[tuple[None, int], tuple[int, int]] = {}
+    for p, o, _ in expected:
+        lo, hi = spans.get((None, p), (o, o + 1))
+        spans[(None, p)] = (min(lo, o), max(hi, o + 1))
+    report = verify(url, f"{database}.events", topic_col=None, partition_col="p", offset_col="o", expected=spans)
+    assert report.clean, report.summary()
+    assert open_registry_entries(url, database) == 0

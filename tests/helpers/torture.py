@@ -19,7 +19,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -29,7 +31,7 @@ PER_PARTITION = 2000
 MAX_OFFSETS = 1500  # several micro-batches, each spanning every partition
 
 
-def job_args(bootstrap: str, topic: str, url: str, database: str, chk: Path, **more: object) -> dict:
+def job_args(bootstrap: str, topic: str, url: str | None, database: str, chk: Path, **more: object) -> dict:
     """The arguments of :func:`streaming_job`: the topic, the target, the checkpoint, then ``more``."""
     return {"bootstrap": bootstrap, "topic": topic, "url": url, "database": database, "chk": str(chk), **more}
 
@@ -76,37 +78,13 @@ def _session(args: dict):  # -> pyspark.sql.SparkSession (pyspark is imported in
 def streaming_job(args: dict) -> None:
     """The streaming job (child process): drain the topic with availableNow, then exit 0.
 
-    ``args``: bootstrap, topic, url, database, chk, and optionally name, master,
-    max_offsets, repartition, daemon, and writer options in ``options`` and ``fault``
-    (``fault`` wins where both name one).
+    ``args``: those of :func:`tests.helpers.cluster_job.start_stream`, and optionally
+    ``master`` and ``daemon`` (workers forked by pyspark's daemon).
     """
+    from tests.helpers.cluster_job import start_stream
+
     spark = _session(args)
-    df = (
-        spark.readStream.format("kafka_py")
-        .option("bootstrap.servers", args["bootstrap"])
-        .option("subscribe", args["topic"])
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(args.get("max_offsets", MAX_OFFSETS)))
-        .load()
-        .selectExpr("partition as p", "offset as o", "cast(value as string) as v")
-    )
-    if args.get("repartition"):  # another partitioning than the Kafka partitions
-        df = df.repartition(int(args["repartition"]))
-    writer = (
-        df.writeStream.format("clickhouse_tx")
-        .option("url", args["url"])
-        .option("database", args["database"])
-        .option("table", "events")
-        .option("allow_nullable_into_non_nullable", "true")
-        .option("checkpointLocation", args["chk"])
-        .trigger(availableNow=True)
-    )
-    if args.get("name"):
-        writer = writer.queryName(args["name"])
-    for k, v in {**args.get("options", {}), **(args.get("fault") or {})}.items():
-        writer = writer.option(k, v)
-    q = writer.start()
-    q.awaitTermination()
+    start_stream(spark, {"max_offsets": MAX_OFFSETS, **args}).awaitTermination()
     spark.stop()
 
 
@@ -132,12 +110,25 @@ def kill_session(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 300, cwd: Path = ROOT) -> int:
+def run_child(
+    args: dict,
+    kill_after_s: float | None = None,
+    timeout_s: float = 300,
+    cwd: Path = ROOT,
+    *,
+    during: Callable[[], None] | None = None,
+    check: bool = True,
+) -> int:
     """Run the job to its end (or SIGKILL it after ``kill_after_s``); its exit code.
 
-    Raises AssertionError when the job failed otherwise than by SIGKILL.
+    ``during`` runs in a thread while the job does (e.g. a server crash). Raises
+    AssertionError when the job failed otherwise than by SIGKILL, unless ``check`` is
+    False: then the failure's causes are printed and its exit code returned (a restart).
     """
     proc = start_child(args, cwd=cwd)
+    side = threading.Thread(target=during, daemon=True) if during else None
+    if side:
+        side.start()
     try:
         if kill_after_s is not None:
             try:
@@ -147,10 +138,16 @@ def run_child(args: dict, kill_after_s: float | None = None, timeout_s: float = 
         proc.wait(timeout_s)
     finally:
         kill_session(proc)  # whatever of the session survived its leader (a JVM, a worker)
+        if side:
+            side.join()
     assert proc.stderr is not None
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise AssertionError(f"streaming job failed ({proc.returncode}): {proc.stderr.read().decode()[-3000:]}")
+    err = proc.stderr.read().decode()
     proc.stderr.close()
+    if proc.returncode not in (0, -signal.SIGKILL):
+        if check:
+            raise AssertionError(f"streaming job failed ({proc.returncode}): {err[-3000:]}")
+        causes = [line for line in err.splitlines() if "Error" in line or "Caused by" in line]
+        print(f"job exit {proc.returncode}: " + "\n".join(causes[:8]))
     return proc.returncode
 
 

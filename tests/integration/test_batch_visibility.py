@@ -58,6 +58,13 @@ def _open_transactions(admin: ClickHouseHTTP) -> int:
     return int(admin.query_json("SELECT count() AS c FROM system.transactions")[0]["c"])
 
 
+def _assert_published_once(admin: ClickHouseHTTP, database: str, target: Target) -> None:
+    """The batch's 2,000 rows visible once, no stage left, no transaction open."""
+    assert committed_count(admin, target) == 2000 and distinct_ids(admin, target) == 2000
+    assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
+    assert _open_transactions(admin) == 0
+
+
 def test_a_driver_dead_inside_the_batch_transaction_leaves_nothing_visible_and_the_replay_publishes_once(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
@@ -71,9 +78,7 @@ def test_a_driver_dead_inside_the_batch_transaction_leaves_nothing_visible_and_t
     assert _open_transactions(admin) >= 1
     report = build_coordinator(target, "staging", TXN, str(tmp_path), visibility="batch").commit_batch(0, msgs)
     assert report.replay
-    assert committed_count(admin, target) == 2000 and distinct_ids(admin, target) == 2000
-    assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
-    assert _open_transactions(admin) == 0  # the dead attempt's transaction was rolled back
+    _assert_published_once(admin, database, target)  # the dead attempt's transaction rolled back
 
 
 def test_recover_after_a_driver_died_inside_the_batch_transaction_rolls_it_back_and_publishes_each_xid_once(
@@ -89,9 +94,7 @@ def test_recover_after_a_driver_died_inside_the_batch_transaction_rolls_it_back_
     for p in msgs:
         StagingMode().commit(target, p)
 
-    assert committed_count(admin, target) == 2000 and distinct_ids(admin, target) == 2000
-    assert _open_transactions(admin) == 0
-    assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
+    _assert_published_once(admin, database, target)
 
 
 def test_the_batch_session_is_named_by_query_and_batch() -> None:

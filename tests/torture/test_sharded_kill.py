@@ -5,18 +5,12 @@ Each case runs a streaming job (``kafka_py`` -> ``clickhouse_tx`` with the ``sha
 option, rows by ``sharding_key``, trigger ``availableNow``) in a child process of its
 own session, kills it (a fault plan at a protocol step) or a shard server (from here,
 after a delay), and restarts the job on the same checkpoint until it drains the topic.
-A record on two shards is a duplicate. This module is also the child's entry point
-(``python -m tests.torture.test_sharded_kill run ...``).
+A record on two shards is a duplicate. The job is :mod:`tests.helpers.torture`'s.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,92 +23,17 @@ from server_patches.stack import StackInfo
 from tests.helpers.shards import create_everywhere
 from tests.helpers.spark_streams import make_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed
+from tests.helpers.torture import job_args, run_child
 
-ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
 PER_PARTITION = 1000
 MAX_OFFSETS = 900  # 300 per partition: 4 micro-batches
 STEPS = ["after_prepare", "before_decision", "after_decision", "after_commit:1", "before_mark_done"]
 
 
-def _child(args: dict) -> None:
-    """The streaming job (child process): drain the topic with availableNow, then exit 0."""
-    from pyspark.sql import SparkSession
-
-    import spark_datasource
-    from clickhouse_tx.faults import KILL_PGID_ENV
-
-    # Workers forked by pyspark's daemon sit in process groups of their own: a fault
-    # kills this group (driver, JVM) by id. Forking beats starting a worker, which
-    # Spark allows 10 s to connect back (too short on a loaded machine).
-    os.environ[KILL_PGID_ENV] = str(os.getpgrp())
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("clickhouse-tx-sharded-kill")
-        .config("spark.python.use.daemon", "true")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_datasource.register(spark)
-    writer = (
-        spark.readStream.format("kafka_py")
-        .option("bootstrap.servers", args["bootstrap"])
-        .option("subscribe", args["topic"])
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(MAX_OFFSETS))
-        .load()
-        .selectExpr("partition as p", "offset as o", "cast(value as string) as v")
-        .writeStream.format("clickhouse_tx")
-        .option("shards", args["shards"])
-        .option("sharding_key", "o")
-        .option("mode", args["mode"])
-        .option("database", args["database"])
-        .option("table", "events")
-        .option("allow_nullable_into_non_nullable", "true")
-        .option("checkpointLocation", args["chk"])
-        .queryName(args["name"])
-        .trigger(availableNow=True)
-    )
-    for k, v in (args.get("fault") or {}).items():
-        writer = writer.option(k, v)
-    writer.start().awaitTermination()
-    spark.stop()
-
-
-def _run_child(args: dict, during: Callable[[], None] | None = None, timeout_s: float = 400) -> int:
-    """Run the job in its own session; ``during`` runs in a thread while it does. Its exit code."""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.torture.test_sharded_kill", "run", json.dumps(args)],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    side = threading.Thread(target=during, daemon=True) if during else None
-    if side:
-        side.start()
-    try:
-        _, err = proc.communicate(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        try:  # whatever of the session survived its leader (a JVM, a worker)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if side:
-            side.join()
-    if proc.returncode not in (0, -signal.SIGKILL):
-        text = err.decode()
-        causes = [line for line in text.splitlines() if "Error" in line or "Caused by" in line]
-        print(f"job exit {proc.returncode}: " + "\n".join(causes[:8]))
-    return int(proc.returncode)
+def _run_child(args: dict, during: Callable[[], None] | None = None) -> int:
+    """One run of the job; a failure is a restart like any other (its causes printed)."""
+    return run_child(args, timeout_s=400, during=during, check=False)
 
 
 def _assert_exactly_once_across_shards(info: StackInfo, database: str, expected: set) -> None:
@@ -139,15 +58,10 @@ def _setup(info: StackInfo, tmp_path: Path, mode: str) -> tuple[dict, set]:
         f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree ORDER BY (p, o)"
         + (" SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""),
     )
-    args = {
-        "bootstrap": info.kafka_bootstrap,
-        "topic": topic,
-        "shards": info.shards_option,
-        "database": database,
-        "mode": mode,
-        "chk": str(tmp_path / "chk"),
-        "name": f"shk_{uuid.uuid4().hex[:6]}",
-    }
+    options = {"shards": info.shards_option, "sharding_key": "o", "mode": mode}
+    # Workers forked by pyspark's daemon: a started one must connect back within 10 s.
+    more = {"options": options, "daemon": True, "max_offsets": MAX_OFFSETS, "name": f"shk_{uuid.uuid4().hex[:6]}"}
+    args = job_args(info.kafka_bootstrap or "", topic, None, database, tmp_path / "chk", **more)
     return args, expected
 
 
@@ -206,10 +120,3 @@ def test_a_shard_server_killed_and_restarted_mid_run_loses_and_duplicates_nothin
     _until_drained(args, codes)
     _assert_exactly_once_across_shards(info, args["database"], expected)
     print(f"{mode}: exit codes {codes}")
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "run":
-        _child(json.loads(sys.argv[2]))
-    else:
-        raise SystemExit(f"unknown command {sys.argv[1]!r}")
