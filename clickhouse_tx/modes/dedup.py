@@ -273,6 +273,22 @@ class DedupMode(ModeBase):
             exc.xid = xid  # the task fails with this error as it is, not wrapped
             raise
 
+    def _check_chunk(self, target: Target, ctx: WriteContext, chunk: int, fingerprint: str, xid: str) -> None:
+        """Executor, before each chunk after the first (and once past the last): refuse a
+        partition whose chunk differs from the one an earlier attempt recorded there.
+
+        The record is made just before the chunk's insert, so it binds a replay from the
+        moment its rows may be in the table. One create-if-absent per chunk (a read too
+        when an earlier attempt recorded it). Raises :class:`DedupLayoutError`.
+        """
+        where = (ctx.txn_id, ctx.batch, ctx.partition)
+        recorded = self._layouts(target).chunk(*where, chunk, fingerprint, ctx.run)
+        try:
+            check_partition(*where, fingerprint, None, recorded, chunk=chunk)
+        except DedupLayoutError as exc:
+            exc.xid = xid
+            raise
+
     def _claim(self, records: LayoutRecords, ctx: WriteContext, first: str) -> None:
         """Claim this partition before its first insert (see :mod:`~clickhouse_tx.modes.dedup_layout`).
 
@@ -357,7 +373,9 @@ class DedupMode(ModeBase):
         done batch, a late zombie) inserts nothing. Before the first chunk, the layout
         check (:meth:`_check_layout`: a replay cut into other partitions is refused).
         Then per chunk: one registry read (the fence), one ``system.parts`` read (the
-        window), one INSERT. Memory: one chunk.
+        window), for every chunk after the first one layout record
+        (:meth:`_check_chunk`), one INSERT; one more record past the last chunk.
+        Memory: one chunk.
         """
         done = self._committed_by(target, ctx)
         if done is not None:
@@ -388,6 +406,7 @@ class DedupMode(ModeBase):
                     one = pa.concat_batches(list(cutter.chunk()))
                     digest = chunk_digest(one)
                     token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
+                    n = sum(seen.values())
                     seen[digest] += 1
                     if first_block is None:  # the layout check may wait: fence after it
                         first = f"{one.num_rows}:{digest}"
@@ -397,7 +416,10 @@ class DedupMode(ModeBase):
                         first_block = max_block_number(c, target)
                     else:
                         ensure_window(c, target, first_block, xid)
+                        self._check_chunk(target, ctx, n, f"{one.num_rows}:{digest}", xid)
                     self._insert(c, target, schema, one, token)
+            if first_block is not None:  # a replay longer or shorter than this partition differs here
+                self._check_chunk(target, ctx, sum(seen.values()), dedup_layout.END, xid)
         letters = self._dead_letters(target, ctx, xid, converted)
         return self.prepared_counted(
             target,

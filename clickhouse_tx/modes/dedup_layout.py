@@ -60,6 +60,9 @@ Claim = Mapping[str, object]
 #: How long a partition that an earlier run never started waits for the partitions that
 #: run did start to be re-checked by this run (then it refuses; Spark may retry the task).
 WAIT_S = 120.0
+#: The fingerprint recorded one past a partition's last chunk (a replay longer or
+#: shorter than the earlier run's partition differs there).
+END = "end"
 
 
 class DedupLayoutError(NotCommittedError):
@@ -92,15 +95,25 @@ def describe(layout: Mapping[int, Part]) -> str:
 
 
 def check_partition(
-    txn_id: str, batch: int, partition: int, first: str, sealed: Mapping[int, Part] | None, claimed: str | None
+    txn_id: str,
+    batch: int,
+    partition: int,
+    first: str,
+    sealed: Mapping[int, Part] | None,
+    claimed: str | None,
+    chunk: int = 0,
 ) -> None:
-    """Executor, before a partition's first chunk: raise if the batch was cut otherwise.
+    """Executor, before each chunk of a partition: raise if the batch was cut otherwise.
 
-    ``first`` is this attempt's first-chunk fingerprint, ``sealed`` the batch's seal
-    (None before its first commit), ``claimed`` the fingerprint an earlier attempt of
-    this partition claimed (None if none did).
+    ``first`` is this attempt's fingerprint of chunk ``chunk`` (:data:`END` past its
+    last chunk), ``sealed`` the batch's seal (None before its first commit; compared
+    for chunk 0 only), ``claimed`` the fingerprint an earlier attempt of this
+    partition recorded for that chunk (None if none did).
     """
     where = f"batch {batch} of {txn_id}, partition {partition}"
+    if chunk:
+        _check_chunk(txn_id, f"{where}, chunk {chunk}", chunk, first, claimed)
+        return
     if sealed is not None:
         before = sealed.get(partition)
         if before is None or before.get("first") != first:
@@ -122,6 +135,23 @@ def check_partition(
             "than the run whose rows are already in the table. Inserting this cut would duplicate "
             f"rows; nothing of this partition was inserted. {way_out(txn_id)}"
         )
+
+
+def _check_chunk(txn_id: str, where: str, chunk: int, mine: str, claimed: str | None) -> None:
+    """Chunk ``chunk`` > 0: this attempt's fingerprint must be the one recorded before it."""
+    if claimed is None or claimed == mine:
+        return
+    if claimed == END:
+        held = f"an earlier attempt of it inserted this partition whole and it ended after {chunk} chunks"
+    else:
+        held = f"an earlier attempt of it inserted chunk {chunk} as {claimed}"
+    this = f"ends after {chunk} chunks" if mine == END else f"holds {mine} as chunk {chunk}"
+    raise DedupLayoutError(
+        f"{where}: this run's partition has the same first chunks but {this}, while {held}: the "
+        "batch was cut into other partitions than the run whose rows are already in the table "
+        f"(mode dedup: visible at prepare). Inserting the rest would duplicate rows; chunk {chunk} "
+        f"and the later ones of this attempt were not inserted. {way_out(txn_id)}"
+    )
 
 
 def barrier(txn_id: str, batch: int, partition: int, run: str, claims: Mapping[int, Claim]) -> list[int]:
@@ -275,6 +305,24 @@ class LayoutRecords:
         )
         return body
 
+    def chunk(self, txn_id: str, batch: int, partition: int, chunk: int, fingerprint: str, run: str) -> str:
+        """Record chunk ``chunk`` (> 0) of ``partition`` unless recorded; the recorded fingerprint.
+
+        Key ``<txn>/<batch>/<partition>/<chunk>``, the chunk number in the entry's
+        ``attempt`` column: one create-if-absent (``INSERT``), plus one read when an
+        earlier attempt recorded it first.
+        """
+        body = self.registry.create_record(
+            f"{self.key(txn_id, batch, partition)}/{chunk}",
+            json.dumps({"chunk": fingerprint, "run": run}, sort_keys=True),
+            txn_id=txn_id,
+            batch=batch,
+            partition=partition,
+            attempt=chunk,
+            mode=Mode.DEDUP,
+        )
+        return str(_body(f"chunk {chunk}", body).get("chunk"))
+
     def update(self, txn_id: str, batch: int, partition: int, claim: Claim) -> None:
         """Overwrite a claim (confirmed or refused by a later run; the last writer wins)."""
         self.registry.transition(
@@ -289,7 +337,7 @@ class LayoutRecords:
         return {
             e.partition: _body(e.xid, str(e.payload["body"]))
             for e in self.registry.list_batch(txn_id, batch)
-            if e.partition != SEAL_PARTITION
+            if e.partition != SEAL_PARTITION and e.attempt == 0  # not a chunk record
         }
 
     def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:

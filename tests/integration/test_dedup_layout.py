@@ -150,3 +150,45 @@ def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_
     msgs = [co.prepare(WriteContext(TXN, 0, p, 0, run="r4"), batches(t, 100)) for p, t in enumerate(first)]
     co.commit_batch(0, msgs)
     assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
+
+
+def part(*ranges: tuple[int, int]) -> pa.Table:
+    """One partition's rows: ids from each (start, count) range, in order."""
+    return pa.concat_tables([rows(n, start=s) for s, n in ranges])
+
+
+def test_a_replay_whose_partition_has_the_same_first_chunk_but_another_later_chunk_is_refused_before_it(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    # Chunks of 300 rows. Run r1 inserted partition 0 as chunks c0 (ids 0..299) and c1
+    # (300..599) and died before its commit; run r2's partition 0 holds the same c0 and
+    # another c1 (600..899): the rows of c0 are deduplicated, c1' must not go in.
+    target = make_table(admin, database)
+    dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r1"), batches(part((0, 600)), 100))
+    assert committed_count(admin, target) == 600
+    replay = part((0, 300), (600, 300))
+    with pytest.raises(DedupLayoutError) as info:
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r2"), batches(replay, 100))
+    text = str(info.value)
+    assert "batch 0 of dq, partition 0, chunk 1" in text and "original partitioning" in text
+    assert "300:" in text  # both fingerprints: rows and digest
+    assert committed_count(admin, target) == 600  # nothing of c1' went in
+    co = dedup_coordinator(target, tmp_path)  # run r3, the original rows: deduplicated, committed
+    co.commit_batch(0, [co.prepare(WriteContext(TXN, 0, 0, 1, run="r3"), batches(part((0, 600))))])
+    assert committed_count(admin, target) == 600 and distinct_ids(admin, target) == 600
+
+
+def test_a_replay_whose_partition_runs_past_the_end_of_the_earlier_runs_partition_is_refused_before_it_inserts(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    # Run r1 inserted all of partition 0 (2 chunks) and the driver sealed the batch, then
+    # died; run r2's partition 0 holds the same 2 chunks and a third one.
+    target = make_table(admin, database)
+    co = dedup_coordinator(target, tmp_path)
+    msgs = [co.prepare(WriteContext(TXN, 0, 0, 0, run="r1"), batches(part((0, 600))))]
+    co.mode_io.check_layout(target, 0, msgs)
+    with pytest.raises(DedupLayoutError, match=r"partition 0, chunk 2: .*ended after 2 chunks"):
+        dedup_coordinator(target, tmp_path).prepare(
+            WriteContext(TXN, 0, 0, 1, run="r2"), batches(part((0, 600), (600, 100)))
+        )
+    assert committed_count(admin, target) == 600

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clickhouse_tx.interfaces import Mode, Prepared
-from clickhouse_tx.modes.dedup_layout import DedupLayoutError, barrier, check_messages, check_partition, layout_of
+from clickhouse_tx.modes.dedup_layout import END, DedupLayoutError, barrier, check_messages, check_partition, layout_of
 
 SEALED = {
     0: {"first": "10:a", "rows": 10, "checksum": 1},
@@ -53,6 +53,34 @@ def test_a_partition_the_seal_does_not_hold_is_refused_naming_both_layouts(
 def test_a_claim_with_another_first_chunk_is_refused() -> None:
     with pytest.raises(DedupLayoutError, match="earlier attempt of it inserted rows beginning with 10:a"):
         check_partition("t", 4, 0, "10:b", None, "10:a")
+
+
+def test_a_later_chunk_passes_when_unrecorded_or_equal_to_the_recorded_one_whatever_the_seal() -> None:
+    check_partition("t", 4, 0, "10:q", SEALED, None, chunk=1)  # the seal holds first chunks only
+    check_partition("t", 4, 0, "10:q", None, "10:q", chunk=3)
+    check_partition("t", 4, 0, END, None, END, chunk=2)
+
+
+@pytest.mark.parametrize(
+    "mine, recorded, says",
+    [
+        ("10:x", "10:y", "holds 10:x as chunk 2, while an earlier attempt of it inserted chunk 2 as 10:y"),
+        (
+            "10:x",
+            END,
+            "holds 10:x as chunk 2, while an earlier attempt of it inserted this partition whole and it "
+            "ended after 2 chunks",
+        ),
+        (END, "10:y", "ends after 2 chunks, while an earlier attempt of it inserted chunk 2 as 10:y"),
+    ],
+)
+def test_a_later_chunk_other_than_the_recorded_one_is_refused_naming_the_chunk_and_both_fingerprints(
+    mine: str, recorded: str, says: str
+) -> None:
+    with pytest.raises(DedupLayoutError) as info:
+        check_partition("t", 4, 0, mine, None, recorded, chunk=2)
+    text = str(info.value)
+    assert "batch 4 of t, partition 0, chunk 2: " in text and says in text and "original partitioning" in text
 
 
 def test_the_layout_of_messages_takes_the_lowest_attempt_and_marks_committed_partitions() -> None:
