@@ -15,6 +15,11 @@ claim (executor, once per partition attempt, before its first chunk)
     inserted claim inserts only once every inserted claim of the batch is this run's
     (:func:`barrier`): the partitions an earlier run inserted must first be re-checked,
     with the same rows, by this run's attempts of them.
+chunk record (executor, before each chunk k > 0 and once past the last chunk)
+    ``<txn>/<batch>/<partition>/<k>`` -> ``{"chunk", "run"}``: chunk k's fingerprint,
+    or :data:`END` one past the partition's last chunk, created if absent just before
+    the chunk's insert (the chunk number in the entry's ``attempt`` column). A later
+    attempt whose chunk k differs from the recorded one is refused before inserting it.
 seal (driver, at the start of every commit of the batch, before its decision)
     ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows and
     checksum, from the commit messages, created if absent. Before sealing, every
@@ -29,10 +34,11 @@ finished registry entries, the way the decision log's arbiter claims versions: a
 writer wins and every later one compares. The checks themselves are pure functions
 (:func:`check_partition`, :func:`barrier`, :func:`check_messages`).
 
-What is not refused before inserting: a partition whose first 250 000 rows are the
-same as before but whose later rows differ (only its first chunk is compared at
-prepare); the driver's check of rows and checksums refuses its commit, but its later
-chunks are in the table. A writer without a run id (``WriteContext.run == ""``, not the
+What is not refused before inserting: a chunk past the point where an earlier run
+stopped inside a partition (no record binds it, and it does not wait like a partition
+the earlier run never started); if its rows are among those the earlier run inserted
+in another partition, that partition is refused and the batch never commits, but they
+are in the table twice. A writer without a run id (``WriteContext.run == ""``, not the
 Spark writer) does not wait for an earlier run's claims.
 """
 
