@@ -9,13 +9,16 @@
    Streaming throughput is rows / Σ ``triggerExecution`` of the batches after the
    first (the first one pays the Python workers' start); the per-batch split is the
    mean of each ``StreamingQueryProgress.durationMs`` entry over those batches.
-2. **Fixed cost**: a streaming ``noop`` query over batches of a few records per
-   partition (8 partitions): its median ``triggerExecution`` is what a micro-batch
-   costs whatever its size.
+2. **Fixed cost**: a streaming query over batches of a few records per partition
+   (8 partitions), into ``noop`` and into ``clickhouse_tx`` in each mode: its mean
+   ``triggerExecution`` (after the first batch) is what a micro-batch costs whatever
+   its size.
 3. **Triggers and latency**: :func:`benchmarks.pipeline_run.run_pipeline` (the streaming job
    in its own process, a producer offering a steady ``--rate``) per mode and trigger
    interval: processing rate and end-to-end latency p50/p99, Kafka timestamp → visible
-   to a read-committed reader (the pipeline's :class:`~benchmarks.pipeline_run.VisibilityPoller`).
+   to a read-committed reader (the pipeline's :class:`~benchmarks.pipeline_run.VisibilityPoller`),
+   over what is produced after a warm-up of :data:`WARMUP_S` (the first batches with
+   data start the Python workers; the whole run's figures are kept beside).
 4. **Ramp**: per mode at a 1 s trigger, offered rates doubling from ``--ramp-start``
    until a batch takes longer than the trigger (the lag then grows without bound);
    the last rate that kept up is the mode's sustained maximum. Then ``transaction`` at
@@ -293,11 +296,16 @@ def in_process(
                 f"availableNow {sink}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
                 f"{r.get('batches')} batches, mean ms {r.get('mean_ms')} {r.get('error', '')}"
             )
-        fixed = _attempt(lambda: _run_stream(spark, bootstrap, small, per_batch, "noop", None, work), {"sink": "noop"})
-        say(
-            f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions: "
-            f"{(fixed.get('mean_ms') or {}).get('triggerExecution')} ms (mean)"
-        )
+        fixed_by_sink = {}
+        for sink in ["noop", *a.modes]:
+            fixed_by_sink[sink] = _attempt(
+                functools.partial(_run_stream, spark, bootstrap, small, per_batch, sink, url, work), {"sink": sink}
+            )
+            say(
+                f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions, {sink}: "
+                f"{(fixed_by_sink[sink].get('mean_ms') or {}).get('triggerExecution')} ms (mean)"
+            )
+        fixed = fixed_by_sink["noop"]
     finally:
         spark.stop()
     return {
@@ -305,6 +313,7 @@ def in_process(
         "batch_noop": batch,
         "available_now": avail,
         "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, **fixed},
+        "fixed_cost_by_sink": fixed_by_sink,
     }
 
 
