@@ -438,6 +438,9 @@ class PipelineConfig:
     keep: bool = False
     measure_latency: bool = False
     latency_poll_s: float = 0.1
+    #: Seconds after the producer starts that latency and the steady batch figures leave
+    #: out: the first micro-batches with data start the Python workers and their clients.
+    warmup_s: float = 0.0
     job_timeout_s: float = 900.0
     quiet: bool = False
     writer_options: tuple[str, ...] = ()
@@ -681,7 +684,7 @@ def _start_job(r: _Run, launcher: JobLauncher, point: str | None) -> tuple[JobRu
         # start the steady stream once the first job is up, so start-up time does not
         # count as latency
         _wait_first_progress(run, 180)
-        r.latency_since = time.time() + max(r.cfg.trigger, 1.0)
+        r.latency_since = time.time() + max(r.cfg.trigger, 1.0, r.cfg.warmup_s)
         r.producer = threading.Thread(target=_produce_at_rate, args=(r,), daemon=True)
         r.producer.start()
     kill_at = None
@@ -756,6 +759,10 @@ def _figures(r: _Run, launcher: JobLauncher, poller: VisibilityPoller | None) ->
         "restarts": len(launcher.runs) - 1,
         "job_runs": len(launcher.runs),
         **_batch_figures(batches, cfg.events, job_wall),
+        "steady": _batch_figures([p for p in batches if (p.get("wall") or 0) >= (r.latency_since or 0)], 0, 0)
+        if cfg.warmup_s
+        else None,
+        "warmup_s": cfg.warmup_s,
         "wall_s": round(wall, 2),
         "rate": cfg.rate,
         "latency_ms": {

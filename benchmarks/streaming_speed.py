@@ -9,13 +9,16 @@
    Streaming throughput is rows / Σ ``triggerExecution`` of the batches after the
    first (the first one pays the Python workers' start); the per-batch split is the
    mean of each ``StreamingQueryProgress.durationMs`` entry over those batches.
-2. **Fixed cost**: a streaming ``noop`` query over batches of a few records per
-   partition (8 partitions): its median ``triggerExecution`` is what a micro-batch
-   costs whatever its size.
+2. **Fixed cost**: a streaming query over batches of a few records per partition
+   (8 partitions), into ``noop`` and into ``clickhouse_tx`` in each mode: its mean
+   ``triggerExecution`` (after the first batch) is what a micro-batch costs whatever
+   its size.
 3. **Triggers and latency**: :func:`benchmarks.pipeline_run.run_pipeline` (the streaming job
    in its own process, a producer offering a steady ``--rate``) per mode and trigger
    interval: processing rate and end-to-end latency p50/p99, Kafka timestamp → visible
-   to a read-committed reader (the pipeline's :class:`~benchmarks.pipeline_run.VisibilityPoller`).
+   to a read-committed reader (the pipeline's :class:`~benchmarks.pipeline_run.VisibilityPoller`),
+   over what is produced after a warm-up of :data:`WARMUP_S` (the first batches with
+   data start the Python workers; the whole run's figures are kept beside).
 4. **Ramp**: per mode at a 1 s trigger, offered rates doubling from ``--ramp-start``
    until a batch takes longer than the trigger (the lag then grows without bound);
    the last rate that kept up is the mode's sustained maximum. Then ``transaction`` at
@@ -45,6 +48,10 @@ from benchmarks.results_file import write_result
 MODES = ("none", "transaction", "staging", "dedup")
 TRIGGERS = (0.5, 1.0, 5.0, 10.0)
 RESULTS = Path(__file__).resolve().parent / "results"
+#: Seconds of each pipeline run before what it measures: the first micro-batches with
+#: data start Python workers (imports, Kafka consumers, ClickHouse connections).
+WARMUP_S = 10.0
+
 #: durationMs entries Spark reports for a micro-batch, in the order they happen.
 SPLIT_KEYS = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
@@ -91,15 +98,20 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
     }
     for mode in ("staging", "dedup"):
         out[f"available_now {mode}/none"] = div(avail.get(mode), avail.get("none"))
-    by = {(r["mode"], r["trigger_s"]): r.get("processing_rps") for r in doc.get("triggers", [])}
+    by = {(r["mode"], r["trigger_s"]): steady(r).get("processing_rps") for r in doc.get("triggers", [])}
     for trig in sorted({t for _, t in by}):
         out[f"trigger {trig:g}s transaction/none"] = div(by.get(("transaction", trig)), by.get(("none", trig)))
     return out
 
 
+def steady(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A pipeline run's batch figures after its warm-up (the whole run's when it had none)."""
+    return run.get("steady") or run
+
+
 def kept_up(run: Mapping[str, Any], trigger_s: float) -> bool:
-    """A run at an offered rate kept up: every record arrived, batches fit in the trigger."""
-    mean = run.get("mean_batch_ms")
+    """A run at an offered rate kept up: every record arrived, batches after the warm-up fit in the trigger."""
+    mean = steady(run).get("mean_batch_ms")
     return bool(run.get("ok")) and mean is not None and mean <= 1000 * trigger_s
 
 
@@ -284,11 +296,16 @@ def in_process(
                 f"availableNow {sink}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
                 f"{r.get('batches')} batches, mean ms {r.get('mean_ms')} {r.get('error', '')}"
             )
-        fixed = _attempt(lambda: _run_stream(spark, bootstrap, small, per_batch, "noop", None, work), {"sink": "noop"})
-        say(
-            f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions: "
-            f"{(fixed.get('mean_ms') or {}).get('triggerExecution')} ms (mean)"
-        )
+        fixed_by_sink = {}
+        for sink in ["noop", *a.modes]:
+            fixed_by_sink[sink] = _attempt(
+                functools.partial(_run_stream, spark, bootstrap, small, per_batch, sink, url, work), {"sink": sink}
+            )
+            say(
+                f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions, {sink}: "
+                f"{(fixed_by_sink[sink].get('mean_ms') or {}).get('triggerExecution')} ms (mean)"
+            )
+        fixed = fixed_by_sink["noop"]
     finally:
         spark.stop()
     return {
@@ -296,6 +313,7 @@ def in_process(
         "batch_noop": batch,
         "available_now": avail,
         "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, **fixed},
+        "fixed_cost_by_sink": fixed_by_sink,
     }
 
 
@@ -308,9 +326,10 @@ def _pipeline_run(
     from benchmarks.checkpoint_sweep import run_duration
     from benchmarks.pipeline_run import PipelineConfig, run_pipeline
 
-    dur = run_duration(trigger, duration)
+    dur = run_duration(trigger, duration) + WARMUP_S
     cfg = PipelineConfig(
         events=int(rate * dur),
+        warmup_s=WARMUP_S,
         partitions=8,
         mode=mode,
         trigger=trigger,
@@ -344,7 +363,7 @@ def _fmt_run(r: Mapping[str, Any]) -> str:
         return f"FAILED {r['error'][:200]}"
     lat = r.get("latency_ms") or {}
     return (
-        f"{r.get('processing_rps') or 0:,.0f} rows/s, mean batch {r.get('mean_batch_ms')} ms, "
+        f"{steady(r).get('processing_rps') or 0:,.0f} rows/s, mean batch {steady(r).get('mean_batch_ms')} ms, "
         f"p50 {lat.get('p50') or 0:,.0f} ms, p99 {lat.get('p99') or 0:,.0f} ms, "
         f"dup {r.get('duplicates')} lost {r.get('lost')}"
     )
@@ -415,7 +434,7 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     ax[1].set_title(f"end-to-end latency at {doc['config']['rate']:g} events/s offered")
     for m, rp in (doc.get("ramp") or {}).items():
         rs = [r for r in rp["runs"] if "error" not in r]
-        ax[2].plot([r["rate"] for r in rs], [r.get("mean_batch_ms") for r in rs], marker="o", label=m)
+        ax[2].plot([r["rate"] for r in rs], [steady(r).get("mean_batch_ms") for r in rs], marker="o", label=m)
     ax[2].axhline(1000, color="grey", ls=":", lw=1, label="1 s trigger")
     ax[2].set_xscale("log")
     ax[2].set_xlabel("offered events/s")
@@ -423,8 +442,9 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     ax[2].set_title("ramp: keeps up while a batch fits the trigger")
     for x in ax:
         x.grid(alpha=0.3)
-    ax[1].legend(fontsize=7)
-    ax[2].legend(fontsize=7)
+    for x in ax[1:]:
+        if x.get_legend_handles_labels()[0]:  # no lines when the pipeline runs were skipped
+            x.legend(fontsize=7)
     fig.suptitle(f"streaming_speed: local[2], 2 shared cores, {doc['config']['partitions']} partitions", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

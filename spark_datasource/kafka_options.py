@@ -45,6 +45,11 @@ _FORBIDDEN_KAFKA = {
 
 _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 
+#: ``minRecordsPerPartition``: a batch smaller than this many records per offset range
+#: is packed into fewer Spark partitions. Each task costs tens of ms whatever it reads
+#: (docs/performance.md), about what reading 2,000 records costs.
+DEFAULT_MIN_RECORDS_PER_PARTITION = 2_000
+
 _KNOWN = {
     "bootstrap.servers",
     "kafka.bootstrap.servers",
@@ -56,6 +61,7 @@ _KNOWN = {
     "maxoffsetspertrigger",
     "minpartitions",
     "maxpartitions",
+    "minrecordsperpartition",
     "failondataloss",
     "kafkaconsumer.polltimeoutms",
     "fetchoffset.numretries",
@@ -99,6 +105,10 @@ class KafkaOptions:
     max_partitions
         Pack whole offset ranges into at most this many Spark partitions per batch
         (fewer tasks: each task has a fixed cost), or None for one per range.
+    min_records_per_partition
+        Pack whole offset ranges of a small batch so each Spark partition holds at
+        least about this many records (1: one partition per range); not applied
+        when ``min_partitions`` is given.
     fail_on_data_loss
         Raise when records in a planned range are gone (retention, deleted topic);
         when False, skip what is gone and read what is left.
@@ -121,6 +131,7 @@ class KafkaOptions:
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
     max_partitions: int | None = None
+    min_records_per_partition: int = DEFAULT_MIN_RECORDS_PER_PARTITION
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 120_000
     fetch_offset_num_retries: int = 3
@@ -286,7 +297,7 @@ def _kafka_params(opts: Mapping[str, str]) -> list[tuple[str, object]]:
                 key,
                 "unknown option; known: bootstrap.servers, subscribe, "
                 "subscribePattern, assign, startingOffsets, endingOffsets, "
-                "maxOffsetsPerTrigger, minPartitions, maxPartitions, failOnDataLoss, "
+                "maxOffsetsPerTrigger, minPartitions, maxPartitions, minRecordsPerPartition, failOnDataLoss, "
                 "kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
                 "fetchOffset.retryIntervalMs, maxRecordsPerBatch, kafka.*",
             )
@@ -400,6 +411,13 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         ),
         min_partitions=min_parts,
         max_partitions=max_parts,
+        min_records_per_partition=_int_option(
+            opts,
+            "minrecordsperpartition",
+            "minRecordsPerPartition",
+            minimum=1,
+            default=DEFAULT_MIN_RECORDS_PER_PARTITION,
+        ),
         fail_on_data_loss=_bool_option(opts, "failondataloss", "failOnDataLoss", True),
         poll_timeout_ms=_int_option(
             opts, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs", minimum=1, default=120_000

@@ -63,6 +63,7 @@ from pyspark.sql.types import (
 )
 
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError
+from spark_datasource import worker_gc
 from spark_datasource.kafka_options import (
     EARLIEST,
     LATEST,
@@ -302,6 +303,32 @@ def group_ranges(ranges: Sequence[KafkaOffsetRange], max_partitions: int | None)
         groups[i].append(r)
         loads[i] += r.size
     return [KafkaRangeGroup(tuple(sorted(g, key=lambda r: (r.topic, r.partition, r.start)))) for g in groups if g]
+
+
+def partition_count(ranges: Sequence[KafkaOffsetRange], opts: KafkaOptions) -> int:
+    """How many Spark partitions a batch of ``ranges`` gets (driver; pure).
+
+    One per range, at most ``maxPartitions``; without ``minPartitions``, a small batch
+    gets fewer, so each holds about ``minRecordsPerPartition`` records or more: a
+    micro-batch of a few records runs one task instead of one per topic-partition.
+    """
+    count = len(ranges)
+    if opts.max_partitions:
+        count = min(count, opts.max_partitions)
+    if not opts.min_partitions:
+        total = sum(r.size for r in ranges)
+        count = min(count, max(1, -(-total // opts.min_records_per_partition)))
+    return count
+
+
+def plan_partitions(start: Mapping[TP, int], end: Mapping[TP, int], opts: KafkaOptions) -> list[InputPartition]:
+    """The Spark partitions of records ``[start, end)`` (driver; pure, so a replay plans the same).
+
+    A function of the offsets and the options only: the same batch replayed after a
+    restart with the same options is cut the same way.
+    """
+    ranges = plan_ranges(start, end, opts.min_partitions, opts.fail_on_data_loss)
+    return group_ranges(ranges, partition_count(ranges, opts))
 
 
 def resolve_offsets(
@@ -816,11 +843,11 @@ class KafkaBatchReader(DataSourceReader):
             end = resolve_offsets(self.opts.ending_offsets, tps, earliest, latest, "endingOffsets")
         finally:
             meta.close()
-        return group_ranges(
-            plan_ranges(start, end, self.opts.min_partitions, self.opts.fail_on_data_loss), self.opts.max_partitions
-        )
+        return plan_partitions(start, end, self.opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Executor, once per Spark partition and task attempt, in a reused Python worker."""
+        worker_gc.before_task()
         return read_partition(self.opts, partition)
 
 
@@ -886,14 +913,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Offset ranges of one micro-batch (driver; pure, so a replay plans the same)."""
-        return group_ranges(
-            plan_ranges(
-                from_json_offsets(start), from_json_offsets(end), self.opts.min_partitions, self.opts.fail_on_data_loss
-            ),
-            self.opts.max_partitions,
-        )
+        return plan_partitions(from_json_offsets(start), from_json_offsets(end), self.opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Executor, once per Spark partition and task attempt, in a reused Python worker."""
+        worker_gc.before_task()
         return read_partition(self.opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.faults import FaultPlan, with_faults
 from clickhouse_tx.interfaces import Prepared, WriteContext
 
+from . import worker_gc
 from .metrics import append_metrics, batch_metrics
 from .overwrite import OverwriteStage, create_stage, drop_stage, swap_in
 from .writer_options import WriterOptions
@@ -187,6 +188,7 @@ class _WriterBase:
         """Executor, once per partition attempt: prepare one transaction, do not commit."""
         started = time.monotonic()
         batch, partition, attempt = _task_context(self.streaming)
+        worker_gc.before_task()
         ctx = WriteContext(txn_id=self.txn_id, batch=batch, partition=partition, attempt=attempt, run=self.run)
         counted = _ByteCounter(iterator)
         if self.opts.shards:

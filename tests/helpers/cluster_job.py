@@ -47,6 +47,9 @@ def start_stream(spark: Any, args: dict[str, Any]) -> Any:
         .option("subscribe", args["topic"])
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(args.get("max_offsets", 1500)))
+        # One Spark partition per Kafka partition even in small batches, so every
+        # protocol step between two partitions' commits is reached.
+        .option("minRecordsPerPartition", "1")
         .load()
     )
     if args.get("delay_s"):

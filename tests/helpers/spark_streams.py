@@ -52,6 +52,9 @@ def start_query(
         .option("bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
+        # One Spark partition per Kafka partition even in small batches, so every
+        # protocol step between two partitions' commits is reached.
+        .option("minRecordsPerPartition", "1")
     )
     if max_offsets:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))

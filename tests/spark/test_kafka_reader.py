@@ -22,7 +22,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import create_topic, delete_records
-from spark_datasource.kafka_options import parse_kafka_options
+from spark_datasource.kafka_options import KafkaOptions, parse_kafka_options
 from spark_datasource.kafka_reader import (
     KafkaBatchReader,
     KafkaDataLossError,
@@ -503,7 +503,10 @@ def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None
         create_topic(control, f"{prefix}_{suffix}", parts)
     produce(bootstrap, f"{prefix}_x", {0: 3, 1: 4})
     produce(bootstrap, f"{prefix}_y", {0: 5})
-    opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribePattern": f"{prefix}_.*"}, streaming=False)
+    opts = parse_kafka_options(
+        {"bootstrap.servers": bootstrap, "subscribePattern": f"{prefix}_.*", "minRecordsPerPartition": "1"},
+        streaming=False,
+    )
     assert KafkaBatchReader(opts).partitions() == [
         KafkaOffsetRange(f"{prefix}_x", 0, 0, 3),
         KafkaOffsetRange(f"{prefix}_x", 1, 0, 4),
@@ -545,6 +548,7 @@ def test_a_read_with_max_partitions_returns_every_record_once_in_fewer_spark_par
         .option("bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("maxPartitions", "2")
+        .option("minRecordsPerPartition", "1")
         .load()
     )
     assert df.rdd.getNumPartitions() == 2
@@ -552,3 +556,83 @@ def test_a_read_with_max_partitions_returns_every_record_once_in_fewer_spark_par
     assert sorted((r.partition, bytes(r.value)) for r in rows) == sorted(sent)
     for part, n in ((0, 30), (1, 7), (2, 19), (4, 11)):
         assert [r.offset for r in rows if r.partition == part] == list(range(n))  # in order
+
+
+# ------------------------------------------------------------------ minRecordsPerPartition
+
+
+def _opts(**options: str) -> KafkaOptions:
+    return parse_kafka_options({**BASE, **options})
+
+
+def test_a_small_batch_is_packed_into_fewer_spark_partitions_of_about_min_records_each() -> None:
+    from spark_datasource.kafka_reader import partition_count, plan_partitions
+
+    start = {("t", p): 0 for p in range(8)}
+    small = {("t", p): 4 for p in range(8)}  # 32 records
+    assert partition_count(plan_ranges(start, small, None, True), _opts()) == 1
+    assert len(plan_partitions(start, small, _opts())) == 1
+    medium = {("t", p): 700 for p in range(8)}  # 5,600 records: 3 partitions of 2,000 or more
+    assert len(plan_partitions(start, medium, _opts())) == 3
+    large = {("t", p): 6_250 for p in range(8)}  # one partition per range
+    assert plan_partitions(start, large, _opts()) == plan_ranges(start, large, None, True)
+
+
+def test_packing_is_a_function_of_the_offsets_and_options_so_a_replay_is_cut_the_same_way() -> None:
+    from spark_datasource.kafka_reader import KafkaRangeGroup, plan_partitions
+
+    start = {("t", p): 10 * p for p in range(5)}
+    end = {("t", p): 10 * p + 3 + p for p in range(5)}
+    opts = _opts(minRecordsPerPartition="8")
+    first = plan_partitions(start, end, opts)
+    assert first == plan_partitions(dict(reversed(start.items())), dict(reversed(end.items())), opts)
+    assert len(first) == 4 and all(isinstance(g, KafkaRangeGroup) for g in first)  # 25 records, 8 or more each
+    # every range once, whole, in one group
+    ranges = sorted((r.partition, r.start, r.end) for g in first for r in g.ranges)  # type: ignore[attr-defined]
+    assert ranges == [(p, 10 * p, 10 * p + 3 + p) for p in range(5)]
+
+
+def test_min_records_per_partition_of_one_or_min_partitions_keeps_one_spark_partition_per_range_or_more() -> None:
+    from spark_datasource.kafka_reader import plan_partitions
+
+    start = {("t", p): 0 for p in range(4)}
+    end = {("t", p): 5 for p in range(4)}
+    assert plan_partitions(start, end, _opts(minRecordsPerPartition="1")) == plan_ranges(start, end, None, True)
+    assert len(plan_partitions(start, end, _opts(minPartitions="8"))) == 8
+    assert len(plan_partitions(start, end, _opts(maxPartitions="2", minRecordsPerPartition="1"))) == 2
+
+
+def test_min_records_per_partition_below_one_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="minRecordsPerPartition"):
+        parse_kafka_options({**BASE, "minRecordsPerPartition": "0"})
+
+
+def test_a_stream_of_small_batches_over_several_kafka_partitions_runs_one_task_per_batch_and_reads_every_record_once(
+    kspark, broker, tmp_path
+) -> None:
+    bootstrap, control = broker
+    topic = new_topic(control, 4)
+    sent = produce(bootstrap, topic, {0: 5, 1: 3, 2: 6, 3: 2})
+    got: list[tuple[int, int]] = []
+    parts: list[int] = []
+
+    def each(df, _batch_id) -> None:  # type: ignore[no-untyped-def]
+        parts.append(df.rdd.getNumPartitions())
+        got.extend((r.partition, r.offset) for r in df.select("partition", "offset").collect())
+
+    q = (
+        kspark.readStream.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.foreachBatch(each)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(300)
+    assert q.exception() is None
+    assert parts and set(parts) == {1}
+    assert sorted(got) == sorted((p, o) for p, n in ((0, 5), (1, 3), (2, 6), (3, 2)) for o in range(n))
+    assert len(got) == len(sent)

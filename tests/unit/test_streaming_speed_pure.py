@@ -57,3 +57,9 @@ def test_a_run_that_lost_records_never_counts_as_keeping_up() -> None:
     assert kept_up({"ok": True, "mean_batch_ms": 900}, 1.0)
     assert not kept_up({"ok": False, "mean_batch_ms": 100}, 1.0)
     assert not kept_up({"ok": True, "mean_batch_ms": None}, 1.0)
+
+
+def test_a_run_keeps_up_when_its_batches_after_the_warm_up_fit_in_the_trigger_even_if_the_first_did_not() -> None:
+    run = {"ok": True, "mean_batch_ms": 4000, "steady": {"mean_batch_ms": 700}}
+    assert kept_up(run, 1.0)
+    assert not kept_up({**run, "steady": {"mean_batch_ms": 1200}}, 1.0)
