@@ -50,6 +50,7 @@ from clickhouse_tx.modes.dedup_layout import (
     DedupLayoutError,
     LayoutRecords,
     barrier,
+    check_chunk,
     check_messages,
     check_partition,
     layout_of,
@@ -284,7 +285,7 @@ class DedupMode(ModeBase):
         where = (ctx.txn_id, ctx.batch, ctx.partition)
         recorded = self._layouts(target).chunk(*where, chunk, fingerprint, ctx.run)
         try:
-            check_partition(*where, fingerprint, None, recorded, chunk=chunk)
+            check_chunk(*where, chunk, fingerprint, recorded)
         except DedupLayoutError as exc:
             exc.xid = xid
             raise
@@ -396,6 +397,7 @@ class DedupMode(ModeBase):
         seen: collections.Counter[Any] = collections.Counter()
         first_block: int | None = None
         first = ""
+        chunks = 0  # inserted so far: the number of the next chunk
         if schema is not None:
             cutter = Rechunker(counted, self.chunk_rows)
             with self.client(target) as c:
@@ -405,21 +407,22 @@ class DedupMode(ModeBase):
                     # on how the rows arrived.
                     one = pa.concat_batches(list(cutter.chunk()))
                     digest = chunk_digest(one)
+                    fingerprint = f"{one.num_rows}:{digest}"
                     token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
-                    n = sum(seen.values())
-                    seen[digest] += 1
                     if first_block is None:  # the layout check may wait: fence after it
-                        first = f"{one.num_rows}:{digest}"
+                        first = fingerprint
                         self._check_layout(target, ctx, first, xid)
                     self._fence(target, xid)
                     if first_block is None:
                         first_block = max_block_number(c, target)
                     else:
                         ensure_window(c, target, first_block, xid)
-                        self._check_chunk(target, ctx, n, f"{one.num_rows}:{digest}", xid)
+                        self._check_chunk(target, ctx, chunks, fingerprint, xid)
                     self._insert(c, target, schema, one, token)
-            if first_block is not None:  # a replay longer or shorter than this partition differs here
-                self._check_chunk(target, ctx, sum(seen.values()), dedup_layout.END, xid)
+                    seen[digest] += 1
+                    chunks += 1
+            if chunks:  # a replay longer or shorter than this partition differs here
+                self._check_chunk(target, ctx, chunks, dedup_layout.END, xid)
         letters = self._dead_letters(target, ctx, xid, converted)
         return self.prepared_counted(
             target,
@@ -427,7 +430,7 @@ class DedupMode(ModeBase):
             xid,
             counted,
             {
-                "chunks": sum(seen.values()),
+                "chunks": chunks,
                 "chunk_rows": self.chunk_rows,
                 "first_block": first_block,
                 "first_chunk": first,

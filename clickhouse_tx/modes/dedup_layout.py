@@ -32,7 +32,7 @@ Both are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry) written
 finished registry entries, the way the decision log's arbiter claims versions: an
 ``INSERT`` under ``keeper_map_strict_mode`` fails on an existing key, so the first
 writer wins and every later one compares. The checks themselves are pure functions
-(:func:`check_partition`, :func:`barrier`, :func:`check_messages`).
+(:func:`check_partition`, :func:`check_chunk`, :func:`barrier`, :func:`check_messages`).
 
 What is not refused before inserting: a chunk past the point where an earlier run
 stopped inside a partition (no record binds it, and it does not wait like a partition
@@ -107,19 +107,14 @@ def check_partition(
     first: str,
     sealed: Mapping[int, Part] | None,
     claimed: str | None,
-    chunk: int = 0,
 ) -> None:
-    """Executor, before each chunk of a partition: raise if the batch was cut otherwise.
+    """Executor, before a partition's first chunk: raise if the batch was cut otherwise.
 
-    ``first`` is this attempt's fingerprint of chunk ``chunk`` (:data:`END` past its
-    last chunk), ``sealed`` the batch's seal (None before its first commit; compared
-    for chunk 0 only), ``claimed`` the fingerprint an earlier attempt of this
-    partition recorded for that chunk (None if none did).
+    ``first`` is this attempt's first-chunk fingerprint, ``sealed`` the batch's seal
+    (None before its first commit), ``claimed`` the fingerprint an earlier attempt of
+    this partition claimed (None if none did). Later chunks: :func:`check_chunk`.
     """
     where = f"batch {batch} of {txn_id}, partition {partition}"
-    if chunk:
-        _check_chunk(txn_id, f"{where}, chunk {chunk}", chunk, first, claimed)
-        return
     if sealed is not None:
         before = sealed.get(partition)
         if before is None or before.get("first") != first:
@@ -143,10 +138,16 @@ def check_partition(
         )
 
 
-def _check_chunk(txn_id: str, where: str, chunk: int, mine: str, claimed: str | None) -> None:
-    """Chunk ``chunk`` > 0: this attempt's fingerprint must be the one recorded before it."""
+def check_chunk(txn_id: str, batch: int, partition: int, chunk: int, mine: str, claimed: str | None) -> None:
+    """Executor, before chunk ``chunk`` > 0 of a partition: raise if it differs from the recorded one.
+
+    ``mine`` is this attempt's fingerprint of the chunk (:data:`END` one past its last
+    chunk), ``claimed`` the one an earlier attempt recorded there (None if none did).
+    The seal holds first chunks only, so it plays no part here.
+    """
     if claimed is None or claimed == mine:
         return
+    where = f"batch {batch} of {txn_id}, partition {partition}, chunk {chunk}"
     if claimed == END:
         held = f"an earlier attempt of it inserted this partition whole and it ended after {chunk} chunks"
     else:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from clickhouse_tx.interfaces import Mode, Prepared
-from clickhouse_tx.modes.dedup_layout import END, DedupLayoutError, barrier, check_messages, check_partition, layout_of
+from clickhouse_tx.modes.dedup_layout import (
+    END,
+    DedupLayoutError,
+    barrier,
+    check_chunk,
+    check_messages,
+    check_partition,
+    layout_of,
+)
 
 SEALED = {
     0: {"first": "10:a", "rows": 10, "checksum": 1},
@@ -56,9 +64,9 @@ def test_a_claim_with_another_first_chunk_is_refused() -> None:
 
 
 def test_a_later_chunk_passes_when_unrecorded_or_equal_to_the_recorded_one_whatever_the_seal() -> None:
-    check_partition("t", 4, 0, "10:q", SEALED, None, chunk=1)  # the seal holds first chunks only
-    check_partition("t", 4, 0, "10:q", None, "10:q", chunk=3)
-    check_partition("t", 4, 0, END, None, END, chunk=2)
+    check_chunk("t", 4, 0, 1, "10:q", None)  # the seal holds first chunks only: not an input
+    check_chunk("t", 4, 0, 3, "10:q", "10:q")
+    check_chunk("t", 4, 0, 2, END, END)
 
 
 @pytest.mark.parametrize(
@@ -78,7 +86,7 @@ def test_a_later_chunk_other_than_the_recorded_one_is_refused_naming_the_chunk_a
     mine: str, recorded: str, says: str
 ) -> None:
     with pytest.raises(DedupLayoutError) as info:
-        check_partition("t", 4, 0, mine, None, recorded, chunk=2)
+        check_chunk("t", 4, 0, 2, mine, recorded)
     text = str(info.value)
     assert "batch 4 of t, partition 0, chunk 2: " in text and says in text and "original partitioning" in text
 
