@@ -286,34 +286,39 @@ def in_process(
     try:
         batch = _batch_noop(spark, bootstrap, topic, a.events)
         say(f"batch kafka_py -> noop: {batch['rows_per_s']:,.0f} rows/s")
-        avail = []
-        for sink in ["noop", *a.modes]:
-            r = _attempt(
-                functools.partial(_run_stream, spark, bootstrap, topic, a.max_offsets, sink, url, work), {"sink": sink}
-            )
-            avail.append(r)
-            say(
-                f"availableNow {sink}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
+
+        def each_sink(source: str, max_per: int, line: Callable[[Mapping[str, Any]], str]) -> list[dict[str, Any]]:
+            """One availableNow query from ``source`` into noop, then into each mode."""
+            runs = []
+            for sink in ["noop", *a.modes]:
+                run = functools.partial(_run_stream, spark, bootstrap, source, max_per, sink, url, work)
+                runs.append(_attempt(run, {"sink": sink}))
+                say(line(runs[-1]))
+            return runs
+
+        avail = each_sink(
+            topic,
+            a.max_offsets,
+            lambda r: (
+                f"availableNow {r['sink']}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
                 f"{r.get('batches')} batches, mean ms {r.get('mean_ms')} {r.get('error', '')}"
-            )
-        fixed_by_sink = {}
-        for sink in ["noop", *a.modes]:
-            fixed_by_sink[sink] = _attempt(
-                functools.partial(_run_stream, spark, bootstrap, small, per_batch, sink, url, work), {"sink": sink}
-            )
-            say(
-                f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions, {sink}: "
-                f"{(fixed_by_sink[sink].get('mean_ms') or {}).get('triggerExecution')} ms (mean)"
-            )
-        fixed = fixed_by_sink["noop"]
+            ),
+        )
+        fixed = each_sink(
+            small,
+            per_batch,
+            lambda r: (
+                f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions, {r['sink']}: "
+                f"{(r.get('mean_ms') or {}).get('triggerExecution')} ms (mean) {r.get('error', '')}"
+            ),
+        )
     finally:
         spark.stop()
     return {
         "range_reads": reads,
         "batch_noop": batch,
         "available_now": avail,
-        "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, **fixed},
-        "fixed_cost_by_sink": fixed_by_sink,
+        "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, "by_sink": fixed},
     }
 
 
