@@ -9,6 +9,12 @@
    Streaming throughput is rows / Σ ``triggerExecution`` of the batches after the
    first (the first one pays the Python workers' start); the per-batch split is the
    mean of each ``StreamingQueryProgress.durationMs`` entry over those batches.
+   Beside them: ``noop`` with the whole topic in one batch (how the ratio to the
+   batch job depends on the batch size), and **paced production**: a second topic
+   produced at ``--rate`` (as the pipeline runs produce), read by the same range reads
+   and availableNow queries with batches of one 5 s trigger. The dev broker (librdkafka's
+   mock cluster) answers each Fetch with one producer batch per partition, so records
+   produced a few at a time cost one round trip per few records (``docs/performance.md``).
 2. **Fixed cost**: a streaming query over batches of a few records per partition
    (8 partitions), into ``noop`` and into ``clickhouse_tx`` in each mode: its mean
    ``triggerExecution`` (after the first batch) is what a micro-batch costs whatever
@@ -96,6 +102,11 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
         "stream_transaction/batch_noop": div(avail.get("transaction"), ceiling),
         "available_now transaction/none": div(avail.get("transaction"), avail.get("none")),
     }
+    one = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now_one_batch", [])}
+    out["stream_noop one batch/batch_noop"] = div(one.get("noop"), ceiling)
+    paced = {r["sink"]: r.get("rows_per_s") for r in (doc.get("available_now_paced") or {}).get("by_sink", [])}
+    for sink in ("noop", "transaction"):
+        out[f"available_now {sink} paced/bulk"] = div(paced.get(sink), avail.get(sink))
     for mode in ("staging", "dedup"):
         out[f"available_now {mode}/none"] = div(avail.get(mode), avail.get("none"))
     by = {(r["mode"], r["trigger_s"]): steady(r).get("processing_rps") for r in doc.get("triggers", [])}
@@ -140,7 +151,7 @@ def ramp(
 
 
 def range_reads(
-    bootstrap: str, topic: str, partitions: int, sizes: Sequence[int], rounds: int = 3
+    bootstrap: str, topic: str, partitions: int, sizes: Sequence[int], rounds: int = 3, produced: str = "bulk"
 ) -> list[dict[str, Any]]:
     """ms per range read by :func:`read_range` in this process, fresh consumer vs pooled.
 
@@ -169,6 +180,7 @@ def range_reads(
             out.append(
                 {
                     "records": size,
+                    "produced": produced,
                     "consumer": kind,
                     "reads": len(times),
                     "median_ms": round(statistics.median(times), 2) if times else None,
@@ -262,62 +274,70 @@ def _batch_noop(spark: Any, bootstrap: str, topic: str, rows: int) -> dict[str, 
     return {"rows": rows, "seconds": [round(s, 2) for s in runs], "rows_per_s": round(rows / runs[-1], 1)}
 
 
+def paced_batch(rate: float, partitions: int) -> int:
+    """Records per partition of one 5 s trigger's batch at an offered ``rate`` (events/s)."""
+    return max(4, int(rate * 5 / partitions))
+
+
+def _topics(bootstrap: str, control: str | None, a: argparse.Namespace, say: Callable[[str], None]) -> dict[str, str]:
+    """The section's topics: bulk-produced, a few records per batch, and paced at ``--rate``."""
+    from benchmarks.pipeline_run import create_topic, produce
+
+    names = {kind: f"speed_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("bulk", "small", "paced")}
+    for name in names.values():
+        create_topic(bootstrap, control, name, a.partitions)
+    produce(bootstrap, names["bulk"], a.events, a.partitions)
+    produce(bootstrap, names["small"], 4 * a.partitions * a.fixed_batches, a.partitions)
+    paced = 4 * a.partitions * paced_batch(a.rate, a.partitions)  # the range reads' 1 + 3 rounds
+    say(f"producing {paced} events at {a.rate:g}/s to {names['paced']} ...")
+    produce(bootstrap, names["paced"], paced, a.partitions, rate=a.rate)
+    return names
+
+
 def in_process(
     bootstrap: str, control: str | None, url: str, a: argparse.Namespace, work: Path, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Sections 1 and 2: ceiling, availableNow per sink, and the fixed cost per batch."""
-    from benchmarks.pipeline_run import create_topic, produce
+    """Sections 1 and 2: ceiling, availableNow per sink (bulk and paced), the fixed cost per batch."""
     from benchmarks.streaming_job import build_session
 
-    topic = f"speed_{uuid.uuid4().hex[:8]}"
-    create_topic(bootstrap, control, topic, a.partitions)
-    produce(bootstrap, topic, a.events, a.partitions)
-    small = f"speed_small_{uuid.uuid4().hex[:8]}"
-    create_topic(bootstrap, control, small, a.partitions)
-    per_batch = 4 * a.partitions
-    produce(bootstrap, small, per_batch * a.fixed_batches, a.partitions)
-    say(f"produced {a.events} events to {topic}, {per_batch * a.fixed_batches} to {small}")
-    reads = range_reads(bootstrap, topic, a.partitions, (4, a.max_offsets // a.partitions // 4))
+    topics = _topics(bootstrap, control, a, say)
+    per_batch, paced_per = 4 * a.partitions, paced_batch(a.rate, a.partitions)
+    reads = range_reads(bootstrap, topics["bulk"], a.partitions, (4, a.max_offsets // a.partitions // 4))
+    reads += range_reads(bootstrap, topics["paced"], a.partitions, (paced_per,), produced="paced")
     say(f"range reads in-process: {reads}")
     spark = build_session()
     import spark_datasource
 
     spark_datasource.register(spark)
     try:
-        batch = _batch_noop(spark, bootstrap, topic, a.events)
+        batch = _batch_noop(spark, bootstrap, topics["bulk"], a.events)
         say(f"batch kafka_py -> noop: {batch['rows_per_s']:,.0f} rows/s")
 
-        def each_sink(source: str, max_per: int, line: Callable[[Mapping[str, Any]], str]) -> list[dict[str, Any]]:
-            """One availableNow query from ``source`` into noop, then into each mode."""
+        def each_sink(source: str, max_per: int, what: str, sinks: Sequence[str] = ("noop", *a.modes)) -> list[dict]:
+            """One availableNow query from ``source`` into each of ``sinks``."""
             runs = []
-            for sink in ["noop", *a.modes]:
+            for sink in sinks:
                 run = functools.partial(_run_stream, spark, bootstrap, source, max_per, sink, url, work)
                 runs.append(_attempt(run, {"sink": sink}))
-                say(line(runs[-1]))
+                r = runs[-1]
+                say(
+                    f"{what} {sink}: {r.get('rows_per_s') or 0:,.0f} rows/s over {r.get('batches')} batches, "
+                    f"mean ms {r.get('mean_ms')} {r.get('error', '')}"
+                )
             return runs
 
-        avail = each_sink(
-            topic,
-            a.max_offsets,
-            lambda r: (
-                f"availableNow {r['sink']}: {r.get('rows_per_s') or 0:,.0f} rows/s over "
-                f"{r.get('batches')} batches, mean ms {r.get('mean_ms')} {r.get('error', '')}"
-            ),
-        )
-        fixed = each_sink(
-            small,
-            per_batch,
-            lambda r: (
-                f"fixed cost of a {per_batch}-record batch over {a.partitions} partitions, {r['sink']}: "
-                f"{(r.get('mean_ms') or {}).get('triggerExecution')} ms (mean) {r.get('error', '')}"
-            ),
-        )
+        avail = each_sink(topics["bulk"], a.max_offsets, "availableNow")
+        one = each_sink(topics["bulk"], a.events, "availableNow, the whole topic in one batch,", ("noop",))
+        paced = each_sink(topics["paced"], paced_per * a.partitions, "availableNow over paced records,")
+        fixed = each_sink(topics["small"], per_batch, f"fixed cost ({per_batch}-record batches)")
     finally:
         spark.stop()
     return {
         "range_reads": reads,
         "batch_noop": batch,
         "available_now": avail,
+        "available_now_one_batch": one,
+        "available_now_paced": {"records_per_batch": paced_per * a.partitions, "rate": a.rate, "by_sink": paced},
         "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, "by_sink": fixed},
     }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.streaming_speed import batch_split, kept_up, ramp, ratios
+from benchmarks.streaming_speed import batch_split, kept_up, paced_batch, ramp, ratios
 
 
 def _progress(rows: int, trigger_ms: float, add_ms: float) -> dict:
@@ -38,6 +38,26 @@ def test_ratios_compare_within_one_run_and_leave_out_what_was_not_measured() -> 
     assert r["available_now transaction/none"] == 0.95
     assert r["available_now dedup/none"] is None
     assert r["trigger 1s transaction/none"] == 0.8
+    assert r["stream_noop one batch/batch_noop"] is None
+    assert r["available_now noop paced/bulk"] is None
+
+
+def test_paced_and_one_batch_runs_are_compared_with_the_bulk_runs_of_the_same_sink() -> None:
+    doc = {
+        "batch_noop": {"rows_per_s": 1000.0},
+        "available_now": [{"sink": "noop", "rows_per_s": 800.0}, {"sink": "transaction", "rows_per_s": 500.0}],
+        "available_now_one_batch": [{"sink": "noop", "rows_per_s": 900.0}],
+        "available_now_paced": {"by_sink": [{"sink": "noop", "rows_per_s": 400.0}, {"sink": "transaction"}]},
+    }
+    r = ratios(doc)
+    assert r["stream_noop one batch/batch_noop"] == 0.9
+    assert r["available_now noop paced/bulk"] == 0.5
+    assert r["available_now transaction paced/bulk"] is None  # the paced run failed
+
+
+def test_a_paced_batch_holds_five_seconds_of_the_offered_rate_per_partition() -> None:
+    assert paced_batch(2000.0, 8) == 1250
+    assert paced_batch(1.0, 8) == 4
 
 
 def test_the_ramp_doubles_until_a_run_falls_behind_and_keeps_the_last_rate_that_kept_up() -> None:
