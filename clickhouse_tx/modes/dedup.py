@@ -255,49 +255,89 @@ class DedupMode(ModeBase):
     def _layouts(self, target: Target) -> LayoutRecords:
         return LayoutRecords.beside(target, self._registry(target))
 
-    def _check_layout(self, target: Target, ctx: WriteContext, first: str, xid: str) -> None:
+    def _check_layout(self, target: Target, ctx: WriteContext, first: str, xid: str) -> bool:
         """Executor, before a partition's first chunk: refuse a batch cut otherwise.
 
         One read of the batch's seal; before the batch's first commit, one claim of
         this partition (create-if-absent) and, for a partition no earlier run claimed,
-        reads of the batch's claims until every one is this run's
-        (:func:`~clickhouse_tx.modes.dedup_layout.barrier`). Raises
-        :class:`DedupLayoutError`.
+        reads of the batch's claims until every one is caught up by this run
+        (:func:`~clickhouse_tx.modes.dedup_layout.barrier`). Returns True when an
+        earlier run inserted this partition and this attempt has still to re-check its
+        later chunks (:meth:`_check_chunk`). Raises :class:`DedupLayoutError`.
         """
         records = self._layouts(target)
         try:
             sealed = records.sealed(ctx.txn_id, ctx.batch)
             check_partition(ctx.txn_id, ctx.batch, ctx.partition, first, sealed, None)
-            if sealed is None:
-                self._claim(records, ctx, first)
+            # Once sealed, the sealing run had finished every partition (each has its
+            # ``end``): every later chunk of a replay is bound by a record.
+            return False if sealed is not None else self._claim(records, ctx, first)
         except DedupLayoutError as exc:
             exc.xid = xid  # the task fails with this error as it is, not wrapped
             raise
 
-    def _check_chunk(self, target: Target, ctx: WriteContext, chunk: int, fingerprint: str, xid: str) -> None:
+    def _check_chunk(
+        self, target: Target, ctx: WriteContext, chunk: int, fingerprint: str, xid: str, catching_up: bool
+    ) -> bool:
         """Executor, before each chunk after the first (and once past the last): refuse a
         partition whose chunk differs from the one an earlier attempt recorded there.
 
         The record is made just before the chunk's insert, so it binds a replay from the
-        moment its rows may be in the table. One create-if-absent per chunk (a read too
-        when an earlier attempt recorded it). Raises :class:`DedupLayoutError`.
+        moment its rows may be in the table: one create-if-absent per chunk (a read too
+        when an earlier attempt recorded it). While ``catching_up`` (an earlier run
+        inserted this partition) the record is read first; where the earlier runs
+        recorded nothing, this partition is caught up, and the chunk waits at the barrier
+        before its record is made. Returns the new ``catching_up``. Raises
+        :class:`DedupLayoutError`.
         """
-        where = (ctx.txn_id, ctx.batch, ctx.partition)
-        recorded = self._layouts(target).chunk(*where, chunk, fingerprint, ctx.run)
+        records, where = self._layouts(target), (ctx.txn_id, ctx.batch, ctx.partition)
         try:
-            check_chunk(*where, chunk, fingerprint, recorded)
+            if catching_up:
+                recorded = records.recorded_chunk(*where, chunk)
+                if recorded is not None:
+                    self._compare_chunk(records, ctx, chunk, fingerprint, recorded)
+                    if recorded != dedup_layout.END:
+                        return True  # bound by the earlier run's record: still re-checking
+                self._set_claim(records, ctx, caught_up=ctx.run)
+                if recorded is not None:
+                    return False  # the earlier run's end: nothing follows
+                if fingerprint != dedup_layout.END and ctx.run:
+                    self._wait_for_earlier_claims(records, ctx, chunk)
+            recorded = records.chunk(*where, chunk, fingerprint, ctx.run)
+            self._compare_chunk(records, ctx, chunk, fingerprint, recorded)
+            return False
         except DedupLayoutError as exc:
             exc.xid = xid
             raise
 
-    def _claim(self, records: LayoutRecords, ctx: WriteContext, first: str) -> None:
+    def _compare_chunk(self, records: LayoutRecords, ctx: WriteContext, chunk: int, mine: str, recorded: str) -> None:
+        """:func:`check_chunk`; a refusal marks the claim refused by this run, so the barrier's waiters stop."""
+        try:
+            check_chunk(ctx.txn_id, ctx.batch, ctx.partition, chunk, mine, recorded)
+        except DedupLayoutError:
+            try:
+                self._set_claim(records, ctx, refused_by=ctx.run)
+            except ClickHouseTxError as exc:  # the waiters then time out instead: still refused
+                log.info("could not mark partition %d refused: %s", ctx.partition, exc)
+            raise
+
+    @staticmethod
+    def _set_claim(records: LayoutRecords, ctx: WriteContext, **fields: str) -> None:
+        """Add ``fields`` to the partition's claim (the last writer wins)."""
+        where = (ctx.txn_id, ctx.batch, ctx.partition)
+        claim = records.claim_of(*where)
+        if claim is not None:
+            records.update(*where, {**claim, **fields})
+
+    def _claim(self, records: LayoutRecords, ctx: WriteContext, first: str) -> bool:
         """Claim this partition before its first insert (see :mod:`~clickhouse_tx.modes.dedup_layout`).
 
         A claim under which rows were inserted must hold this attempt's first chunk
         (else refused, and marked so for this run's other tasks); one under which
         nothing was inserted (its task was refused or died waiting) is taken over.
-        A partition without an inserted claim waits for the earlier runs' inserted
-        claims, then marks its own inserted.
+        A partition without an inserted claim waits at the barrier, then marks its own
+        inserted and caught up. Returns True when an earlier run inserted the partition
+        and this run has not yet re-checked all of it.
         """
         where = (ctx.txn_id, ctx.batch, ctx.partition)
         claim = records.claim(*where, first, ctx.run)
@@ -307,31 +347,33 @@ class DedupMode(ModeBase):
                 check_partition(*where, first, None, str(claim.get("first")))
             if claim.get("run") != ctx.run:
                 # An earlier run's rows, the same as this attempt's: deduplicated by their
-                # tokens. The claim is this run's now (see barrier).
+                # tokens. The claim is this run's now; caught up once its chunks are re-checked.
                 records.update(*where, {**claim, "run": ctx.run})
-            return
+            return claim.get("caught_up") != ctx.run
         mine = {"first": first, "run": ctx.run, "inserted": False}
         if dict(claim) != mine:
             records.update(*where, mine)
         if ctx.run:
             self._wait_for_earlier_claims(records, ctx)
-        records.update(*where, {**mine, "inserted": True})
+        records.update(*where, {**mine, "inserted": True, "caught_up": ctx.run})
+        return False
 
     @staticmethod
-    def _wait_for_earlier_claims(records: LayoutRecords, ctx: WriteContext) -> None:
-        """Until every claim of the batch is this run's (one registry scan per 0.5 s)."""
+    def _wait_for_earlier_claims(records: LayoutRecords, ctx: WriteContext, chunk: int = 0) -> None:
+        """Until every inserted claim of the batch is caught up by this run (one registry scan per 0.5 s)."""
         deadline = time.monotonic() + dedup_layout.WAIT_S
         while True:
             waiting = barrier(ctx.txn_id, ctx.batch, ctx.partition, ctx.run, records.claims(ctx.txn_id, ctx.batch))
             if not waiting:
                 return
             if time.monotonic() >= deadline:
+                what = f"chunk {chunk} of partition {ctx.partition}" if chunk else f"partition {ctx.partition}"
                 raise DedupLayoutError(
-                    f"batch {ctx.batch} of {ctx.txn_id}, partition {ctx.partition}: an earlier run "
-                    f"inserted partitions {waiting} of this batch and stopped before its commit, and "
-                    f"this run's attempts of them did not show within {dedup_layout.WAIT_S:.0f} s that "
-                    "they hold the same rows (queued behind this task, or cut otherwise). Nothing of "
-                    "this partition was inserted; a retry of the task waits again. "
+                    f"batch {ctx.batch} of {ctx.txn_id}, {what}: an earlier run inserted partitions "
+                    f"{waiting} of this batch and stopped before its commit, and this run's attempts "
+                    f"of them did not show within {dedup_layout.WAIT_S:.0f} s that they hold the same "
+                    "rows (queued behind this task, or cut otherwise). The rows no earlier record "
+                    "binds were not inserted; a retry of the task waits again. "
                     f"{dedup_layout.way_out(ctx.txn_id)}"
                 )
             time.sleep(0.5)
@@ -373,9 +415,10 @@ class DedupMode(ModeBase):
         First one read of the markers: a partition already committed (a replay of a
         done batch, a late zombie) inserts nothing. Before the first chunk, the layout
         check (:meth:`_check_layout`: a replay cut into other partitions is refused).
-        Then per chunk: one registry read (the fence), one ``system.parts`` read (the
-        window), for every chunk after the first one layout record
-        (:meth:`_check_chunk`), one INSERT; one more record past the last chunk.
+        Then per chunk: for every chunk after the first one layout record
+        (:meth:`_check_chunk`; a read before it while re-checking an earlier run's
+        chunks), one registry read (the fence), one ``system.parts`` read (the window),
+        one INSERT; one more record past the last chunk.
         Memory: one chunk.
         """
         done = self._committed_by(target, ctx)
@@ -398,6 +441,7 @@ class DedupMode(ModeBase):
         first_block: int | None = None
         first = ""
         chunks = 0  # inserted so far: the number of the next chunk
+        catching_up = False  # re-checking an earlier run's chunks of this partition
         if schema is not None:
             cutter = Rechunker(counted, self.chunk_rows)
             with self.client(target) as c:
@@ -409,20 +453,22 @@ class DedupMode(ModeBase):
                     digest = chunk_digest(one)
                     fingerprint = f"{one.num_rows}:{digest}"
                     token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
-                    if first_block is None:  # the layout check may wait: fence after it
+                    # The layout checks may wait at the barrier: fence after them.
+                    if first_block is None:
                         first = fingerprint
-                        self._check_layout(target, ctx, first, xid)
+                        catching_up = self._check_layout(target, ctx, first, xid)
+                    else:
+                        catching_up = self._check_chunk(target, ctx, chunks, fingerprint, xid, catching_up)
                     self._fence(target, xid)
                     if first_block is None:
                         first_block = max_block_number(c, target)
                     else:
                         ensure_window(c, target, first_block, xid)
-                        self._check_chunk(target, ctx, chunks, fingerprint, xid)
                     self._insert(c, target, schema, one, token)
                     seen[digest] += 1
                     chunks += 1
             if chunks:  # a replay longer or shorter than this partition differs here
-                self._check_chunk(target, ctx, chunks, dedup_layout.END, xid)
+                self._check_chunk(target, ctx, chunks, dedup_layout.END, xid, catching_up)
         letters = self._dead_letters(target, ctx, xid, converted)
         return self.prepared_counted(
             target,

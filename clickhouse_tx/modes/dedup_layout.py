@@ -7,19 +7,27 @@ sends other tokens for rows already in the table: ClickHouse would insert them a
 The layout records of this module refuse such a replay before it inserts:
 
 claim (executor, once per partition attempt, before its first chunk)
-    ``<txn>/<batch>/<partition>`` -> ``{"first", "run", "inserted"}``: the first chunk's
-    fingerprint (rows and digest), the run that claimed it (:attr:`WriteContext.run`,
-    one id per run of the job or query) and whether it went on to insert. Created if
-    absent; marked ``inserted`` just before the first insert. A later attempt whose
-    first chunk differs from an inserted claim is refused. A partition without an
-    inserted claim inserts only once every inserted claim of the batch is this run's
-    (:func:`barrier`): the partitions an earlier run inserted must first be re-checked,
-    with the same rows, by this run's attempts of them.
+    ``<txn>/<batch>/<partition>`` -> ``{"first", "run", "inserted", "caught_up"}``: the
+    first chunk's fingerprint (rows and digest), the run that claimed it
+    (:attr:`WriteContext.run`, one id per run of the job or query), whether it went on
+    to insert, and the run whose attempt has re-checked every chunk the earlier runs
+    recorded for the partition. Created if absent; marked ``inserted`` just before the
+    first insert. A later attempt whose first chunk differs from an inserted claim is
+    refused, and so is one whose later chunk differs (the claim is then marked
+    ``refused_by`` this run).
 chunk record (executor, before each chunk k > 0 and once past the last chunk)
     ``<txn>/<batch>/<partition>/<k>`` -> ``{"chunk", "run"}``: chunk k's fingerprint,
     or :data:`END` one past the partition's last chunk, created if absent just before
     the chunk's insert (the chunk number in the entry's ``attempt`` column). A later
     attempt whose chunk k differs from the recorded one is refused before inserting it.
+the barrier (executor, before a chunk no earlier record binds)
+    Rows no record binds (a partition without an inserted claim, or a chunk past the
+    point where an earlier run stopped inside a partition) may be rows the earlier run
+    inserted in another partition. They go in only once every inserted claim of the
+    batch is caught up by this run (:func:`barrier`): this run's attempt of each
+    partition an earlier run inserted has re-checked, with the same rows, every chunk
+    recorded there. Then the earlier runs' rows are rows of this run at the same
+    places, and the unbound rows, being other rows of this run, were never inserted.
 seal (driver, at the start of every commit of the batch, before its decision)
     ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows and
     checksum, from the commit messages, created if absent. Before sealing, every
@@ -34,12 +42,9 @@ finished registry entries, the way the decision log's arbiter claims versions: a
 writer wins and every later one compares. The checks themselves are pure functions
 (:func:`check_partition`, :func:`check_chunk`, :func:`barrier`, :func:`check_messages`).
 
-What is not refused before inserting: a chunk past the point where an earlier run
-stopped inside a partition (no record binds it, and it does not wait like a partition
-the earlier run never started); if its rows are among those the earlier run inserted
-in another partition, that partition is refused and the batch never commits, but they
-are in the table twice. A writer without a run id (``WriteContext.run == ""``, not the
-Spark writer) does not wait for an earlier run's claims.
+A writer without a run id (``WriteContext.run == ""``, not the Spark writer) does not
+wait at the barrier, so a replay of it under another cut is refused only where a
+record binds it.
 """
 
 from __future__ import annotations
@@ -61,10 +66,12 @@ SEAL_PARTITION = 2**32 - 1
 #: One partition of a layout: {"first": "<rows>:<digest>" | "", "rows": n, "checksum": c}.
 Part = Mapping[str, object]
 #: One partition's claim: {"first": "<rows>:<digest>", "run": run id, "inserted": bool,
-#: "refused_by": run id}; "inserted" is set just before the partition's first insert.
+#: "caught_up": run id, "refused_by": run id}; "inserted" is set just before the
+#: partition's first insert.
 Claim = Mapping[str, object]
-#: How long a partition that an earlier run never started waits for the partitions that
-#: run did start to be re-checked by this run (then it refuses; Spark may retry the task).
+#: How long a chunk no earlier record binds waits at the barrier for the partitions an
+#: earlier run inserted to be caught up by this run (then it refuses; Spark may retry
+#: the task).
 WAIT_S = 120.0
 #: The fingerprint recorded one past a partition's last chunk (a replay longer or
 #: shorter than the earlier run's partition differs there).
@@ -162,21 +169,22 @@ def check_chunk(txn_id: str, batch: int, partition: int, chunk: int, mine: str, 
 
 
 def barrier(txn_id: str, batch: int, partition: int, run: str, claims: Mapping[int, Claim]) -> list[int]:
-    """Executor, for a partition no earlier run claimed: the claims it must wait for.
+    """Executor, before rows no earlier record binds: the claims they must wait for.
 
-    Before the batch's seal, the partitions an earlier run started are known only by
-    their claims, and an executor cannot know how many partitions either run has. A
-    partition first claimed by this run inserts only once every claim of the batch is
-    this run's (each earlier run's claim re-checked, with the same rows, by this run's
-    attempt of that partition): then the earlier run's rows are exactly this run's
-    rows of those partitions, and this partition's rows were never inserted. Returns
-    the partitions still to wait for (empty: go on).
+    Before the batch's seal, the partitions an earlier run inserted are known only by
+    their claims and chunk records, and an executor cannot know how many partitions
+    either run has. Unbound rows (a partition no earlier run claimed, or a chunk past
+    where an earlier run stopped inside this partition) go in only once every inserted
+    claim of the batch is caught up by this run: its attempt of that partition has
+    re-checked every chunk recorded there, with the same rows. Then the earlier runs'
+    rows are this run's rows at the same places, and the unbound rows were never
+    inserted. Returns the partitions still to wait for (empty: go on).
 
     Raises
     ------
     DedupLayoutError
         This run refused one of those partitions (other rows): the batch was cut
-        otherwise, so this partition's rows may be among the earlier run's.
+        otherwise, so the unbound rows may be among the earlier run's.
     """
     refused = sorted(p for p, c in claims.items() if c.get("refused_by") == run)
     if refused:
@@ -185,10 +193,10 @@ def barrier(txn_id: str, batch: int, partition: int, run: str, claims: Mapping[i
             f"{sorted(p for p, c in claims.items() if c.get('inserted'))} of this batch and stopped "
             "before its commit, and this run's "
             f"partitions {refused} hold other rows than that run's: the batch was cut otherwise, "
-            f"so this partition's rows may already be in the table. Nothing of this partition was "
-            f"inserted. {way_out(txn_id)}"
+            f"so this partition's rows may already be in the table. Its rows that no earlier record "
+            f"binds were not inserted. {way_out(txn_id)}"
         )
-    return sorted(p for p, c in claims.items() if c.get("inserted") and c.get("run") != run)
+    return sorted(p for p, c in claims.items() if c.get("inserted") and c.get("caught_up") != run)
 
 
 def layout_of(messages: Sequence[Prepared]) -> dict[int, Part]:
@@ -329,6 +337,16 @@ class LayoutRecords:
             mode=Mode.DEDUP,
         )
         return str(_body(f"chunk {chunk}", body).get("chunk"))
+
+    def recorded_chunk(self, txn_id: str, batch: int, partition: int, chunk: int) -> str | None:
+        """The fingerprint recorded for chunk ``chunk`` of ``partition`` (None: none yet). One read."""
+        key = f"{self.key(txn_id, batch, partition)}/{chunk}"
+        body = self._get(key)
+        return None if body is None else str(body.get("chunk"))
+
+    def claim_of(self, txn_id: str, batch: int, partition: int) -> Claim | None:
+        """The partition's claim (None: nobody claimed it). One read."""
+        return self._get(self.key(txn_id, batch, partition))
 
     def update(self, txn_id: str, batch: int, partition: int, claim: Claim) -> None:
         """Overwrite a claim (confirmed or refused by a later run; the last writer wins)."""

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.errors import NotCommittedError
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes import dedup_layout
 from clickhouse_tx.modes.dedup_layout import LAYOUT_TABLE, DedupLayoutError
@@ -192,3 +193,85 @@ def test_a_replay_whose_partition_runs_past_the_end_of_the_earlier_runs_partitio
             WriteContext(TXN, 0, 0, 1, run="r2"), batches(part((0, 600), (600, 100)))
         )
     assert committed_count(admin, target) == 600
+
+
+def dying_after(t: pa.Table, rows_before: int):
+    """``t`` as batches of 100 rows that raise (an executor killed) once ``rows_before`` rows went out."""
+    sent = 0
+    for b in batches(t, 100):
+        if sent >= rows_before:
+            raise RuntimeError("executor killed")
+        sent += b.num_rows
+        yield b
+
+
+def in_thread(fn) -> tuple[threading.Thread, dict[str, BaseException]]:
+    out: dict[str, BaseException] = {}
+
+    def body() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # inspected by the test
+            out["error"] = exc
+
+    t = threading.Thread(target=body)
+    t.start()
+    return t, out
+
+
+def test_a_chunk_past_where_the_earlier_run_stopped_inside_a_partition_waits_and_is_refused_if_the_cut_changed(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    # Chunks of 300 rows. Run r1: partition 0 (ids 0..599) inserted chunk 0 and its
+    # executor died assembling chunk 1; partition 1 (600..899) inserted whole. Run r2
+    # cuts otherwise: partition 0 = 0..299 + 600..899 (the same chunk 0; chunk 1 holds
+    # r1's partition 1), partition 1 = 300..599. Nothing binds r2's chunk 1 of partition
+    # 0: it must wait for r2's partition 1 to re-check r1's, which refuses.
+    target = make_table(admin, database)
+    with pytest.raises(NotCommittedError, match="executor killed"):  # prepare failed
+        dedup_coordinator(target, tmp_path).prepare(
+            WriteContext(TXN, 0, 0, 0, run="r1"), dying_after(part((0, 600)), 400)
+        )
+    dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 1, 0, run="r1"), batches(part((600, 300)), 100))
+    assert committed_count(admin, target) == 600
+    p0 = part((0, 300), (600, 300))
+    t, out = in_thread(
+        lambda: dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r2"), batches(p0, 100))
+    )
+    time.sleep(1.0)
+    with pytest.raises(DedupLayoutError, match="began with|beginning with"):
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 1, 0, run="r2"), batches(part((300, 300))))
+    t.join(60)
+    assert isinstance(out.get("error"), DedupLayoutError), out
+    assert "partition 0" in str(out["error"]) and "hold other rows" in str(out["error"])
+    assert committed_count(admin, target) == 600 and distinct_ids(admin, target) == 600  # no row twice
+
+    # Run r3, the original cut, its two partitions side by side as on two executor
+    # slots (r1 ran them so): partition 0's chunk 1 waits until partition 1 is re-checked.
+    co = dedup_coordinator(target, tmp_path)
+    msgs: dict[int, Prepared] = {}
+    t, out = in_thread(
+        lambda: msgs.setdefault(0, co.prepare(WriteContext(TXN, 0, 0, 0, run="r3"), batches(part((0, 600)), 100)))
+    )
+    time.sleep(1.0)
+    msgs[1] = co.prepare(WriteContext(TXN, 0, 1, 0, run="r3"), batches(part((600, 300)), 100))
+    t.join(60)
+    assert not out, out
+    co.commit_batch(0, [msgs[0], msgs[1]])
+    assert committed_count(admin, target) == 900 and distinct_ids(admin, target) == 900
+
+
+def test_a_partition_the_earlier_run_never_started_waits_until_the_earlier_partitions_later_chunks_are_re_checked(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    # Run r1 inserted partition 0 whole as 2 chunks (ids 0..599) and died before its
+    # commit. Run r2 cuts it in 2: partition 0 = 0..299 (the same first chunk, then it
+    # ends), partition 1 = 300..599 (r1's chunk 1). Partition 1 must not go in once
+    # partition 0's first chunk is re-checked: only once all of r1's partition 0 is.
+    target = make_table(admin, database)
+    dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r1"), batches(part((0, 600)), 100))
+    with pytest.raises(DedupLayoutError, match="partition 0, chunk 1"):
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r2"), batches(part((0, 300))))
+    with pytest.raises(DedupLayoutError, match=r"partitions \[0\] hold other rows"):
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 1, 0, run="r2"), batches(part((300, 300))))
+    assert committed_count(admin, target) == 600 and distinct_ids(admin, target) == 600

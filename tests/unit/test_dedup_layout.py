@@ -122,10 +122,16 @@ def test_without_a_seal_every_inserted_claim_must_be_a_partition_of_the_messages
         check_messages("t", 4, now, None, {0: claim("10:a"), 2: claim("10:c")})
 
 
-def test_a_partition_no_earlier_run_claimed_waits_for_the_inserted_claims_of_other_runs_only() -> None:
-    claims = {0: claim("10:a", run="r1"), 1: claim("10:b", run="r2"), 2: claim("10:c", run="r1", inserted=False)}
-    assert barrier("t", 4, 3, "r2", claims) == [0]  # 1 is this run's, 2 never inserted
-    assert barrier("t", 4, 3, "r2", {**claims, 0: claim("10:a", run="r2")}) == []
+def test_unbound_rows_wait_until_every_inserted_claim_is_caught_up_by_this_run() -> None:
+    claims = {
+        0: claim("10:a", run="r1", caught_up="r1"),
+        1: claim("10:b", run="r2", caught_up="r2"),
+        2: claim("10:c", run="r1", inserted=False),
+    }
+    assert barrier("t", 4, 3, "r2", claims) == [0]  # 1 is caught up by this run, 2 never inserted
+    # re-checked first chunk only (the claim is this run's): its later chunks are still to check
+    assert barrier("t", 4, 3, "r2", {**claims, 0: claim("10:a", run="r2", caught_up="r1")}) == [0]
+    assert barrier("t", 4, 3, "r2", {**claims, 0: claim("10:a", run="r2", caught_up="r2")}) == []
 
 
 def test_a_partition_no_earlier_run_claimed_is_refused_once_this_run_refused_an_earlier_runs_partition() -> None:
