@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_file import write_result
-from benchmarks.spark_write import _frame, _spark, run_sql
+from benchmarks.spark_write import bench_frame, bench_session, run_sql
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "shard_write.json"
@@ -89,7 +89,7 @@ def throughput(spark: Any, info: Any, db: str, rows: int, repeat: int, mode: str
     for i in range(repeat):
         for config in CONFIGS:
             table = f"{config}_{i}"
-            elapsed = _timed(spark, info, config, mode, db, table, _frame(spark, rows))
+            elapsed = _timed(spark, info, config, mode, db, table, bench_frame(spark, rows))
             counts = _count_and_drop(info, config, db, table)
             if sum(counts) != rows:
                 raise RuntimeError(f"{config}: {counts} rows on the shards, expected {rows} in all")
@@ -125,12 +125,12 @@ def _spread(runs: dict[str, list[float]], config: str, base: str) -> dict[str, f
 
 
 def run(info: Any, rows: int, repeat: int, mode: str, commit_rows: int, work: Path) -> dict[str, Any]:
-    spark = _spark()
+    spark = bench_session()
     db = f"bench_{uuid.uuid4().hex[:8]}"
     for url in _urls(info, "two_shards_by_key"):
         run_sql(url, f"CREATE DATABASE {db}")
     try:
-        _frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
+        bench_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
         runs = throughput(spark, info, db, rows, repeat, mode)
         commit = commit_latency(spark, info, db, commit_rows, repeat, mode, work)
     finally:

@@ -95,7 +95,8 @@ def run_sql(url: str, text: str) -> str:
     return r.text
 
 
-def _frame(spark, rows: int):
+def bench_frame(spark, rows: int):
+    """The benchmark's rows (id, k, v) over 2 Spark partitions; shared with ``benchmarks.shard_write``."""
     return spark.range(0, rows, 1, 2).selectExpr("id", "cast(id % 1000 as int) as k", "cast(id as double) * 0.5 as v")
 
 
@@ -105,7 +106,8 @@ def _typed_frame(spark, rows: int):
     )
 
 
-def _spark():
+def bench_session():
+    """The benchmark's local SparkSession with the data sources and ``noop_arrow`` registered."""
     import spark_datasource
 
     spark = local_session("clickhouse-tx-bench", {"spark.driver.memory": "2g"})
@@ -116,7 +118,7 @@ def _spark():
 
 def run_typed(url: str, rows: int, repeat: int) -> dict[str, Any]:
     """The same job into a table of other column types vs one matching Spark's (transaction)."""
-    spark = _spark()
+    spark = bench_session()
     db = f"bench_{uuid.uuid4().hex[:8]}"
     run_sql(url, f"CREATE DATABASE {db}")
     results: dict[str, dict[str, Any]] = {}
@@ -175,13 +177,13 @@ def _timed_write(spark, url: str, db: str, mode: str, table: str, rows: int) -> 
     """One job into a fresh table in ``mode`` (``noop``: the no-op writer); seconds, checked."""
     if mode == "noop":
         t = time.perf_counter()
-        _frame(spark, rows).write.format("noop_arrow").mode("append").save()
+        bench_frame(spark, rows).write.format("noop_arrow").mode("append").save()
         return time.perf_counter() - t
     settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""
     run_sql(url, f"CREATE TABLE {db}.{table} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}")
     t = time.perf_counter()
     (
-        _frame(spark, rows)
+        bench_frame(spark, rows)
         .write.format("clickhouse_tx")
         .option("url", url)
         .option("database", db)
@@ -208,12 +210,12 @@ def _spread(runs: dict[str, list[float]], mode: str, base: str) -> dict[str, flo
 def run(url: str, rows: int, repeat: int) -> dict:
     """Each repeat runs every mode once, interleaved (noop, none, transaction, staging, dedup),
     so a burst of load from other processes hits one round rather than one mode."""
-    spark = _spark()
+    spark = bench_session()
     db = f"bench_{uuid.uuid4().hex[:8]}"
     run_sql(url, f"CREATE DATABASE {db}")
     runs: dict[str, list[float]] = {m: [] for m in ("noop", *MODES)}
     try:
-        _frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
+        bench_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
         for i in range(repeat):
             for mode in runs:
                 elapsed = _timed_write(spark, url, db, mode, f"{mode}_{i}", rows)

@@ -181,10 +181,20 @@ class _ModeView:
 def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, Target]:
     from clickhouse_tx.factory import build_registry
     from clickhouse_tx.interfaces import Target
+    from clickhouse_tx.retry import RetryPolicy
     from clickhouse_tx.sql import split_table
 
     db, t = split_table(args.table)
-    target = Target(url=args.url.rstrip("/"), database=db, table=t, user=args.user, password=_password(args))
+    # An operator's command rides through a dropped connection the way the writer does:
+    # its reads and idempotent DDL are retried (its writes resolve a lost reply by a lookup).
+    target = Target(
+        url=args.url.rstrip("/"),
+        database=db,
+        table=t,
+        user=args.user,
+        password=_password(args),
+        read_retry=RetryPolicy(),
+    )
     kwargs = {"table": args.registry_table} if args.registry_table else {}
     return build_registry(target, **kwargs), target
 

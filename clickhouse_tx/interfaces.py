@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequenc
 
 import pyarrow as pa
 
+from clickhouse_tx.retry import NO_RETRY, RetryPolicy
+
 
 class Mode(str, enum.Enum):
     """How a prepared partition becomes visible."""
@@ -30,6 +32,11 @@ class Target:
     """Where rows go: a ClickHouse server and one table.
 
     ``password`` never appears in ``repr`` or in errors.
+
+    ``read_retry`` is how the client retries what repeating cannot change: a read, or
+    a statement its caller marks idempotent, outside a session, after a connection
+    failure, a lost reply or a transient server error (a Keeper connection loss). The
+    writer sets it from its ``retry.*`` options; the default retries nothing.
 
     With ``route_column`` set (multi-table routing, mode ``transaction`` only), each
     row goes to the table its ``route_column`` value names, which must be one of
@@ -48,6 +55,7 @@ class Target:
     session_timeout_s: int = 3600
     route_column: str | None = None
     route_tables: tuple[tuple[str, str], ...] = ()
+    read_retry: RetryPolicy = NO_RETRY
 
 
 @dataclasses.dataclass(frozen=True)

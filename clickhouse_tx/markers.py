@@ -123,7 +123,7 @@ class CommitMarkers:
             f"ORDER BY (txn_id, batch, `partition`, xid)"
         )
         try:
-            self.client.command(ddl)
+            self.client.command(ddl, idempotent=True)
         except ServerError as e:
             if e.code != TABLE_ALREADY_EXISTS:
                 raise

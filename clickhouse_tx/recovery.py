@@ -364,7 +364,7 @@ def _drop_overwrite_stages(
             continue
         try:
             with ClickHouseHTTP(target) as c:
-                c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
+                c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC", idempotent=True)
             dropped.append(name)
         except Exception as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"

@@ -183,7 +183,14 @@ class KeeperMapRegistry:
             f"PRIMARY KEY {q.quote_identifier('xid')}"
         )
         try:
-            self.client.command(ddl)
+            # Its own loop: the callers of register() retry only what was not sent (the
+            # INSERT after this must not be repeated), but repeating this DDL is harmless.
+            retry_call(
+                lambda: self.client.command(ddl),
+                self.retry,
+                retry_on=is_transient_or_unknown,
+                what=f"creating the registry table {self.table}",
+            )
         except ServerError as e:
             if e.code != TABLE_ALREADY_EXISTS:  # a concurrent creator won: fine
                 raise

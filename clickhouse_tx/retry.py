@@ -9,6 +9,7 @@ happened is resolved by a lookup in the caller, not repeated blindly.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import random
@@ -19,6 +20,16 @@ from clickhouse_tx.errors import OutcomeUnknownError, TransientError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+#: Set while :func:`retry_call` runs its function: the loop that owns the retries of
+#: that call. The client's own retry of reads (``Target.read_retry``) stands aside
+#: under it, so a call is retried by one loop, never by one inside another.
+_IN_RETRY: contextvars.ContextVar[bool] = contextvars.ContextVar("clickhouse_tx_in_retry", default=False)
+
+
+def inside_retry() -> bool:
+    """True while a :func:`retry_call` in this thread (or task) is running its function."""
+    return _IN_RETRY.get()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +104,7 @@ def retry_call(
     start = clock()
     failures = 0
     while True:
+        token = _IN_RETRY.set(True)
         try:
             return fn()
         except Exception as exc:
@@ -102,9 +114,12 @@ def retry_call(
             delay = rng() * policy.backoff_cap(failures)
             if clock() - start + delay > policy.max_total_s:
                 raise
-            if on_retry is not None:
-                on_retry(failures, exc, delay)
-            sleep(delay)
+            failed = exc
+        finally:
+            _IN_RETRY.reset(token)
+        if on_retry is not None:
+            on_retry(failures, failed, delay)
+        sleep(delay)
 
 
 def logging_on_retry(

@@ -212,7 +212,7 @@ def swap_in(target: Target, stage: str, method: str | None = None) -> str:
 def drop_stage(target: Target, stage: str) -> None:
     """``DROP TABLE IF EXISTS <db>.<stage> SYNC`` (driver; idempotent)."""
     with _client(target) as c:
-        c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, stage)} SYNC")
+        c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, stage)} SYNC", idempotent=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -418,6 +418,7 @@ class WriterOptions:
             settings=dict(self.settings),
             route_column=self.table_column,
             route_tables=self.tables,
+            read_retry=self.retry_policy(),
         )
 
     def shard_layout(self) -> "ShardLayout | None":

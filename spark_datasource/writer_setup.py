@@ -48,7 +48,7 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
     client = ClickHouseHTTP(target)
     where = f"ClickHouse at {opts.url} as user {opts.user!r}"
     try:
-        client.command("SELECT 1")
+        client.command("SELECT 1", idempotent=True)
     except ServerError as exc:
         if exc.name in _AUTH_ERRORS:
             raise ConfigurationError(
@@ -103,7 +103,7 @@ def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target, sc
 
 def _prepare_dead_letter_table(client: ClickHouseHTTP, mode: Mode, database: str, table: str) -> None:
     """Create the dead-letter table when missing; an existing one must have its columns."""
-    client.command(dead_letter_ddl(database, table, dedup_window=mode is Mode.DEDUP))
+    client.command(dead_letter_ddl(database, table, dedup_window=mode is Mode.DEDUP), idempotent=True)
     info = describe_table(client, database, table)
     have = {c.name: c.type for c in info.columns}
     missing = [f"{n} {t}" for n, t in DEAD_LETTER_COLUMNS if have.get(n) != t]

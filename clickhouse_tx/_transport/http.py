@@ -11,6 +11,18 @@ A :class:`ClickHouseHTTP` is cheap, holds a ``requests.Session`` (connection poo
 and is not picklable on purpose: executors build their own from the
 :class:`~clickhouse_tx.interfaces.Target`, which is.
 
+Retries
+-------
+A read (:meth:`ClickHouseHTTP.query_json`) and a statement its caller marks
+``idempotent`` are retried by the target's ``read_retry`` policy when they run outside
+a session: repeating them cannot change what the server holds, so a connection reset,
+a lost reply or a Keeper connection loss on the server costs a retry, not the task.
+Under a caller's own retry loop (the coordinator's ``TxOps.call``, the registry's
+read-back: :func:`clickhouse_tx.retry.inside_retry`) the client does not retry again:
+one loop per call, with one budget. Nothing else is retried here: a write whose reply was lost is resolved by its
+caller's lookup, and a request inside a session (a transaction) may find the session
+still busy with the lost one.
+
 Errors
 ------
 Every failure is mapped in one place, :mod:`clickhouse_tx._transport.errors`: a
@@ -38,6 +50,7 @@ import requests
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport.errors import ReplyLostError, error_from_connection, error_from_reply
 from clickhouse_tx.interfaces import Target
+from clickhouse_tx.retry import inside_retry, is_transient_or_unknown, retry_call
 
 
 def safe_url(url: str) -> str:
@@ -198,6 +211,17 @@ class ClickHouseHTTP:
             )
         return resp
 
+    def _post_idempotent(self, *, url_params: dict[str, str], data: bytes, what: str) -> requests.Response:
+        """:meth:`_post` of a request that may be repeated: retried by ``read_retry`` outside a session."""
+        if self.session_id is not None or self.target.read_retry.max_attempts <= 1 or inside_retry():
+            return self._post(url_params=url_params, data=data, what=what)
+        return retry_call(
+            lambda: self._post(url_params=url_params, data=data, what=what),
+            self.target.read_retry,
+            retry_on=is_transient_or_unknown,
+            what=f"{what} on {self.server}",
+        )
+
     # ------------------------------------------------------------------ API
 
     def command(
@@ -208,13 +232,18 @@ class ClickHouseHTTP:
         *,
         session_check: bool = False,
         session_timeout: int | None = None,
+        idempotent: bool = False,
     ) -> str:
         """Run a statement (DDL, BEGIN/COMMIT/ROLLBACK, small SELECT); its text reply.
 
         ``session_check=True`` makes the server fail (code 372) instead of creating a
-        new session when ``session_id`` no longer exists.
+        new session when ``session_id`` no longer exists. ``idempotent=True`` says that
+        running the statement twice leaves the server as running it once (a SELECT,
+        ``CREATE ... IF NOT EXISTS``, ``DROP ... IF EXISTS``): it is then retried like a
+        read (see "Retries" above).
         """
-        resp = self._post(
+        post = self._post_idempotent if idempotent else self._post
+        resp = post(
             url_params=self._params(settings, params, session_check, session_timeout),
             data=sql.encode(),
             what=_what(sql),
@@ -234,7 +263,7 @@ class ClickHouseHTTP:
         a request should carry no settings it does not need (inside an open
         transaction every extra setting is one more thing that can fail it).
         """
-        resp = self._post(
+        resp = self._post_idempotent(
             url_params=self._params(settings, params, False, None),
             data=(sql.rstrip().rstrip(";") + "\nFORMAT JSONCompactEachRowWithNamesAndTypes").encode(),
             what=_what(sql),

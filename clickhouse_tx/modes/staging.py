@@ -157,7 +157,8 @@ class StagingMode(ModeBase):
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
         with self.client(target) as c:
-            c.command(f"CREATE TABLE {stage} AS {self.target_sql(target)}")
+            # The stage is this xid's alone, so one left by a try whose reply was lost is ours.
+            c.command(f"CREATE TABLE IF NOT EXISTS {stage} AS {self.target_sql(target)}", idempotent=True)
             try:
                 if schema is not None:
                     c.insert_arrow_stream(stage, schema, counted)
@@ -182,7 +183,7 @@ class StagingMode(ModeBase):
             return 0
         name = dead_letter_stage_name(xid)
         stage = q.qualified(target.database, name)
-        c.command(f"CREATE TABLE {stage} AS {q.qualified(*plan.dead_letter_table)}")
+        c.command(f"CREATE TABLE IF NOT EXISTS {stage} AS {q.qualified(*plan.dead_letter_table)}", idempotent=True)
         # A fresh stage (the target's xid): the rows' own dedup token is enough.
         n = write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, stage=stage)
         _record_plan(
@@ -457,7 +458,7 @@ class StagingMode(ModeBase):
         names = (dead_letter_stage_name(xid), stage_name(xid)) if letters else (stage_name(xid),)
         for name in names:
             try:
-                c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC")
+                c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC", idempotent=True)
             except Exception as exc:  # after a failed prepare: GC drops it later
                 if not quiet:
                     raise
@@ -537,7 +538,7 @@ def tables_named(target: Target, prefix: str) -> list[tuple[str, float]]:
 
 def _record_plan(c: ClickHouseHTTP, stage: str, plan: dict[str, Any]) -> None:
     """Executor: the stage's plan into its COMMENT (durable; read by commit and rollback)."""
-    c.command(f"ALTER TABLE {stage} MODIFY COMMENT {q.quote_string(json.dumps(plan))}")
+    c.command(f"ALTER TABLE {stage} MODIFY COMMENT {q.quote_string(json.dumps(plan))}", idempotent=True)
 
 
 def _plan_of(comment: str | None) -> dict[str, Any]:

@@ -105,3 +105,27 @@ def test_a_policy_is_frozen_and_rejects_nonsense() -> None:
         p.max_attempts = 2  # type: ignore[misc]
     with pytest.raises(ValueError, match="max_attempts"):
         RetryPolicy(max_attempts=0)
+
+
+def test_inside_retry_is_true_only_while_the_loop_runs_its_function_and_not_while_it_sleeps() -> None:
+    from clickhouse_tx.retry import inside_retry
+
+    seen: list[tuple[str, bool]] = []
+    t = FakeTime()
+
+    def sleep(s: float) -> None:
+        seen.append(("sleep", inside_retry()))
+        t.sleep(s)
+
+    def fn() -> str:
+        seen.append(("call", inside_retry()))
+        if len(seen) < 3:
+            raise TransientError("refused")
+        return "ok"
+
+    assert not inside_retry()
+    assert retry_call(fn, RetryPolicy(max_attempts=5), sleep=sleep, clock=t.clock) == "ok"
+    assert seen == [("call", True), ("sleep", False), ("call", True)]
+    with pytest.raises(ValueError):
+        retry_call(lambda: (_ for _ in ()).throw(ValueError("definite")), RetryPolicy())
+    assert not inside_retry()  # reset after a failure too

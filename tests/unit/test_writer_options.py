@@ -476,6 +476,16 @@ def test_retry_options_become_the_coordinators_retry_policy():
     assert co.ops.retry == co.retry
 
 
+def test_retry_options_also_bound_the_clients_retries_of_reads():
+    # Reproduced by the chaos run: a read of the layout records whose reply was lost
+    # failed the prepare (and the local job) though repeating a read changes nothing.
+    from clickhouse_tx.retry import RetryPolicy
+
+    o = parse(**{"retry.attempts": "9", "retry.max_seconds": "12"})
+    assert o.target().read_retry == RetryPolicy(max_attempts=9, max_total_s=12.0)
+    assert parse().target().read_retry == o.retry_policy().__class__()
+
+
 def test_strict_precision_is_a_boolean_option_off_by_default():
     assert parse().strict_precision is False
     assert parse(strict_precision="true").strict_precision is True
