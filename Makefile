@@ -28,11 +28,13 @@ demo: bootstrap
 
 ## make chaos: seeded fault schedules over the embedded stack (docs/chaos.md); not part of make test.
 ## CHAOS_SCHEDULES=N (default 100), CHAOS_SEED=S (first seed, default 1): CHAOS_SEED=S CHAOS_SCHEDULES=1 replays one
+## CHAOS_LANES=L (default 2): schedules run side by side, each lane on its own stack
 CHAOS_SCHEDULES ?= 100
 CHAOS_SEED ?= 1
+CHAOS_LANES ?= 2
 .PHONY: chaos
 chaos: bootstrap
-	$(PY) -m benchmarks.chaos --schedules $(CHAOS_SCHEDULES) --seed $(CHAOS_SEED)
+	$(PY) -m benchmarks.chaos --schedules $(CHAOS_SCHEDULES) --seed $(CHAOS_SEED) --lanes $(CHAOS_LANES)
 
 bench: bootstrap
 	$(PY) -m benchmarks.http_insert --json benchmarks/results/http_insert.json

@@ -3,9 +3,10 @@
 Environment (or the options of the same name): ``CHAOS_SCHEDULES`` (default 100)
 schedules, seeds ``CHAOS_SEED`` (default 1) upwards; schedule ``s`` is
 :func:`benchmarks.chaos.schedule.plan` of ``s``, so ``CHAOS_SEED=s CHAOS_SCHEDULES=1``
-replays it. One embedded stack (ZooKeeper, ClickHouse on chdb, the dev Kafka broker)
-with fault-injecting proxies in front of ClickHouse and ZooKeeper serves every
-schedule. Prints one line per schedule, then a table; writes
+replays it. ``CHAOS_LANES`` (default 2) lanes run schedules side by side, each lane on
+its own embedded stack (ZooKeeper, ClickHouse on chdb, the dev Kafka broker) with
+fault-injecting proxies in front of ClickHouse and ZooKeeper, so a fault of one
+schedule never reaches another's. Prints one line per schedule, then a table; writes
 ``benchmarks/results/chaos-<date>.json``; exits 1 if any schedule found a duplicate,
 a loss, a leftover or an error (its replay command is printed).
 """
@@ -20,12 +21,13 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
 from benchmarks.chaos.inject import ChaosStack
-from benchmarks.chaos.runner import run_schedule
+from benchmarks.chaos.runner import run_schedule, stop_all_jobs
 from benchmarks.chaos.schedule import KINDS, plan
 from benchmarks.pipeline_run import ROOT
 from benchmarks.results_file import write_result
@@ -35,6 +37,12 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--schedules", type=int, default=int(os.environ.get("CHAOS_SCHEDULES", "100")))
     ap.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED", "1")))
+    ap.add_argument(
+        "--lanes",
+        type=int,
+        default=int(os.environ.get("CHAOS_LANES", "2")),
+        help="schedules run side by side, each lane on its own stack (default 2)",
+    )
     ap.add_argument("--events", type=int, default=3000, help="events per schedule")
     ap.add_argument("--json", default=None, help="default benchmarks/results/chaos-<date>.json")
     ap.add_argument("--work-dir", default=None, help="stack, checkpoints and job logs (default: a temp dir)")
@@ -42,6 +50,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.schedules <= 0:
         ap.error("--schedules (CHAOS_SCHEDULES) must be positive")
+    if a.lanes <= 0:
+        ap.error("--lanes (CHAOS_LANES) must be positive")
     return a
 
 
@@ -90,21 +100,69 @@ def table(summary: dict) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
-def _run_all(a: argparse.Namespace, work: Path, records: list[dict]) -> None:
-    """Run the schedules, appending each record to ``records`` as it ends."""
-    stack = ChaosStack(work / "stack")
-    try:
-        print(f"stack: ClickHouse {stack.url} (writer via {stack.proxy_url}), Keeper via {stack.zk_via_proxy}")
-        for i in range(a.schedules):
-            sch = plan(a.seed + i, events=a.events)
-            print(f"[{i + 1}/{a.schedules}] {sch.describe()}", flush=True)
-            rec = run_schedule(stack, sch, work / f"seed-{sch.seed}")
-            records.append(rec)
-            print(_line(i, a.schedules, rec), flush=True)
+class _Progress:
+    """What the lanes share: the seeds left, the records, and the console (one lock)."""
+
+    def __init__(self, total: int, records: list[dict]) -> None:
+        self.total = total
+        self.records = records
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def next_seed(self, seeds: list[int]) -> int | None:
+        with self._lock:
+            return seeds.pop(0) if seeds and not self.stop.is_set() else None
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            print(line, flush=True)
+
+    def done(self, rec: dict) -> None:
+        with self._lock:
+            self.records.append(rec)
+            print(_line(len(self.records) - 1, self.total, rec), flush=True)
             if not rec["ok"]:
-                print(f"  replay: {replay_command(sch.seed)}", flush=True)
+                print(f"  replay: {replay_command(rec['seed'])}", flush=True)
+
+
+def _lane(lane: int, stack: ChaosStack, seeds: list[int], a: argparse.Namespace, work: Path, out: _Progress) -> None:
+    """One lane: take the next seed until none is left (or the run stops), on this lane's stack."""
+    while (seed := out.next_seed(seeds)) is not None:
+        sch = plan(seed, events=a.events)
+        out.say(f"[lane {lane}] {sch.describe()}")
+        rec = run_schedule(stack, sch, work / f"seed-{sch.seed}")
+        rec["lane"] = lane
+        out.done(rec)
+
+
+def _run_all(a: argparse.Namespace, work: Path, records: list[dict]) -> None:
+    """Run the schedules over ``a.lanes`` lanes, appending each record to ``records`` as it ends."""
+    lanes = min(a.lanes, a.schedules)
+    stacks: list[ChaosStack] = []
+    out = _Progress(a.schedules, records)
+    seeds = list(range(a.seed, a.seed + a.schedules))
+    try:
+        for i in range(lanes):
+            stacks.append(ChaosStack(work / f"stack-{i}" if lanes > 1 else work / "stack"))
+            st = stacks[-1]
+            print(f"stack {i}: ClickHouse {st.url} (writer via {st.proxy_url}), Keeper via {st.zk_via_proxy}")
+        threads = [
+            threading.Thread(target=_lane, args=(i, st, seeds, a, work, out), daemon=True)
+            for i, st in enumerate(stacks)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():  # a timed join, so SIGTERM/Ctrl-C reach this thread
+                t.join(1.0)
+    except KeyboardInterrupt:
+        out.stop.set()
+        stop_all_jobs()
+        raise
     finally:
-        stack.close()
+        for st in stacks:
+            st.close()
+        records.sort(key=lambda r: r["seed"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -130,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"FAILED seed {seed}: replay with `{replay_command(seed)}`")
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     out = a.json or str(ROOT / "benchmarks" / "results" / f"chaos-{date}.json")
-    write_result(out, {"seed": a.seed, "events": a.events, "summary": summary, "schedules": records})
+    result = {"seed": a.seed, "events": a.events, "lanes": a.lanes, "summary": summary, "schedules": records}
+    write_result(out, result)
     print(f"wrote {out}")
     if interrupted:
         return 130

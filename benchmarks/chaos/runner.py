@@ -18,6 +18,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -118,10 +119,25 @@ def _maybe_recover(s: _Sched, run: JobRun) -> None:
     cli(s, "recover", "--mode", s.sch.mode, "--checkpoint", str(s.checkpoint))
 
 
+#: The launchers of the jobs running now, over every lane: an interrupted run stops them all.
+_LIVE: set[JobLauncher] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_all_jobs() -> None:
+    """SIGKILL every job run of every schedule still running (on SIGTERM or Ctrl-C of the run)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for launcher in live:
+        launcher.stop_all()
+
+
 def _run_job(s: _Sched, rng: random.Random) -> Injector:
     """Run the job through its faults, restarting it until it finishes; the injector's log."""
     module, argv = _job_argv(s)
     s.launcher = launcher = JobLauncher(argv, s.work, module=module)
+    with _LIVE_LOCK:
+        _LIVE.add(launcher)
     timed = [f for f in s.sch.faults if not f.step]
     current: list[JobRun] = []
     inj = Injector(s.stack, timed, lambda: current[-1] if current else None, launcher.kill, rng)
@@ -145,6 +161,8 @@ def _run_job(s: _Sched, rng: random.Random) -> Injector:
     finally:
         inj.finish()
         launcher.stop_all()
+        with _LIVE_LOCK:
+            _LIVE.discard(launcher)
 
 
 def _dump_jvm_threads(s: _Sched, run: JobRun) -> None:

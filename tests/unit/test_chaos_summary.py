@@ -35,3 +35,28 @@ def test_the_summary_counts_injected_faults_by_kind_and_names_the_failed_seeds()
 
 def test_the_replay_command_runs_exactly_one_schedule_of_the_seed() -> None:
     assert replay_command(42) == "make chaos CHAOS_SEED=42 CHAOS_SCHEDULES=1"
+
+
+def test_lanes_take_each_seed_once_and_take_none_after_the_run_is_stopped() -> None:
+    import threading
+
+    from benchmarks.chaos.__main__ import _Progress
+
+    records: list[dict] = []
+    out = _Progress(20, records)
+    seeds = list(range(1, 21))
+    taken: list[int] = []
+
+    def lane() -> None:
+        while (s := out.next_seed(seeds)) is not None:
+            taken.append(s)
+
+    lanes = [threading.Thread(target=lane) for _ in range(3)]
+    for t in lanes:
+        t.start()
+    for t in lanes:
+        t.join()
+    assert sorted(taken) == list(range(1, 21))
+    more = [21, 22]
+    out.stop.set()
+    assert out.next_seed(more) is None and more == [21, 22]
