@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 
-def local_session(app: str, conf: Mapping[str, str]) -> Any:  # pyspark.sql.SparkSession
-    """A ``local[2]`` session named ``app``, UI off, logging at ERROR, with the Spark ``conf`` added.
+def local_session(app: str, conf: Mapping[str, str], master: str = "local[2]") -> Any:  # pyspark.sql.SparkSession
+    """A ``local[2]`` session (or ``master``) named ``app``, UI off, logging at ERROR, with the Spark ``conf`` added.
 
     Driver, once per benchmark process (``getOrCreate``: a second call returns the first session).
     """
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master("local[2]").appName(app)
+    builder = SparkSession.builder.master(master).appName(app)
     for key, value in {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

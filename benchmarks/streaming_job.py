@@ -79,12 +79,13 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         "INSERT over HTTP) that bypasses the clickhouse_tx writer",
     )
     ap.add_argument("--shuffle-partitions", type=int, default=2)
+    ap.add_argument("--master", default="local[2]", help="e.g. local[2,4]: a failed task is tried up to 4 times")
     ap.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
     return ap.parse_args(argv)
 
 
-def build_session():  # -> SparkSession
-    """``local[2]`` session, UI off, this interpreter on the workers (driver, once)."""
+def build_session(master: str = "local[2]"):  # -> SparkSession
+    """``local[2]`` (or ``master``) session, UI off, this interpreter on the workers (driver, once)."""
     # fault.action=kill must take the whole driver (Python and JVM), not only the
     # pyspark worker daemon's own process group (see clickhouse_tx.faults).
     os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())
@@ -97,7 +98,7 @@ def build_session():  # -> SparkSession
         "spark.pyspark.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
     }
-    return local_session("clickhouse-tx-pipeline", conf)
+    return local_session("clickhouse-tx-pipeline", conf, master)
 
 
 def reached(end_offsets: Mapping[str, Mapping[str, int]], committed: Mapping[str, Mapping[str, int]] | None) -> bool:
@@ -223,7 +224,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Start the query, report progress, stop at the end offsets. Returns the exit code."""
     a = _args(argv)
     end_offsets = json.loads(a.end_offsets) if a.end_offsets else None
-    spark = build_session()
+    spark = build_session(a.master)
     import spark_datasource
 
     spark_datasource.register(spark)

@@ -32,6 +32,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--txn-id", required=True)
     ap.add_argument("--decision-log", required=True)
     ap.add_argument("--writer-option", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--master", default="local[2]", help="e.g. local[2,4]: a failed task is tried up to 4 times")
     ap.add_argument("--fault-step", default=None)
     ap.add_argument("--fault-action", default="kill")
     ap.add_argument("--fault-once-file", default=None)
@@ -70,7 +71,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     a = _args(argv)
     started = time.monotonic()
-    spark = build_session()
+    spark = build_session(a.master)
     import spark_datasource
 
     spark_datasource.register(spark)

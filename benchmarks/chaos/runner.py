@@ -36,6 +36,9 @@ MAX_RUNS = 12
 JOB_TIMEOUT_S = 300.0
 #: Short client timeouts, so stalls are felt, and retries that ride through outages.
 WRITER_OPTIONS = ("request_timeout=6", "connect_timeout=2", "retry.attempts=40", "retry.max_seconds=60")
+#: As on a cluster (``spark.task.maxFailures`` 4): a task failed by a fault is tried
+#: again as a new attempt, where ``local[2]`` would fail the whole job at once.
+MASTER = "local[2,4]"
 
 
 @dataclasses.dataclass
@@ -68,7 +71,7 @@ def _job_argv(s: _Sched) -> tuple[str, list[str]]:
     """(module, argv) of the schedule's driver program; the writer goes through the proxy."""
     sch = s.sch
     opts = [a for kv in WRITER_OPTIONS for a in ("--writer-option", kv)]
-    common = ["--url", s.stack.proxy_url, "--table", s.table, "--mode", sch.mode, *opts]
+    common = ["--url", s.stack.proxy_url, "--table", s.table, "--mode", sch.mode, "--master", MASTER, *opts]
     if sch.job == "batch":
         extra = ["--events", str(sch.events), "--partitions", str(sch.partitions), "--txn-id", f"chaos-{s.database}"]
         return "benchmarks.chaos.batch_job", [*common, *extra, "--decision-log", str(s.checkpoint)]

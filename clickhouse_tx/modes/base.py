@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -51,13 +50,16 @@ class ModeBase:
 
     def require_transactions(self, target: Target, needed_by: str, instead: str = "") -> None:
         """Driver, once per query: the server must run ``BEGIN TRANSACTION``; else ConfigurationError."""
-        probe = self.client(target, f"clickhouse_tx_probe_{uuid.uuid4().hex}", 60)
+        # A query in an implicit transaction, not BEGIN in a session: it holds nothing
+        # once answered, so a lost reply leaves no open transaction behind (a session's
+        # BEGIN whose reply was lost stayed RUNNING until the session expired) and the
+        # probe can be repeated like any read.
+        probe = self.client(target)
         try:
-            probe.command("BEGIN TRANSACTION")
-            probe.command("ROLLBACK")
+            probe.command("SELECT 1", settings={"implicit_transaction": 1}, idempotent=True)
         except ServerError as e:
             raise ConfigurationError(
-                f"the server at {probe.server} refused BEGIN TRANSACTION ({e.message}): {needed_by} "
+                f"the server at {probe.server} refused a transaction ({e.message}): {needed_by} "
                 "needs allow_experimental_transactions and Keeper, see "
                 f"server_patches/config.d/transactions.xml{'; ' + instead if instead else ''}",
                 code=e.code,

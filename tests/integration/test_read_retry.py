@@ -134,3 +134,21 @@ def test_under_a_callers_retry_loop_the_client_does_not_retry_the_read_again(pro
     proxy.inject("drop_reply", 1.0)
     with pytest.raises(ReplyLostError):
         retry_call(lambda: c.query_json("SELECT 42 AS x"), NO_RETRY)
+
+
+def test_the_drivers_transaction_probe_rides_through_lost_replies_and_leaves_no_open_transaction(
+    proxy: FaultProxy, clickhouse_url: str, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Reproduced by chaos seed 37: the probe's BEGIN TRANSACTION, sent in a session
+    # during a stall, failed the job and left a RUNNING transaction behind.
+    from clickhouse_tx.factory import build_mode_io
+    from clickhouse_tx.interfaces import Mode
+
+    target = _via(proxy, database).target
+    proxy.inject("drop_reply", 1.0)
+    with caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"):
+        build_mode_io(Mode.TRANSACTION).require_transactions(target, "mode transaction")
+    assert _retries(caplog)  # the probe did lose a reply
+    direct = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t"))
+    running = direct.query_json("SELECT count() AS n FROM system.transactions WHERE state = 'RUNNING'")
+    assert running == [{"n": 0}]
