@@ -1,6 +1,6 @@
 """The client retries what repeating cannot change, and nothing else (``Target.read_retry``).
 
-Found by the chaos run (``benchmarks/results/chaos-2026-11-24.json``): of 49 job
+Found by the chaos run (``benchmarks/results/chaos-2026-11-24-lanes1.json``): of 49 job
 restarts, a third followed one lost reply of a read or of idempotent DDL inside a
 partition's prepare (the dedup layout records, staging's ``system.parts`` read, the
 registry's ``CREATE TABLE IF NOT EXISTS``) or of the driver's ``SELECT 1`` probe; local
