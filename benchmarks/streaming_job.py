@@ -47,7 +47,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.streaming_job", description=__doc__.split("\n")[0])
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
     ap.add_argument("--topic", required=True)
-    ap.add_argument("--url", required=True, help="ClickHouse HTTP url")
+    ap.add_argument("--url", required=True, help="ClickHouse HTTP url (unused when --writer-option gives shards)")
     ap.add_argument("--table", required=True, help="database.table (created by the pipeline)")
     ap.add_argument("--mode", default="transaction", choices=("transaction", "staging", "dedup", "none"))
     ap.add_argument("--checkpoint", required=True, help="checkpointLocation")
@@ -175,7 +175,6 @@ def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
     w = (
         df.writeStream.format("clickhouse_tx")
         .queryName(a.query_name)
-        .option("url", a.url)
         .option("table", a.table)
         .option("mode", a.mode)
         # from_json and the Kafka columns are nullable in Spark's schema; the events
@@ -189,12 +188,14 @@ def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
             w = w.option("fault.once_file", a.fault_once_file)
         if a.fault_batch is not None:
             w = w.option("fault.batch", str(a.fault_batch))
+    extra = {}
     for kv in a.writer_option:
         k, eq, v = kv.partition("=")
         if not eq:
             raise SystemExit(f"--writer-option {kv!r}: expected KEY=VALUE")
-        w = w.option(k, v)
-    return w
+        extra[k] = v
+    # a cluster's writer names its shards instead of one url
+    return w.options(**({} if "shards" in extra else {"url": a.url}), **extra)
 
 
 def _plain_insert(url: str, table: str):

@@ -832,7 +832,8 @@ class Coordinator:
         return (
             f"batch {run.decision.batch} of {self.txn_id}: partitions {sorted(lost)} (xids "
             f"{[p.xid for p in run.lost]}) can no longer commit: their prepared transactions are "
-            "gone (ClickHouse restarted or their sessions expired) and no task of this run wrote "
+            "gone (ClickHouse restarted, their sessions expired, or the server lost Keeper at "
+            "COMMIT and rolled them back) and no task of this run wrote "
             "the same rows (a replacement must match the decided partition's rows and checksum; "
             f"this run has {now} partitions, the decision {len(run.chosen)}). Partitions {visible} "
             f"are committed and visible ({sum(run.chosen[p].rows for p in visible)} rows): running "

@@ -145,7 +145,7 @@ def _run_all(a: argparse.Namespace, work: Path, records: list[dict]) -> None:
         for i in range(lanes):
             stacks.append(ChaosStack(work / f"stack-{i}" if lanes > 1 else work / "stack"))
             st = stacks[-1]
-            print(f"stack {i}: ClickHouse {st.url} (writer via {st.proxy_url}), Keeper via {st.zk_via_proxy}")
+            print(f"stack {i}: ClickHouse {st.shard_urls} (writer via {st.proxy_url}), Keeper via {st.zk_via_proxy}")
         threads = [
             threading.Thread(target=_lane, args=(i, st, seeds, a, work, out), daemon=True)
             for i, st in enumerate(stacks)

@@ -24,7 +24,7 @@ BATCH_TOPIC = "batch"
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.chaos.batch_job", description=__doc__.split("\n")[0])
-    ap.add_argument("--url", required=True)
+    ap.add_argument("--url", required=True, help="ClickHouse HTTP url (unused when --writer-option gives shards)")
     ap.add_argument("--table", required=True)
     ap.add_argument("--mode", required=True)
     ap.add_argument("--events", type=int, required=True)
@@ -62,6 +62,8 @@ def _options(a: argparse.Namespace) -> dict[str, str]:
         if not eq:
             raise SystemExit(f"--writer-option {kv!r}: expected KEY=VALUE")
         opts[k] = v
+    if "shards" in opts:  # a cluster's writer names its shards instead of one url
+        del opts["url"]
     return opts
 
 

@@ -25,6 +25,8 @@ from benchmarks.pipeline_run import JobRun, group_members
 from server_patches import stack as stack_mod
 
 WORKER_MARKERS = ("pyspark.daemon", "pyspark.worker", "pyspark/daemon.py", "pyspark/worker.py")
+#: An executor JVM (``local-cluster``: a child of the driver's JVM, in the job's process group).
+EXECUTOR_MARKERS = ("org.apache.spark.executor.CoarseGrainedExecutorBackend",)
 
 
 def _free_port() -> int:
@@ -34,7 +36,14 @@ def _free_port() -> int:
 
 
 class ChaosStack:
-    """ZooKeeper, ClickHouse (Keeper address: the ZooKeeper proxy), Kafka, and the two proxies."""
+    """ZooKeeper, two ClickHouse shards (Keeper address: the ZooKeeper proxy), Kafka, and the two proxies.
+
+    Shard 0 is the one server of an unsharded schedule, and the ClickHouse proxy is in
+    front of it; a sharded schedule (:attr:`Schedule.shards`) writes to shard 0 through
+    the proxy and to shard 1 directly.
+    """
+
+    SHARDS = 2
 
     def __init__(self, stack_dir: Path) -> None:
         self.dir = stack_dir
@@ -42,17 +51,27 @@ class ChaosStack:
         self.zk_proxy = FaultProxy(("127.0.0.1", zk_port)).start()
         self.zk_via_proxy = f"127.0.0.1:{self.zk_proxy.port}"
         info = stack_mod.start_stack(
-            stack_dir, kafka=True, zk_port=zk_port, zookeeper_address_for_clickhouse=self.zk_via_proxy
+            stack_dir,
+            kafka=True,
+            zk_port=zk_port,
+            zookeeper_address_for_clickhouse=self.zk_via_proxy,
+            shards=self.SHARDS,
         )
         self.info = info
         self.url = info.clickhouse_url
+        #: direct URLs of the shards (checks and DDL), shard 0 first (== ``url``)
+        self.shard_urls = [info.url_of(i) for i in range(self.SHARDS)]
         self.ch_proxy = FaultProxy(("127.0.0.1", info.clickhouse_port)).start()
         self.proxy_url = f"http://127.0.0.1:{self.ch_proxy.port}"
 
-    def restart_clickhouse_after(self, seconds: float) -> None:
-        stack_mod.kill_clickhouse(self.dir)
+    def writer_shards(self, shards: int) -> str:
+        """The writer's ``shards`` option over the first ``shards`` shards (shard 0 through the proxy)."""
+        return ",".join([self.proxy_url, *self.shard_urls[1:shards]])
+
+    def restart_clickhouse_after(self, seconds: float, shard: int = 0) -> None:
+        stack_mod.kill_clickhouse(self.dir, shard=shard)
         time.sleep(seconds)
-        stack_mod.start_clickhouse(self.dir, zookeeper_address_for_clickhouse=self.zk_via_proxy)
+        stack_mod.start_clickhouse(self.dir, shard=shard, zookeeper_address_for_clickhouse=self.zk_via_proxy)
 
     def restart_zookeeper_after(self, seconds: float) -> None:
         stack_mod.kill_zookeeper(self.dir)
@@ -63,11 +82,16 @@ class ChaosStack:
         """Every component up, no proxy fault in force (between schedules)."""
         self.ch_proxy.clear()
         self.zk_proxy.clear()
-        alive = stack_mod.read_stack(self.dir).alive()  # type: ignore[union-attr]
+        info = stack_mod.read_stack(self.dir)
+        assert info is not None
+        alive = info.alive()
         if not alive.get("zookeeper"):
             stack_mod.start_zookeeper(self.dir)
-        if not alive.get("clickhouse"):
-            stack_mod.start_clickhouse(self.dir, zookeeper_address_for_clickhouse=self.zk_via_proxy)
+        for shard, replica, name in info.members:
+            if not alive.get(name):
+                stack_mod.start_clickhouse(
+                    self.dir, shard=shard, replica=replica, zookeeper_address_for_clickhouse=self.zk_via_proxy
+                )
 
     def close(self) -> None:
         self.ch_proxy.stop()
@@ -75,8 +99,8 @@ class ChaosStack:
         stack_mod.stop_stack(self.dir)
 
 
-def python_workers(run: JobRun) -> list[int]:
-    """Pids of the job's PySpark daemon and worker processes (from /proc)."""
+def job_processes(run: JobRun, markers: tuple[str, ...]) -> list[int]:
+    """Pids of the job's processes whose command line holds one of ``markers`` (from /proc)."""
     out = []
     for pid in group_members(run.pgid):
         try:
@@ -84,9 +108,24 @@ def python_workers(run: JobRun) -> list[int]:
                 cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if any(m in cmd for m in WORKER_MARKERS):
+        if any(m in cmd for m in markers):
             out.append(pid)
     return out
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            raw = fh.read()
+    except OSError:
+        return 0
+    return int(raw[raw.rindex(")") + 2 :].split()[1])
+
+
+def busy_executors(run: JobRun) -> list[int]:
+    """The job's executor JVMs that have a Python worker daemon: they have run Python tasks."""
+    executors = set(job_processes(run, EXECUTOR_MARKERS))
+    return sorted({_parent(pid) for pid in job_processes(run, WORKER_MARKERS)} & executors)
 
 
 class Injector:
@@ -137,11 +176,11 @@ class Injector:
                 detail = f"error: {type(e).__name__}: {e}"
             self.log.append({"kind": f.kind, "at_s": round(time.monotonic() - self.t0, 2), "detail": detail})
 
-    def _wait_for_workers(self, run: JobRun, timeout_s: float = 60.0) -> list[int]:
-        """The job's Python workers, waiting for one to exist while the run lives (start-up is slow)."""
+    def _wait_for(self, find: Callable[[], list[int]], run: JobRun, timeout_s: float = 60.0) -> list[int]:
+        """The pids ``find`` gives, waiting for one to exist while the run lives (start-up is slow)."""
         deadline = time.monotonic() + timeout_s
         while run.proc.poll() is None and time.monotonic() < deadline and not self.stop.is_set():
-            workers = python_workers(run)
+            workers = find()
             if workers:
                 return workers
             time.sleep(0.1)
@@ -156,6 +195,10 @@ class Injector:
         if f.kind == "kill_clickhouse":
             self.stack.restart_clickhouse_after(f.seconds)
             return f"down {f.seconds:.1f} s"
+        if f.kind == "kill_shard":
+            shard = self.rng.randrange(self.stack.SHARDS)
+            self.stack.restart_clickhouse_after(f.seconds, shard)
+            return f"shard {shard} down {f.seconds:.1f} s"
         if f.kind == "kill_zookeeper":
             self.stack.restart_zookeeper_after(f.seconds)
             return f"down {f.seconds:.1f} s"
@@ -165,9 +208,15 @@ class Injector:
         if f.kind == "kill_driver":
             self.kill_driver(run)
             return f"run {run.index}"
-        workers = self._wait_for_workers(run)
-        if not workers:
-            return "no Python worker alive"
+        if f.kind == "kill_executor":
+            # an executor in the middle of the job's work, else (none yet) any executor
+            workers = self._wait_for(lambda: busy_executors(run), run) or job_processes(run, EXECUTOR_MARKERS)
+            if not workers:
+                return "no executor JVM alive"
+        else:
+            workers = self._wait_for(lambda: job_processes(run, WORKER_MARKERS), run)
+            if not workers:
+                return "no Python worker alive"
         pid = self.rng.choice(workers)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -36,9 +36,6 @@ MAX_RUNS = 12
 JOB_TIMEOUT_S = 300.0
 #: Short client timeouts, so stalls are felt, and retries that ride through outages.
 WRITER_OPTIONS = ("request_timeout=6", "connect_timeout=2", "retry.attempts=40", "retry.max_seconds=60")
-#: As on a cluster (``spark.task.maxFailures`` 4): a task failed by a fault is tried
-#: again as a new attempt, where ``local[2]`` would fail the whole job at once.
-MASTER = "local[2,4]"
 
 
 @dataclasses.dataclass
@@ -66,12 +63,26 @@ class _Sched:
     def checkpoint(self) -> Path:
         return self.work / "checkpoint"
 
+    @property
+    def shard_urls(self) -> list[str]:
+        """Direct URLs of the ClickHouse servers the job writes to (one unless sharded)."""
+        return self.stack.shard_urls[: self.sch.shards]
+
+    def target_args(self) -> list[str]:
+        """``--url`` of the one server, or ``--shards`` of every shard (the CLI's target)."""
+        return ["--shards", ",".join(self.shard_urls)] if self.sch.shards > 1 else ["--url", self.stack.url]
+
 
 def _job_argv(s: _Sched) -> tuple[str, list[str]]:
     """(module, argv) of the schedule's driver program; the writer goes through the proxy."""
     sch = s.sch
-    opts = [a for kv in WRITER_OPTIONS for a in ("--writer-option", kv)]
-    common = ["--url", s.stack.proxy_url, "--table", s.table, "--mode", sch.mode, "--master", MASTER, *opts]
+    options = list(WRITER_OPTIONS)
+    if sch.shards > 1:
+        options.append(f"shards={s.stack.writer_shards(sch.shards)}")
+        if sch.sharding_key:
+            options.append(f"sharding_key={sch.sharding_key}")
+    opts = [a for kv in options for a in ("--writer-option", kv)]
+    common = ["--url", s.stack.proxy_url, "--table", s.table, "--mode", sch.mode, "--master", sch.master, *opts]
     if sch.job == "batch":
         extra = ["--events", str(sch.events), "--partitions", str(sch.partitions), "--txn-id", f"chaos-{s.database}"]
         return "benchmarks.chaos.batch_job", [*common, *extra, "--decision-log", str(s.checkpoint)]
@@ -98,7 +109,8 @@ def _job_argv(s: _Sched) -> tuple[str, list[str]]:
 
 def _prepare(s: _Sched) -> None:
     """The database, target table and (streaming) the topic with every event."""
-    create_target(s.stack.url, s.table, s.sch.mode)
+    for url in s.shard_urls:
+        create_target(url, s.table, s.sch.mode)
     if s.sch.job != "batch":
         info = s.stack.info
         create_topic(str(info.kafka_bootstrap), info.kafka_control, s.topic, s.sch.partitions)
@@ -192,9 +204,9 @@ def _wait_alive(run: JobRun, timeout_s: float = 180.0) -> None:
 
 
 def cli(s: _Sched, *args: str) -> subprocess.CompletedProcess:
-    """``python -m clickhouse_tx <command> --url <ClickHouse> --table <target> ...`` (direct url)."""
+    """``python -m clickhouse_tx <command> --url|--shards <ClickHouse> --table <target> ...`` (direct urls)."""
     cmd, *rest = args
-    argv = [sys.executable, "-m", "clickhouse_tx", cmd, "--url", s.stack.url, "--table", s.table, *rest]
+    argv = [sys.executable, "-m", "clickhouse_tx", cmd, *s.target_args(), "--table", s.table, *rest]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -204,18 +216,25 @@ def _expected(s: _Sched) -> dict[str, dict[str, list[int]]]:
 
 
 def _counts(s: _Sched) -> dict[str, int]:
-    """Rows, duplicates and losses, read committed, against the events produced."""
-    ch = ClickHouseReader(s.stack.url)
-    try:
-        row = ch.rows(
-            "SELECT count() AS n, uniqExact(`topic`, `partition`, `offset`) AS d, uniqExact(event_id) AS u, "
-            f"countIf(event_id < 0 OR event_id >= {s.sch.events}) AS alien "
-            f"FROM {quote_identifier(s.database)}.events"
-        )[0]
-    finally:
-        ch.close()
-    n, d, u = int(row["n"]), int(row["d"]), int(row["u"])
-    return {"rows": n, "duplicates": n - d, "lost": s.sch.events - u, "alien": int(row["alien"])}
+    """Rows, duplicates and losses over every shard, read committed, against the events produced."""
+    rows: list[dict] = []
+    for url in s.shard_urls:
+        ch = ClickHouseReader(url)
+        try:
+            rows += ch.rows(
+                f"SELECT `topic`, `partition`, `offset`, event_id FROM {quote_identifier(s.database)}.events"
+            )
+        finally:
+            ch.close()
+    offsets = {(r["topic"], int(r["partition"]), int(r["offset"])) for r in rows}
+    ids = {int(r["event_id"]) for r in rows}
+    alien = sum(1 for i in ids if not 0 <= i < s.sch.events)
+    return {
+        "rows": len(rows),
+        "duplicates": len(rows) - len(offsets),
+        "lost": s.sch.events - (len(ids) - alien),
+        "alien": alien,
+    }
 
 
 def _plain_rows(url: str, sql: str) -> list[dict]:
@@ -227,13 +246,22 @@ def _plain_rows(url: str, sql: str) -> list[dict]:
 
 
 def _leftovers(s: _Sched) -> dict[str, int]:
-    """After gc: stage tables of the database, running transactions, registry entries."""
-    url, db = s.stack.url, s.database.replace("'", "''")
+    """After gc, summed over the shards: stage tables, running transactions, registry entries."""
+    out = {"stage_tables": 0, "open_transactions": 0, "registry_entries": 0}
+    for url in s.shard_urls:
+        for k, n in _leftovers_on(url, s.database).items():
+            out[k] += n
+    return out
+
+
+def _leftovers_on(url: str, database: str) -> dict[str, int]:
+    """After gc, on one server: stage tables of the database, running transactions, registry entries."""
+    db = database.replace("'", "''")
     tables = [r["name"] for r in _plain_rows(url, f"SELECT name FROM system.tables WHERE database = '{db}'")]
     tx = _plain_rows(url, "SELECT count() AS n FROM system.transactions WHERE state = 'RUNNING'")
     reg = 0
     if "clickhouse_tx_registry" in tables:
-        reg_rows = _plain_rows(url, f"SELECT count() AS n FROM {quote_identifier(s.database)}.clickhouse_tx_registry")
+        reg_rows = _plain_rows(url, f"SELECT count() AS n FROM {quote_identifier(database)}.clickhouse_tx_registry")
         reg = int(reg_rows[0]["n"])
     stages = sum(1 for t in tables if t.startswith(("_ctx_", STAGE_PREFIX)))
     return {"stage_tables": stages, "open_transactions": int(tx[0]["n"]), "registry_entries": reg}
@@ -264,7 +292,8 @@ def run_schedule(stack: ChaosStack, sch: Schedule, work: Path) -> dict:
     s = _Sched(sch, stack, work, database=f"chaos_{sch.seed}_{int(time.time())}")
     stack.heal()
     _prepare(s)
-    rec: dict = {"seed": sch.seed, "job": sch.job, "mode": sch.mode, "planned": [f.label() for f in sch.faults]}
+    rec: dict = {"seed": sch.seed, "job": sch.job, "mode": sch.mode, "master": sch.master, "shards": sch.shards}
+    rec["planned"] = [f.label() for f in sch.faults]
     try:
         inj = _run_job(s, random.Random(sch.seed))
         stack.heal()

@@ -5,9 +5,9 @@ schedule is replayed exactly by its seed (``make chaos CHAOS_SEED=S CHAOS_SCHEDU
 
 Fault kinds are dealt round-robin over consecutive seeds: schedule ``s`` has
 ``1 + s % 3`` faults, and its faults are the next ones of an endless sequence
-(:func:`kind_of`) after the faults of seeds ``0 .. s-1``; every block of 12 in that
+(:func:`kind_of`) after the faults of seeds ``0 .. s-1``; every block of 14 in that
 sequence holds each kind once. So any 100 consecutive seeds plan 200 faults and every
-kind 15 to 18 times.
+kind 13 to 16 times.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import dataclasses
 import random
 
 #: Every fault kind: SIGKILLs of a process, then proxy faults on the writer <-> ClickHouse
-#: link (``ch_*``) and on the ClickHouse <-> ZooKeeper link (``zk_*``).
+#: link (``ch_*``) and on the ClickHouse <-> ZooKeeper link (``zk_*``). ``kill_executor``
+#: SIGKILLs an executor JVM: its schedule runs on :data:`CLUSTER_MASTER`; ``kill_shard``
+#: one ClickHouse server of two shards: its schedule writes to both (:attr:`Schedule.shards`).
 KINDS = (
     "kill_driver",
     "ch_reset",
@@ -30,11 +32,20 @@ KINDS = (
     "kill_zookeeper",
     "ch_slow",
     "zk_drop_reply",
+    "kill_executor",
+    "kill_shard",
 )
 #: The driver programs: a streaming query draining the topic (``Trigger.AvailableNow``
 #: or a 0.5 s processing-time trigger) and a resumable batch write.
 JOBS = ("stream_available_now", "stream_trigger", "batch")
 MODES = ("transaction", "staging", "dedup")
+#: Where a job runs: as on a cluster, a task failed by a fault is tried again (up to 4
+#: attempts; ``local[2]`` would fail the job at once). A schedule that kills an executor
+#: runs on ``local-cluster``: a Master and two Workers inside the driver's JVM, each Worker
+#: with one executor JVM of its own (a child of the driver), which the Master replaces
+#: when it dies.
+LOCAL_MASTER = "local[2,4]"
+CLUSTER_MASTER = "local-cluster[2,1,1024]"
 #: Protocol steps a driver SIGKILL can be armed at (``fault.step`` of the writer).
 STEPS = ("after_prepare", "before_decision", "after_decision", "after_commit:1", "before_mark_done")
 
@@ -68,6 +79,21 @@ class Schedule:
     partitions: int
     faults: tuple[FaultPlan, ...]
 
+    @property
+    def master(self) -> str:
+        """The job's Spark master: executors of their own where one is to be killed."""
+        return CLUSTER_MASTER if any(f.kind == "kill_executor" for f in self.faults) else LOCAL_MASTER
+
+    @property
+    def shards(self) -> int:
+        """ClickHouse shards the job writes to: two where one of them is to be killed."""
+        return 2 if any(f.kind == "kill_shard" for f in self.faults) else 1
+
+    @property
+    def sharding_key(self) -> str | None:
+        """Of a sharded job: rows by ``event_id`` (odd seeds) or whole Spark partitions (even)."""
+        return "event_id" if self.shards > 1 and self.seed % 2 else None
+
     def describe(self) -> str:
         return f"seed {self.seed}: {self.job}/{self.mode}, {self.events} events, " + ", ".join(
             f.label() for f in self.faults
@@ -86,7 +112,7 @@ def first_fault_index(seed: int) -> int:
 
 def _window(kind: str, rng: random.Random) -> tuple[float, int]:
     """(seconds, rate) of one fault: outages of 1-4 s, stalls past the client timeouts."""
-    if kind in ("kill_clickhouse", "kill_zookeeper"):
+    if kind in ("kill_clickhouse", "kill_shard", "kill_zookeeper"):
         return rng.uniform(1.0, 4.0), 0
     if kind.endswith("_stall"):
         # the writer's request_timeout is 6 s in chaos runs, ClickHouse's Keeper

@@ -43,3 +43,29 @@ def test_a_streaming_job_killed_after_its_decision_and_cut_off_from_clickhouse_r
     assert (rec["rows"], rec["duplicates"], rec["lost"]) == (1500, 0, 0)
     assert rec["stage_tables"] == rec["open_transactions"] == rec["registry_entries"] == 0
     assert rec["verify_exit"] == 0 and rec["gc_exit"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_batch_job_over_two_shards_rides_through_an_executor_jvm_and_a_shard_killed_under_it(
+    tmp_path: Path,
+) -> None:
+    sch = Schedule(
+        seed=424243,  # odd: rows go to the shards by event_id
+        job="batch",
+        mode="staging",
+        events=1500,
+        partitions=3,
+        faults=(FaultPlan("kill_executor", 0.5), FaultPlan("kill_shard", 1.0, seconds=2.0)),
+    )
+    assert (sch.master, sch.shards, sch.sharding_key) == ("local-cluster[2,1,1024]", 2, "event_id")
+    stack = ChaosStack(tmp_path / "stack")
+    try:
+        rec = run_schedule(stack, sch, tmp_path / "schedule")
+    finally:
+        stack.close()
+    assert rec["ok"], rec["problems"]
+    assert [e["kind"] for e in rec["injected"]] == ["kill_executor", "kill_shard"]
+    assert (rec["rows"], rec["duplicates"], rec["lost"]) == (1500, 0, 0)
+    assert rec["stage_tables"] == rec["open_transactions"] == rec["registry_entries"] == 0
+    assert rec["verify_exit"] == 0 and rec["gc_exit"] == 0

@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from benchmarks.chaos.schedule import JOBS, KINDS, MODES, STEPS, first_fault_index, plan
+from benchmarks.chaos.schedule import CLUSTER_MASTER, JOBS, KINDS, LOCAL_MASTER, MODES, STEPS, first_fault_index, plan
 
 
 def test_the_same_seed_always_gives_the_same_schedule() -> None:
@@ -49,3 +49,20 @@ def test_each_schedule_has_one_to_three_faults_in_time_order_with_sane_windows()
                 assert f.seconds > 6, "a stall must outlast the writer's 6 s request timeout"
             if f.kind.endswith("_slow"):
                 assert f.rate > 0
+
+
+def test_a_schedule_that_kills_an_executor_runs_on_executors_of_their_own_and_the_rest_in_one_jvm() -> None:
+    schedules = [plan(s) for s in range(200)]
+    killing = [s for s in schedules if any(f.kind == "kill_executor" for f in s.faults)]
+    assert killing, "200 seeds plan executor kills"
+    assert {s.master for s in killing} == {CLUSTER_MASTER}
+    assert {s.master for s in schedules if s not in killing} == {LOCAL_MASTER}
+
+
+def test_a_schedule_that_kills_a_shard_writes_to_two_shards_by_key_or_by_partition() -> None:
+    schedules = [plan(s) for s in range(300)]
+    sharded = [s for s in schedules if any(f.kind == "kill_shard" for f in s.faults)]
+    assert sharded and {s.shards for s in sharded} == {2}
+    assert {s.shards for s in schedules if s not in sharded} == {1}
+    assert {s.sharding_key for s in sharded} == {"event_id", None}
+    assert {s.sharding_key for s in schedules if s not in sharded} == {None}
