@@ -148,8 +148,10 @@ def test_a_slow_link_moves_about_rate_bytes_per_second(proxy: FaultProxy) -> Non
         s.sendall(payload)
         assert _recv_exactly(s, len(payload)) == payload
         took = time.monotonic() - t0
-    # 20 kB at 10 kB/s each way, pipelined: about 2 s, never well under 1.5 s
-    assert 1.5 <= took <= 8, took
+    # 20 kB at 10 kB/s each way, pipelined: about 2 s, never well under 1.5 s. The
+    # upper bound only says the bytes came through inside the 30 s window, so a
+    # loaded machine cannot fail it.
+    assert 1.5 <= took <= 25, took
 
 
 def test_a_proxy_in_another_process_obeys_its_control_file(echo: EchoServer, tmp_path: Path) -> None:
