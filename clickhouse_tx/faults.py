@@ -4,7 +4,8 @@ A :class:`FaultPlan` names one step and an action. The step names follow the dri
 commit path (``before_decision``, ``after_decision``, ``after_commit:N`` for the N-th
 COMMIT of the batch, ``before_mark_done``) and the executor's prepare path
 (``after_prepare``); ``in_batch_transaction`` fires inside the one transaction of a
-``visibility=batch`` commit, just before its COMMIT. The action ``kill`` SIGKILLs the whole process group (the Spark
+``visibility=batch`` commit, just before its COMMIT, and in mode ``dedup`` just before
+the one INSERT of the batch's markers. The action ``kill`` SIGKILLs the whole process group (the Spark
 driver's Python, its JVM and workers when the job was started in its own session),
 ``exit`` ends only this process, ``raise`` raises :class:`InjectedFault`.
 

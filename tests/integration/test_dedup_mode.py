@@ -10,8 +10,10 @@ import pytest
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx._transport.errors import ReplyLostError
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.interfaces import WriteContext
+from clickhouse_tx.markers import MARKERS_TABLE
 from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
 from clickhouse_tx.modes.dedup_layout import DedupLayoutError
 from clickhouse_tx.registry import KeeperMapRegistry
@@ -153,3 +155,95 @@ def test_a_late_attempt_of_a_committed_partition_inserts_nothing_even_after_the_
     late = dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(data, 7))
     assert distinct_ids(admin, target) == committed_count(admin, target) == 312
     assert late.rows == 0 and late.details["committed_by"]
+
+
+def _recording_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every request any client sends from now on, as ``<url params> <body>``."""
+    sent: list[str] = []
+    post = ClickHouseHTTP._post
+
+    def recording(self: ClickHouseHTTP, **kw: object) -> object:
+        sent.append(f"{kw['url_params']} {kw['data']!r}")
+        return post(self, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ClickHouseHTTP, "_post", recording)
+    return sent
+
+
+def _marker_requests(sent: list[str], verb: str) -> list[str]:
+    return [r for r in sent if MARKERS_TABLE in r and verb in r]
+
+
+def test_a_dedup_batch_commit_reads_the_markers_once_and_writes_them_in_one_insert(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = make_table(admin, database)
+    co = dedup_coordinator(target, tmp_path)
+    ps = [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(100, start=1000 * part))) for part in range(3)]
+    sent = _recording_requests(monkeypatch)
+    co.commit_batch(0, ps)
+    monkeypatch.undo()
+    assert len(_marker_requests(sent, "INSERT")) == 1
+    assert len(_marker_requests(sent, "SELECT")) == 1  # no lookup per xid
+    assert len([r for r in sent if "system.parts" in r]) == 1  # one window check
+    assert [m["xid"] for m in markers(admin, database)] == [p.xid for p in ps]
+    assert committed_count(admin, target) == distinct_ids(admin, target) == 300
+
+
+def test_a_dedup_batch_commit_after_some_markers_were_written_writes_only_the_missing_ones(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    # A driver that died after the first partition's marker: the next commit of the
+    # batch finds it and writes the other two, each xid's marker once.
+    target = make_table(admin, database)
+    co = dedup_coordinator(target, tmp_path)
+    ps = [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(100, start=1000 * part))) for part in range(3)]
+    co.mode_io.commit(target, ps[0])
+    dedup_coordinator(target, tmp_path).commit_batch(0, ps)
+    assert [m["xid"] for m in markers(admin, database)] == [p.xid for p in ps]
+
+
+def test_a_dedup_batch_commit_whose_markers_insert_lost_its_reply_finds_them_and_writes_none_twice(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server wrote the batch's markers, the reply never came: the per-xid commits
+    # look each marker up before writing it, so every xid has exactly one.
+    target = make_table(admin, database)
+    co = dedup_coordinator(target, tmp_path)
+    ps = [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(100, start=1000 * part))) for part in range(3)]
+    post = ClickHouseHTTP._post
+    lost: list[str] = []
+
+    def reply_lost_once(self: ClickHouseHTTP, **kw: object) -> object:
+        reply = post(self, **kw)  # type: ignore[arg-type]
+        if not lost and "INSERT INTO" in repr(kw["data"]) and MARKERS_TABLE in repr(kw["data"]):
+            lost.append(repr(kw["data"]))
+            raise ReplyLostError("reply lost after the server ran the INSERT")
+        return reply
+
+    monkeypatch.setattr(ClickHouseHTTP, "_post", reply_lost_once)
+    co.commit_batch(0, ps)
+    monkeypatch.undo()
+    assert lost and all(p.xid in lost[0] for p in ps)  # the one INSERT of all three
+    assert [m["xid"] for m in markers(admin, database)] == [p.xid for p in ps]
+    assert committed_count(admin, target) == distinct_ids(admin, target) == 300
+
+
+def test_a_dedup_batch_whose_window_filled_for_one_partition_commits_the_others_and_names_the_window(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    # 4 parts per 300-row chunk: 12 parts since partition 0's first chunk, 8 since
+    # partition 1's, in a window of 10. The batch is not done; partition 1 is.
+    target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
+    co = dedup_coordinator(target, tmp_path)
+    ps = [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(300, start=1000 * part))) for part in range(2)]
+    co.mode_io._insert(admin, target, rows(4, start=9000).schema, rows(4, start=9000).to_batches()[0], "elsewhere")
+    with pytest.raises(OutcomeUnknownError, match="12 parts .* dedup window holds 10") as err:
+        co.commit_batch(0, ps)
+    assert isinstance(err.value.__cause__, DedupWindowError)
+    assert [m["xid"] for m in markers(admin, database)] == [ps[1].xid]
+    admin.command(
+        f"ALTER TABLE {q.qualified(database, 'events')} MODIFY SETTING non_replicated_deduplication_window = 1000"
+    )
+    dedup_coordinator(target, tmp_path).commit_batch(0, ps)
+    assert [m["xid"] for m in markers(admin, database)] == [p.xid for p in ps]

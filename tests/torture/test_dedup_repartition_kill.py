@@ -4,7 +4,8 @@ Dedup rows are visible as soon as an executor inserts them. The first run (Kafka
 ``repartition(3)`` -> ``clickhouse_tx`` in mode dedup) is SIGKILLed with its whole
 process group at a protocol step of batch 1: after the first partition of the batch
 was prepared (others may be half inserted or not started: the batch has no seal yet),
-or in the driver's commit, after every partition was inserted. The restart cuts the
+or in the driver's commit, after every partition was inserted (before the decision,
+just before the one INSERT of the batch's markers, or after it). The restart cuts the
 replayed batch 1 into 5 partitions: its tasks must be refused before they insert (the
 query fails naming the layouts), leaving the table as the kill left it. The next
 restart, with the original ``repartition(3)``, must drain the topic with every Kafka
@@ -27,7 +28,7 @@ DEDUP = {"mode": "dedup"}  # writer options the child passes through (with the f
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize("step", ["after_prepare", "before_decision", "after_commit:1"])
+@pytest.mark.parametrize("step", ["after_prepare", "before_decision", "in_batch_transaction", "after_commit:1"])
 def test_a_dedup_driver_killed_after_its_inserts_and_restarted_under_another_partitioning_is_refused_then_writes_once(
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
 ) -> None:
