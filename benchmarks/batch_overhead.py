@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from pyspark.sql.datasource import (
 )
 
 from benchmarks import http_trace
-from benchmarks.results_file import write_result
+from benchmarks.results_file import machine, write_result
 from benchmarks.spark_write import run_sql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,11 +259,7 @@ def _report(results: dict[str, Any], rows: int, batches: int, trace: bool) -> di
         "sink_fixed_cost_ms_over_noop_python": fixed,
         "targets": {"fixed_cost_ms": 300},
         "targets_met": {f"{m}_fixed_cost_ms": v < 300 for m, v in fixed.items()},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "note": "shared with other developers' jobs while measured (loaded)",
-        },
+        "machine": machine(),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -13,3 +15,14 @@ def write_result(path: str | Path, doc: Mapping[str, Any]) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def machine(**extra: Any) -> dict[str, Any]:
+    """What a result was measured on: cores, Python, and the load average (1, 5, 15 min)
+    when the result is written, so a loaded run can be told from a quiet one."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        **extra,
+    }

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_file import write_result
+from benchmarks.results_file import machine, write_result
 
 MODES = ("none", "transaction", "staging", "dedup")
 TRIGGERS = (0.5, 1.0, 5.0, 10.0)
@@ -524,7 +524,7 @@ def _save(doc: dict[str, Any], a: argparse.Namespace, jpath: Path, t0: float) ->
         "ramp_start": a.ramp_start,
         "quick": a.quick,
         "spark": "local[2]",
-        "machine": "2 cores, shared with other jobs",
+        "machine": machine(),
     }
     doc["ratios"] = ratios(doc)
     doc["wall_s"] = round(time.monotonic() - t0, 1)

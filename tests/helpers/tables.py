@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pytest
 
 from clickhouse_tx import sql as q
 from clickhouse_tx.coordinator import Coordinator
@@ -86,3 +87,17 @@ def dedup_coordinator(target: Target, tmp_path: Path, chunk_rows: int = 300, xid
     if xid is not None:
         co.xid_factory = lambda *_: xid
     return co
+
+
+def recording_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every request any :class:`ClickHouseHTTP` sends from now on, as ``<url params> <body>``
+    (until ``monkeypatch.undo()``)."""
+    sent: list[str] = []
+    post = ClickHouseHTTP._post
+
+    def recording(self: ClickHouseHTTP, **kw: object) -> object:
+        sent.append(f"{kw['url_params']} {kw['data']!r}")
+        return post(self, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ClickHouseHTTP, "_post", recording)
+    return sent

@@ -11,8 +11,9 @@ import pytest
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx._transport.errors import ReplyLostError
+from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
-from clickhouse_tx.interfaces import WriteContext
+from clickhouse_tx.interfaces import Prepared, Target, WriteContext
 from clickhouse_tx.markers import MARKERS_TABLE
 from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
 from clickhouse_tx.modes.dedup_layout import DedupLayoutError
@@ -25,6 +26,7 @@ from tests.helpers.tables import (
     distinct_ids,
     make_table,
     markers,
+    recording_requests,
     rows,
 )
 
@@ -157,17 +159,17 @@ def test_a_late_attempt_of_a_committed_partition_inserts_nothing_even_after_the_
     assert late.rows == 0 and late.details["committed_by"]
 
 
-def _recording_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every request any client sends from now on, as ``<url params> <body>``."""
-    sent: list[str] = []
-    post = ClickHouseHTTP._post
-
-    def recording(self: ClickHouseHTTP, **kw: object) -> object:
-        sent.append(f"{kw['url_params']} {kw['data']!r}")
-        return post(self, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ClickHouseHTTP, "_post", recording)
-    return sent
+def _three_partitions_prepared(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> tuple[Target, Coordinator, list[Prepared]]:
+    """A batch of three partitions of 100 rows, prepared and not committed."""
+    target = make_table(admin, database)
+    co = dedup_coordinator(target, tmp_path)
+    return (
+        target,
+        co,
+        [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(100, start=1000 * part))) for part in range(3)],
+    )
 
 
 def _marker_requests(sent: list[str], verb: str) -> list[str]:
@@ -177,10 +179,8 @@ def _marker_requests(sent: list[str], verb: str) -> list[str]:
 def test_a_dedup_batch_commit_reads_the_markers_once_and_writes_them_in_one_insert(
     admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = make_table(admin, database)
-    co = dedup_coordinator(target, tmp_path)
-    ps = [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(100, start=1000 * part))) for part in range(3)]
-    sent = _recording_requests(monkeypatch)
+    target, co, ps = _three_partitions_prepared(admin, database, tmp_path)
+    sent = recording_requests(monkeypatch)
     co.commit_batch(0, ps)
     monkeypatch.undo()
     assert len(_marker_requests(sent, "INSERT")) == 1
@@ -195,9 +195,7 @@ def test_a_dedup_batch_commit_after_some_markers_were_written_writes_only_the_mi
 ) -> None:
     # A driver that died after the first partition's marker: the next commit of the
     # batch finds it and writes the other two, each xid's marker once.
-    target = make_table(admin, database)
-    co = dedup_coordinator(target, tmp_path)
-    ps = [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(100, start=1000 * part))) for part in range(3)]
+    target, co, ps = _three_partitions_prepared(admin, database, tmp_path)
     co.mode_io.commit(target, ps[0])
     dedup_coordinator(target, tmp_path).commit_batch(0, ps)
     assert [m["xid"] for m in markers(admin, database)] == [p.xid for p in ps]
@@ -208,9 +206,7 @@ def test_a_dedup_batch_commit_whose_markers_insert_lost_its_reply_finds_them_and
 ) -> None:
     # The server wrote the batch's markers, the reply never came: the per-xid commits
     # look each marker up before writing it, so every xid has exactly one.
-    target = make_table(admin, database)
-    co = dedup_coordinator(target, tmp_path)
-    ps = [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(100, start=1000 * part))) for part in range(3)]
+    target, co, ps = _three_partitions_prepared(admin, database, tmp_path)
     post = ClickHouseHTTP._post
     lost: list[str] = []
 

@@ -31,6 +31,7 @@ from tests.helpers.tables import (
     distinct_ids,
     make_table,
     markers,
+    recording_requests,
     rows,
     tables,
 )
@@ -286,14 +287,7 @@ def test_a_staging_commit_without_dead_letters_never_asks_for_a_dead_letter_stag
     mode.validate(target, rows(1).schema)
     p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "stage-xid-nodl", batches(rows(400)))
     assert p.details["dead_letters"] == 0
-    sent: list[str] = []
-    post = ClickHouseHTTP._post
-
-    def recording(self: ClickHouseHTTP, **kw: object) -> object:
-        sent.append(f"{kw['url_params']} {kw['data']!r}")
-        return post(self, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ClickHouseHTTP, "_post", recording)
+    sent = recording_requests(monkeypatch)
     mode.commit(target, p)
     monkeypatch.undo()
     assert sent and not [r for r in sent if "_ctx_dlstage_" in r]
