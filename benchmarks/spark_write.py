@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ import pyarrow as pa
 import requests
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from benchmarks.results_file import write_result
+from benchmarks.results_file import machine, write_result
 from benchmarks.spark_session import local_session
 
 # Read when the SparkSession starts its Python workers, not at import.
@@ -168,7 +167,7 @@ def run_typed(url: str, rows: int, repeat: int) -> dict[str, Any]:
         "ratios": {"typed_over_matching": ratio},
         "targets": {"typed_over_matching": 0.9},
         "targets_met": {"typed_over_matching": ratio >= 0.9},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -247,7 +246,7 @@ def run(url: str, rows: int, repeat: int) -> dict:
         "ratio_spread_per_round": spread,
         "targets": targets,
         "targets_met": {k: ratios[k] >= v for k, v in targets.items()},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

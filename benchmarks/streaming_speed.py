@@ -9,6 +9,9 @@
    Streaming throughput is rows / Σ ``triggerExecution`` of the batches after the
    first (the first one pays the Python workers' start); the per-batch split is the
    mean of each ``StreamingQueryProgress.durationMs`` entry over those batches.
+   Then **noop rounds**: the batch job and availableNow → noop under each
+   ``minRecordsPerPartition`` of :data:`CUTS`, ``--rounds`` times interleaved; the
+   streaming/batch ratios are the medians' (the JVM warms up over the first runs).
    Beside them: ``noop`` with the whole topic in one batch (how the ratio to the
    batch job depends on the batch size), and **paced production**: a second topic
    produced at ``--rate`` (as the pipeline runs produce), read by the same range reads
@@ -95,13 +98,17 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
     def div(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a and b else None
 
-    ceiling = (doc.get("batch_noop") or {}).get("rows_per_s")
+    # The noop rounds' medians, when the run has them; else its one run of each.
+    rounds = (doc.get("noop_rounds") or {}).get("median") or {}
+    ceiling = rounds.get("batch") or (doc.get("batch_noop") or {}).get("rows_per_s")
     avail = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now", [])}
     out: dict[str, float | None] = {
-        "stream_noop/batch_noop": div(avail.get("noop"), ceiling),
+        "stream_noop/batch_noop": div(rounds.get("default") or avail.get("noop"), ceiling),
         "stream_transaction/batch_noop": div(avail.get("transaction"), ceiling),
         "available_now transaction/none": div(avail.get("transaction"), avail.get("none")),
     }
+    for cut in (c for c in rounds if c not in ("batch", "default")):
+        out[f"stream_noop minRecordsPerPartition={cut}/batch_noop"] = div(rounds.get(cut), ceiling)
     one = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now_one_batch", [])}
     out["stream_noop one batch/batch_noop"] = div(one.get("noop"), ceiling)
     paced = {r["sink"]: r.get("rows_per_s") for r in (doc.get("available_now_paced") or {}).get("by_sink", [])}
@@ -194,9 +201,17 @@ def _progress(q: Any) -> list[dict[str, Any]]:
 
 
 def _run_stream(
-    spark: Any, bootstrap: str, topic: str, max_per: int, sink: str, url: str | None, work: Path
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    max_per: int,
+    sink: str,
+    url: str | None,
+    work: Path,
+    source_options: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One availableNow query from the earliest offset; its progress and wall time."""
+    """One availableNow query from the earliest offset (``source_options`` added to
+    ``kafka_py``'s); its progress and wall time."""
     from benchmarks.pipeline_run import create_target
     from benchmarks.streaming_job import clickhouse_tx_writer, parse_events
 
@@ -206,6 +221,7 @@ def _run_stream(
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(max_per))
+        .options(**(source_options or {}))
         .load()
     )
     chk = work / f"chk_{uuid.uuid4().hex[:8]}"
@@ -233,6 +249,7 @@ def _run_stream(
     prog = _progress(q)
     out = {
         "sink": sink,
+        **({"source_options": dict(source_options)} if source_options else {}),
         "wall_s": round(wall, 2),
         **batch_split(prog),
         "all_batches": batch_split(prog, skip_first=False),
@@ -256,21 +273,24 @@ def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any], tries:
     raise AssertionError("unreachable")
 
 
+def _batch_seconds(spark: Any, bootstrap: str, topic: str) -> float:
+    """One batch job: the whole topic through ``kafka_py`` into noop; its wall time."""
+    t0 = time.monotonic()
+    (
+        spark.read.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .load()
+        .write.format("noop")
+        .mode("overwrite")
+        .save()
+    )
+    return time.monotonic() - t0
+
+
 def _batch_noop(spark: Any, bootstrap: str, topic: str, rows: int) -> dict[str, Any]:
     """Batch ``kafka_py`` → noop twice; the second (warm) run is the ceiling."""
-    runs = []
-    for _ in range(2):
-        t0 = time.monotonic()
-        (
-            spark.read.format("kafka_py")
-            .option("bootstrap.servers", bootstrap)
-            .option("subscribe", topic)
-            .load()
-            .write.format("noop")
-            .mode("overwrite")
-            .save()
-        )
-        runs.append(time.monotonic() - t0)
+    runs = [_batch_seconds(spark, bootstrap, topic) for _ in range(2)]
     return {"rows": rows, "seconds": [round(s, 2) for s in runs], "rows_per_s": round(rows / runs[-1], 1)}
 
 
@@ -292,6 +312,40 @@ def _topics(bootstrap: str, control: str | None, a: argparse.Namespace, say: Cal
     say(f"producing {paced} events at {a.rate:g}/s to {names['paced']} ...")
     produce(bootstrap, names["paced"], paced, a.partitions, rate=a.rate)
     return names
+
+
+#: ``minRecordsPerPartition`` values of the noop rounds: the source's default, one Spark
+#: partition per Kafka partition (Spark's own source) and the default before 2026-11-25;
+#: side by side they show what the number of tasks per batch costs.
+CUTS = ("default", "1", "2000")
+
+
+def _median(xs: Sequence[float | None]) -> float | None:
+    got = [x for x in xs if x]
+    return round(statistics.median(got), 1) if got else None
+
+
+def noop_rounds(
+    spark: Any, bootstrap: str, topic: str, a: argparse.Namespace, work: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Batch ``kafka_py`` → noop, then availableNow → noop under each of :data:`CUTS`,
+    ``a.rounds`` times over, interleaved: the JVM warms up over the first runs and load
+    comes in bursts, so every figure gets its share of both; the ratios use medians."""
+    batch: list[float | None] = []
+    streams: dict[str, list[float | None]] = {cut: [] for cut in CUTS}
+    for i in range(a.rounds):
+        batch.append(round(a.events / _batch_seconds(spark, bootstrap, topic), 1))
+        for cut in CUTS:
+            opts = {} if cut == "default" else {"minRecordsPerPartition": cut}
+            run = functools.partial(_run_stream, spark, bootstrap, topic, a.max_offsets, "noop", None, work, opts)
+            streams[cut].append(_attempt(run, {"sink": "noop", "source_options": opts}).get("rows_per_s"))
+        say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, availableNow by minRecordsPerPartition {streams}")
+    return {
+        "rounds": a.rounds,
+        "batch_rows_per_s": batch,
+        "stream_rows_per_s": streams,
+        "median": {"batch": _median(batch), **{cut: _median(v) for cut, v in streams.items()}},
+    }
 
 
 def in_process(
@@ -327,6 +381,7 @@ def in_process(
             return runs
 
         avail = each_sink(topics["bulk"], a.max_offsets, "availableNow")
+        rounds = noop_rounds(spark, bootstrap, topics["bulk"], a, work, say)
         one = each_sink(topics["bulk"], a.events, "availableNow, the whole topic in one batch,", ("noop",))
         paced = each_sink(topics["paced"], paced_per * a.partitions, "availableNow over paced records,")
         fixed = each_sink(topics["small"], per_batch, f"fixed cost ({per_batch}-record batches)")
@@ -336,6 +391,7 @@ def in_process(
         "range_reads": reads,
         "batch_noop": batch,
         "available_now": avail,
+        "noop_rounds": rounds,
         "available_now_one_batch": one,
         "available_now_paced": {"records_per_batch": paced_per * a.partitions, "rate": a.rate, "by_sink": paced},
         "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, "by_sink": fixed},
@@ -442,6 +498,9 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.8))
     names = ["batch noop"] + [f"stream {r['sink']}" for r in doc["available_now"]]
     vals = [doc["batch_noop"]["rows_per_s"]] + [r.get("rows_per_s") or 0 for r in doc["available_now"]]
+    med = (doc.get("noop_rounds") or {}).get("median") or {}
+    names += [f"median {k}" if k == "batch" else f"median noop, cut {k}" for k in med]
+    vals += [v or 0 for v in med.values()]
     ax[0].bar(range(len(names)), vals, color=["grey"] + ["C0"] * (len(names) - 1))
     ax[0].set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax[0].set_ylabel("rows/s")
@@ -490,6 +549,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--max-offsets", type=int, default=50_000, help="maxOffsetsPerTrigger")
     ap.add_argument("--fixed-batches", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=3, help="noop rounds (batch vs availableNow by cut)")
     ap.add_argument("--modes", default=None, help="default none,transaction,staging,dedup")
     ap.add_argument("--triggers", default=None, help="seconds, default 0.5,1,5,10 (quick 1,5)")
     ap.add_argument("--rate", type=float, default=2000.0, help="offered events/s for the trigger runs")
@@ -516,6 +576,7 @@ def _save(doc: dict[str, Any], a: argparse.Namespace, jpath: Path, t0: float) ->
         "events": a.events,
         "partitions": a.partitions,
         "max_offsets_per_trigger": a.max_offsets,
+        "noop_rounds": a.rounds,
         "modes": a.modes,
         "triggers": a.triggers,
         "rate": a.rate,

@@ -46,9 +46,10 @@ _FORBIDDEN_KAFKA = {
 _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 
 #: ``minRecordsPerPartition``: a batch smaller than this many records per offset range
-#: is packed into fewer Spark partitions. Each task costs tens of ms whatever it reads
-#: (docs/performance.md), about what reading 2,000 records costs.
-DEFAULT_MIN_RECORDS_PER_PARTITION = 2_000
+#: is packed into fewer Spark partitions. pyspark's path for one Python data-source
+#: task costs about 90-100 ms whatever it reads (docs/performance.md); a task of 20,000
+#: records reads for about 150-200 ms, so the fixed part stays under a third of it.
+DEFAULT_MIN_RECORDS_PER_PARTITION = 20_000
 
 _KNOWN = {
     "bootstrap.servers",
@@ -106,9 +107,9 @@ class KafkaOptions:
         Pack whole offset ranges into at most this many Spark partitions per batch
         (fewer tasks: each task has a fixed cost), or None for one per range.
     min_records_per_partition
-        Pack whole offset ranges of a small batch so each Spark partition holds at
-        least about this many records (1: one partition per range); not applied
-        when ``min_partitions`` is given.
+        Pack whole offset ranges of a small batch, the same number into each Spark
+        partition, so each holds about this many records on average (1: one
+        partition per range); not applied when ``min_partitions`` is given.
     fail_on_data_loss
         Raise when records in a planned range are gone (retention, deleted topic);
         when False, skip what is gone and read what is left.

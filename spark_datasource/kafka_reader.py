@@ -308,16 +308,21 @@ def group_ranges(ranges: Sequence[KafkaOffsetRange], max_partitions: int | None)
 def partition_count(ranges: Sequence[KafkaOffsetRange], opts: KafkaOptions) -> int:
     """How many Spark partitions a batch of ``ranges`` gets (driver; pure).
 
-    One per range, at most ``maxPartitions``; without ``minPartitions``, a small batch
-    gets fewer, so each holds about ``minRecordsPerPartition`` records or more: a
-    micro-batch of a few records runs one task instead of one per topic-partition.
+    One per range, at most ``maxPartitions``. Without ``minPartitions``, a batch whose
+    ranges average fewer than ``minRecordsPerPartition`` records gets fewer: each
+    partition takes the same number of whole ranges, as many as hold about
+    ``minRecordsPerPartition`` records on average. A micro-batch of a few records
+    runs one task instead of one per topic-partition, and equal ranges pack into
+    equal groups (8 ranges into 2 or 4 tasks, never 8 into 6, which would leave two
+    tasks with twice the records of the others).
     """
     count = len(ranges)
     if opts.max_partitions:
         count = min(count, opts.max_partitions)
-    if not opts.min_partitions:
+    if not opts.min_partitions and ranges:
         total = sum(r.size for r in ranges)
-        count = min(count, max(1, -(-total // opts.min_records_per_partition)))
+        per_group = max(1, -(-opts.min_records_per_partition * len(ranges) // total))
+        count = min(count, -(-len(ranges) // per_group))
     return count
 
 

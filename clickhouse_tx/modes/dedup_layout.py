@@ -87,7 +87,8 @@ def way_out(txn_id: str) -> str:
     """What the user does after a :class:`DedupLayoutError`."""
     return (
         f"Way out: run the batch again with the original partitioning (the same "
-        "repartition(n), minPartitions and Kafka partitions): restart the streaming query on "
+        "repartition(n), Kafka partitions and kafka_py options minPartitions, maxPartitions and "
+        "minRecordsPerPartition): restart the streaming query on "
         f"the same checkpoint, or re-run the batch job with transactional_id '{txn_id}' and "
         "the same decision_log. It re-sends the same rows under the same tokens, which "
         "ClickHouse drops as duplicates"

@@ -572,10 +572,34 @@ def test_a_small_batch_is_packed_into_fewer_spark_partitions_of_about_min_record
     small = {("t", p): 4 for p in range(8)}  # 32 records
     assert partition_count(plan_ranges(start, small, None, True), _opts()) == 1
     assert len(plan_partitions(start, small, _opts())) == 1
-    medium = {("t", p): 700 for p in range(8)}  # 5,600 records: 3 partitions of 2,000 or more
-    assert len(plan_partitions(start, medium, _opts())) == 3
-    large = {("t", p): 6_250 for p in range(8)}  # one partition per range
+    medium = {("t", p): 700 for p in range(8)}  # 5,600 records, 3 ranges (2,100) per partition
+    assert len(plan_partitions(start, medium, _opts(minRecordsPerPartition="2000"))) == 3
+    batch = {("t", p): 6_250 for p in range(8)}  # 50,000 records: 4 ranges per partition
+    assert len(plan_partitions(start, batch, _opts())) == 2
+    large = {("t", p): 20_000 for p in range(8)}  # one partition per range
     assert plan_partitions(start, large, _opts()) == plan_ranges(start, large, None, True)
+
+
+def test_equal_ranges_are_packed_into_partitions_of_equal_size_not_into_a_count_that_leaves_some_double() -> None:
+    from spark_datasource.kafka_reader import KafkaRangeGroup, plan_partitions
+
+    start = {("t", p): 0 for p in range(8)}
+    end = {("t", p): 18_750 for p in range(8)}  # 150,000 records; 150,000 / 25,000 would be 6 groups
+    groups = plan_partitions(start, end, _opts(minRecordsPerPartition="25000"))
+    sizes = [sum(r.size for r in g.ranges) for g in groups if isinstance(g, KafkaRangeGroup)]
+    assert len(groups) == 4 and sizes == [37_500] * 4
+
+
+def test_max_partitions_with_min_records_of_one_plans_a_batch_exactly_as_the_rule_before_2026_11_25() -> None:
+    from spark_datasource.kafka_reader import group_ranges, plan_partitions
+
+    for sizes in ([700] * 8, [6_250] * 8, [18_750] * 8, [40_000, 30, 20, 10], [1] * 3, [2_500, 900, 1_700]):
+        start = {("t", p): 0 for p in range(len(sizes))}
+        end = {("t", p): n for p, n in enumerate(sizes)}
+        ranges = plan_ranges(start, end, None, True)
+        old_count = min(len(ranges), max(1, -(-sum(sizes) // 2_000)))  # the old default and rule
+        old = group_ranges(ranges, old_count)
+        assert plan_partitions(start, end, _opts(maxPartitions=str(old_count), minRecordsPerPartition="1")) == old
 
 
 def test_packing_is_a_function_of_the_offsets_and_options_so_a_replay_is_cut_the_same_way() -> None:
@@ -586,7 +610,8 @@ def test_packing_is_a_function_of_the_offsets_and_options_so_a_replay_is_cut_the
     opts = _opts(minRecordsPerPartition="8")
     first = plan_partitions(start, end, opts)
     assert first == plan_partitions(dict(reversed(start.items())), dict(reversed(end.items())), opts)
-    assert len(first) == 4 and all(isinstance(g, KafkaRangeGroup) for g in first)  # 25 records, 8 or more each
+    # 25 records in 5 ranges: 2 ranges (10 records) per partition on average, so 3 partitions
+    assert len(first) == 3 and all(isinstance(g, KafkaRangeGroup) for g in first)
     # every range once, whole, in one group
     ranges = sorted((r.partition, r.start, r.end) for g in first for r in g.ranges)  # type: ignore[attr-defined]
     assert ranges == [(p, 10 * p, 10 * p + 3 + p) for p in range(5)]

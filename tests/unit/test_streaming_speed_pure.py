@@ -55,6 +55,19 @@ def test_paced_and_one_batch_runs_are_compared_with_the_bulk_runs_of_the_same_si
     assert r["available_now transaction paced/bulk"] is None  # the paced run failed
 
 
+def test_the_noop_rounds_medians_give_the_streaming_over_batch_ratios_and_one_per_cut() -> None:
+    doc = {
+        "batch_noop": {"rows_per_s": 2000.0},  # one warm run: the medians of the rounds win
+        "available_now": [{"sink": "noop", "rows_per_s": 300.0}, {"sink": "transaction", "rows_per_s": 500.0}],
+        "noop_rounds": {"median": {"batch": 1000.0, "default": 850.0, "1": 600.0, "2000": None}},
+    }
+    r = ratios(doc)
+    assert r["stream_noop/batch_noop"] == 0.85
+    assert r["stream_transaction/batch_noop"] == 0.5
+    assert r["stream_noop minRecordsPerPartition=1/batch_noop"] == 0.6
+    assert r["stream_noop minRecordsPerPartition=2000/batch_noop"] is None  # every run of it failed
+
+
 def test_a_paced_batch_holds_five_seconds_of_the_offered_rate_per_partition() -> None:
     assert paced_batch(2000.0, 8) == 1250
     assert paced_batch(1.0, 8) == 4
