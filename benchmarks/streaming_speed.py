@@ -9,8 +9,8 @@
    Streaming throughput is rows / Σ ``triggerExecution`` of the batches after the
    first (the first one pays the Python workers' start); the per-batch split is the
    mean of each ``StreamingQueryProgress.durationMs`` entry over those batches.
-   Then **noop rounds**: the batch job and availableNow → noop under each
-   ``minRecordsPerPartition`` of :data:`CUTS`, ``--rounds`` times interleaved; the
+   Then **noop rounds**: the batch job and availableNow → noop under each cut and
+   batch size of :data:`VARIANTS`, ``--rounds`` times interleaved; the
    streaming/batch ratios are the medians' (the JVM warms up over the first runs).
    Beside them: ``noop`` with the whole topic in one batch (how the ratio to the
    batch job depends on the batch size), and **paced production**: a second topic
@@ -29,7 +29,8 @@
    over what is produced after a warm-up of :data:`WARMUP_S` (the first batches with
    data start the Python workers; the whole run's figures are kept beside).
 4. **Ramp**: per mode at a 1 s trigger, offered rates doubling from ``--ramp-start``
-   until a batch takes longer than the trigger (the lag then grows without bound);
+   until a batch takes longer than the trigger (the lag then grows without bound, or
+   the job fails when the dev broker drops records it has not read: ~5 MiB per partition);
    the last rate that kept up is the mode's sustained maximum. Then ``transaction`` at
    half its maximum, for the latency at a comfortable load.
 
@@ -107,8 +108,8 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
         "stream_transaction/batch_noop": div(avail.get("transaction"), ceiling),
         "available_now transaction/none": div(avail.get("transaction"), avail.get("none")),
     }
-    for cut in (c for c in rounds if c not in ("batch", "default")):
-        out[f"stream_noop minRecordsPerPartition={cut}/batch_noop"] = div(rounds.get(cut), ceiling)
+    for label in (c for c in rounds if c not in ("batch", "default")):
+        out[f"stream_noop {label}/batch_noop"] = div(rounds.get(label), ceiling)
     one = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now_one_batch", [])}
     out["stream_noop one batch/batch_noop"] = div(one.get("noop"), ceiling)
     paced = {r["sink"]: r.get("rows_per_s") for r in (doc.get("available_now_paced") or {}).get("by_sink", [])}
@@ -301,12 +302,21 @@ def paced_batch(rate: float, partitions: int) -> int:
 
 def _topics(bootstrap: str, control: str | None, a: argparse.Namespace, say: Callable[[str], None]) -> dict[str, str]:
     """The section's topics: bulk-produced, a few records per batch, and paced at ``--rate``."""
-    from benchmarks.pipeline_run import create_topic, produce
+    from benchmarks.pipeline_run import create_topic, end_offsets, produce
 
     names = {kind: f"speed_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("bulk", "small", "paced")}
     for name in names.values():
         create_topic(bootstrap, control, name, a.partitions)
     produce(bootstrap, names["bulk"], a.events, a.partitions)
+    dropped = {p: lo for p, (lo, _) in end_offsets(bootstrap, names["bulk"], a.partitions)[names["bulk"]].items() if lo}
+    if dropped:
+        # The dev broker keeps ~5 MiB per partition and drops older batches like
+        # retention: every later read of the bulk topic would fail on data loss.
+        raise SystemExit(
+            f"streaming_speed: the broker kept only part of {a.events:,} events over {a.partitions} partitions "
+            f"(log start offsets {dropped}); the dev broker keeps ~5 MiB per partition: "
+            f"use fewer --events or more --partitions"
+        )
     produce(bootstrap, names["small"], 4 * a.partitions * a.fixed_batches, a.partitions)
     paced = 4 * a.partitions * paced_batch(a.rate, a.partitions)  # the range reads' 1 + 3 rounds
     say(f"producing {paced} events at {a.rate:g}/s to {names['paced']} ...")
@@ -314,10 +324,20 @@ def _topics(bootstrap: str, control: str | None, a: argparse.Namespace, say: Cal
     return names
 
 
-#: ``minRecordsPerPartition`` values of the noop rounds: the source's default, one Spark
-#: partition per Kafka partition (Spark's own source) and the default before 2026-11-25;
-#: side by side they show what the number of tasks per batch costs.
-CUTS = ("default", "1", "2000")
+#: The noop rounds' streaming variants: label → (``maxOffsetsPerTrigger`` as a multiple of
+#: ``--max-offsets``, ``kafka_py`` options; ``"cores"`` stands for the session's default
+#: parallelism). ``minRecordsPerPartition`` 1 is Spark's own cut (a task per Kafka
+#: partition) and 2000 the default before 2026-11-25; the larger batches, cut into one
+#: task per core, show what Spark's per-batch checkpoint writes and pyspark's per-task
+#: cost leave of the batch job's rate once a batch holds more records.
+VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
+    "default": (1, {}),
+    "minRecordsPerPartition=1": (1, {"minRecordsPerPartition": "1"}),
+    "minRecordsPerPartition=2000": (1, {"minRecordsPerPartition": "2000"}),
+    "2x maxOffsetsPerTrigger": (2, {}),
+    "2x maxOffsetsPerTrigger, maxPartitions=cores": (2, {"maxPartitions": "cores"}),
+    "4x maxOffsetsPerTrigger, maxPartitions=cores": (4, {"maxPartitions": "cores"}),
+}
 
 
 def _median(xs: Sequence[float | None]) -> float | None:
@@ -328,23 +348,27 @@ def _median(xs: Sequence[float | None]) -> float | None:
 def noop_rounds(
     spark: Any, bootstrap: str, topic: str, a: argparse.Namespace, work: Path, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Batch ``kafka_py`` → noop, then availableNow → noop under each of :data:`CUTS`,
+    """Batch ``kafka_py`` → noop, then availableNow → noop under each of :data:`VARIANTS`,
     ``a.rounds`` times over, interleaved: the JVM warms up over the first runs and load
     comes in bursts, so every figure gets its share of both; the ratios use medians."""
+    cores = str(spark.sparkContext.defaultParallelism)
     batch: list[float | None] = []
-    streams: dict[str, list[float | None]] = {cut: [] for cut in CUTS}
+    streams: dict[str, list[float | None]] = {label: [] for label in VARIANTS}
     for i in range(a.rounds):
         batch.append(round(a.events / _batch_seconds(spark, bootstrap, topic), 1))
-        for cut in CUTS:
-            opts = {} if cut == "default" else {"minRecordsPerPartition": cut}
-            run = functools.partial(_run_stream, spark, bootstrap, topic, a.max_offsets, "noop", None, work, opts)
-            streams[cut].append(_attempt(run, {"sink": "noop", "source_options": opts}).get("rows_per_s"))
-        say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, availableNow by minRecordsPerPartition {streams}")
+        for label, (times, options) in VARIANTS.items():
+            opts = {k: cores if v == "cores" else v for k, v in options.items()}
+            per = times * a.max_offsets
+            run = functools.partial(_run_stream, spark, bootstrap, topic, per, "noop", None, work, opts)
+            label_run = {"sink": "noop", "max_offsets": per, "source_options": opts}
+            streams[label].append(_attempt(run, label_run).get("rows_per_s"))
+        say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, availableNow by variant {streams}")
     return {
         "rounds": a.rounds,
+        "cores": int(cores),
         "batch_rows_per_s": batch,
         "stream_rows_per_s": streams,
-        "median": {"batch": _median(batch), **{cut: _median(v) for cut, v in streams.items()}},
+        "median": {"batch": _median(batch), **{label: _median(v) for label, v in streams.items()}},
     }
 
 
@@ -427,13 +451,12 @@ def _pipeline_run(
     try:
         r = run_pipeline(cfg)
     except Exception as e:  # record and go on with the benchmark
-        return {
-            "mode": mode,
-            "trigger_s": trigger,
-            "rate": rate,
-            "ok": False,
-            "error": f"{type(e).__name__}: {str(e)[:400]}",
-        }
+        err = f"{type(e).__name__}: {str(e)[:400]}"
+        if "KafkaDataLossError" in str(e) or "_after_out_of_range" in str(e):
+            # The job fell so far behind that the dev broker (~5 MiB per partition)
+            # dropped records it had not read: the source refused to skip them.
+            err = f"fell behind until the broker dropped unread records (data loss refused); {err}"
+        return {"mode": mode, "trigger_s": trigger, "rate": rate, "ok": False, "error": err}
     for k in ("anomalies", "kafka_end_offsets", "crash_log"):
         r.pop(k, None)
     return r
@@ -499,7 +522,7 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     names = ["batch noop"] + [f"stream {r['sink']}" for r in doc["available_now"]]
     vals = [doc["batch_noop"]["rows_per_s"]] + [r.get("rows_per_s") or 0 for r in doc["available_now"]]
     med = (doc.get("noop_rounds") or {}).get("median") or {}
-    names += [f"median {k}" if k == "batch" else f"median noop, cut {k}" for k in med]
+    names += [f"median {k}" if k == "batch" else f"median noop, {k}" for k in med]
     vals += [v or 0 for v in med.values()]
     ax[0].bar(range(len(names)), vals, color=["grey"] + ["C0"] * (len(names) - 1))
     ax[0].set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
@@ -545,11 +568,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="a few minutes: fewer events, triggers 1 and 5 s, modes none and transaction",
     )
-    ap.add_argument("--events", type=int, default=None, help="default 1000000, quick 150000")
+    ap.add_argument(
+        "--events",
+        type=int,
+        default=None,
+        help="default 400000 (the dev broker keeps ~5 MiB, ~60k events, a partition), quick 150000",
+    )
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--max-offsets", type=int, default=50_000, help="maxOffsetsPerTrigger")
     ap.add_argument("--fixed-batches", type=int, default=6)
-    ap.add_argument("--rounds", type=int, default=3, help="noop rounds (batch vs availableNow by cut)")
+    ap.add_argument("--rounds", type=int, default=3, help="noop rounds (batch vs availableNow by variant)")
     ap.add_argument("--modes", default=None, help="default none,transaction,staging,dedup")
     ap.add_argument("--triggers", default=None, help="seconds, default 0.5,1,5,10 (quick 1,5)")
     ap.add_argument("--rate", type=float, default=2000.0, help="offered events/s for the trigger runs")
@@ -560,7 +588,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--skip-pipeline", action="store_true", help="sections 1 and 2 only")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    a.events = a.events or (150_000 if a.quick else 1_000_000)
+    a.events = a.events or (150_000 if a.quick else 400_000)
     a.modes = [m for m in (a.modes or ("none,transaction" if a.quick else ",".join(MODES))).split(",") if m]
     a.triggers = [float(t) for t in (a.triggers or ("1,5" if a.quick else "0.5,1,5,10")).split(",")]
     a.duration = a.duration or (15.0 if a.quick else 30.0)

@@ -55,11 +55,18 @@ def test_paced_and_one_batch_runs_are_compared_with_the_bulk_runs_of_the_same_si
     assert r["available_now transaction paced/bulk"] is None  # the paced run failed
 
 
-def test_the_noop_rounds_medians_give_the_streaming_over_batch_ratios_and_one_per_cut() -> None:
+def test_the_noop_rounds_medians_give_the_streaming_over_batch_ratios_and_one_per_variant() -> None:
     doc = {
         "batch_noop": {"rows_per_s": 2000.0},  # one warm run: the medians of the rounds win
         "available_now": [{"sink": "noop", "rows_per_s": 300.0}, {"sink": "transaction", "rows_per_s": 500.0}],
-        "noop_rounds": {"median": {"batch": 1000.0, "default": 850.0, "1": 600.0, "2000": None}},
+        "noop_rounds": {
+            "median": {
+                "batch": 1000.0,
+                "default": 850.0,
+                "minRecordsPerPartition=1": 600.0,
+                "minRecordsPerPartition=2000": None,
+            }
+        },
     }
     r = ratios(doc)
     assert r["stream_noop/batch_noop"] == 0.85
