@@ -10,8 +10,10 @@
    first (the first one pays the Python workers' start); the per-batch split is the
    mean of each ``StreamingQueryProgress.durationMs`` entry over those batches.
    Then **noop rounds**: the batch job and availableNow → noop under each cut and
-   batch size of :data:`VARIANTS`, ``--rounds`` times interleaved; the
-   streaming/batch ratios are the medians' (the JVM warms up over the first runs).
+   batch size of :data:`VARIANTS`, and the pipeline's job cut at each stage of
+   :data:`SPLIT_SINKS` (raw read, JSON parse, Python writer, ``none``, ``transaction``),
+   ``--rounds`` times interleaved; the streaming/batch ratios are the medians' (the JVM
+   warms up over the first runs).
    Beside them: ``noop`` with the whole topic in one batch (how the ratio to the
    batch job depends on the batch size), and **paced production**: a second topic
    produced at ``--rate`` (as the pipeline runs produce), read by the same range reads
@@ -103,11 +105,17 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
     rounds = (doc.get("noop_rounds") or {}).get("median") or {}
     ceiling = rounds.get("batch") or (doc.get("batch_noop") or {}).get("rows_per_s")
     avail = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now", [])}
+    split = {k: v.get("rows_per_s") for k, v in ((doc.get("noop_rounds") or {}).get("split_median") or {}).items()}
     out: dict[str, float | None] = {
         "stream_noop/batch_noop": div(rounds.get("default") or avail.get("noop"), ceiling),
-        "stream_transaction/batch_noop": div(avail.get("transaction"), ceiling),
+        "stream_transaction/batch_noop": div(split.get("transaction") or avail.get("transaction"), ceiling),
         "available_now transaction/none": div(avail.get("transaction"), avail.get("none")),
     }
+    for sink in ("parsed_noop", "parsed_noop_python", "none"):
+        if split.get(sink):
+            out[f"stream {sink}/batch_noop"] = div(split.get(sink), ceiling)
+    if split.get("transaction"):
+        out["split transaction/none"] = div(split.get("transaction"), split.get("none"))
     for label in (c for c in rounds if c not in ("batch", "default")):
         out[f"stream_noop {label}/batch_noop"] = div(rounds.get(label), ceiling)
     one = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now_one_batch", [])}
@@ -226,8 +234,12 @@ def _run_stream(
         .load()
     )
     chk = work / f"chk_{uuid.uuid4().hex[:8]}"
-    if sink == "noop":
-        w = raw.writeStream.format("noop").option("checkpointLocation", str(chk))
+    if sink in ("noop", "parsed_noop", "parsed_noop_python"):
+        # parsed_*: the pipeline's JSON parse, then Spark's JVM no-op sink or a Python
+        # writer that only counts rows (the split of what the sink's stage costs)
+        df = raw if sink == "noop" else parse_events(raw)
+        fmt = "noop_python_stream" if sink == "parsed_noop_python" else "noop"
+        w = df.writeStream.format(fmt).option("checkpointLocation", str(chk))
     else:
         table = f"speed.events_{sink}_{uuid.uuid4().hex[:8]}"
         create_target(str(url), table, sink)
@@ -340,20 +352,28 @@ VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
 }
 
 
+#: The split of a micro-batch into the stages of the pipeline's job, one availableNow
+#: query each per noop round: the raw read, the JSON parse (Spark's JVM no-op sink),
+#: the hop of the rows to a Python writer that counts them, and the sink in two modes.
+SPLIT_SINKS = ("noop", "parsed_noop", "parsed_noop_python", "none", "transaction")
+
+
 def _median(xs: Sequence[float | None]) -> float | None:
     got = [x for x in xs if x]
     return round(statistics.median(got), 1) if got else None
 
 
 def noop_rounds(
-    spark: Any, bootstrap: str, topic: str, a: argparse.Namespace, work: Path, say: Callable[[str], None]
+    spark: Any, bootstrap: str, url: str, topic: str, a: argparse.Namespace, work: Path, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Batch ``kafka_py`` → noop, then availableNow → noop under each of :data:`VARIANTS`,
-    ``a.rounds`` times over, interleaved: the JVM warms up over the first runs and load
-    comes in bursts, so every figure gets its share of both; the ratios use medians."""
+    """Batch ``kafka_py`` → noop, then availableNow → noop under each of :data:`VARIANTS`
+    and into each of :data:`SPLIT_SINKS`, ``a.rounds`` times over, interleaved: the JVM
+    warms up over the first runs and load comes in bursts, so every figure gets its
+    share of both; the ratios use medians."""
     cores = str(spark.sparkContext.defaultParallelism)
     batch: list[float | None] = []
     streams: dict[str, list[float | None]] = {label: [] for label in VARIANTS}
+    split: dict[str, list[dict[str, Any]]] = {sink: [] for sink in SPLIT_SINKS}
     for i in range(a.rounds):
         batch.append(round(a.events / _batch_seconds(spark, bootstrap, topic), 1))
         for label, (times, options) in VARIANTS.items():
@@ -362,13 +382,24 @@ def noop_rounds(
             run = functools.partial(_run_stream, spark, bootstrap, topic, per, "noop", None, work, opts)
             label_run = {"sink": "noop", "max_offsets": per, "source_options": opts}
             streams[label].append(_attempt(run, label_run).get("rows_per_s"))
-        say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, availableNow by variant {streams}")
+        for sink in SPLIT_SINKS:
+            run = functools.partial(_run_stream, spark, bootstrap, topic, a.max_offsets, sink, url, work)
+            r = _attempt(run, {"sink": sink})
+            split[sink].append(
+                {"rows_per_s": r.get("rows_per_s"), "add_batch_ms": (r.get("mean_ms") or {}).get("addBatch")}
+            )
+        say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, availableNow by variant {streams}, split {split}")
     return {
         "rounds": a.rounds,
         "cores": int(cores),
         "batch_rows_per_s": batch,
         "stream_rows_per_s": streams,
         "median": {"batch": _median(batch), **{label: _median(v) for label, v in streams.items()}},
+        "split": split,
+        "split_median": {
+            sink: {k: _median([r[k] for r in runs]) for k in ("rows_per_s", "add_batch_ms")}
+            for sink, runs in split.items()
+        },
     }
 
 
@@ -376,6 +407,7 @@ def in_process(
     bootstrap: str, control: str | None, url: str, a: argparse.Namespace, work: Path, say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Sections 1 and 2: ceiling, availableNow per sink (bulk and paced), the fixed cost per batch."""
+    from benchmarks.batch_overhead import NoopStreamSource
     from benchmarks.streaming_job import build_session
 
     topics = _topics(bootstrap, control, a, say)
@@ -387,6 +419,7 @@ def in_process(
     import spark_datasource
 
     spark_datasource.register(spark)
+    spark.dataSource.register(NoopStreamSource)
     try:
         batch = _batch_noop(spark, bootstrap, topics["bulk"], a.events)
         say(f"batch kafka_py -> noop: {batch['rows_per_s']:,.0f} rows/s")
@@ -405,7 +438,7 @@ def in_process(
             return runs
 
         avail = each_sink(topics["bulk"], a.max_offsets, "availableNow")
-        rounds = noop_rounds(spark, bootstrap, topics["bulk"], a, work, say)
+        rounds = noop_rounds(spark, bootstrap, url, topics["bulk"], a, work, say)
         one = each_sink(topics["bulk"], a.events, "availableNow, the whole topic in one batch,", ("noop",))
         paced = each_sink(topics["paced"], paced_per * a.partitions, "availableNow over paced records,")
         fixed = each_sink(topics["small"], per_batch, f"fixed cost ({per_batch}-record batches)")

@@ -103,3 +103,26 @@ def test_a_run_keeps_up_when_its_batches_after_the_warm_up_fit_in_the_trigger_ev
     run = {"ok": True, "mean_batch_ms": 4000, "steady": {"mean_batch_ms": 700}}
     assert kept_up(run, 1.0)
     assert not kept_up({**run, "steady": {"mean_batch_ms": 1200}}, 1.0)
+
+
+def test_the_rounds_split_gives_each_stage_over_the_batch_job_and_prefers_its_transaction_median() -> None:
+    doc = {
+        "available_now": [{"sink": "transaction", "rows_per_s": 100.0}, {"sink": "none", "rows_per_s": 80.0}],
+        "noop_rounds": {
+            "median": {"batch": 1000.0, "default": 700.0},
+            "split_median": {
+                "noop": {"rows_per_s": 700.0, "add_batch_ms": 250.0},
+                "parsed_noop": {"rows_per_s": 500.0, "add_batch_ms": 400.0},
+                "parsed_noop_python": {"rows_per_s": 450.0, "add_batch_ms": 450.0},
+                "none": {"rows_per_s": 400.0, "add_batch_ms": 550.0},
+                "transaction": {"rows_per_s": 380.0, "add_batch_ms": 570.0},
+            },
+        },
+    }
+    r = ratios(doc)
+    assert r["stream_transaction/batch_noop"] == 0.38  # the rounds' median, not the one run
+    assert r["stream parsed_noop/batch_noop"] == 0.5
+    assert r["stream parsed_noop_python/batch_noop"] == 0.45
+    assert r["stream none/batch_noop"] == 0.4
+    assert r["split transaction/none"] == 0.95
+    assert r["available_now transaction/none"] == 1.25
