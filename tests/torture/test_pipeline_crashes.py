@@ -99,6 +99,7 @@ def test_repeated_random_kills_leave_no_duplicates_and_no_losses(stack: StackInf
     # 20 micro-batches, so three kills at random times land before the source is drained.
     r = _run(stack, tmp_path, mode=mode, crash_points="random", crashes=3, events=8000, seed=11, per_batch=400)
     assert r["crashes"] >= 2, r["crash_log"]
+    assert r["crash_log"][0]["committed_before"] < r["events"], r["crash_log"]  # a kill mid-stream
     assert r["duplicates"] == 0 and r["lost"] == 0 and r["lost_event_ids"] == 0, r["anomalies"]
     assert r["rows_in_clickhouse"] == r["events"]
 
@@ -106,7 +107,18 @@ def test_repeated_random_kills_leave_no_duplicates_and_no_losses(stack: StackInf
 @pytest.mark.slow
 @pytest.mark.parametrize("crash_points", ["random", "after_commit:1"])
 def test_at_least_once_mode_loses_nothing_through_kills(stack: StackInfo, tmp_path, crash_points: str) -> None:
-    r = _run(stack, tmp_path, mode="none", crash_points=crash_points, crashes=2 if crash_points == "random" else 1)
+    # 20 batches of 400: with 5 batches of 800 the random kills (0.2-2.5 s after the first
+    # batch) came after the last commit, or never when the job exited first
+    r = _run(
+        stack,
+        tmp_path,
+        mode="none",
+        crash_points=crash_points,
+        crashes=2 if crash_points == "random" else 1,
+        events=8000,
+        per_batch=400,
+    )
     assert r["crashes"] >= 1, r["crash_log"]
+    assert r["crash_log"][0]["committed_before"] < r["events"], r["crash_log"]  # a kill mid-stream
     assert r["lost"] == 0 and r["lost_event_ids"] == 0, r["anomalies"]
     assert r["distinct_offsets"] == r["events"]
