@@ -41,7 +41,7 @@ import io
 import json
 import re
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import pyarrow as pa
@@ -70,6 +70,10 @@ def safe_url(url: str) -> str:
     if port:
         host = f"{host}:{port}"
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+#: The Arrow IPC stream's end marker: continuation token, then a zero metadata length.
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 class _PendingBytes(io.RawIOBase):
@@ -333,6 +337,34 @@ class ClickHouseHTTP:
         url_params["query"] = sql
         self._post(url_params=url_params, data=body(), what=_what(sql))
         return counter[0]
+
+    def insert_arrow_messages(
+        self,
+        table_sql: str,
+        schema: pa.Schema,
+        messages: Sequence[pa.Buffer],
+        settings: Mapping[str, object] | None = None,
+    ) -> None:
+        """``INSERT INTO <table_sql> (<cols>) FORMAT ArrowStream`` of serialized record batches.
+
+        Parameters
+        ----------
+        table_sql
+            Already quoted table name.
+        schema
+            The batch's schema; its field names are the INSERT column list.
+        messages
+            ``RecordBatch.serialize()`` of batches without dictionary columns. The body
+            is the schema message, these messages and the end-of-stream marker: the
+            bytes :meth:`insert_arrow_stream` would send for the batches, without
+            encoding and copying them again (a caller that hashed the messages sends
+            what it hashed).
+        """
+        sql = f"INSERT INTO {table_sql} {q.column_list(schema.names)} FORMAT ArrowStream"
+        url_params = self._params(settings, None, False, None)
+        url_params["query"] = sql
+        body: list[Any] = [schema.serialize().to_pybytes(), *(memoryview(m) for m in messages), _END_OF_STREAM]
+        self._post(url_params=url_params, data=iter(body), what=_what(sql))
 
 
 _BIG_INT = re.compile(r"^(?:Nullable\()?U?Int(?:64|128|256)\)?$")

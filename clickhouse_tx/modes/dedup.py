@@ -1,9 +1,10 @@
 """Mode ``dedup``: idempotent at-least-once with content-derived deduplication tokens.
 
 prepare (executor, once per partition attempt)
-    Cut the partition's rows into chunks of :data:`CHUNK_ROWS` rows, counted from the
-    partition's first row (the cut depends only on the rows and their order, not on
-    how they arrive in record batches), and INSERT each chunk straight into the
+    Cut the partition's rows into chunks of a size taken from its first rows
+    (:class:`ChunkSizing`), counted from the partition's first row (the cut depends
+    only on the rows and their order, not on how they arrive in record batches), and
+    INSERT each chunk straight into the
     target with ``insert_deduplication_token = <txn_id>:<batch>:<partition>:<h>:<k>``
     where ``h`` is a SHA-256 of the chunk's Arrow IPC bytes and ``k`` counts earlier
     chunks of the partition with the same ``h``. The token has no attempt number and
@@ -33,10 +34,12 @@ Replicated tables; :meth:`DedupMode.validate` refuses a table without one.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
+import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -65,9 +68,48 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-#: Rows per INSERT (and per deduplication token). Part of the protocol: a run and
-#: its replay must cut at the same size, so it is not an option.
-CHUNK_ROWS = 250_000
+
+@dataclasses.dataclass(frozen=True)
+class ChunkSizing:
+    """How many rows go into one chunk (one INSERT, one token, one part) of a partition.
+
+    Part of the protocol, so not an option: a run and its replay must cut a partition
+    at the same rows. The count is decided per partition from its first
+    ``sample_rows`` rows (:meth:`rows_for`): as many rows as make about
+    ``target_bytes`` of Arrow IPC at the sample's bytes per row, within
+    ``[min_rows, max_rows]``. It depends only on those rows' values (their IPC bytes
+    are what the digest hashes), so a replay of the same rows cuts the same chunks.
+    Narrow rows make chunks of ``max_rows`` (ClickHouse's own insert block is about
+    as large, so the table gets parts of the size a plain INSERT makes); wide rows
+    make chunks of about ``target_bytes``, which bounds a task's memory.
+    """
+
+    target_bytes: int = 32 * 1024 * 1024
+    sample_rows: int = 8192
+    min_rows: int = 8192
+    max_rows: int = 1_048_576
+    #: Rows per Arrow IPC message of a chunk, counted from the chunk's first row: the
+    #: server reads one while the next arrives, and makes one block of the chunk
+    #: (``min_insert_block_size_rows``). The digest hashes the messages.
+    message_rows: int = 65_536
+
+    def __post_init__(self) -> None:
+        if not 0 < self.sample_rows <= self.min_rows <= self.max_rows or self.message_rows <= 0:
+            raise ValueError(f"need 0 < sample_rows <= min_rows <= max_rows and message_rows > 0, got {self}")
+
+    @classmethod
+    def fixed(cls, rows: int, message_rows: int = 65_536) -> "ChunkSizing":
+        """Every chunk ``rows`` rows, whatever their width (tests cut small chunks with it)."""
+        return cls(target_bytes=1, sample_rows=rows, min_rows=rows, max_rows=rows, message_rows=message_rows)
+
+    def rows_for(self, sample_rows: int, sample_bytes: int) -> int:
+        """Rows per chunk for a partition whose first ``sample_rows`` rows serialize to ``sample_bytes``.
+
+        A partition shorter than the sample is one chunk whatever this returns.
+        """
+        if sample_rows <= 0 or sample_bytes <= 0:
+            return self.min_rows
+        return max(self.min_rows, min(self.max_rows, self.target_bytes * sample_rows // sample_bytes))
 
 
 class DedupWindowError(ClickHouseTxError):
@@ -75,14 +117,29 @@ class DedupWindowError(ClickHouseTxError):
     window holds: a replay could duplicate rows. Raise the window (docs/modes.md)."""
 
 
-def chunk_digest(chunk: pa.RecordBatch) -> str:
-    """SHA-256 of the chunk's Arrow IPC message: equal rows give equal digests.
+def chunk_messages(pieces: Iterator[pa.RecordBatch], message_rows: int) -> tuple[int, list[pa.Buffer]]:
+    """A chunk's rows (its pieces, in order) as IPC messages of ``message_rows`` rows
+    (the last one fewer), counted from the chunk's first row; (rows, messages)."""
+    cut = Rechunker(pieces, message_rows)
+    rows, messages = 0, []
+    while cut.has_more():
+        one = pa.concat_batches(list(cut.chunk()))
+        rows += one.num_rows
+        messages.append(one.serialize())
+    return rows, messages
+
+
+def chunk_digest(messages: Sequence[pa.Buffer]) -> str:
+    """SHA-256 of a chunk's Arrow IPC messages (:func:`chunk_messages`): equal rows give equal digests.
 
     The IPC writer drops the validity bitmap of a column without nulls and truncates
     sliced buffers, so the bytes depend on the values, not on how the record batches
     that made the chunk were cut.
     """
-    return hashlib.sha256(chunk.serialize()).hexdigest()[:32]
+    h = hashlib.sha256()
+    for m in messages:
+        h.update(m)
+    return h.hexdigest()[:32]
 
 
 def dedup_token(txn_id: str, batch: int, partition: int, digest: str, occurrence: int = 0) -> str:
@@ -196,24 +253,31 @@ class Rechunker:
                 yield b.slice(0, left)
                 left = 0
 
+    def rest(self) -> Iterator[pa.RecordBatch]:
+        """The rows not cut yet, as record batches (this cutter is spent after)."""
+        if self._pending is not None and self._pending.num_rows:
+            yield self._pending
+        self._pending = None
+        yield from self._it
+
 
 class DedupMode(ModeBase):
     """Idempotent at-least-once: INSERT with deterministic dedup tokens."""
 
     mode = Mode.DEDUP
 
-    def __init__(self, chunk_rows: int = CHUNK_ROWS, registry: "KeeperMapRegistry | None" = None) -> None:
-        self.chunk_rows = chunk_rows
+    def __init__(self, sizing: ChunkSizing = ChunkSizing(), registry: "KeeperMapRegistry | None" = None) -> None:
+        self.sizing = sizing
         self.registry = registry
         # Driver: xids of the batch being committed whose marker commit_together found
         # or wrote, so their per-xid commit needs no lookup (confirmed markers only).
         self._marked: set[str] = set()
 
     def __eq__(self, other: object) -> bool:  # the registry is where, not what: not compared
-        return isinstance(other, DedupMode) and other.chunk_rows == self.chunk_rows
+        return isinstance(other, DedupMode) and other.sizing == self.sizing
 
     def __hash__(self) -> int:
-        return hash((DedupMode, self.chunk_rows))
+        return hash((DedupMode, self.sizing))
 
     def validate(self, target: Target, schema: pa.Schema) -> None:
         """Driver, once per query: table, schema, MergeTree family, a dedup window > 0."""
@@ -423,8 +487,8 @@ class DedupMode(ModeBase):
         Then per chunk: for every chunk after the first one layout record
         (:meth:`_check_chunk`; a read before it while re-checking an earlier run's
         chunks), one registry read (the fence), one ``system.parts`` read (the window),
-        one INSERT; one more record past the last chunk.
-        Memory: one chunk.
+        one INSERT; one more record past the last chunk (:meth:`_insert_chunks`).
+        Memory: about one chunk.
         """
         done = self._committed_by(target, ctx)
         if done is not None:
@@ -442,38 +506,9 @@ class DedupMode(ModeBase):
         converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
-        seen: collections.Counter[Any] = collections.Counter()
-        first_block: int | None = None
-        first = ""
-        chunks = 0  # inserted so far: the number of the next chunk
-        catching_up = False  # re-checking an earlier run's chunks of this partition
+        chunks, rows, first_block, first = 0, 0, None, ""
         if schema is not None:
-            cutter = Rechunker(counted, self.chunk_rows)
-            with self.client(target) as c:
-                while cutter.has_more():
-                    # One record batch per INSERT: the server makes one block of each
-                    # Arrow batch, so the blocks (and their dedup hashes) must not depend
-                    # on how the rows arrived.
-                    one = pa.concat_batches(list(cutter.chunk()))
-                    digest = chunk_digest(one)
-                    fingerprint = f"{one.num_rows}:{digest}"
-                    token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
-                    # The layout checks may wait at the barrier: fence after them.
-                    if first_block is None:
-                        first = fingerprint
-                        catching_up = self._check_layout(target, ctx, first, xid)
-                    else:
-                        catching_up = self._check_chunk(target, ctx, chunks, fingerprint, xid, catching_up)
-                    self._fence(target, xid)
-                    if first_block is None:
-                        first_block = max_block_number(c, target)
-                    else:
-                        ensure_window(c, target, first_block, xid)
-                    self._insert(c, target, schema, one, token)
-                    seen[digest] += 1
-                    chunks += 1
-            if chunks:  # a replay longer or shorter than this partition differs here
-                self._check_chunk(target, ctx, chunks, dedup_layout.END, xid, catching_up)
+            chunks, rows, first_block, first = self._insert_chunks(target, ctx, xid, schema, counted)
         letters = self._dead_letters(target, ctx, xid, converted)
         return self.prepared_counted(
             target,
@@ -482,12 +517,66 @@ class DedupMode(ModeBase):
             counted,
             {
                 "chunks": chunks,
-                "chunk_rows": self.chunk_rows,
+                "chunk_rows": rows,
                 "first_block": first_block,
                 "first_chunk": first,
                 "dead_letters": letters,
             },
         )
+
+    def _insert_chunks(
+        self, target: Target, ctx: WriteContext, xid: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
+    ) -> tuple[int, int, int | None, str]:
+        """Executor, inside :meth:`prepare`: each chunk's checks, then its INSERT.
+
+        The chunk size comes from the partition's first rows (:class:`ChunkSizing`).
+        Per chunk, in this order: its layout check (:meth:`_check_layout` for the
+        first, :meth:`_check_chunk` after), the fence, the window, its INSERT.
+        Returns (chunks inserted, rows per chunk, first block, first chunk's
+        fingerprint). Memory: one chunk's IPC messages, and one message's rows while
+        it is built.
+        """
+        seen: collections.Counter[str] = collections.Counter()
+        first_block: int | None = None
+        first = ""
+        chunks = 0  # inserted so far: the number of the next chunk
+        catching_up = False  # re-checking an earlier run's chunks of this partition
+        rows, cutter = self._cut(batches)
+        with self.client(target) as c:
+            while cutter.has_more():
+                # One record batch per INSERT: the server makes one block of each Arrow
+                # batch, so the blocks (and their dedup hashes) must not depend on how
+                # the rows arrived.
+                n, messages = chunk_messages(cutter.chunk(), self.sizing.message_rows)
+                digest = chunk_digest(messages)
+                fingerprint = f"{n}:{digest}"
+                # The layout checks may wait at the barrier: fence after them.
+                if chunks == 0:
+                    first = fingerprint
+                    catching_up = self._check_layout(target, ctx, first, xid)
+                else:
+                    catching_up = self._check_chunk(target, ctx, chunks, fingerprint, xid, catching_up)
+                self._fence(target, xid)
+                if first_block is None:
+                    first_block = max_block_number(c, target)
+                else:
+                    ensure_window(c, target, first_block, xid)
+                token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
+                self._insert(c, target, schema, messages, token, rows)
+                seen[digest] += 1
+                chunks += 1
+        if chunks:  # a replay longer or shorter than this partition differs here
+            self._check_chunk(target, ctx, chunks, dedup_layout.END, xid, catching_up)
+        return chunks, rows, first_block, first
+
+    def _cut(self, batches: Iterator[pa.RecordBatch]) -> tuple[int, Rechunker]:
+        """Rows per chunk, from the partition's first ``sizing.sample_rows`` rows, and the cutter of all its rows."""
+        head = Rechunker(batches, self.sizing.sample_rows)
+        if not head.has_more():
+            return self.sizing.min_rows, head
+        sample = pa.concat_batches(list(head.chunk()))
+        rows = self.sizing.rows_for(sample.num_rows, sample.serialize().size)
+        return rows, Rechunker(itertools.chain([sample], head.rest()), rows)
 
     def _dead_letters(self, target: Target, ctx: WriteContext, xid: str, converted: object) -> int:
         """Insert the partition's dead letters, visible at once like its rows.
@@ -503,17 +592,20 @@ class DedupMode(ModeBase):
             token = f"{ctx.txn_id}:{ctx.batch}:{ctx.partition}:dead_letters:{digest}"
             return write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, token=token)
 
-    def _insert(self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, one: pa.RecordBatch, token: str) -> None:
-        c.insert_arrow_stream(
+    def _insert(
+        self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, messages: Sequence[pa.Buffer], token: str, rows: int
+    ) -> None:
+        """INSERT one chunk's serialized record batches as one block under ``token``."""
+        c.insert_arrow_messages(
             self.target_sql(target),
             schema,
-            iter([one]),
+            messages,
             settings={
                 "insert_deduplicate": "1",
                 "insert_deduplication_token": token,
-                "min_insert_block_size_rows": str(self.chunk_rows),
+                "min_insert_block_size_rows": str(rows),
                 "min_insert_block_size_bytes": "0",
-                "max_insert_block_size": str(self.chunk_rows),
+                "max_insert_block_size": str(rows),
             },
         )
 

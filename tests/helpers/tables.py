@@ -19,7 +19,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.markers import MARKERS_TABLE
-from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode
 
 TXN = "q1"
 DEDUP_TXN = "dq"  # the query of the dedup-mode tests
@@ -80,10 +80,14 @@ def markers(admin: ClickHouseHTTP, database: str) -> list[dict[str, Any]]:
     )
 
 
-def dedup_coordinator(target: Target, tmp_path: Path, chunk_rows: int = 300, xid: str | None = None) -> Coordinator:
-    """A mode-dedup coordinator of query ``DEDUP_TXN``: ``chunk_rows`` rows a token, every xid ``xid`` if given."""
+def dedup_coordinator(
+    target: Target, tmp_path: Path, chunk_rows: int | ChunkSizing = 300, xid: str | None = None
+) -> Coordinator:
+    """A mode-dedup coordinator of query ``DEDUP_TXN``: ``chunk_rows`` rows a token (or that
+    sizing), every xid ``xid`` if given."""
     co = build_coordinator(target, "dedup", DEDUP_TXN, str(tmp_path))
-    co.mode_io = co.ops.mode_io = DedupMode(chunk_rows=chunk_rows, registry=co.registry)
+    sizing = chunk_rows if isinstance(chunk_rows, ChunkSizing) else ChunkSizing.fixed(chunk_rows)
+    co.mode_io = co.ops.mode_io = DedupMode(sizing, registry=co.registry)
     if xid is not None:
         co.xid_factory = lambda *_: xid
     return co

@@ -15,7 +15,7 @@ from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
 from clickhouse_tx.markers import MARKERS_TABLE
-from clickhouse_tx.modes.dedup import DedupMode, DedupWindowError
+from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode, DedupWindowError, max_block_number
 from clickhouse_tx.modes.dedup_layout import DedupLayoutError
 from clickhouse_tx.registry import KeeperMapRegistry
 from tests.helpers.tables import (
@@ -46,6 +46,13 @@ def crashing_after(t: pa.Table, n_rows: int, size: int) -> Iterator[pa.RecordBat
         yield b
 
 
+def insert_elsewhere(mode: object, admin: ClickHouseHTTP, target: Target, start: int, token: str) -> None:
+    """Four rows from ``start`` into ``target`` under ``token``, as another writer's chunk (one more part each)."""
+    assert isinstance(mode, DedupMode)
+    four = rows(4, start=start).to_batches()[0]
+    mode._insert(admin, target, four.schema, [four.serialize()], token, 4)
+
+
 def ids(admin: ClickHouseHTTP, target) -> list[int]:
     fq = q.qualified(target.database, target.table)
     return [r["id"] for r in admin.query_json(f"SELECT id FROM {fq} ORDER BY id SETTINGS implicit_transaction = 1")]
@@ -63,6 +70,43 @@ def test_a_dedup_replay_with_other_record_batch_sizes_after_a_partial_attempt_in
     p = replay.prepare(WriteContext(TXN, 0, 0, 1), batches(data, 999))
     replay.commit_batch(0, [p])
     assert committed_count(admin, target) == 1000 and distinct_ids(admin, target) == 1000
+
+
+def test_wide_rows_are_cut_into_smaller_chunks_and_their_replay_in_other_record_batches_inserts_nothing_twice(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    # several IPC messages a chunk, as chunks of 65 536 rows and more have
+    sizing = ChunkSizing(target_bytes=65_536, sample_rows=100, min_rows=100, max_rows=2_000, message_rows=64)
+    narrow, wide = make_table(admin, database, "narrow"), make_table(admin, database, "wide")
+    data = {"narrow": rows(3000), "wide": rows(3000).set_column(1, "s", pa.array([f"{i:0500d}" for i in range(3000)]))}
+    for batch, target in enumerate((narrow, wide)):  # one query: a batch each
+        name = target.table
+        with pytest.raises(NotCommittedError, match="executor killed"):
+            dedup_coordinator(target, tmp_path, sizing).prepare(
+                WriteContext(TXN, batch, 0, 0), crashing_after(data[name], 2400, 80)
+            )
+        partial = committed_count(admin, target)
+        replay = dedup_coordinator(target, tmp_path, sizing)
+        p = replay.prepare(WriteContext(TXN, batch, 0, 1), batches(data[name], 1_999))
+        replay.commit_batch(batch, [p])
+        assert committed_count(admin, target) == 3000 and distinct_ids(admin, target) == 3000
+        per_chunk = int(p.details["chunk_rows"])
+        assert 0 < partial < 3000 and partial % per_chunk == 0  # whole chunks went in before the crash
+        assert p.details["chunks"] == -(-3000 // per_chunk)
+        if name == "narrow":
+            assert per_chunk == sizing.max_rows
+        else:  # about 510 bytes a row: 64 KiB hold about 128
+            assert sizing.min_rows < per_chunk < 140
+
+
+def test_a_chunk_sent_as_many_ipc_messages_is_one_block_per_table_partition(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    target = make_table(admin, database)  # PARTITION BY id % 4
+    co = dedup_coordinator(target, tmp_path, ChunkSizing.fixed(2_000, message_rows=64))
+    p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(2_000), 100))  # 32 messages
+    assert p.details["chunks"] == 1
+    assert max_block_number(admin, target) == 4  # one part per table partition, not per message
 
 
 def test_a_replay_whose_partition_holds_other_rows_is_refused_and_the_original_rows_are_not_swallowed(
@@ -130,8 +174,8 @@ def test_a_dedup_commit_is_refused_when_the_window_filled_since_the_first_chunk(
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
     co = dedup_coordinator(target, tmp_path)
     p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(600)))  # 8 parts
-    other = DedupMode(chunk_rows=300, registry=co.registry)
-    other._insert(admin, target, rows(4, start=9000).schema, rows(4, start=9000).to_batches()[0], "elsewhere")
+    other = DedupMode(ChunkSizing.fixed(300), registry=co.registry)
+    insert_elsewhere(other, admin, target, 9000, "elsewhere")
     # The coordinator reports the partition as not done (the batch stays open for a
     # replay or recover) and carries the window error as the cause.
     with pytest.raises(OutcomeUnknownError, match="12 parts .* dedup window holds 10") as err:
@@ -153,7 +197,7 @@ def test_a_late_attempt_of_a_committed_partition_inserts_nothing_even_after_the_
     co = dedup_coordinator(target, tmp_path)
     co.commit_batch(0, [co.prepare(WriteContext(TXN, 0, 0, 0), batches(data))])
     for i in range(3):  # another writer: 12 parts, the batch's tokens leave the window
-        co.mode_io._insert(admin, target, data.schema, rows(4, start=9000 + 4 * i).to_batches()[0], f"w{i}")
+        insert_elsewhere(co.mode_io, admin, target, 9000 + 4 * i, f"w{i}")
     late = dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 1), batches(data, 7))
     assert distinct_ids(admin, target) == committed_count(admin, target) == 312
     assert late.rows == 0 and late.details["committed_by"]
@@ -233,7 +277,7 @@ def test_a_dedup_batch_whose_window_filled_for_one_partition_commits_the_others_
     target = make_table(admin, database, settings="non_replicated_deduplication_window = 10")
     co = dedup_coordinator(target, tmp_path)
     ps = [co.prepare(WriteContext(TXN, 0, part, 0), batches(rows(300, start=1000 * part))) for part in range(2)]
-    co.mode_io._insert(admin, target, rows(4, start=9000).schema, rows(4, start=9000).to_batches()[0], "elsewhere")
+    insert_elsewhere(co.mode_io, admin, target, 9000, "elsewhere")
     with pytest.raises(OutcomeUnknownError, match="12 parts .* dedup window holds 10") as err:
         co.commit_batch(0, ps)
     assert isinstance(err.value.__cause__, DedupWindowError)

@@ -61,6 +61,20 @@ def test_streaming_insert_counts_rows_and_sends_every_batch(client: ClickHouseHT
     assert client.query_json(f"SELECT count() AS c, sum(a) AS s FROM {fq}") == [{"c": n, "s": n * (n - 1) // 2}]
 
 
+def test_serialized_record_batches_go_in_as_one_insert_with_their_nulls_and_strings(
+    client: ClickHouseHTTP, database: str
+) -> None:
+    fq = q.qualified(database, "m")
+    client.command(f"CREATE TABLE {fq} (a UInt64, s Nullable(String)) ENGINE = MergeTree ORDER BY a")
+    batch = pa.record_batch(
+        {"a": pa.array(range(1000), pa.uint64()), "s": pa.array([None if i % 7 == 0 else f"r{i}" for i in range(1000)])}
+    )
+    client.insert_arrow_messages(fq, batch.schema, [batch.slice(10, 490).serialize(), batch.slice(500).serialize()])
+    assert client.query_json(
+        f"SELECT count() AS c, min(a) AS lo, countIf(s IS NULL) AS n, max(s) AS top FROM {fq}"
+    ) == [{"c": 990, "lo": 10, "n": sum(1 for i in range(10, 1000) if i % 7 == 0), "top": "r999"}]
+
+
 def test_an_error_in_the_source_iterator_aborts_the_insert_and_writes_nothing(
     client: ClickHouseHTTP, database: str
 ) -> None:

@@ -19,7 +19,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import arrow_checksum
 from clickhouse_tx.modes import mode_io_for
-from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode
 from clickhouse_tx.modes.staging import STAGE_PREFIX, StagingMode, stage_name
 from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
@@ -393,7 +393,7 @@ def test_a_retried_dedup_attempt_with_other_batch_sizes_is_deduplicated(
 ) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, "dedup", TXN, str(tmp_path))
-    co.mode_io = co.ops.mode_io = DedupMode(chunk_rows=300)
+    co.mode_io = co.ops.mode_io = DedupMode(ChunkSizing.fixed(300))
     data = rows(1000)
     a0 = co.prepare(WriteContext(TXN, 0, 0, 0), batches(data, 70))
     a1 = co.prepare(WriteContext(TXN, 0, 0, 1), batches(data, 999))
