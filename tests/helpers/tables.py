@@ -80,6 +80,16 @@ def markers(admin: ClickHouseHTTP, database: str) -> list[dict[str, Any]]:
     )
 
 
+def events_table(url: str, database: str, columns: str, settings: str = "") -> tuple[ClickHouseHTTP, str]:
+    """A MergeTree ``events (<columns>)`` ordered by ``id``; an admin client and its quoted name."""
+    admin = ClickHouseHTTP(Target(url=url, database=database, table="events"))
+    fq = q.qualified(database, "events")
+    admin.command(
+        f"CREATE TABLE {fq} ({columns}) ENGINE = MergeTree ORDER BY id" + (f" SETTINGS {settings}" if settings else "")
+    )
+    return admin, fq
+
+
 def dedup_coordinator(
     target: Target, tmp_path: Path, chunk_rows: int | ChunkSizing = 300, xid: str | None = None
 ) -> Coordinator:

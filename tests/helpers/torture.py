@@ -88,11 +88,18 @@ def streaming_job(args: dict) -> None:
     spark.stop()
 
 
-def start_child(args: dict, cwd: Path = ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) -> subprocess.Popen:
-    """Start the streaming job in a session of its own (``cwd``: where a relative checkpoint resolves)."""
+def start_child(
+    args: dict,
+    cwd: Path = ROOT,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    module: str = "tests.helpers.torture",
+) -> subprocess.Popen:
+    """Start ``python -m <module> run <args>`` (by default the streaming job) in a session of
+    its own (``cwd``: where a relative checkpoint resolves)."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.torture", "run", json.dumps(args)],
+        [sys.executable, "-m", module, "run", json.dumps(args)],
         cwd=cwd,
         env=env,
         start_new_session=True,

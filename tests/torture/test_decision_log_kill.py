@@ -25,11 +25,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
+from tests.helpers.tables import events_table
+from tests.helpers.torture import start_child
 
-ROOT = Path(__file__).resolve().parents[2]
 TXN = "compacting"
 BATCHES = 30
 PARTS = 2
@@ -70,15 +69,7 @@ def _run(args: dict, kill: tuple[int, float] | None) -> list[int]:
     Returns the batches it reported done (all of them count, even those printed
     between the decision to kill and the kill: Spark would have recorded them).
     """
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.torture.test_decision_log_kill", "run", json.dumps(args)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_child(args, stdout=subprocess.PIPE, module="tests.torture.test_decision_log_kill")
     done: list[int] = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -88,9 +79,9 @@ def _run(args: dict, kill: tuple[int, float] | None) -> list[int]:
             proc.send_signal(signal.SIGKILL)
             break
     out, err = proc.communicate(timeout=300)
-    done += [json.loads(line)["done"] for line in out.splitlines() if line.startswith("{")]
+    done += [json.loads(line)["done"] for line in out.decode().splitlines() if line.startswith("{")]
     if kill is None or proc.returncode != -signal.SIGKILL:
-        assert proc.returncode == 0, err[-3000:]
+        assert proc.returncode == 0, err.decode()[-3000:]
     return done
 
 
@@ -99,9 +90,7 @@ def _run(args: dict, kill: tuple[int, float] | None) -> list[int]:
 def test_a_driver_killed_while_its_decision_log_compacts_commits_every_batch_exactly_once(
     clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    admin = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="events"))
-    fq = q.qualified(database, "events")
-    admin.command(f"CREATE TABLE {fq} (id UInt64) ENGINE = MergeTree ORDER BY id")
+    admin, fq = events_table(clickhouse_url, database, "id UInt64")
     rnd = random.Random(11)
     last, kills, strays, runs = -1, 0, 0, 0
     while last < BATCHES - 1:
