@@ -81,7 +81,8 @@ class ChunkSizing:
     are what the digest hashes), so a replay of the same rows cuts the same chunks.
     Narrow rows make chunks of ``max_rows`` (ClickHouse's own insert block is about
     as large, so the table gets parts of the size a plain INSERT makes); wide rows
-    make chunks of about ``target_bytes``, which bounds a task's memory.
+    make chunks of about ``target_bytes``, which bounds a task's memory (rows wider than
+    ``target_bytes / min_rows`` make chunks of ``min_rows``).
     """
 
     target_bytes: int = 32 * 1024 * 1024
