@@ -454,21 +454,21 @@ class DedupMode(ModeBase):
         Compares this run's messages with the batch's seal (or, before the first commit,
         with its partitions' claims), then seals the batch's layout, so a replay that cuts
         it otherwise is refused by its executors before they insert. Drops the records
-        of the query's earlier batches (Spark replays none of them). Raises
-        :class:`DedupLayoutError` (nothing is committed).
+        of the query's earlier batches (Spark replays none of them). One scan of the
+        query's records reads the seal, the claims and the earlier batches' keys.
+        Raises :class:`DedupLayoutError` (nothing is committed).
         """
         if not messages:
             return
         txn_id = messages[0].txn_id
         records = self._layouts(target)
         now = layout_of(messages)
-        sealed = records.sealed(txn_id, batch)
-        claims = records.claims(txn_id, batch) if sealed is None else {}
-        check_messages(txn_id, batch, now, sealed, claims)
+        sealed, claims, earlier = records.at_commit(txn_id, batch)
+        check_messages(txn_id, batch, now, sealed, claims if sealed is None else {})
         if sealed is None:
             check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
         try:
-            records.forget_before(txn_id, batch)
+            records.forget(earlier)
         except ClickHouseTxError as exc:  # housekeeping never fails a commit
             log.info("could not drop the layout records before batch %d: %s", batch, exc)
 

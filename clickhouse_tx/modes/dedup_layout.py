@@ -53,7 +53,7 @@ import json
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from clickhouse_tx.errors import NotCommittedError
-from clickhouse_tx.interfaces import Mode, Prepared, Target
+from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.registry import KeeperMapRegistry
@@ -360,11 +360,16 @@ class LayoutRecords:
 
     def claims(self, txn_id: str, batch: int) -> dict[int, Claim]:
         """Every partition claim of the batch (one KeeperMap scan; the table stays small)."""
-        return {
-            e.partition: _body(e.xid, str(e.payload["body"]))
-            for e in self.registry.list_batch(txn_id, batch)
-            if e.partition != SEAL_PARTITION and e.attempt == 0  # not a chunk record
-        }
+        return _claims_in(self.registry.list_batch(txn_id, batch))
+
+    def at_commit(self, txn_id: str, batch: int) -> tuple[dict[int, Part] | None, dict[int, Claim], list[str]]:
+        """The batch's seal (None before its first commit), its claims, and the keys of the
+        query's earlier batches: what a commit reads, in one KeeperMap scan of the query."""
+        entries = self.registry.list_txn(txn_id)
+        now = [e for e in entries if e.batch == batch]
+        seal = next((e for e in now if e.partition == SEAL_PARTITION), None)
+        sealed = None if seal is None else {int(p): v for p, v in _body(seal.xid, str(seal.payload["body"])).items()}
+        return sealed, _claims_in(now), [e.xid for e in entries if e.batch < batch]
 
     def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:
         """Seal the batch's layout unless sealed; the seal that is stored."""
@@ -373,8 +378,15 @@ class LayoutRecords:
         )
         return {int(p): v for p, v in body.items()}
 
-    def forget_before(self, txn_id: str, batch: int) -> None:
-        """Drop the records of the query's batches before ``batch`` (Spark replays none)."""
-        old = [e.xid for e in self.registry.list_txn(txn_id) if e.batch < batch]
-        if old:
-            self.registry.forget(old)
+    def forget(self, keys: Sequence[str]) -> None:
+        """Drop these records (the query's earlier batches: Spark replays none of them)."""
+        self.registry.forget(keys)
+
+
+def _claims_in(entries: Sequence[RegistryEntry]) -> dict[int, Claim]:
+    """The partition claims among one batch's records (not its seal, not its chunk records)."""
+    return {
+        e.partition: _body(e.xid, str(e.payload["body"]))
+        for e in entries
+        if e.partition != SEAL_PARTITION and e.attempt == 0  # not a chunk record
+    }

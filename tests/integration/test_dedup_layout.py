@@ -28,6 +28,7 @@ from tests.helpers.tables import (
     dedup_coordinator,
     distinct_ids,
     make_table,
+    recording_requests,
     rows,
 )
 
@@ -98,14 +99,19 @@ def test_a_commit_missing_a_partition_an_earlier_run_inserted_is_refused_and_com
 
 
 def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_commits(
-    admin: ClickHouseHTTP, database: str, tmp_path: Path
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = make_table(admin, database)
     co = dedup_coordinator(target, tmp_path)
     for batch in range(3):
         parts = cut(rows(300, start=batch * 300), 2)
         msgs = [co.prepare(WriteContext(TXN, batch, p, 0), batches(t)) for p, t in enumerate(parts)]
+        sent = recording_requests(monkeypatch)
         co.commit_batch(batch, msgs)
+        monkeypatch.undo()
+    # the last commit: one scan (seal, claims, earlier keys), the seal, one delete
+    layouts = [r for r in sent if LAYOUT_TABLE in r]
+    assert len(layouts) == 3 and "DELETE" in layouts[2]
     left = admin.query_json(f"SELECT DISTINCT batch FROM `{database}`.{LAYOUT_TABLE} ORDER BY batch")
     assert [int(r["batch"]) for r in left] == [2]  # only the last batch: Spark may replay it
     assert committed_count(admin, target) == 900 and distinct_ids(admin, target) == 900
