@@ -545,9 +545,10 @@ class DedupMode(ModeBase):
         rows, cutter = self._cut(batches)
         with self.client(target) as c:
             while cutter.has_more():
-                # One record batch per INSERT: the server makes one block of each Arrow
-                # batch, so the blocks (and their dedup hashes) must not depend on how
-                # the rows arrived.
+                # One block per INSERT, named by the token: the server squashes the
+                # messages into one (min_insert_block_size_rows). The messages are cut
+                # from the chunk's first row, so the digest does not depend on how the
+                # rows arrived.
                 n, messages = chunk_messages(cutter.chunk(), self.sizing.message_rows)
                 digest = chunk_digest(messages)
                 fingerprint = f"{n}:{digest}"
