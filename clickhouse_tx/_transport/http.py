@@ -42,7 +42,7 @@ import json
 import re
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import pyarrow as pa
 import requests
@@ -99,6 +99,26 @@ class _PendingBytes(io.RawIOBase):
         out = b"".join(self._chunks)
         self._chunks.clear()
         return out
+
+
+class _SizedBody:
+    """A request body of parts whose total length is known before it is sent.
+
+    ``requests`` sends it with a ``Content-Length`` and hands each part to the socket
+    as it is. A body of unknown length goes chunked, and urllib3 then copies every
+    part into a new ``bytes`` to frame it: one more pass over the data.
+    """
+
+    def __init__(self, parts: Sequence[bytes | memoryview]) -> None:
+        self._parts = parts
+        self._size = sum(memoryview(p).nbytes for p in parts)
+
+    def __iter__(self) -> Iterator[bytes]:
+        # requests' stubs say bytes; the socket takes any buffer, a memoryview uncopied.
+        return iter(cast("Sequence[bytes]", self._parts))
+
+    def __len__(self) -> int:
+        return self._size
 
 
 class ClickHouseHTTP:
@@ -190,7 +210,7 @@ class ClickHouseHTTP:
         self,
         *,
         url_params: dict[str, str],
-        data: bytes | Iterator[bytes],
+        data: bytes | Iterator[bytes] | _SizedBody,
         what: str,
         headers: Mapping[str, str] | None = None,
     ) -> requests.Response:
@@ -358,13 +378,15 @@ class ClickHouseHTTP:
             is the schema message, these messages and the end-of-stream marker: the
             bytes :meth:`insert_arrow_stream` would send for the batches, without
             encoding and copying them again (a caller that hashed the messages sends
-            what it hashed).
+            what it hashed). Their total length is known, so the body goes with a
+            ``Content-Length`` and each message reaches the socket uncopied.
         """
         sql = f"INSERT INTO {table_sql} {q.column_list(schema.names)} FORMAT ArrowStream"
         url_params = self._params(settings, None, False, None)
         url_params["query"] = sql
-        body: list[Any] = [schema.serialize().to_pybytes(), *(memoryview(m) for m in messages), _END_OF_STREAM]
-        self._post(url_params=url_params, data=iter(body), what=_what(sql))
+        parts: list[bytes | memoryview] = [memoryview(schema.serialize())]
+        parts += [*(memoryview(m) for m in messages), _END_OF_STREAM]
+        self._post(url_params=url_params, data=_SizedBody(parts), what=_what(sql))
 
 
 _BIG_INT = re.compile(r"^(?:Nullable\()?U?Int(?:64|128|256)\)?$")
