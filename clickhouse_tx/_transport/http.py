@@ -109,9 +109,9 @@ class _SizedBody:
     part into a new ``bytes`` to frame it: one more pass over the data.
     """
 
-    def __init__(self, parts: Sequence[bytes | memoryview]) -> None:
+    def __init__(self, parts: Sequence[memoryview]) -> None:
         self._parts = parts
-        self._size = sum(memoryview(p).nbytes for p in parts)
+        self._size = sum(p.nbytes for p in parts)
 
     def __iter__(self) -> Iterator[bytes]:
         # requests' stubs say bytes; the socket takes any buffer, a memoryview uncopied.
@@ -384,8 +384,7 @@ class ClickHouseHTTP:
         sql = f"INSERT INTO {table_sql} {q.column_list(schema.names)} FORMAT ArrowStream"
         url_params = self._params(settings, None, False, None)
         url_params["query"] = sql
-        parts: list[bytes | memoryview] = [memoryview(schema.serialize())]
-        parts += [*(memoryview(m) for m in messages), _END_OF_STREAM]
+        parts = [memoryview(b) for b in (schema.serialize(), *messages, _END_OF_STREAM)]
         self._post(url_params=url_params, data=_SizedBody(parts), what=_what(sql))
 
 

@@ -17,16 +17,22 @@ import pytest
 from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 
-END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+class _RecordingServer(ThreadingHTTPServer):
+    """Keeps each POST's headers (lower-cased) and body; a body without a length is None."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Recorder)
+        self.seen: list[tuple[dict[str, str], bytes | None]] = []
 
 
 class _Recorder(BaseHTTPRequestHandler):
-    seen: list[tuple[dict[str, str], bytes | None]] = []
+    server: _RecordingServer
 
     def do_POST(self) -> None:  # noqa: N802 (the http.server hook's name)
         length = self.headers.get("Content-Length")
         body = self.rfile.read(int(length)) if length is not None else None
-        self.seen.append(({k.lower(): v for k, v in self.headers.items()}, body))
+        self.server.seen.append(({k.lower(): v for k, v in self.headers.items()}, body))
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.send_header("Connection", "close")
@@ -37,31 +43,36 @@ class _Recorder(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def recorder() -> Iterator[tuple[str, list[tuple[dict[str, str], bytes | None]]]]:
-    _Recorder.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def recorder() -> Iterator[_RecordingServer]:
+    server = _RecordingServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", _Recorder.seen
+        yield server
     finally:
         server.shutdown()
         server.server_close()
 
 
-def test_serialized_record_batches_go_with_a_content_length_as_the_schema_the_messages_and_the_end_marker(
-    recorder: tuple[str, list[tuple[dict[str, str], bytes | None]]],
+def _ipc_stream(schema: pa.Schema, batches: list[pa.RecordBatch]) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for b in batches:
+            writer.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def test_serialized_record_batches_go_with_a_content_length_as_the_bytes_of_an_arrow_stream_of_them(
+    recorder: _RecordingServer,
 ) -> None:
-    url, seen = recorder
     batch = pa.record_batch({"a": pa.array(range(1000), pa.uint64()), "s": pa.array([f"r{i}" for i in range(1000)])})
-    messages = [batch.slice(0, 600).serialize(), batch.slice(600).serialize()]
-    client = ClickHouseHTTP(Target(url=url, database="d", table="t"))
+    pieces = [batch.slice(0, 600), batch.slice(600)]
+    client = ClickHouseHTTP(Target(url=f"http://127.0.0.1:{recorder.server_address[1]}", database="d", table="t"))
     try:
-        client.insert_arrow_messages("`d`.`t`", batch.schema, messages)
+        client.insert_arrow_messages("`d`.`t`", batch.schema, [p.serialize() for p in pieces])
     finally:
         client.close()
-    [(headers, body)] = seen
-    expected = batch.schema.serialize().to_pybytes() + b"".join(m.to_pybytes() for m in messages) + END_OF_STREAM
+    [(headers, body)] = recorder.seen
+    expected = _ipc_stream(batch.schema, pieces)
     assert "transfer-encoding" not in headers  # not chunked: urllib3 would copy each message to frame it
     assert headers["content-length"] == str(len(expected))
     assert body == expected
