@@ -39,7 +39,7 @@ import hashlib
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -52,6 +52,7 @@ from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes import dedup_layout
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 from clickhouse_tx.modes.dedup_layout import (
+    Claim,
     DedupLayoutError,
     LayoutRecords,
     barrier,
@@ -328,20 +329,21 @@ class DedupMode(ModeBase):
     def _check_layout(self, target: Target, ctx: WriteContext, first: str, xid: str) -> bool:
         """Executor, before a partition's first chunk: refuse a batch cut otherwise.
 
-        One read of the batch's seal; before the batch's first commit, one claim of
-        this partition (create-if-absent) and, for a partition no earlier run claimed,
-        reads of the batch's claims until every one is caught up by this run
-        (:func:`~clickhouse_tx.modes.dedup_layout.barrier`). Returns True when an
-        earlier run inserted this partition and this attempt has still to re-check its
-        later chunks (:meth:`_check_chunk`). Raises :class:`DedupLayoutError`.
+        One scan of the batch's records (its seal and claims); before the batch's first
+        commit, one claim of this partition (create-if-absent) and, for a partition no
+        earlier run claimed, reads of the batch's claims until every one is caught up
+        by this run (:func:`~clickhouse_tx.modes.dedup_layout.barrier`). Returns True
+        when an earlier run inserted this partition and this attempt has still to
+        re-check its later chunks (:meth:`_check_chunk`). Raises
+        :class:`DedupLayoutError`.
         """
         records = self._layouts(target)
         try:
-            sealed = records.sealed(ctx.txn_id, ctx.batch)
+            sealed, claims = records.of_batch(ctx.txn_id, ctx.batch)
             check_partition(ctx.txn_id, ctx.batch, ctx.partition, first, sealed, None)
             # Once sealed, the sealing run had finished every partition (each has its
             # ``end``): every later chunk of a replay is bound by a record.
-            return False if sealed is not None else self._claim(records, ctx, first)
+            return False if sealed is not None else self._claim(records, ctx, first, claims)
         except DedupLayoutError as exc:
             exc.xid = xid  # the task fails with this error as it is, not wrapped
             raise
@@ -399,18 +401,25 @@ class DedupMode(ModeBase):
         if claim is not None:
             records.update(*where, {**claim, **fields})
 
-    def _claim(self, records: LayoutRecords, ctx: WriteContext, first: str) -> bool:
+    def _claim(self, records: LayoutRecords, ctx: WriteContext, first: str, claims: Mapping[int, Claim]) -> bool:
         """Claim this partition before its first insert (see :mod:`~clickhouse_tx.modes.dedup_layout`).
 
-        A claim under which rows were inserted must hold this attempt's first chunk
-        (else refused, and marked so for this run's other tasks); one under which
-        nothing was inserted (its task was refused or died waiting) is taken over.
-        A partition without an inserted claim waits at the barrier, then marks its own
-        inserted and caught up. Returns True when an earlier run inserted the partition
-        and this run has not yet re-checked all of it.
+        ``claims``: the batch's claims, read just before. A claim under which rows were
+        inserted must hold this attempt's first chunk (else refused, and marked so for
+        this run's other tasks); one under which nothing was inserted (its task was
+        refused or died waiting) is taken over. A partition without an inserted claim
+        waits at the barrier, then marks its own inserted and caught up. Returns True
+        when an earlier run inserted the partition and this run has not yet re-checked
+        all of it.
         """
         where = (ctx.txn_id, ctx.batch, ctx.partition)
-        claim = records.claim(*where, first, ctx.run)
+        # With nothing to wait for, the claim is created already marked: one request
+        # instead of the wait's read and the mark's two. The barrier's read (``claims``)
+        # still comes before the mark, the write the other partitions' barriers look for.
+        through = self._through_barrier(ctx, claims)
+        claim = records.claim(*where, first, ctx.run, inserted=through)
+        if through and claim == {"first": first, "run": ctx.run, "inserted": True, "caught_up": ctx.run}:
+            return False
         if claim.get("inserted"):
             if claim.get("first") != first:
                 records.update(*where, {**claim, "refused_by": ctx.run})
@@ -427,6 +436,20 @@ class DedupMode(ModeBase):
             self._wait_for_earlier_claims(records, ctx)
         records.update(*where, {**mine, "inserted": True, "caught_up": ctx.run})
         return False
+
+    @staticmethod
+    def _through_barrier(ctx: WriteContext, claims: Mapping[int, Claim]) -> bool:
+        """True when ``claims`` leave this partition nothing to wait for (always, without a run id).
+
+        A refusal the barrier would raise is left to :meth:`_wait_for_earlier_claims`,
+        which raises it after the claim is made, as for a partition that waits.
+        """
+        if not ctx.run:
+            return True
+        try:
+            return not barrier(ctx.txn_id, ctx.batch, ctx.partition, ctx.run, claims)
+        except DedupLayoutError:
+            return False
 
     @staticmethod
     def _wait_for_earlier_claims(records: LayoutRecords, ctx: WriteContext, chunk: int = 0) -> None:

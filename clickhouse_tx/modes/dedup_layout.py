@@ -12,9 +12,10 @@ claim (executor, once per partition attempt, before its first chunk)
     (:attr:`WriteContext.run`, one id per run of the job or query), whether it went on
     to insert, and the run whose attempt has re-checked every chunk the earlier runs
     recorded for the partition. Created if absent; marked ``inserted`` just before the
-    first insert. A later attempt whose first chunk differs from an inserted claim is
-    refused, and so is one whose later chunk differs (the claim is then marked
-    ``refused_by`` this run).
+    first insert (created so marked when the batch's records, read first, leave it
+    nothing to wait for at the barrier). A later attempt whose first chunk differs
+    from an inserted claim is refused, and so is one whose later chunk differs (the
+    claim is then marked ``refused_by`` this run).
 chunk record (executor, before each chunk k > 0 and once past the last chunk)
     ``<txn>/<batch>/<partition>/<k>`` -> ``{"chunk", "run"}``: chunk k's fingerprint,
     or :data:`END` one past the partition's last chunk, created if absent just before
@@ -305,21 +306,21 @@ class LayoutRecords:
         stored = self.registry.record(key)
         return None if stored is None else _body(key, stored)
 
-    def sealed(self, txn_id: str, batch: int) -> dict[int, Part] | None:
-        """The batch's seal, or None before the first commit of the batch."""
-        body = self._get(self.key(txn_id, batch, None))
-        return None if body is None else {int(p): v for p, v in body.items()}
+    def of_batch(self, txn_id: str, batch: int) -> tuple[dict[int, Part] | None, dict[int, Claim]]:
+        """The batch's seal (None before its first commit) and its claims: one scan of the batch."""
+        entries = self.registry.list_batch(txn_id, batch)
+        return _seal_in(entries), _claims_in(entries)
 
-    def claim(self, txn_id: str, batch: int, partition: int, first: str, run: str) -> Claim:
-        """Claim ``partition`` for ``run`` with its first-chunk fingerprint; the stored claim."""
-        body = self._create(
-            self.key(txn_id, batch, partition),
-            txn_id,
-            batch,
-            partition,
-            {"first": first, "run": run, "inserted": False},
-        )
-        return body
+    def claim(self, txn_id: str, batch: int, partition: int, first: str, run: str, *, inserted: bool = False) -> Claim:
+        """Claim ``partition`` for ``run`` with its first-chunk fingerprint; the stored claim.
+
+        ``inserted``: the claim is made already marked inserted and caught up by ``run``
+        (for a partition with nothing to wait for at the barrier).
+        """
+        body: dict[str, Any] = {"first": first, "run": run, "inserted": inserted}
+        if inserted:
+            body["caught_up"] = run
+        return self._create(self.key(txn_id, batch, partition), txn_id, batch, partition, body)
 
     def chunk(self, txn_id: str, batch: int, partition: int, chunk: int, fingerprint: str, run: str) -> str:
         """Record chunk ``chunk`` (> 0) of ``partition`` unless recorded; the recorded fingerprint.
@@ -367,9 +368,7 @@ class LayoutRecords:
         query's earlier batches: what a commit reads, in one KeeperMap scan of the query."""
         entries = self.registry.list_txn(txn_id)
         now = [e for e in entries if e.batch == batch]
-        seal = next((e for e in now if e.partition == SEAL_PARTITION), None)
-        sealed = None if seal is None else {int(p): v for p, v in _body(seal.xid, str(seal.payload["body"])).items()}
-        return sealed, _claims_in(now), [e.xid for e in entries if e.batch < batch]
+        return _seal_in(now), _claims_in(now), [e.xid for e in entries if e.batch < batch]
 
     def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:
         """Seal the batch's layout unless sealed; the seal that is stored."""
@@ -381,6 +380,12 @@ class LayoutRecords:
     def forget(self, keys: Sequence[str]) -> None:
         """Drop these records (the query's earlier batches: Spark replays none of them)."""
         self.registry.forget(keys)
+
+
+def _seal_in(entries: Sequence[RegistryEntry]) -> dict[int, Part] | None:
+    """The seal among one batch's records, or None."""
+    seal = next((e for e in entries if e.partition == SEAL_PARTITION), None)
+    return None if seal is None else {int(p): v for p, v in _body(seal.xid, str(seal.payload["body"])).items()}
 
 
 def _claims_in(entries: Sequence[RegistryEntry]) -> dict[int, Claim]:

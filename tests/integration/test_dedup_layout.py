@@ -117,6 +117,24 @@ def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_co
     assert committed_count(admin, target) == 900 and distinct_ids(admin, target) == 900
 
 
+def test_a_partition_with_nothing_to_wait_for_is_claimed_inserted_in_one_request(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new batch: one scan of its records (no seal, no claim to wait for), the claim
+    # created already inserted and caught up, and the end record; no update of the claim.
+    target = make_table(admin, database)
+    co = dedup_coordinator(target, tmp_path)
+    co.prepare(WriteContext(TXN, 0, 0, 0, run="r1"), batches(rows(300), 100))
+    sent = recording_requests(monkeypatch)
+    co.prepare(WriteContext(TXN, 0, 1, 0, run="r1"), batches(rows(300, start=300), 100))
+    monkeypatch.undo()
+    layouts = [r for r in sent if LAYOUT_TABLE in r]
+    assert [r.split(" b'", 1)[1].split()[0] for r in layouts] == ["SELECT", "INSERT", "INSERT"]
+    claim = dedup_layout.LayoutRecords.beside(target, co.mode_io.registry).claim_of(TXN, 0, 1)
+    assert claim is not None and claim["inserted"] is True and claim["caught_up"] == "r1"
+    assert committed_count(admin, target) == 600
+
+
 def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_refused_if_the_cut_changed(
     admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
