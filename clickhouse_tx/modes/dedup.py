@@ -60,6 +60,7 @@ from clickhouse_tx.modes.dedup_layout import (
     check_messages,
     check_partition,
     layout_of,
+    run_claim,
 )
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.state import TxState
@@ -417,8 +418,9 @@ class DedupMode(ModeBase):
         # instead of the wait's read and the mark's two. The barrier's read (``claims``)
         # still comes before the mark, the write the other partitions' barriers look for.
         through = self._through_barrier(ctx, claims)
-        claim = records.claim(*where, first, ctx.run, inserted=through)
-        if through and claim == {"first": first, "run": ctx.run, "inserted": True, "caught_up": ctx.run}:
+        mine = run_claim(first, ctx.run, inserted=through)
+        claim = records.claim(*where, mine)
+        if through and claim == mine:
             return False
         if claim.get("inserted"):
             if claim.get("first") != first:
@@ -429,12 +431,12 @@ class DedupMode(ModeBase):
                 # tokens. The claim is this run's now; caught up once its chunks are re-checked.
                 records.update(*where, {**claim, "run": ctx.run})
             return claim.get("caught_up") != ctx.run
-        mine = {"first": first, "run": ctx.run, "inserted": False}
-        if dict(claim) != mine:
-            records.update(*where, mine)
+        unmarked = run_claim(first, ctx.run, inserted=False)
+        if dict(claim) != unmarked:
+            records.update(*where, unmarked)
         if ctx.run:
             self._wait_for_earlier_claims(records, ctx)
-        records.update(*where, {**mine, "inserted": True, "caught_up": ctx.run})
+        records.update(*where, run_claim(first, ctx.run, inserted=True))
         return False
 
     @staticmethod

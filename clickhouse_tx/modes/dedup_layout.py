@@ -311,16 +311,9 @@ class LayoutRecords:
         entries = self.registry.list_batch(txn_id, batch)
         return _seal_in(entries), _claims_in(entries)
 
-    def claim(self, txn_id: str, batch: int, partition: int, first: str, run: str, *, inserted: bool = False) -> Claim:
-        """Claim ``partition`` for ``run`` with its first-chunk fingerprint; the stored claim.
-
-        ``inserted``: the claim is made already marked inserted and caught up by ``run``
-        (for a partition with nothing to wait for at the barrier).
-        """
-        body: dict[str, Any] = {"first": first, "run": run, "inserted": inserted}
-        if inserted:
-            body["caught_up"] = run
-        return self._create(self.key(txn_id, batch, partition), txn_id, batch, partition, body)
+    def claim(self, txn_id: str, batch: int, partition: int, claim: Claim) -> Claim:
+        """Claim ``partition`` with ``claim`` (:func:`run_claim`) unless claimed; the stored claim."""
+        return self._create(self.key(txn_id, batch, partition), txn_id, batch, partition, dict(claim))
 
     def chunk(self, txn_id: str, batch: int, partition: int, chunk: int, fingerprint: str, run: str) -> str:
         """Record chunk ``chunk`` (> 0) of ``partition`` unless recorded; the recorded fingerprint.
@@ -380,6 +373,12 @@ class LayoutRecords:
     def forget(self, keys: Sequence[str]) -> None:
         """Drop these records (the query's earlier batches: Spark replays none of them)."""
         self.registry.forget(keys)
+
+
+def run_claim(first: str, run: str, *, inserted: bool) -> dict[str, Any]:
+    """The claim ``run`` makes of a partition beginning with ``first``: inserted ones are caught up by it."""
+    claim: dict[str, Any] = {"first": first, "run": run, "inserted": inserted}
+    return {**claim, "caught_up": run} if inserted else claim
 
 
 def _seal_in(entries: Sequence[RegistryEntry]) -> dict[int, Part] | None:
