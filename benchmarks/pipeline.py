@@ -60,6 +60,12 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
         choices=("clickhouse_tx", "foreach_insert"),
         help="foreach_insert: diagnostic at-least-once sink that bypasses the writer",
     )
+    ap.add_argument(
+        "--decode",
+        default="source",
+        choices=("source", "spark"),
+        help="where the job decodes the events' JSON: kafka_py's value.format=json, or Spark's from_json",
+    )
     ap.add_argument("--job-timeout", type=float, default=900.0)
     ap.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--quiet", action="store_true")
@@ -89,6 +95,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
         quiet=a.quiet,
         writer_options=tuple(a.writer_option),
         sink=a.sink,
+        decode=a.decode,
     )
     return cfg, a
 

@@ -445,6 +445,7 @@ class PipelineConfig:
     quiet: bool = False
     writer_options: tuple[str, ...] = ()
     sink: str = "clickhouse_tx"  # or foreach_insert: a diagnostic sink without the writer
+    decode: str = "source"  # where the job decodes the events' JSON (streaming_job.DECODE_OPTIONS)
 
 
 def plan_crashes(cfg: PipelineConfig, rng: random.Random) -> list[str]:
@@ -610,7 +611,7 @@ def _job_argv(r: _Run) -> list[str]:
         argv += ["--writer-option", kv]
     if cfg.sink != "clickhouse_tx":
         argv += ["--sink", cfg.sink]
-    return argv
+    return argv + ["--decode", cfg.decode]
 
 
 def _progress_printer(r: _Run) -> Callable[[JobRun, str, dict], None]:

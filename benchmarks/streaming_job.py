@@ -30,6 +30,14 @@ from benchmarks.spark_session import local_session
 #: The JSON each event carries (see :func:`benchmarks.pipeline_run.event_json`).
 EVENT_SCHEMA = "event_id LONG, user_id LONG, amount DOUBLE, ts LONG"
 
+#: ``--decode``: where the events' JSON is decoded. ``source``: by ``kafka_py``
+#: (``value.format=json``), Arrow's JSON reader on the executors; ``spark``: Spark's
+#: ``from_json`` on the raw value, as a job on Spark's own Kafka source does.
+DECODE_OPTIONS: dict[str, dict[str, str]] = {
+    "source": {"value.format": "json", "value.schema": EVENT_SCHEMA},
+    "spark": {},
+}
+
 #: Columns of the target table, in the order the job writes them.
 TABLE_COLUMNS = (
     ("event_id", "Int64"),
@@ -60,6 +68,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--end-offsets", default=None, help='stop once the sink committed up to these offsets: {"topic": {"0": end}}'
     )
     ap.add_argument("--starting-offsets", default="earliest")
+    ap.add_argument(
+        "--decode", default="source", choices=tuple(DECODE_OPTIONS), help="where the JSON is decoded (DECODE_OPTIONS)"
+    )
     ap.add_argument("--fault-step", default=None, help="fault.step of the writer (tests and the demo)")
     ap.add_argument("--fault-action", default="kill")
     ap.add_argument("--fault-once-file", default=None)
@@ -155,10 +166,16 @@ def progress_line(p: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_events(raw):  # (DataFrame) -> DataFrame
-    """The events of ``kafka_py`` rows, in :data:`TABLE_COLUMNS` order (driver, once per query)."""
-    from pyspark.sql import functions as F
+    """The events of ``kafka_py`` rows, in :data:`TABLE_COLUMNS` order (driver, once per query).
 
-    ev = F.from_json(F.col("value").cast("string"), EVENT_SCHEMA)
+    ``value`` is parsed with ``from_json``, or taken as it is when the source already
+    decoded it (:data:`DECODE_OPTIONS`).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    decoded = isinstance(raw.schema["value"].dataType, StructType)
+    ev = F.col("value") if decoded else F.from_json(F.col("value").cast("string"), EVENT_SCHEMA)
     return raw.select(
         ev.event_id.alias("event_id"),
         ev.user_id.alias("user_id"),
@@ -234,6 +251,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         .option("bootstrap.servers", a.bootstrap)
         .option("subscribe", a.topic)
         .option("startingOffsets", a.starting_offsets)
+        .options(**DECODE_OPTIONS[a.decode])
     )
     if a.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(a.max_offsets_per_trigger))

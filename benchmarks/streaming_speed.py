@@ -5,15 +5,16 @@
 1. **Ceiling and availableNow** (one in-process ``local[2]`` SparkSession, one topic
    produced up front): batch ``kafka_py`` → ``noop`` (the source's ceiling, the second
    of two runs), streaming ``kafka_py`` → ``noop``, and streaming → ``clickhouse_tx``
-   in each mode, all with ``Trigger.AvailableNow`` and ``maxOffsetsPerTrigger``.
+   in each mode (the JSON decoded as ``--decode`` says), all with
+   ``Trigger.AvailableNow`` and ``maxOffsetsPerTrigger``.
    Streaming throughput is rows / Σ ``triggerExecution`` of the batches after the
    first (the first one pays the Python workers' start); the per-batch split is the
    mean of each ``StreamingQueryProgress.durationMs`` entry over those batches.
    Then **noop rounds**: the batch job and availableNow → noop under each cut and
    batch size of :data:`VARIANTS`, and the pipeline's job cut at each stage of
-   :data:`SPLIT_SINKS` (raw read, JSON parse, Python writer, ``none``, ``transaction``),
-   ``--rounds`` times interleaved; the streaming/batch ratios are the medians' (the JVM
-   warms up over the first runs).
+   :data:`SPLIT_RUNS` (raw read, JSON parse by ``from_json`` or by the source, Python
+   writer, ``none``, ``transaction``), ``--rounds`` times interleaved; the
+   streaming/batch ratios are the medians' (the JVM warms up over the first runs).
    Beside them: ``noop`` with the whole topic in one batch (how the ratio to the
    batch job depends on the batch size), and **paced production**: a second topic
    produced at ``--rate`` (as the pipeline runs produce), read by the same range reads
@@ -108,14 +109,17 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
     split = {k: v.get("rows_per_s") for k, v in ((doc.get("noop_rounds") or {}).get("split_median") or {}).items()}
     out: dict[str, float | None] = {
         "stream_noop/batch_noop": div(rounds.get("default") or avail.get("noop"), ceiling),
-        "stream_transaction/batch_noop": div(split.get("transaction") or avail.get("transaction"), ceiling),
+        # the job as it runs by default: the JSON decoded in the source
+        "stream_transaction/batch_noop": div(split.get("decoded_transaction") or avail.get("transaction"), ceiling),
         "available_now transaction/none": div(avail.get("transaction"), avail.get("none")),
     }
-    for sink in ("parsed_noop", "parsed_noop_python", "none"):
-        if split.get(sink):
-            out[f"stream {sink}/batch_noop"] = div(split.get(sink), ceiling)
+    for label in split:
+        if label not in ("noop", "decoded_transaction") and split.get(label):
+            out[f"stream {label}/batch_noop"] = div(split.get(label), ceiling)
     if split.get("transaction"):
         out["split transaction/none"] = div(split.get("transaction"), split.get("none"))
+    if split.get("decoded_transaction"):
+        out["split decoded_transaction/decoded_none"] = div(split.get("decoded_transaction"), split.get("decoded_none"))
     for label in (c for c in rounds if c not in ("batch", "default")):
         out[f"stream_noop {label}/batch_noop"] = div(rounds.get(label), ceiling)
     one = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now_one_batch", [])}
@@ -353,10 +357,27 @@ VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
 
 
 #: The split of a micro-batch into the stages of the pipeline's job, one availableNow
-#: query each per noop round after the raw read (the "default" variant): the JSON parse
-#: (Spark's JVM no-op sink), the hop of the rows to a Python writer that counts them,
-#: and the sink in two modes.
-SPLIT_SINKS = ("parsed_noop", "parsed_noop_python", "none", "transaction")
+#: query each per noop round after the raw read (the "default" variant): label → (sink,
+#: where the JSON is decoded (``streaming_job.DECODE_OPTIONS``), ``maxOffsetsPerTrigger``
+#: as a multiple of ``--max-offsets``, more ``kafka_py`` options). With ``from_json``:
+#: the parse (Spark's JVM no-op sink), the hop of the rows to a Python writer that
+#: counts them, the sink in two modes. Then the same job with the JSON decoded in the
+#: source, and that job in batches of four times the records, one task per core.
+SPLIT_RUNS: dict[str, tuple[str, str, int, dict[str, str]]] = {
+    "parsed_noop": ("parsed_noop", "spark", 1, {}),
+    "parsed_noop_python": ("parsed_noop_python", "spark", 1, {}),
+    "none": ("none", "spark", 1, {}),
+    "transaction": ("transaction", "spark", 1, {}),
+    "decoded_noop": ("parsed_noop", "source", 1, {}),
+    "decoded_none": ("none", "source", 1, {}),
+    "decoded_transaction": ("transaction", "source", 1, {}),
+    "decoded_transaction, 4x maxOffsetsPerTrigger, maxPartitions=cores": (
+        "transaction",
+        "source",
+        4,
+        {"maxPartitions": "cores"},
+    ),
+}
 
 
 def _figures(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -373,12 +394,14 @@ def noop_rounds(
     spark: Any, bootstrap: str, url: str, topic: str, a: argparse.Namespace, work: Path, say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Batch ``kafka_py`` → noop, then availableNow → noop under each of :data:`VARIANTS`
-    and into each of :data:`SPLIT_SINKS`, ``a.rounds`` times over, interleaved: the JVM
+    and each of :data:`SPLIT_RUNS`, ``a.rounds`` times over, interleaved: the JVM
     warms up over the first runs and load comes in bursts, so every figure gets its
     share of both; the ratios use medians."""
+    from benchmarks.streaming_job import DECODE_OPTIONS
+
     cores = str(spark.sparkContext.defaultParallelism)
     batch: list[float | None] = []
-    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in (*VARIANTS, *SPLIT_SINKS)}
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in (*VARIANTS, *SPLIT_RUNS)}
     for i in range(a.rounds):
         batch.append(round(a.events / _batch_seconds(spark, bootstrap, topic), 1))
         for label, (times, options) in VARIANTS.items():
@@ -386,12 +409,13 @@ def noop_rounds(
             per = times * a.max_offsets
             run = functools.partial(_run_stream, spark, bootstrap, topic, per, "noop", None, work, opts)
             runs[label].append(_figures(_attempt(run, {"sink": "noop", "max_offsets": per, "source_options": opts})))
-        for sink in SPLIT_SINKS:
-            run = functools.partial(_run_stream, spark, bootstrap, topic, a.max_offsets, sink, url, work)
-            runs[sink].append(_figures(_attempt(run, {"sink": sink})))
+        for label, (sink, decode, times, options) in SPLIT_RUNS.items():
+            opts = {**DECODE_OPTIONS[decode], **{k: cores if v == "cores" else v for k, v in options.items()}}
+            run = functools.partial(_run_stream, spark, bootstrap, topic, times * a.max_offsets, sink, url, work, opts)
+            runs[label].append(_figures(_attempt(run, {"sink": sink, "source_options": opts})))
         say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, availableNow {runs}")
     streams = {label: [r["rows_per_s"] for r in runs[label]] for label in VARIANTS}
-    split = {"noop": runs["default"], **{sink: runs[sink] for sink in SPLIT_SINKS}}  # the raw read is "default"
+    split = {"noop": runs["default"], **{label: runs[label] for label in SPLIT_RUNS}}  # the raw read is "default"
     return {
         "rounds": a.rounds,
         "cores": int(cores),
@@ -410,7 +434,7 @@ def in_process(
 ) -> dict[str, Any]:
     """Sections 1 and 2: ceiling, availableNow per sink (bulk and paced), the fixed cost per batch."""
     from benchmarks.batch_overhead import NoopStreamSource
-    from benchmarks.streaming_job import build_session
+    from benchmarks.streaming_job import DECODE_OPTIONS, build_session
 
     topics = _topics(bootstrap, control, a, say)
     per_batch, paced_per = 4 * a.partitions, paced_batch(a.rate, a.partitions)
@@ -430,7 +454,8 @@ def in_process(
             """One availableNow query from ``source`` into each of ``sinks``."""
             runs = []
             for sink in sinks:
-                run = functools.partial(_run_stream, spark, bootstrap, source, max_per, sink, url, work)
+                opts = {} if sink == "noop" else DECODE_OPTIONS[a.decode]  # noop reads the raw records
+                run = functools.partial(_run_stream, spark, bootstrap, source, max_per, sink, url, work, opts)
                 runs.append(_attempt(run, {"sink": sink}))
                 r = runs[-1]
                 say(
@@ -461,7 +486,7 @@ def in_process(
 
 
 def _pipeline_run(
-    info: Any, work: Path, mode: str, trigger: float, rate: float, duration: float, seed: int
+    info: Any, work: Path, mode: str, trigger: float, rate: float, duration: float, seed: int, decode: str = "source"
 ) -> dict[str, Any]:
     from benchmarks.checkpoint_sweep import run_duration
     from benchmarks.pipeline_run import PipelineConfig, run_pipeline
@@ -482,6 +507,7 @@ def _pipeline_run(
         measure_latency=True,
         quiet=True,
         seed=seed,
+        decode=decode,
     )
     try:
         r = run_pipeline(cfg)
@@ -522,14 +548,14 @@ def pipeline_sections(
     doc.update({"triggers": runs, "ramp": ramps, "transaction_at_half_max": None})
     for trig in a.triggers:
         for mode in a.modes:
-            r = _pipeline_run(info, work, mode, trig, a.rate, a.duration, len(runs))
+            r = _pipeline_run(info, work, mode, trig, a.rate, a.duration, len(runs), a.decode)
             runs.append(r)
             say(f"trigger {trig:g} s {mode}: {_fmt_run(r)}")
             save()
     for mode in a.ramp_modes:
 
         def measure(rate: float, mode: str = mode) -> Mapping[str, Any]:
-            r = _pipeline_run(info, work, mode, 1.0, rate, a.duration, 1000 + len(runs))
+            r = _pipeline_run(info, work, mode, 1.0, rate, a.duration, 1000 + len(runs), a.decode)
             say(f"ramp {mode} at {rate:g}/s: {_fmt_run(r)}")
             return r
 
@@ -538,7 +564,7 @@ def pipeline_sections(
         save()
     best_tx = (ramps.get("transaction") or {}).get("max_sustained_rate")
     if best_tx:
-        half = _pipeline_run(info, work, "transaction", 1.0, best_tx / 2, a.duration, 9999)
+        half = _pipeline_run(info, work, "transaction", 1.0, best_tx / 2, a.duration, 9999, a.decode)
         doc["transaction_at_half_max"] = half
         say(f"transaction at half its maximum ({best_tx / 2:g}/s), 1 s trigger: {_fmt_run(half)}")
 
@@ -620,6 +646,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--ramp-modes", default=None, help="default none,transaction")
     ap.add_argument("--ramp-start", type=float, default=2000.0)
     ap.add_argument("--ramp-steps", type=int, default=None, help="default 6, quick 3")
+    ap.add_argument(
+        "--decode",
+        default="source",
+        choices=("source", "spark"),
+        help="where the job decodes the JSON in sections 1-4 (the split runs both)",
+    )
     ap.add_argument("--skip-pipeline", action="store_true", help="sections 1 and 2 only")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -647,6 +679,7 @@ def _save(doc: dict[str, Any], a: argparse.Namespace, jpath: Path, t0: float) ->
         "ramp_modes": a.ramp_modes,
         "ramp_start": a.ramp_start,
         "quick": a.quick,
+        "decode": a.decode,
         "spark": "local[2]",
         "machine": machine(),
     }

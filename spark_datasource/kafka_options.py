@@ -18,6 +18,7 @@ import re
 from typing import Any, Mapping, overload
 
 from clickhouse_tx.errors import ConfigurationError
+from spark_datasource.kafka_json import ValueFields, parse_value_schema
 
 #: Offsets keyed by (topic, partition). -2 means earliest, -1 latest (Spark's JSON).
 TopicPartitionOffsets = Mapping[tuple[str, int], int]
@@ -38,7 +39,7 @@ _FORBIDDEN_KAFKA = {
     "auto_offset_reset": "use startingOffsets / failOnDataLoss",
     "enable_auto_commit": "offsets live in the Spark checkpoint, never in Kafka",
     "key_deserializer": "key and value are returned as binary; cast them in Spark",
-    "value_deserializer": "key and value are returned as binary; cast them in Spark",
+    "value_deserializer": "the value is returned as binary, or decoded by value.format=json",
     "group_id": "the source assigns partitions itself and never joins a group",
     "consumer_timeout_ms": "use kafkaConsumer.pollTimeoutMs",
 }
@@ -68,6 +69,8 @@ _KNOWN = {
     "fetchoffset.numretries",
     "fetchoffset.retryintervalms",
     "maxrecordsperbatch",
+    "value.format",
+    "value.schema",
 }
 
 
@@ -121,6 +124,9 @@ class KafkaOptions:
         Largest Arrow record batch an executor yields.
     kafka_params
         Extra kafka-python settings from ``kafka.*`` options (secrets masked in repr).
+    value_fields
+        With ``value.format=json``: the ``(name, type)`` fields of ``value.schema``, and
+        the ``value`` column is their struct, decoded in the source; None: raw bytes.
     """
 
     bootstrap_servers: str
@@ -139,6 +145,7 @@ class KafkaOptions:
     fetch_offset_retry_interval_ms: int = 1000
     max_records_per_batch: int = 10_000
     kafka_params: tuple[tuple[str, object], ...] = dataclasses.field(default_factory=_KafkaParams)
+    value_fields: ValueFields | None = None
 
     def consumer_config(self) -> dict[str, object]:
         """Keyword arguments for ``kafka.KafkaConsumer`` (driver and executors)."""
@@ -300,7 +307,7 @@ def _kafka_params(opts: Mapping[str, str]) -> list[tuple[str, object]]:
                 "subscribePattern, assign, startingOffsets, endingOffsets, "
                 "maxOffsetsPerTrigger, minPartitions, maxPartitions, minRecordsPerPartition, failOnDataLoss, "
                 "kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
-                "fetchOffset.retryIntervalMs, maxRecordsPerBatch, kafka.*",
+                "fetchOffset.retryIntervalMs, maxRecordsPerBatch, value.format, value.schema, kafka.*",
             )
     return kafka_params
 
@@ -431,4 +438,20 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         ),
         max_records_per_batch=_int_option(opts, "maxrecordsperbatch", "maxRecordsPerBatch", minimum=1, default=10_000),
         kafka_params=_KafkaParams(kafka_params),
+        value_fields=_value_fields(opts),
     )
+
+
+def _value_fields(opts: Mapping[str, str]) -> ValueFields | None:
+    """``value.format`` and ``value.schema``: the fields of decoded JSON values, or None."""
+    fmt = str(opts.get("value.format", "binary")).strip().lower()
+    schema = opts.get("value.schema")
+    if fmt == "binary":
+        if schema is not None:
+            raise _fail("value.schema", "is only read with value.format=json")
+        return None
+    if fmt != "json":
+        raise _fail("value.format", f"expected binary (the default) or json, got {opts['value.format']!r}")
+    if schema is None:
+        raise _fail("value.schema", "is required with value.format=json: the fields to decode, as `name TYPE, ...`")
+    return parse_value_schema(str(schema))

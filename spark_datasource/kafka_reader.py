@@ -6,6 +6,10 @@ of Kafka through kafka-python 2.3.x. Rows have Spark's Kafka source schema::
     key binary, value binary, topic string, partition int, offset long,
     timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>
 
+With ``value.format=json`` and ``value.schema``, ``value`` is instead the struct of
+the schema's fields, decoded from each record's JSON object on the executor
+(:mod:`spark_datasource.kafka_json`).
+
 Offsets are plain JSON ``{"topic": {"partition": next_offset}}`` with topics and
 partitions in a fixed order. Spark stores them in the checkpoint, and
 :meth:`KafkaStreamReader.partitions` is a pure function of (start, end, options), so a
@@ -64,6 +68,7 @@ from pyspark.sql.types import (
 
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError
 from spark_datasource import worker_gc
+from spark_datasource.kafka_json import ValueFields, arrow_value_type, decode_values, spark_value_type
 from spark_datasource.kafka_options import (
     EARLIEST,
     LATEST,
@@ -119,19 +124,30 @@ class KafkaDataLossError(KafkaSourceError):
     """
 
 
-@functools.lru_cache(maxsize=1)
-def arrow_schema() -> pa.Schema:
-    """The Arrow schema Spark expects for :data:`SCHEMA` (checked field by field).
+def source_schema(value_fields: ValueFields | None = None) -> StructType:
+    """:data:`SCHEMA`, with ``value`` the struct of ``value_fields`` when they are given
+    (``value.format=json``)."""
+    if value_fields is None:
+        return SCHEMA
+    return StructType(
+        [StructField(f.name, spark_value_type(value_fields), True) if f.name == "value" else f for f in SCHEMA.fields]
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def arrow_schema(value_fields: ValueFields | None = None) -> pa.Schema:
+    """The Arrow schema Spark expects for :func:`source_schema` (checked field by field).
 
     Spelled out in pyarrow rather than derived with ``pyspark.sql.pandas.types``, whose
     import pulls in pandas: about a second of every fresh Python worker's first read
     (a test checks the two agree).
     """
     header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+    value = pa.binary() if value_fields is None else arrow_value_type(value_fields)
     return pa.schema(
         [
             pa.field("key", pa.binary()),
-            pa.field("value", pa.binary()),
+            pa.field("value", value),
             pa.field("topic", pa.string(), nullable=False),
             pa.field("partition", pa.int32(), nullable=False),
             pa.field("offset", pa.int64(), nullable=False),
@@ -706,7 +722,7 @@ def _read_records(
     from kafka import TopicPartition
     from kafka.errors import OffsetOutOfRangeError
 
-    schema = arrow_schema()
+    schema = arrow_schema(opts.value_fields)
     tp = TopicPartition(rng.topic, rng.partition)
     pos = rng.start
     # A pooled consumer that stopped exactly where this range starts (the next
@@ -784,7 +800,8 @@ def _after_out_of_range(opts: KafkaOptions, consumer, tp, rng: KafkaOffsetRange,
 
 
 def _to_batch(records: list[Any], topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
-    """One Arrow record batch from one fetch of one partition (columns built from lists)."""
+    """One Arrow record batch from one fetch of one partition (columns built from lists;
+    ``value`` decoded from JSON when ``schema`` says it is a struct)."""
     n = len(records)
     keys = [r.key for r in records]
     values = [r.value for r in records]
@@ -811,10 +828,15 @@ def _to_batch(records: list[Any], topic: str, partition: int, schema: pa.Schema)
         headers = pa.ListArray.from_arrays(pa.array(bounds, pa.int32()), struct, type=headers_type)
     else:
         headers = pa.array([[]] * n, headers_type)
+    value_type = schema.field("value").type
+    if pa.types.is_struct(value_type):
+        value_column = decode_values(values, value_type, topic, partition, offsets)
+    else:
+        value_column = pa.array(values, pa.binary())
     return pa.RecordBatch.from_arrays(
         [
             pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
+            value_column,
             pa.array([topic] * n, pa.string()),
             pa.array([partition] * n, pa.int32()),
             pa.array(offsets, pa.int64()),
@@ -950,7 +972,7 @@ class KafkaDataSource(DataSource):
         return "kafka_py"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return source_schema(self.kafka_options.value_fields)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KafkaBatchReader(parse_kafka_options(self.options, streaming=False))

@@ -356,6 +356,57 @@ def test_a_batch_read_returns_exactly_the_produced_records(kspark, broker) -> No
     assert sorted(r.offset for r in part.collect()) == [10, 11, 12, 13, 14]
 
 
+def _json_read(kspark, bootstrap: str, topic: str, schema: str):
+    return (
+        kspark.read.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("value.format", "json")
+        .option("value.schema", schema)
+        .load()
+    )
+
+
+def test_json_values_decoded_in_the_source_are_the_rows_from_json_gives(kspark, broker) -> None:
+    from pyspark.sql import functions as F
+
+    bootstrap, control = broker
+    topic = new_topic(control, 2)
+    p = KafkaProducer(bootstrap_servers=bootstrap)
+    for i in range(300):
+        doc = {"event_id": i, "user_id": i % 7, "amount": i / 4, "label": f"l{i}"}
+        if i % 50 == 0:
+            del doc["user_id"]  # a missing field is null in both
+        p.send(topic, json.dumps(doc).encode(), partition=i % 2)
+    p.send(topic, None, key=b"tombstone", partition=0)
+    p.flush()
+    p.close()
+    schema = "event_id BIGINT, user_id BIGINT, amount DOUBLE, label STRING"
+    decoded = _json_read(kspark, bootstrap, topic, schema)
+    assert decoded.schema["value"].dataType.simpleString() == (
+        "struct<event_id:bigint,user_id:bigint,amount:double,label:string>"
+    )
+    got = {(r.partition, r.offset): r.value for r in decoded.collect()}
+    raw = kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap).option("subscribe", topic).load()
+    parsed = raw.select("partition", "offset", F.from_json(F.col("value").cast("string"), schema).alias("value"))
+    want = {(r.partition, r.offset): r.value for r in parsed.collect()}
+    assert len(got) == 301
+    assert got == want
+    assert sum(v is None for v in got.values()) == 1  # the tombstone
+
+
+def test_a_json_value_that_does_not_fit_the_schema_fails_the_read_naming_its_offset(kspark, broker) -> None:
+    bootstrap, control = broker
+    topic = new_topic(control, 1)
+    p = KafkaProducer(bootstrap_servers=bootstrap)
+    for i in range(40):
+        p.send(topic, b'{"event_id": %s}' % (b'"x"' if i == 33 else str(i).encode()), partition=0)
+    p.flush()
+    p.close()
+    with pytest.raises(Exception, match=rf"the value at {topic}\[0\] offset 33 does not decode"):
+        _json_read(kspark, bootstrap, topic, "event_id BIGINT").collect()
+
+
 def test_a_bad_option_fails_when_the_dataframe_is_defined(kspark) -> None:
     with pytest.raises(Exception, match="maxOffsetsPerTrigger"):
         (

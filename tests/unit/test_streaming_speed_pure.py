@@ -105,7 +105,7 @@ def test_a_run_keeps_up_when_its_batches_after_the_warm_up_fit_in_the_trigger_ev
     assert not kept_up({**run, "steady": {"mean_batch_ms": 1200}}, 1.0)
 
 
-def test_the_rounds_split_gives_each_stage_over_the_batch_job_and_prefers_its_transaction_median() -> None:
+def test_the_rounds_split_gives_each_stage_over_the_batch_job_and_heads_with_the_source_decoded_transaction() -> None:
     doc = {
         "available_now": [{"sink": "transaction", "rows_per_s": 100.0}, {"sink": "none", "rows_per_s": 80.0}],
         "noop_rounds": {
@@ -116,11 +116,17 @@ def test_the_rounds_split_gives_each_stage_over_the_batch_job_and_prefers_its_tr
                 "parsed_noop_python": {"rows_per_s": 450.0, "add_batch_ms": 450.0},
                 "none": {"rows_per_s": 400.0, "add_batch_ms": 550.0},
                 "transaction": {"rows_per_s": 380.0, "add_batch_ms": 570.0},
+                "decoded_noop": {"rows_per_s": 650.0, "add_batch_ms": 270.0},
+                "decoded_none": {"rows_per_s": 560.0, "add_batch_ms": 400.0},
+                "decoded_transaction": {"rows_per_s": 540.0, "add_batch_ms": 410.0},
             },
         },
     }
     r = ratios(doc)
-    assert r["stream_transaction/batch_noop"] == 0.38  # the rounds' median, not the one run
+    assert r["stream_transaction/batch_noop"] == 0.54  # the rounds' median, not the one run
+    assert r["stream transaction/batch_noop"] == 0.38  # the same job parsing with from_json
+    assert r["stream decoded_noop/batch_noop"] == 0.65
+    assert r["split decoded_transaction/decoded_none"] == 0.964
     assert r["stream parsed_noop/batch_noop"] == 0.5
     assert r["stream parsed_noop_python/batch_noop"] == 0.45
     assert r["stream none/batch_noop"] == 0.4
