@@ -579,13 +579,17 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, ax = plt.subplots(1, 3, figsize=(18, 6), gridspec_kw={"width_ratios": [1.6, 1, 1]})
     names = ["batch noop"] + [f"stream {r['sink']}" for r in doc["available_now"]]
     vals = [doc["batch_noop"]["rows_per_s"]] + [r.get("rows_per_s") or 0 for r in doc["available_now"]]
     med = (doc.get("noop_rounds") or {}).get("median") or {}
     names += [f"median {k}" if k == "batch" else f"median noop, {k}" for k in med]
     vals += [v or 0 for v in med.values()]
-    ax[0].bar(range(len(names)), vals, color=["grey"] + ["C0"] * (len(names) - 1))
+    split = {k: v for k, v in ((doc.get("noop_rounds") or {}).get("split_median") or {}).items() if k != "noop"}
+    colors = ["grey"] + ["C0"] * (len(names) - 1) + ["C1"] * len(split)
+    names += [f"median {k}" for k in split]
+    vals += [v.get("rows_per_s") or 0 for v in split.values()]
+    ax[0].bar(range(len(names)), vals, color=colors)
     ax[0].set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax[0].set_ylabel("rows/s")
     ax[0].set_title("kafka_py, availableNow (batch = ceiling)")
