@@ -141,14 +141,15 @@ def decode_values(
     KafkaValueFormatError
         Naming topic, partition and offset of the first value that does not decode.
     """
-    present = [i for i, v in enumerate(values) if v is not None]
     objects = [v for v in values if v is not None]
     decoded = _decode_or_none(objects, value_type)
+    if decoded is not None and len(objects) == len(values):
+        return decoded
+    # Tombstones, or a value that does not decode: only now the positions are needed.
+    present = [i for i, v in enumerate(values) if v is not None]
     if decoded is None:
         bad = _first_undecodable(objects, value_type)
         raise _value_error(objects[bad], value_type, topic, partition, offsets[present[bad]])
-    if len(present) == len(values):
-        return decoded
     at: list[int | None] = [None] * len(values)
     for row, i in enumerate(present):
         at[i] = row
@@ -174,13 +175,12 @@ def _decode_or_none(values: Sequence[bytes], value_type: pa.StructType) -> pa.St
     if not values:
         return pa.array([], value_type)
     try:
-        table = _read(values, value_type).combine_chunks()
+        table = _read(values, value_type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     if table.num_rows != len(values):
         return None
-    columns = [c.chunk(0) if c.num_chunks else pa.array([], c.type) for c in table.columns]
-    return pa.StructArray.from_arrays(columns, fields=list(value_type))
+    return table.to_struct_array().combine_chunks()
 
 
 def _first_undecodable(values: Sequence[bytes], value_type: pa.StructType) -> int:
