@@ -24,6 +24,7 @@ from typing import Sequence
 
 from benchmarks.pipeline_run import FAULT_STEPS, MODES, PipelineConfig, run_pipeline, summary_table
 from benchmarks.results_file import write_result
+from benchmarks.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespace]:
@@ -62,8 +63,8 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
     )
     ap.add_argument(
         "--decode",
-        default="source",
-        choices=("source", "spark"),
+        default=DEFAULT_DECODE,
+        choices=tuple(DECODE_OPTIONS),
         help="where the job decodes the events' JSON: kafka_py's value.format=json, or Spark's from_json",
     )
     ap.add_argument("--job-timeout", type=float, default=900.0)

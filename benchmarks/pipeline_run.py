@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, cast
 
 import requests
 
-from benchmarks.streaming_job import TABLE_COLUMNS
+from benchmarks.streaming_job import DEFAULT_DECODE, TABLE_COLUMNS
 from clickhouse_tx.faults import TEST_FAULTS_ENV
 from clickhouse_tx.interfaces import Mode
 from clickhouse_tx.sql import qualified, quote_identifier, split_table
@@ -445,7 +445,7 @@ class PipelineConfig:
     quiet: bool = False
     writer_options: tuple[str, ...] = ()
     sink: str = "clickhouse_tx"  # or foreach_insert: a diagnostic sink without the writer
-    decode: str = "source"  # where the job decodes the events' JSON (streaming_job.DECODE_OPTIONS)
+    decode: str = DEFAULT_DECODE  # where the job decodes the events' JSON (streaming_job.DECODE_OPTIONS)
 
 
 def plan_crashes(cfg: PipelineConfig, rng: random.Random) -> list[str]:

@@ -37,6 +37,7 @@ DECODE_OPTIONS: dict[str, dict[str, str]] = {
     "source": {"value.format": "json", "value.schema": EVENT_SCHEMA},
     "spark": {},
 }
+DEFAULT_DECODE = "source"
 
 #: Columns of the target table, in the order the job writes them.
 TABLE_COLUMNS = (
@@ -69,7 +70,10 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--starting-offsets", default="earliest")
     ap.add_argument(
-        "--decode", default="source", choices=tuple(DECODE_OPTIONS), help="where the JSON is decoded (DECODE_OPTIONS)"
+        "--decode",
+        default=DEFAULT_DECODE,
+        choices=tuple(DECODE_OPTIONS),
+        help="where the JSON is decoded (DECODE_OPTIONS)",
     )
     ap.add_argument("--fault-step", default=None, help="fault.step of the writer (tests and the demo)")
     ap.add_argument("--fault-action", default="kill")

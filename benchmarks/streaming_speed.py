@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_file import machine, write_result
+from benchmarks.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
 
 MODES = ("none", "transaction", "staging", "dedup")
 TRIGGERS = (0.5, 1.0, 5.0, 10.0)
@@ -380,6 +381,11 @@ SPLIT_RUNS: dict[str, tuple[str, str, int, dict[str, str]]] = {
 }
 
 
+def _with_cores(options: Mapping[str, str], cores: str) -> dict[str, str]:
+    """``options`` with ``"cores"`` (in :data:`VARIANTS` and :data:`SPLIT_RUNS`) as the session's parallelism."""
+    return {k: cores if v == "cores" else v for k, v in options.items()}
+
+
 def _figures(run: Mapping[str, Any]) -> dict[str, Any]:
     """What the rounds keep of one availableNow run."""
     return {"rows_per_s": run.get("rows_per_s"), "add_batch_ms": (run.get("mean_ms") or {}).get("addBatch")}
@@ -397,20 +403,18 @@ def noop_rounds(
     and each of :data:`SPLIT_RUNS`, ``a.rounds`` times over, interleaved: the JVM
     warms up over the first runs and load comes in bursts, so every figure gets its
     share of both; the ratios use medians."""
-    from benchmarks.streaming_job import DECODE_OPTIONS
-
     cores = str(spark.sparkContext.defaultParallelism)
     batch: list[float | None] = []
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in (*VARIANTS, *SPLIT_RUNS)}
     for i in range(a.rounds):
         batch.append(round(a.events / _batch_seconds(spark, bootstrap, topic), 1))
         for label, (times, options) in VARIANTS.items():
-            opts = {k: cores if v == "cores" else v for k, v in options.items()}
+            opts = _with_cores(options, cores)
             per = times * a.max_offsets
             run = functools.partial(_run_stream, spark, bootstrap, topic, per, "noop", None, work, opts)
             runs[label].append(_figures(_attempt(run, {"sink": "noop", "max_offsets": per, "source_options": opts})))
         for label, (sink, decode, times, options) in SPLIT_RUNS.items():
-            opts = {**DECODE_OPTIONS[decode], **{k: cores if v == "cores" else v for k, v in options.items()}}
+            opts = {**DECODE_OPTIONS[decode], **_with_cores(options, cores)}
             run = functools.partial(_run_stream, spark, bootstrap, topic, times * a.max_offsets, sink, url, work, opts)
             runs[label].append(_figures(_attempt(run, {"sink": sink, "source_options": opts})))
         say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, availableNow {runs}")
@@ -434,7 +438,7 @@ def in_process(
 ) -> dict[str, Any]:
     """Sections 1 and 2: ceiling, availableNow per sink (bulk and paced), the fixed cost per batch."""
     from benchmarks.batch_overhead import NoopStreamSource
-    from benchmarks.streaming_job import DECODE_OPTIONS, build_session
+    from benchmarks.streaming_job import build_session
 
     topics = _topics(bootstrap, control, a, say)
     per_batch, paced_per = 4 * a.partitions, paced_batch(a.rate, a.partitions)
@@ -486,7 +490,7 @@ def in_process(
 
 
 def _pipeline_run(
-    info: Any, work: Path, mode: str, trigger: float, rate: float, duration: float, seed: int, decode: str = "source"
+    info: Any, work: Path, mode: str, trigger: float, rate: float, duration: float, seed: int, decode: str
 ) -> dict[str, Any]:
     from benchmarks.checkpoint_sweep import run_duration
     from benchmarks.pipeline_run import PipelineConfig, run_pipeline
@@ -652,8 +656,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--ramp-steps", type=int, default=None, help="default 6, quick 3")
     ap.add_argument(
         "--decode",
-        default="source",
-        choices=("source", "spark"),
+        default=DEFAULT_DECODE,
+        choices=tuple(DECODE_OPTIONS),
         help="where the job decodes the JSON in sections 1-4 (the split runs both)",
     )
     ap.add_argument("--skip-pipeline", action="store_true", help="sections 1 and 2 only")
