@@ -8,12 +8,22 @@ from typing import Any, Mapping
 def local_session(app: str, conf: Mapping[str, str], master: str = "local[2]") -> Any:  # pyspark.sql.SparkSession
     """A ``local[2]`` session (or ``master``) named ``app``, UI off, logging at ERROR, with the Spark ``conf`` added.
 
+    Every benchmark runs with :data:`spark_datasource.RECOMMENDED_SPARK_CONF`, the
+    settings the docs give users; ``conf`` may override them.
+
     Driver, once per benchmark process (``getOrCreate``: a second call returns the first session).
     """
     from pyspark.sql import SparkSession
 
+    from spark_datasource import RECOMMENDED_SPARK_CONF
+
     builder = SparkSession.builder.master(master).appName(app)
-    for key, value in {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **conf}.items():
+    for key, value in {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        **RECOMMENDED_SPARK_CONF,
+        **conf,
+    }.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -99,8 +99,12 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def build_session(master: str = "local[2]"):  # -> SparkSession
-    """``local[2]`` (or ``master``) session, UI off, this interpreter on the workers (driver, once)."""
+def build_session(master: str = "local[2]", spark_conf: Mapping[str, str] | None = None):  # -> SparkSession
+    """``local[2]`` (or ``master``) session, UI off, this interpreter on the workers (driver, once).
+
+    ``spark_conf`` is added last (``streaming_speed --spark-conf``: a Spark setting's worth,
+    e.g. :data:`spark_datasource.RECOMMENDED_SPARK_CONF`'s, measured against its absence).
+    """
     # fault.action=kill must take the whole driver (Python and JVM), not only the
     # pyspark worker daemon's own process group (see clickhouse_tx.faults).
     os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())
@@ -112,6 +116,7 @@ def build_session(master: str = "local[2]"):  # -> SparkSession
         "spark.driver.memory": "1g",
         "spark.pyspark.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        **(spark_conf or {}),
     }
     return local_session("clickhouse-tx-pipeline", conf, master)
 

@@ -37,6 +37,10 @@
    the last rate that kept up is the mode's sustained maximum. Then ``transaction`` at
    half its maximum, for the latency at a comfortable load.
 
+Every session runs with :data:`spark_datasource.RECOMMENDED_SPARK_CONF` (Python workers
+on Unix domain sockets); ``--spark-conf KEY=VALUE`` changes the session of sections 1
+and 2 (``spark.python.unix.domain.socket.enabled=false`` measures without it).
+
 Ratios (streaming/batch, transaction/none) are computed within the run. Writes JSON to
 ``benchmarks/results/streaming_speed[_quick].json`` and a PNG beside it.
 """
@@ -58,6 +62,7 @@ from typing import Any
 
 from benchmarks.results_file import machine, write_result
 from benchmarks.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
+from spark_datasource import RECOMMENDED_SPARK_CONF
 
 MODES = ("none", "transaction", "staging", "dedup")
 TRIGGERS = (0.5, 1.0, 5.0, 10.0)
@@ -445,7 +450,7 @@ def in_process(
     reads = range_reads(bootstrap, topics["bulk"], a.partitions, (4, a.max_offsets // a.partitions // 4))
     reads += range_reads(bootstrap, topics["paced"], a.partitions, (paced_per,), produced="paced")
     say(f"range reads in-process: {reads}")
-    spark = build_session()
+    spark = build_session(spark_conf=a.spark_conf)
     import spark_datasource
 
     spark_datasource.register(spark)
@@ -660,9 +665,21 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=tuple(DECODE_OPTIONS),
         help="where the job decodes the JSON in sections 1-4 (the split runs both)",
     )
+    ap.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session of sections 1 and 2 (repeatable), e.g. "
+        "spark.python.unix.domain.socket.enabled=false to measure without the recommended one",
+    )
     ap.add_argument("--skip-pipeline", action="store_true", help="sections 1 and 2 only")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    bad = [kv for kv in a.spark_conf if "=" not in kv]
+    if bad:
+        ap.error(f"--spark-conf takes KEY=VALUE, got {bad}")
+    a.spark_conf = dict(kv.split("=", 1) for kv in a.spark_conf)
     a.events = a.events or (150_000 if a.quick else 400_000)
     a.modes = [m for m in (a.modes or ("none,transaction" if a.quick else ",".join(MODES))).split(",") if m]
     a.triggers = [float(t) for t in (a.triggers or ("1,5" if a.quick else "0.5,1,5,10")).split(",")]
@@ -689,6 +706,7 @@ def _save(doc: dict[str, Any], a: argparse.Namespace, jpath: Path, t0: float) ->
         "quick": a.quick,
         "decode": a.decode,
         "spark": "local[2]",
+        "spark_conf": {**RECOMMENDED_SPARK_CONF, **a.spark_conf},  # what sections 1-2 ran with
         "machine": machine(),
     }
     doc["ratios"] = ratios(doc)

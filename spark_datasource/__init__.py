@@ -2,6 +2,9 @@
 
 >>> import spark_datasource
 >>> spark_datasource.register(spark)   # registers "clickhouse_tx" and "kafka_py"
+
+Spark settings the data sources run best with are in :data:`RECOMMENDED_SPARK_CONF`;
+they must be given when the session is built (``SparkSession.builder.config``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["register"]
+__all__ = ["RECOMMENDED_SPARK_CONF", "register"]
+
+#: Spark settings for sessions that use these data sources (set when the session is
+#: built; Spark reads them once, at start).
+#:
+#: - ``spark.python.unix.domain.socket.enabled``: the JVM talks to its Python workers
+#:   over Unix domain sockets instead of loopback TCP. Over TCP, the small messages
+#:   that start a Python task wait for a delayed ACK (Nagle's algorithm on the JVM's
+#:   side): about 40 ms before every Python data source task starts reading, on each
+#:   side of a Kafka-to-ClickHouse micro-batch (docs/performance.md, "The 40 ms before
+#:   each Python task").
+#: - ``spark.python.worker.reuse`` (Spark's default, kept explicit): pooled Kafka
+#:   consumers, cached table checks and ``gc.freeze`` live in reused Python workers.
+RECOMMENDED_SPARK_CONF: dict[str, str] = {
+    "spark.python.unix.domain.socket.enabled": "true",
+    "spark.python.worker.reuse": "true",
+}
 
 
 def register(spark: "SparkSession") -> None:

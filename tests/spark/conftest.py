@@ -20,11 +20,21 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator["object"]:
-    """``local[2]`` SparkSession: 2 shuffle partitions, UI off, this interpreter on workers."""
+    """``local[2]`` SparkSession: 2 shuffle partitions, UI off, this interpreter on workers.
+
+    Built with :data:`spark_datasource.RECOMMENDED_SPARK_CONF`, as the docs tell users
+    to (the sessions of the torture jobs and the operator-command tests keep Spark's
+    defaults, so both are run).
+    """
     from pyspark.sql import SparkSession
 
+    from spark_datasource import RECOMMENDED_SPARK_CONF
+
+    builder = SparkSession.builder
+    for key, value in RECOMMENDED_SPARK_CONF.items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("clickhouse-tx-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
