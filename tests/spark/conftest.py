@@ -23,8 +23,8 @@ def spark() -> Iterator["object"]:
     """``local[2]`` SparkSession: 2 shuffle partitions, UI off, this interpreter on workers.
 
     Built with :data:`spark_datasource.RECOMMENDED_SPARK_CONF`, as the docs tell users
-    to (the sessions of the torture jobs and the operator-command tests keep Spark's
-    defaults, so both are run).
+    to. The jobs of ``tests/helpers/torture.py``, ``tests/helpers/cluster_job.py`` and
+    the operator-command tests keep Spark's defaults, so both transports are run.
     """
     from pyspark.sql import SparkSession
 
