@@ -17,14 +17,12 @@ def local_session(app: str, conf: Mapping[str, str], master: str = "local[2]") -
 
     from spark_datasource import RECOMMENDED_SPARK_CONF
 
-    builder = SparkSession.builder.master(master).appName(app)
-    for key, value in {
+    settings: dict[str, bool | float | int | str | None] = {  # the type Builder.config(map=) asks for
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         **RECOMMENDED_SPARK_CONF,
         **conf,
-    }.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    }
+    spark = SparkSession.builder.master(master).appName(app).config(map=settings).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -455,6 +455,8 @@ def in_process(
 
     spark_datasource.register(spark)
     spark.dataSource.register(NoopStreamSource)
+    # what the session runs with, read back from it (the settings a run compares)
+    spark_conf = {k: spark.conf.get(k) for k in {**RECOMMENDED_SPARK_CONF, **a.spark_conf}}
     try:
         batch = _batch_noop(spark, bootstrap, topics["bulk"], a.events)
         say(f"batch kafka_py -> noop: {batch['rows_per_s']:,.0f} rows/s")
@@ -481,6 +483,7 @@ def in_process(
     finally:
         spark.stop()
     return {
+        "spark_conf": spark_conf,
         "range_reads": reads,
         "batch_noop": batch,
         "available_now": avail,
@@ -633,6 +636,14 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--spark-conf``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.streaming_speed", description=(__doc__ or "").split("\n")[0]
@@ -669,6 +680,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--spark-conf",
         action="append",
         default=[],
+        type=_key_value,
         metavar="KEY=VALUE",
         help="a Spark setting for the session of sections 1 and 2 (repeatable), e.g. "
         "spark.python.unix.domain.socket.enabled=false to measure without the recommended one",
@@ -676,10 +688,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--skip-pipeline", action="store_true", help="sections 1 and 2 only")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    bad = [kv for kv in a.spark_conf if "=" not in kv]
-    if bad:
-        ap.error(f"--spark-conf takes KEY=VALUE, got {bad}")
-    a.spark_conf = dict(kv.split("=", 1) for kv in a.spark_conf)
+    a.spark_conf = dict(a.spark_conf)
     a.events = a.events or (150_000 if a.quick else 400_000)
     a.modes = [m for m in (a.modes or ("none,transaction" if a.quick else ",".join(MODES))).split(",") if m]
     a.triggers = [float(t) for t in (a.triggers or ("1,5" if a.quick else "0.5,1,5,10")).split(",")]
@@ -706,7 +715,6 @@ def _save(doc: dict[str, Any], a: argparse.Namespace, jpath: Path, t0: float) ->
         "quick": a.quick,
         "decode": a.decode,
         "spark": "local[2]",
-        "spark_conf": {**RECOMMENDED_SPARK_CONF, **a.spark_conf},  # what sections 1-2 ran with
         "machine": machine(),
     }
     doc["ratios"] = ratios(doc)

@@ -30,11 +30,9 @@ def spark() -> Iterator["object"]:
 
     from spark_datasource import RECOMMENDED_SPARK_CONF
 
-    builder = SparkSession.builder
-    for key, value in RECOMMENDED_SPARK_CONF.items():
-        builder = builder.config(key, value)
     session = (
-        builder.master("local[2]")
+        SparkSession.builder.config(map=dict(RECOMMENDED_SPARK_CONF))
+        .master("local[2]")
         .appName("clickhouse-tx-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
