@@ -121,7 +121,7 @@ def _stream(spark, rows: int):
     )
 
 
-def _run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, workdir: Path) -> list[dict]:
+def run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, workdir: Path) -> list[dict]:
     """Run one sink for WARMUP + ``batches`` micro-batches; the measured progress records."""
     writer = _stream(spark, rows).writeStream.trigger(processingTime="0 seconds")
     writer = writer.option("checkpointLocation", f"file://{workdir}/{sink}_{uuid.uuid4().hex[:6]}")
@@ -201,7 +201,7 @@ def run(url: str, rows: int, batches: int, sinks: list[str], trace: bool) -> dic
     try:
         for sink in sinks:
             start = time.time()
-            progress = _run_query(spark, sink, url, db, rows, batches, workdir)
+            progress = run_query(spark, sink, url, db, rows, batches, workdir)
             results[sink] = _summary(progress)
             if trace_file is not None:
                 first = progress[0]["batchId"]

@@ -24,7 +24,11 @@
 2. **Fixed cost**: a streaming query over batches of a few records per partition
    (8 partitions), into ``noop`` and into ``clickhouse_tx`` in each mode: its mean
    ``triggerExecution`` (after the first batch) is what a micro-batch costs whatever
-   its size.
+   its size. Beside it, **Spark's floor**: Spark's ``rate-micro-batch`` source (the
+   same records per batch and partitions) into ``noop``, what any micro-batch of this
+   session costs, with the checkpoint file manager Spark picks for a local path and with
+   its FileSystem-based one (:data:`FS_CHECKPOINT_MANAGER`; the difference is the
+   processes Hadoop's local file system starts to write the offset and commit logs).
 3. **Triggers and latency**: :func:`benchmarks.pipeline_run.run_pipeline` (the streaming job
    in its own process, a producer offering a steady ``--rate``) per mode and trigger
    interval: processing rate and end-to-end latency p50/p99, Kafka timestamp → visible
@@ -70,6 +74,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: Seconds of each pipeline run before what it measures: the first micro-batches with
 #: data start Python workers (imports, Kafka consumers, ClickHouse connections).
 WARMUP_S = 10.0
+
+#: Spark's checkpoint file manager over Hadoop's FileSystem API. For a local path Spark
+#: picks the FileContext one, whose writes and renames call ``chmod`` and ``readlink``
+#: as child processes where Hadoop's native library is missing (``docs/performance.md``).
+FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
+#: Micro-batches measured per floor query (after batch_overhead's warm-up batches).
+FLOOR_BATCHES = 10
 
 #: durationMs entries Spark reports for a micro-batch, in the order they happen.
 SPLIT_KEYS = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
@@ -135,6 +147,10 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
         out[f"available_now {sink} paced/bulk"] = div(paced.get(sink), avail.get(sink))
     for mode in ("staging", "dedup"):
         out[f"available_now {mode}/none"] = div(avail.get(mode), avail.get("none"))
+    fixed_runs = (doc.get("fixed_cost") or {}).get("by_sink", [])
+    fixed = {r["sink"]: (r.get("mean_ms") or {}).get("triggerExecution") for r in fixed_runs}
+    floor = ((doc.get("spark_floor") or {}).get("default") or {}).get("mean_ms") or {}
+    out["fixed_cost noop/spark_floor"] = div(fixed.get("noop"), floor.get("triggerExecution"))
     by = {(r["mode"], r["trigger_s"]): steady(r).get("processing_rps") for r in doc.get("triggers", [])}
     for trig in sorted({t for _, t in by}):
         out[f"trigger {trig:g}s transaction/none"] = div(by.get(("transaction", trig)), by.get(("none", trig)))
@@ -294,6 +310,34 @@ def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any], tries:
             if i + 1 == tries:
                 return {**label, "error": f"{type(e).__name__}: {str(e)[:300]}"}
     raise AssertionError("unreachable")
+
+
+def spark_floor(spark: Any, rows: int, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """Spark's own cost per micro-batch: ``rate-micro-batch`` (``rows`` rows over 8 partitions) → ``noop``.
+
+    Measured with the session's checkpoint file manager (the one Spark picks for the
+    local path, unless ``--spark-conf`` named one) and with :data:`FS_CHECKPOINT_MANAGER`,
+    set for that query only.
+
+    Driver, once per run (section 2), after the fixed-cost queries.
+    """
+    from benchmarks.batch_overhead import PARTITIONS, run_query
+
+    out: dict[str, Any] = {"records_per_batch": rows, "partitions": PARTITIONS}
+    session_manager = spark.conf.get(CHECKPOINT_MANAGER_KEY, None)  # a --spark-conf may have set one
+    for label, manager in (("default", None), ("filesystem_checkpoint_manager", FS_CHECKPOINT_MANAGER)):
+        if manager:
+            spark.conf.set(CHECKPOINT_MANAGER_KEY, manager)
+        try:
+            progress = run_query(spark, "noop", "", "", rows, FLOOR_BATCHES, work)
+        finally:
+            if session_manager is None:
+                spark.conf.unset(CHECKPOINT_MANAGER_KEY)
+            else:
+                spark.conf.set(CHECKPOINT_MANAGER_KEY, session_manager)
+        out[label] = batch_split(progress, skip_first=False)
+        say(f"Spark's floor ({label}): mean ms {out[label]['mean_ms']}")
+    return out
 
 
 def _batch_seconds(spark: Any, bootstrap: str, topic: str) -> float:
@@ -480,6 +524,7 @@ def in_process(
         one = each_sink(topics["bulk"], a.events, "availableNow, the whole topic in one batch,", ("noop",))
         paced = each_sink(topics["paced"], paced_per * a.partitions, "availableNow over paced records,")
         fixed = each_sink(topics["small"], per_batch, f"fixed cost ({per_batch}-record batches)")
+        floor = _attempt(functools.partial(spark_floor, spark, per_batch, work, say), {})
     finally:
         spark.stop()
     return {
@@ -491,6 +536,7 @@ def in_process(
         "available_now_one_batch": one,
         "available_now_paced": {"records_per_batch": paced_per * a.partitions, "rate": a.rate, "by_sink": paced},
         "fixed_cost": {"records_per_batch": per_batch, "partitions": a.partitions, "by_sink": fixed},
+        "spark_floor": floor,
     }
 
 
