@@ -76,8 +76,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 WARMUP_S = 10.0
 
 #: Spark's checkpoint file manager over Hadoop's FileSystem API. For a local path Spark
-#: picks the FileContext one, whose writes and renames call ``chmod`` and ``readlink``
-#: as child processes where Hadoop's native library is missing (``docs/performance.md``).
+#: picks the FileContext one. Where Hadoop's native library is missing, the FileContext
+#: one runs ``chmod`` and ``readlink`` as child processes for each log write, this one
+#: only ``chmod`` (``docs/performance.md``, "Spark's own floor").
 FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 #: Micro-batches measured per floor query (after batch_overhead's warm-up batches).
