@@ -26,9 +26,9 @@
    ``triggerExecution`` (after the first batch) is what a micro-batch costs whatever
    its size. Beside it, **Spark's floor**: Spark's ``rate-micro-batch`` source (the
    same records per batch and partitions) into ``noop``, what any micro-batch of this
-   session costs, with the checkpoint file manager Spark picks for a local path and with
-   its FileSystem-based one (:data:`FS_CHECKPOINT_MANAGER`; the difference is the
-   processes Hadoop's local file system starts to write the offset and commit logs).
+   session costs before a source or sink adds anything (``--spark-conf
+   spark.sql.streaming.checkpointFileManagerClass=...`` measures it, and everything
+   else, with another checkpoint file manager: ``docs/performance.md``).
 3. **Triggers and latency**: :func:`benchmarks.pipeline_run.run_pipeline` (the streaming job
    in its own process, a producer offering a steady ``--rate``) per mode and trigger
    interval: processing rate and end-to-end latency p50/p99, Kafka timestamp → visible
@@ -75,13 +75,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: data start Python workers (imports, Kafka consumers, ClickHouse connections).
 WARMUP_S = 10.0
 
-#: Spark's checkpoint file manager over Hadoop's FileSystem API. For a local path Spark
-#: picks the FileContext one. Where Hadoop's native library is missing, the FileContext
-#: one runs ``chmod`` and ``readlink`` as child processes for each log write, this one
-#: only ``chmod`` (``docs/performance.md``, "Spark's own floor").
-FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
-#: Micro-batches measured per floor query (after batch_overhead's warm-up batches).
+#: Micro-batches measured by the floor query (after batch_overhead's warm-up batches).
 FLOOR_BATCHES = 10
 
 #: durationMs entries Spark reports for a micro-batch, in the order they happen.
@@ -150,7 +144,7 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
         out[f"available_now {mode}/none"] = div(avail.get(mode), avail.get("none"))
     fixed_runs = (doc.get("fixed_cost") or {}).get("by_sink", [])
     fixed = {r["sink"]: (r.get("mean_ms") or {}).get("triggerExecution") for r in fixed_runs}
-    floor = ((doc.get("spark_floor") or {}).get("default") or {}).get("mean_ms") or {}
+    floor = (doc.get("spark_floor") or {}).get("mean_ms") or {}
     out["fixed_cost noop/spark_floor"] = div(fixed.get("noop"), floor.get("triggerExecution"))
     by = {(r["mode"], r["trigger_s"]): steady(r).get("processing_rps") for r in doc.get("triggers", [])}
     for trig in sorted({t for _, t in by}):
@@ -316,28 +310,13 @@ def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any], tries:
 def spark_floor(spark: Any, rows: int, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
     """Spark's own cost per micro-batch: ``rate-micro-batch`` (``rows`` rows over 8 partitions) → ``noop``.
 
-    Measured with the session's checkpoint file manager (the one Spark picks for the
-    local path, unless ``--spark-conf`` named one) and with :data:`FS_CHECKPOINT_MANAGER`,
-    set for that query only.
-
     Driver, once per run (section 2), after the fixed-cost queries.
     """
     from benchmarks.batch_overhead import PARTITIONS, run_query
 
-    out: dict[str, Any] = {"records_per_batch": rows, "partitions": PARTITIONS}
-    session_manager = spark.conf.get(CHECKPOINT_MANAGER_KEY, None)  # a --spark-conf may have set one
-    for label, manager in (("default", None), ("filesystem_checkpoint_manager", FS_CHECKPOINT_MANAGER)):
-        if manager:
-            spark.conf.set(CHECKPOINT_MANAGER_KEY, manager)
-        try:
-            progress = run_query(spark, "noop", "", "", rows, FLOOR_BATCHES, work)
-        finally:
-            if session_manager is None:
-                spark.conf.unset(CHECKPOINT_MANAGER_KEY)
-            else:
-                spark.conf.set(CHECKPOINT_MANAGER_KEY, session_manager)
-        out[label] = batch_split(progress, skip_first=False)
-        say(f"Spark's floor ({label}): mean ms {out[label]['mean_ms']}")
+    progress = run_query(spark, "noop", "", "", rows, FLOOR_BATCHES, work)
+    out = {"records_per_batch": rows, "partitions": PARTITIONS, **batch_split(progress, skip_first=False)}
+    say(f"Spark's floor: mean ms {out['mean_ms']}")
     return out
 
 

@@ -137,7 +137,7 @@ def test_the_rounds_split_gives_each_stage_over_the_batch_job_and_heads_with_the
 def test_the_fixed_cost_of_a_noop_query_is_compared_with_sparks_floor_measured_in_the_same_run() -> None:
     doc = {
         "fixed_cost": {"by_sink": [{"sink": "noop", "mean_ms": {"triggerExecution": 102.0}}, {"sink": "none"}]},
-        "spark_floor": {"default": {"mean_ms": {"triggerExecution": 120.0}}},
+        "spark_floor": {"records_per_batch": 32, "mean_ms": {"triggerExecution": 120.0}},
     }
     assert ratios(doc)["fixed_cost noop/spark_floor"] == 0.85
     assert ratios({"fixed_cost": doc["fixed_cost"]})["fixed_cost noop/spark_floor"] is None  # floor not measured
