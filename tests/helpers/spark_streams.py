@@ -19,15 +19,22 @@ def make_topic(stack, bootstrap: str, partitions: int, per_partition: int) -> tu
     """A new topic filled with ``per_partition`` records per partition; the expected rows."""
     topic = f"w_{uuid.uuid4().hex[:10]}"
     create_topic(stack.kafka_control, topic, partitions)
+    return topic, extend_topic(bootstrap, topic, partitions, 0, per_partition)
+
+
+def extend_topic(
+    bootstrap: str, topic: str, partitions: int, start: int, per_partition: int
+) -> set[tuple[int, int, str]]:
+    """Append ``per_partition`` records to each partition, whose next offset is ``start``; their expected rows."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     expected = set()
     for p in range(partitions):
-        for i in range(per_partition):
+        for i in range(start, start + per_partition):
             producer.send(topic, value=f"{p}:{i}".encode(), partition=p)
             expected.add((p, i, f"{p}:{i}"))
     producer.flush()
     producer.close()
-    return topic, expected
+    return expected
 
 
 def create_target(url: str, database: str) -> None:

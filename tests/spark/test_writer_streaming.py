@@ -16,6 +16,7 @@ import pytest
 from tests.helpers.spark_streams import (
     assert_exactly,
     create_target,
+    extend_topic,
     make_topic,
     start_query,
     target_rows,
@@ -108,3 +109,42 @@ def test_a_commit_interrupted_between_two_commits_is_rolled_forward_on_restart(
     assert open_registry_entries(clickhouse_url, database) == 0
     committed = [m for m in read_metrics(str(chk)) if m["status"] == "committed"]
     assert [(m["batch"], m["replay"], m["rows"]) for m in committed] == [(0, True, 1000)]
+
+
+def test_a_checkpoint_resumes_each_record_once_whichever_way_spark_stores_it_locally(
+    sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    # docs/performance.md measures two faster ways to store a local checkpoint; a user
+    # who tries one restarts a checkpoint Spark's defaults wrote, and may go back.
+    from benchmarks.checkpoint_fs import use_variant
+
+    topic, expected = make_topic(stack, kafka_bootstrap, partitions=2, per_partition=300)
+    create_target(clickhouse_url, database)
+    chk = tmp_path / "chk"
+    common = dict(
+        bootstrap=kafka_bootstrap,
+        topic=topic,
+        url=clickhouse_url,
+        database=database,
+        chk=chk,
+        name=f"fs_{uuid.uuid4().hex[:6]}",
+    )
+    checksummed, bare = set(), set()
+    try:
+        for round_no, variant in enumerate(["default", "raw_local_fs", "filesystem_manager", "default"]):
+            use_variant(sp, variant)
+            if round_no:
+                expected |= extend_topic(kafka_bootstrap, topic, 2, 300 * round_no, 300)
+            q = start_query(sp, available_now=True, max_offsets=200, **common)
+            q.awaitTermination(600)
+            assert q.exception() is None
+            assert_exactly(clickhouse_url, database, expected)
+            batches = {p["batchId"] for p in q.recentProgress if p["numInputRows"]}
+            (bare if variant == "raw_local_fs" else checksummed).update(batches)
+    finally:
+        use_variant(sp, "default")
+    assert open_registry_entries(clickhouse_url, database) == 0
+    # each round's offset log was written the way the round said: Hadoop's checksum
+    # files beside it, but for the raw local file system's
+    assert bare and checksummed
+    assert {int(f.name[1:].removesuffix(".crc")) for f in (chk / "offsets").glob(".*.crc")} == checksummed
