@@ -37,6 +37,17 @@ def extend_topic(
     return expected
 
 
+def new_stream(
+    stack, bootstrap: str, url: str, database: str, chk: Path, prefix: str, per_partition: int
+) -> tuple[set[tuple[int, int, str]], dict]:
+    """A 2-partition topic of ``per_partition`` records each and an empty target: the
+    expected rows, and the :func:`start_query` arguments of a query named ``prefix_<random>``."""
+    topic, expected = make_topic(stack, bootstrap, partitions=2, per_partition=per_partition)
+    create_target(url, database)
+    name = f"{prefix}_{uuid.uuid4().hex[:6]}"
+    return expected, dict(bootstrap=bootstrap, topic=topic, url=url, database=database, chk=chk, name=name)
+
+
 def create_target(url: str, database: str) -> None:
     run_sql(url, f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree ORDER BY (p, o)")
 

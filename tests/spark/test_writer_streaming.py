@@ -8,16 +8,14 @@ duplicate, whatever happened to the query in between.
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.spark_streams import (
     assert_exactly,
-    create_target,
     extend_topic,
-    make_topic,
+    new_stream,
     start_query,
     target_rows,
 )
@@ -27,16 +25,7 @@ from tests.helpers.spark_writes import open_registry_entries
 def test_a_query_stopped_mid_batch_and_restarted_on_its_checkpoint_several_times_writes_each_record_once(
     sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    topic, expected = make_topic(stack, kafka_bootstrap, partitions=2, per_partition=3000)
-    create_target(clickhouse_url, database)
-    common = dict(
-        bootstrap=kafka_bootstrap,
-        topic=topic,
-        url=clickhouse_url,
-        database=database,
-        chk=tmp_path / "chk",
-        name=f"stops_{uuid.uuid4().hex[:6]}",
-    )
+    expected, common = new_stream(stack, kafka_bootstrap, clickhouse_url, database, tmp_path / "chk", "stops", 3000)
     for round_no in range(3):
         q = start_query(sp, max_offsets=150, **common)
         try:
@@ -66,18 +55,9 @@ def test_a_commit_interrupted_between_two_commits_is_rolled_forward_on_restart(
 ) -> None:
     from spark_datasource.metrics import read_metrics
 
-    topic, expected = make_topic(stack, kafka_bootstrap, partitions=2, per_partition=500)
-    create_target(clickhouse_url, database)
     chk = tmp_path / "chk"
     once = tmp_path / "fault.once"
-    common = dict(
-        bootstrap=kafka_bootstrap,
-        topic=topic,
-        url=clickhouse_url,
-        database=database,
-        chk=chk,
-        name=f"fault_{uuid.uuid4().hex[:6]}",
-    )
+    expected, common = new_stream(stack, kafka_bootstrap, clickhouse_url, database, chk, "fault", 500)
     q = start_query(
         sp,
         available_now=True,
@@ -118,23 +98,14 @@ def test_a_checkpoint_resumes_each_record_once_whichever_way_spark_stores_it_loc
     # who tries one restarts a checkpoint Spark's defaults wrote, and may go back.
     from benchmarks.checkpoint_fs import use_variant
 
-    topic, expected = make_topic(stack, kafka_bootstrap, partitions=2, per_partition=300)
-    create_target(clickhouse_url, database)
     chk = tmp_path / "chk"
-    common = dict(
-        bootstrap=kafka_bootstrap,
-        topic=topic,
-        url=clickhouse_url,
-        database=database,
-        chk=chk,
-        name=f"fs_{uuid.uuid4().hex[:6]}",
-    )
+    expected, common = new_stream(stack, kafka_bootstrap, clickhouse_url, database, chk, "fs", 300)
     checksummed, bare = set(), set()
     try:
         for round_no, variant in enumerate(["default", "raw_local_fs", "filesystem_manager", "default"]):
             use_variant(sp, variant)
             if round_no:
-                expected |= extend_topic(kafka_bootstrap, topic, 2, 300 * round_no, 300)
+                expected |= extend_topic(kafka_bootstrap, str(common["topic"]), 2, 300 * round_no, 300)
             q = start_query(sp, available_now=True, max_offsets=200, **common)
             q.awaitTermination(600)
             assert q.exception() is None
