@@ -82,29 +82,28 @@ def use_variant(spark: Any, variant: str) -> None:
 
 def _one(spark: Any, variant: str, batches: int, work: Path) -> dict[str, Any]:
     """One floor query under ``variant``, on a checkpoint of its own under ``work``."""
-    from benchmarks.batch_overhead import run_query
-    from benchmarks.streaming_speed import batch_split
+    from benchmarks.streaming_speed import spark_floor
 
     use_variant(spark, variant)
     chk = Path(tempfile.mkdtemp(prefix=f"{variant}_", dir=work))
-    progress = run_query(spark, "noop", "", "", ROWS, batches, chk)
-    mean = batch_split(progress, skip_first=False)["mean_ms"]
-    return {"mean_ms": {k: mean[k] for k in KEYS}, "checksum_files": len(list(chk.rglob("*.crc")))}
+    floor = spark_floor(spark, ROWS, chk, lambda _: None, batches)
+    return {"mean_ms": {k: floor["mean_ms"][k] for k in KEYS}, "checksum_files": len(list(chk.rglob("*.crc")))}
 
 
 def run(rounds: int, batches: int) -> dict[str, Any]:
     """Driver: ``rounds`` interleaved rounds of every variant; the result document."""
+    from benchmarks.batch_overhead import PARTITIONS
     from benchmarks.spark_session import local_session
 
     spark = local_session("clickhouse-tx-checkpoint-fs", {"spark.sql.shuffle.partitions": "2"})
     work = Path(tempfile.mkdtemp(prefix="bench_checkpoint_fs_"))
     measured: list[dict[str, Any]] = []
     t0 = time.monotonic()
+    names = list(VARIANTS)
     try:
         for i in range(rounds):
             # each round starts with another variant: the first query of a round runs on a
             # JVM that has just stopped a query (the first round's, on a cold one)
-            names = list(VARIANTS)
             order = names[i % len(names) :] + names[: i % len(names)]
             got = {v: _one(spark, v, batches, work) for v in order}
             measured.append({v: got[v] for v in names})
@@ -113,7 +112,7 @@ def run(rounds: int, batches: int) -> dict[str, Any]:
         spark.stop()
     return {
         "benchmark": "checkpoint_fs",
-        "query": {"source": "rate-micro-batch", "rows_per_batch": ROWS, "partitions": 8, "sink": "noop"},
+        "query": {"source": "rate-micro-batch", "rows_per_batch": ROWS, "partitions": PARTITIONS, "sink": "noop"},
         "variants": {
             v: {"file_impl": f, "checkpoint_manager": m or "Spark's default"} for v, (f, m) in VARIANTS.items()
         },

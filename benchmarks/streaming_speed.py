@@ -307,14 +307,17 @@ def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any], tries:
     raise AssertionError("unreachable")
 
 
-def spark_floor(spark: Any, rows: int, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
+def spark_floor(
+    spark: Any, rows: int, work: Path, say: Callable[[str], None], batches: int = FLOOR_BATCHES
+) -> dict[str, Any]:
     """Spark's own cost per micro-batch: ``rate-micro-batch`` (``rows`` rows over 8 partitions) → ``noop``.
 
-    Driver, once per run (section 2), after the fixed-cost queries.
+    Driver, once per run (section 2), after the fixed-cost queries; ``benchmarks.checkpoint_fs``
+    runs it once per variant and round, on a checkpoint under ``work``.
     """
     from benchmarks.batch_overhead import PARTITIONS, run_query
 
-    progress = run_query(spark, "noop", "", "", rows, FLOOR_BATCHES, work)
+    progress = run_query(spark, "noop", "", "", rows, batches, work)
     out = {"records_per_batch": rows, "partitions": PARTITIONS, **batch_split(progress, skip_first=False)}
     say(f"Spark's floor: mean ms {out['mean_ms']}")
     return out
