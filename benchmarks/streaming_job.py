@@ -197,15 +197,18 @@ def parse_events(raw):  # (DataFrame) -> DataFrame
     )
 
 
+def target_options(table: str, mode: str) -> dict[str, str]:
+    """The ``clickhouse_tx`` options of the job's target, streaming or batch (driver)."""
+    # from_json and the Kafka columns are nullable in Spark's schema; the events
+    # always carry every field, so the non-Nullable table columns are kept
+    return {"table": table, "mode": mode, "allow_nullable_into_non_nullable": "true"}
+
+
 def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
     w = (
         df.writeStream.format("clickhouse_tx")
         .queryName(a.query_name)
-        .option("table", a.table)
-        .option("mode", a.mode)
-        # from_json and the Kafka columns are nullable in Spark's schema; the events
-        # always carry every field, so the non-Nullable table columns are kept
-        .option("allow_nullable_into_non_nullable", "true")
+        .options(**target_options(a.table, a.mode))
         .option("checkpointLocation", a.checkpoint)
     )
     if a.fault_step:

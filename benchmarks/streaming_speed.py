@@ -15,6 +15,11 @@
    :data:`SPLIT_RUNS` (raw read, JSON parse by ``from_json`` or by the source, Python
    writer, ``none``, ``transaction``), ``--rounds`` times interleaved; the
    streaming/batch ratios are the medians' (the JVM warms up over the first runs).
+   Each round also runs the pipeline's events (the JSON decoded in the source) as a
+   batch job into ``clickhouse_tx`` as :data:`BATCH_SINKS` says: what the sink costs
+   with no micro-batches at all on this machine, where ClickHouse and the broker share
+   the cores with Spark. Each decoded streaming run is also given over the batch job
+   into the same mode with the same cut (``stream decoded_transaction/batch transaction``).
    Beside them: ``noop`` with the whole topic in one batch (how the ratio to the
    batch job depends on the batch size), and **paced production**: a second topic
    produced at ``--rate`` (as the pipeline runs produce), read by the same range reads
@@ -133,8 +138,9 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
         out["split transaction/none"] = div(split.get("transaction"), split.get("none"))
     if split.get("decoded_transaction"):
         out["split decoded_transaction/decoded_none"] = div(split.get("decoded_transaction"), split.get("decoded_none"))
-    for label in (c for c in rounds if c not in ("batch", "default")):
+    for label in (c for c in rounds if c not in ("batch", "default") and not c.startswith("batch ")):
         out[f"stream_noop {label}/batch_noop"] = div(rounds.get(label), ceiling)
+    out.update(_sink_ceiling_ratios(rounds, split, ceiling))
     one = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now_one_batch", [])}
     out["stream_noop one batch/batch_noop"] = div(one.get("noop"), ceiling)
     paced = {r["sink"]: r.get("rows_per_s") for r in (doc.get("available_now_paced") or {}).get("by_sink", [])}
@@ -149,6 +155,28 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
     by = {(r["mode"], r["trigger_s"]): steady(r).get("processing_rps") for r in doc.get("triggers", [])}
     for trig in sorted({t for _, t in by}):
         out[f"trigger {trig:g}s transaction/none"] = div(by.get(("transaction", trig)), by.get(("none", trig)))
+    return out
+
+
+def _sink_ceiling_ratios(
+    rounds: Mapping[str, float | None], split: Mapping[str, float | None], ceiling: float | None
+) -> dict[str, float | None]:
+    """The batch jobs into ``clickhouse_tx`` over the batch job into noop, and each
+    streaming run of the decoded job over the batch job into the same mode with the
+    same ``kafka_py`` options."""
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
+
+    out: dict[str, float | None] = {}
+    for label, (mode, options) in BATCH_SINKS.items():
+        batch_sink = rounds.get(f"batch {label}")
+        if not batch_sink:
+            continue
+        out[f"batch {label}/batch_noop"] = div(batch_sink, ceiling)
+        for run, (sink, decode, _, run_options) in SPLIT_RUNS.items():
+            if (sink, decode, run_options) == (mode, "source", options) and split.get(run):
+                out[f"stream {run}/batch {label}"] = div(split.get(run), batch_sink)
     return out
 
 
@@ -291,6 +319,12 @@ def _run_stream(
     return out
 
 
+def _attempt_seconds(run: Callable[[], float], rows: int) -> float | None:
+    """Rows per second of a batch job that took ``run()`` seconds; None if it failed twice."""
+    got = _attempt(lambda: {"seconds": run()}, {})
+    return round(rows / got["seconds"], 1) if "seconds" in got else None
+
+
 def _attempt(run: Callable[[], dict[str, Any]], label: Mapping[str, Any], tries: int = 2) -> dict[str, Any]:
     """``run()``, once more if it fails; a run that fails twice is recorded, not raised.
 
@@ -335,6 +369,29 @@ def _batch_seconds(spark: Any, bootstrap: str, topic: str) -> float:
         .mode("overwrite")
         .save()
     )
+    return time.monotonic() - t0
+
+
+def _batch_sink_seconds(
+    spark: Any, bootstrap: str, topic: str, url: str, mode: str, options: Mapping[str, str]
+) -> float:
+    """One batch job of the pipeline's events: the whole topic, its JSON decoded in the
+    source, into a new ``clickhouse_tx`` target in ``mode``; its wall time (driver)."""
+    from benchmarks.pipeline_run import create_target
+    from benchmarks.streaming_job import parse_events, target_options
+
+    table = f"speed.batch_{mode}_{uuid.uuid4().hex[:8]}"
+    create_target(url, table, mode)
+    raw = (
+        spark.read.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .options(**DECODE_OPTIONS["source"], **options)
+        .load()
+    )
+    t0 = time.monotonic()
+    writer = parse_events(raw).write.format("clickhouse_tx").option("url", url).options(**target_options(table, mode))
+    writer.mode("append").save()
     return time.monotonic() - t0
 
 
@@ -389,6 +446,17 @@ VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
 }
 
 
+#: The batch jobs each noop round runs beside the batch ``kafka_py`` → noop: the
+#: pipeline's events, JSON decoded in the source, into ``clickhouse_tx``: label → (mode,
+#: more ``kafka_py`` options). They are what the streaming runs into the same sink and
+#: cut can reach on this machine, where ClickHouse, the broker and Spark share the cores.
+BATCH_SINKS: dict[str, tuple[str, dict[str, str]]] = {
+    "none": ("none", {}),
+    "transaction": ("transaction", {}),
+    "transaction, maxPartitions=cores": ("transaction", {"maxPartitions": "cores"}),
+}
+
+
 #: The split of a micro-batch into the stages of the pipeline's job, one availableNow
 #: query each per noop round after the raw read (the "default" variant): label → (sink,
 #: where the JSON is decoded (``streaming_job.DECODE_OPTIONS``), ``maxOffsetsPerTrigger``
@@ -437,9 +505,14 @@ def noop_rounds(
     share of both; the ratios use medians."""
     cores = str(spark.sparkContext.defaultParallelism)
     batch: list[float | None] = []
+    batch_sinks: dict[str, list[float | None]] = {label: [] for label in BATCH_SINKS}
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in (*VARIANTS, *SPLIT_RUNS)}
     for i in range(a.rounds):
         batch.append(round(a.events / _batch_seconds(spark, bootstrap, topic), 1))
+        for label, (mode, sink_options) in BATCH_SINKS.items():
+            cut = _with_cores(sink_options, cores)
+            job = functools.partial(_batch_sink_seconds, spark, bootstrap, topic, url, mode, cut)
+            batch_sinks[label].append(_attempt_seconds(job, a.events))
         for label, (times, options) in VARIANTS.items():
             opts = _with_cores(options, cores)
             per = times * a.max_offsets
@@ -449,15 +522,20 @@ def noop_rounds(
             opts = {**DECODE_OPTIONS[decode], **_with_cores(options, cores)}
             run = functools.partial(_run_stream, spark, bootstrap, topic, times * a.max_offsets, sink, url, work, opts)
             runs[label].append(_figures(_attempt(run, {"sink": sink, "source_options": opts})))
-        say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, availableNow {runs}")
+        say(f"noop round {i}: batch {batch[-1]:,.0f} rows/s, into clickhouse_tx {batch_sinks}, availableNow {runs}")
     streams = {label: [r["rows_per_s"] for r in runs[label]] for label in VARIANTS}
     split = {"noop": runs["default"], **{label: runs[label] for label in SPLIT_RUNS}}  # the raw read is "default"
     return {
         "rounds": a.rounds,
         "cores": int(cores),
         "batch_rows_per_s": batch,
+        "batch_sink_rows_per_s": batch_sinks,
         "stream_rows_per_s": streams,
-        "median": {"batch": _median(batch), **{label: _median(v) for label, v in streams.items()}},
+        "median": {
+            "batch": _median(batch),
+            **{f"batch {label}": _median(v) for label, v in batch_sinks.items()},
+            **{label: _median(v) for label, v in streams.items()},
+        },
         "split": split,
         "split_median": {
             sink: {k: _median([r[k] for r in rs]) for k in ("rows_per_s", "add_batch_ms")} for sink, rs in split.items()

@@ -134,6 +134,45 @@ def test_the_rounds_split_gives_each_stage_over_the_batch_job_and_heads_with_the
     assert r["available_now transaction/none"] == 1.25
 
 
+def test_each_decoded_streaming_run_is_also_compared_with_the_batch_job_into_its_own_sink() -> None:
+    doc = {
+        "noop_rounds": {
+            "median": {
+                "batch": 1000.0,
+                "default": 700.0,
+                "batch none": 760.0,
+                "batch transaction": 720.0,
+                "batch transaction, maxPartitions=cores": 760.0,
+            },
+            "split_median": {
+                "decoded_none": {"rows_per_s": 380.0},
+                "decoded_transaction": {"rows_per_s": 360.0},
+                "decoded_transaction, 4x maxOffsetsPerTrigger, maxPartitions=cores": {"rows_per_s": 684.0},
+                "transaction": {"rows_per_s": 300.0},  # from_json: not the batch job's parse
+            },
+        },
+    }
+    r = ratios(doc)
+    assert r["batch transaction/batch_noop"] == 0.72
+    assert r["batch none/batch_noop"] == 0.76
+    assert r["stream decoded_transaction/batch transaction"] == 0.5
+    assert r["batch transaction, maxPartitions=cores/batch_noop"] == 0.76
+    # a streaming run is compared with the batch job of the same cut only
+    cut = "decoded_transaction, 4x maxOffsetsPerTrigger, maxPartitions=cores"
+    assert r[f"stream {cut}/batch transaction, maxPartitions=cores"] == 0.9
+    assert f"stream {cut}/batch transaction" not in r
+    assert "stream decoded_transaction/batch transaction, maxPartitions=cores" not in r
+    assert r["stream decoded_none/batch none"] == 0.5
+    assert "stream transaction/batch transaction" not in r
+    # the batch jobs are not read as streaming variants of the noop query
+    assert not any(k.startswith("stream_noop batch") for k in r)
+
+
+def test_a_run_without_batch_jobs_into_the_sink_has_no_ratios_over_them() -> None:
+    r = ratios({"noop_rounds": {"median": {"batch": 1000.0, "batch transaction": None}, "split_median": {}}})
+    assert not [k for k in r if "batch transaction" in k]
+
+
 def test_the_fixed_cost_of_a_noop_query_is_compared_with_sparks_floor_measured_in_the_same_run() -> None:
     doc = {
         "fixed_cost": {"by_sink": [{"sink": "noop", "mean_ms": {"triggerExecution": 102.0}}, {"sink": "none"}]},
