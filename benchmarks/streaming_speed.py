@@ -114,47 +114,49 @@ def batch_split(progress: Sequence[Mapping[str, Any]], skip_first: bool = True) 
     }
 
 
+def _div(a: float | None, b: float | None) -> float | None:
+    """``a / b`` to 3 places, or None when either is missing (a run that failed)."""
+    return round(a / b, 3) if a and b else None
+
+
 def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
     """The ratios the issue asks for, from one run's figures (None when a part is missing)."""
-
-    def div(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a and b else None
-
     # The noop rounds' medians, when the run has them; else its one run of each.
     rounds = (doc.get("noop_rounds") or {}).get("median") or {}
     ceiling = rounds.get("batch") or (doc.get("batch_noop") or {}).get("rows_per_s")
     avail = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now", [])}
     split = {k: v.get("rows_per_s") for k, v in ((doc.get("noop_rounds") or {}).get("split_median") or {}).items()}
     out: dict[str, float | None] = {
-        "stream_noop/batch_noop": div(rounds.get("default") or avail.get("noop"), ceiling),
+        "stream_noop/batch_noop": _div(rounds.get("default") or avail.get("noop"), ceiling),
         # the job as it runs by default: the JSON decoded in the source
-        "stream_transaction/batch_noop": div(split.get("decoded_transaction") or avail.get("transaction"), ceiling),
-        "available_now transaction/none": div(avail.get("transaction"), avail.get("none")),
+        "stream_transaction/batch_noop": _div(split.get("decoded_transaction") or avail.get("transaction"), ceiling),
+        "available_now transaction/none": _div(avail.get("transaction"), avail.get("none")),
     }
     for label in split:
         if label not in ("noop", "decoded_transaction") and split.get(label):
-            out[f"stream {label}/batch_noop"] = div(split.get(label), ceiling)
+            out[f"stream {label}/batch_noop"] = _div(split.get(label), ceiling)
     if split.get("transaction"):
-        out["split transaction/none"] = div(split.get("transaction"), split.get("none"))
+        out["split transaction/none"] = _div(split.get("transaction"), split.get("none"))
     if split.get("decoded_transaction"):
-        out["split decoded_transaction/decoded_none"] = div(split.get("decoded_transaction"), split.get("decoded_none"))
+        decoded = (split.get("decoded_transaction"), split.get("decoded_none"))
+        out["split decoded_transaction/decoded_none"] = _div(*decoded)
     for label in (c for c in rounds if c not in ("batch", "default") and not c.startswith("batch ")):
-        out[f"stream_noop {label}/batch_noop"] = div(rounds.get(label), ceiling)
+        out[f"stream_noop {label}/batch_noop"] = _div(rounds.get(label), ceiling)
     out.update(_sink_ceiling_ratios(rounds, split, ceiling))
     one = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now_one_batch", [])}
-    out["stream_noop one batch/batch_noop"] = div(one.get("noop"), ceiling)
+    out["stream_noop one batch/batch_noop"] = _div(one.get("noop"), ceiling)
     paced = {r["sink"]: r.get("rows_per_s") for r in (doc.get("available_now_paced") or {}).get("by_sink", [])}
     for sink in ("noop", "transaction"):
-        out[f"available_now {sink} paced/bulk"] = div(paced.get(sink), avail.get(sink))
+        out[f"available_now {sink} paced/bulk"] = _div(paced.get(sink), avail.get(sink))
     for mode in ("staging", "dedup"):
-        out[f"available_now {mode}/none"] = div(avail.get(mode), avail.get("none"))
+        out[f"available_now {mode}/none"] = _div(avail.get(mode), avail.get("none"))
     fixed_runs = (doc.get("fixed_cost") or {}).get("by_sink", [])
     fixed = {r["sink"]: (r.get("mean_ms") or {}).get("triggerExecution") for r in fixed_runs}
     floor = (doc.get("spark_floor") or {}).get("mean_ms") or {}
-    out["fixed_cost noop/spark_floor"] = div(fixed.get("noop"), floor.get("triggerExecution"))
+    out["fixed_cost noop/spark_floor"] = _div(fixed.get("noop"), floor.get("triggerExecution"))
     by = {(r["mode"], r["trigger_s"]): steady(r).get("processing_rps") for r in doc.get("triggers", [])}
     for trig in sorted({t for _, t in by}):
-        out[f"trigger {trig:g}s transaction/none"] = div(by.get(("transaction", trig)), by.get(("none", trig)))
+        out[f"trigger {trig:g}s transaction/none"] = _div(by.get(("transaction", trig)), by.get(("none", trig)))
     return out
 
 
@@ -164,19 +166,15 @@ def _sink_ceiling_ratios(
     """The batch jobs into ``clickhouse_tx`` over the batch job into noop, and each
     streaming run of the decoded job over the batch job into the same mode with the
     same ``kafka_py`` options."""
-
-    def div(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a and b else None
-
     out: dict[str, float | None] = {}
     for label, (mode, options) in BATCH_SINKS.items():
         batch_sink = rounds.get(f"batch {label}")
         if not batch_sink:
             continue
-        out[f"batch {label}/batch_noop"] = div(batch_sink, ceiling)
+        out[f"batch {label}/batch_noop"] = _div(batch_sink, ceiling)
         for run, (sink, decode, _, run_options) in SPLIT_RUNS.items():
             if (sink, decode, run_options) == (mode, "source", options) and split.get(run):
-                out[f"stream {run}/batch {label}"] = div(split.get(run), batch_sink)
+                out[f"stream {run}/batch {label}"] = _div(split.get(run), batch_sink)
     return out
 
 
@@ -382,6 +380,7 @@ def _batch_sink_seconds(
 
     table = f"speed.batch_{mode}_{uuid.uuid4().hex[:8]}"
     create_target(url, table, mode)
+    t0 = time.monotonic()  # from the reader on, as _batch_seconds times the job into noop
     raw = (
         spark.read.format("kafka_py")
         .option("bootstrap.servers", bootstrap)
@@ -389,7 +388,6 @@ def _batch_sink_seconds(
         .options(**DECODE_OPTIONS["source"], **options)
         .load()
     )
-    t0 = time.monotonic()
     writer = parse_events(raw).write.format("clickhouse_tx").option("url", url).options(**target_options(table, mode))
     writer.mode("append").save()
     return time.monotonic() - t0
