@@ -11,8 +11,12 @@ commit (driver)
     session that is gone, or a transaction that is not running any more, is
     resolved by the marker: present = already committed (no-op), absent =
     :class:`NotCommittedError`.
-rollback (driver, GC)
-    ``ROLLBACK`` in the session; a session or transaction that is gone is a no-op.
+rollback (driver, GC, ``recover``)
+    A statement that fails (:data:`FENCE`) in the session: ClickHouse rolls the
+    transaction back and the session refuses every later statement until a ROLLBACK,
+    so a writer that is still running cannot write in it again. Not ``ROLLBACK``: it
+    would leave the session without a transaction, and a running writer's next INSERT
+    would then commit on its own. A session that is gone is a no-op.
 lookup (driver)
     marker visible (read-committed) -> COMMITTED; else the session still holds a
     running transaction -> PENDING; else NOT_COMMITTED.
@@ -47,6 +51,7 @@ import pyarrow.compute as pc
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import (
+    FUNCTION_THROW_IF_VALUE_IS_NON_ZERO,
     INVALID_TRANSACTION,
     SESSION_IS_LOCKED,
     SESSION_NOT_FOUND,
@@ -192,19 +197,26 @@ class TransactionMode(ModeBase):
                 raise OutcomeUnknownError(f"COMMIT failed: {e.message}", xid=p.xid, code=e.code, name=e.name) from None
             if self.markers(target).lookup(p.xid) is not None:
                 return  # committed before (a replayed commit): no-op
-            if e.code == INVALID_TRANSACTION:
-                _quiet_rollback(session)  # a failed transaction waits for ROLLBACK
+            # A failed transaction stays as it is: a ROLLBACK here would reopen the
+            # session to its writer's statements outside any transaction (see FENCE).
             raise NotCommittedError(f"cannot commit: {e.message}", xid=p.xid, code=e.code, name=e.name) from None
         finally:
             session.close()
 
     def rollback(self, target: Target, p: Prepared) -> None:
-        """Driver or GC: ROLLBACK in the session; a no-op if session or transaction is gone."""
+        """Driver, GC or ``recover``: roll ``p``'s transaction back and fence its session.
+
+        Runs :data:`FENCE` in the session. Afterwards nothing sent in that session can
+        become visible: the writer of ``p`` may still be running (a task Spark gave up
+        on, a speculative attempt), and its next statement fails with
+        INVALID_TRANSACTION. A no-op if the session is gone or its transaction already
+        failed; after a COMMIT it changes nothing.
+        """
         session = self.client(target, session_id=p.xid, session_timeout=target.session_timeout_s)
         try:
-            session.command("ROLLBACK", session_check=True)
+            session.command(FENCE, session_check=True)
         except ServerError as e:
-            if e.code not in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
+            if e.code not in (FUNCTION_THROW_IF_VALUE_IS_NON_ZERO, SESSION_NOT_FOUND, INVALID_TRANSACTION):
                 raise  # SESSION_IS_LOCKED is a (transient) ServerBusyError: rolled back again
         finally:
             session.close()
@@ -410,6 +422,15 @@ class SessionKeepAlive:
             return True, False
         finally:
             session.close()
+
+
+#: What :meth:`TransactionMode.rollback` runs in another party's session. A statement
+#: that fails inside a transaction rolls it back and leaves the session refusing every
+#: later statement (INVALID_TRANSACTION) until a ROLLBACK, which only the writer itself
+#: sends, on its way out. After a ROLLBACK from the driver, the writer's next INSERT
+#: would run outside any transaction and commit on its own: measured on the embedded
+#: server, and ``tests/integration/test_modes.py`` holds it.
+FENCE = "SELECT throwIf(1, 'clickhouse_tx: rolled back by the driver; this session writes nothing more')"
 
 
 #: The one keep-alive of this process (each Python worker has its own).

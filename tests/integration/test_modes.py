@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
-from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError
+from clickhouse_tx._transport import INVALID_TRANSACTION, ClickHouseHTTP
+from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError, ServerError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import arrow_checksum
@@ -244,6 +244,41 @@ def test_transaction_lookup_commit_and_rollback_are_idempotent(admin: ClickHouse
     assert mode.lookup(target, gone) is CommitOutcome.NOT_COMMITTED
     with pytest.raises(NotCommittedError):
         mode.commit(target, gone)
+
+
+def test_a_writer_still_running_after_the_driver_rolled_its_transaction_back_writes_nothing_more(
+    admin: ClickHouseHTTP, database: str
+) -> None:
+    """Spark may give up on a task whose Python worker keeps running (a stopped query, a
+    killed task): the driver's abort rolls the xid back while its writer is between two
+    statements. The writer's next statement in the session must fail. After a ROLLBACK
+    it ran outside any transaction and its rows were visible at once: duplicates once
+    the batch was replayed."""
+    target = make_table(admin, database)
+    mode = TransactionMode()
+    mode.validate(target, rows(1).schema)
+    fq = q.qualified(database, "events")
+    # prepared (BEGIN, INSERT, marker), then rolled back while its writer lives on
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "fenced-prepared-xid", batches(rows(100)))
+    KEEP_ALIVE.unwatch(p.xid)
+    # only BEGIN sent when the driver rolls it back
+    begun = dataclasses.replace(p, xid="fenced-begun-xid")
+    for xid in (p.xid, begun.xid):
+        with ClickHouseHTTP(target, session_id=xid, session_timeout=target.session_timeout_s) as writer:
+            if xid == begun.xid:
+                writer.command("BEGIN TRANSACTION")
+            mode.rollback(target, dataclasses.replace(p, xid=xid))
+            with pytest.raises(ServerError) as refused:
+                writer.insert_arrow_stream(fq, rows(1).schema, batches(rows(50)))
+            assert refused.value.code == INVALID_TRANSACTION
+            with pytest.raises(ServerError):
+                writer.command("COMMIT")
+        mode.rollback(target, dataclasses.replace(p, xid=xid))  # again: a no-op
+    assert committed_count(admin, target) == 0
+    assert admin.query_json(f"SELECT count() AS c FROM {fq} SETTINGS implicit_transaction = 1") == [{"c": 0}]
+    assert mode.lookup(target, p) is CommitOutcome.NOT_COMMITTED
+    with pytest.raises(NotCommittedError):
+        mode.commit(target, p)
 
 
 def test_an_empty_partition_commits_with_a_zero_row_marker(admin: ClickHouseHTTP, database: str) -> None:
