@@ -140,9 +140,10 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
     if split.get("decoded_transaction"):
         decoded = (split.get("decoded_transaction"), split.get("decoded_none"))
         out["split decoded_transaction/decoded_none"] = _div(*decoded)
-    for label in (c for c in rounds if c not in ("batch", "default") and not c.startswith("batch ")):
+    for label in (c for c in rounds if c not in ("batch", "default")):
         out[f"stream_noop {label}/batch_noop"] = _div(rounds.get(label), ceiling)
-    out.update(_sink_ceiling_ratios(rounds, split, ceiling))
+    batch_sinks = (doc.get("noop_rounds") or {}).get("batch_sink_median") or {}
+    out.update(_sink_ceiling_ratios(batch_sinks, split, ceiling))
     one = {r["sink"]: r.get("rows_per_s") for r in doc.get("available_now_one_batch", [])}
     out["stream_noop one batch/batch_noop"] = _div(one.get("noop"), ceiling)
     paced = {r["sink"]: r.get("rows_per_s") for r in (doc.get("available_now_paced") or {}).get("by_sink", [])}
@@ -161,14 +162,14 @@ def ratios(doc: Mapping[str, Any]) -> dict[str, float | None]:
 
 
 def _sink_ceiling_ratios(
-    rounds: Mapping[str, float | None], split: Mapping[str, float | None], ceiling: float | None
+    batch_sinks: Mapping[str, float | None], split: Mapping[str, float | None], ceiling: float | None
 ) -> dict[str, float | None]:
     """The batch jobs into ``clickhouse_tx`` over the batch job into noop, and each
     streaming run of the decoded job over the batch job into the same mode with the
     same ``kafka_py`` options."""
     out: dict[str, float | None] = {}
     for label, (mode, options) in BATCH_SINKS.items():
-        batch_sink = rounds.get(f"batch {label}")
+        batch_sink = batch_sinks.get(label)
         if not batch_sink:
             continue
         out[f"batch {label}/batch_noop"] = _div(batch_sink, ceiling)
@@ -355,18 +356,16 @@ def spark_floor(
     return out
 
 
+def _batch_read(spark: Any, bootstrap: str, topic: str, options: Mapping[str, str] | None = None) -> Any:
+    """The whole topic as a batch ``kafka_py`` DataFrame (``options`` added to the source's)."""
+    reader = spark.read.format("kafka_py").option("bootstrap.servers", bootstrap).option("subscribe", topic)
+    return reader.options(**(options or {})).load()
+
+
 def _batch_seconds(spark: Any, bootstrap: str, topic: str) -> float:
     """One batch job: the whole topic through ``kafka_py`` into noop; its wall time."""
     t0 = time.monotonic()
-    (
-        spark.read.format("kafka_py")
-        .option("bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .load()
-        .write.format("noop")
-        .mode("overwrite")
-        .save()
-    )
+    _batch_read(spark, bootstrap, topic).write.format("noop").mode("overwrite").save()
     return time.monotonic() - t0
 
 
@@ -381,13 +380,7 @@ def _batch_sink_seconds(
     table = f"speed.batch_{mode}_{uuid.uuid4().hex[:8]}"
     create_target(url, table, mode)
     t0 = time.monotonic()  # from the reader on, as _batch_seconds times the job into noop
-    raw = (
-        spark.read.format("kafka_py")
-        .option("bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .options(**DECODE_OPTIONS["source"], **options)
-        .load()
-    )
+    raw = _batch_read(spark, bootstrap, topic, {**DECODE_OPTIONS["source"], **options})
     writer = parse_events(raw).write.format("clickhouse_tx").option("url", url).options(**target_options(table, mode))
     writer.mode("append").save()
     return time.monotonic() - t0
@@ -529,11 +522,8 @@ def noop_rounds(
         "batch_rows_per_s": batch,
         "batch_sink_rows_per_s": batch_sinks,
         "stream_rows_per_s": streams,
-        "median": {
-            "batch": _median(batch),
-            **{f"batch {label}": _median(v) for label, v in batch_sinks.items()},
-            **{label: _median(v) for label, v in streams.items()},
-        },
+        "median": {"batch": _median(batch), **{label: _median(v) for label, v in streams.items()}},
+        "batch_sink_median": {label: _median(v) for label, v in batch_sinks.items()},
         "split": split,
         "split_median": {
             sink: {k: _median([r[k] for r in rs]) for k in ("rows_per_s", "add_batch_ms")} for sink, rs in split.items()
@@ -702,8 +692,11 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     med = (doc.get("noop_rounds") or {}).get("median") or {}
     names += [f"median {k}" if k == "batch" else f"median noop, {k}" for k in med]
     vals += [v or 0 for v in med.values()]
+    sinks = (doc.get("noop_rounds") or {}).get("batch_sink_median") or {}
+    names += [f"median batch -> {k}" for k in sinks]
+    vals += [v or 0 for v in sinks.values()]
     split = {k: v for k, v in ((doc.get("noop_rounds") or {}).get("split_median") or {}).items() if k != "noop"}
-    colors = ["grey"] + ["C0"] * (len(names) - 1) + ["C1"] * len(split)
+    colors = ["grey"] + ["C0"] * (len(names) - 1 - len(sinks)) + ["grey"] * len(sinks) + ["C1"] * len(split)
     names += [f"median {k}" for k in split]
     vals += [v.get("rows_per_s") or 0 for v in split.values()]
     ax[0].bar(range(len(names)), vals, color=colors)

@@ -137,12 +137,11 @@ def test_the_rounds_split_gives_each_stage_over_the_batch_job_and_heads_with_the
 def test_each_decoded_streaming_run_is_also_compared_with_the_batch_job_into_its_own_sink() -> None:
     doc = {
         "noop_rounds": {
-            "median": {
-                "batch": 1000.0,
-                "default": 700.0,
-                "batch none": 760.0,
-                "batch transaction": 720.0,
-                "batch transaction, maxPartitions=cores": 760.0,
+            "median": {"batch": 1000.0, "default": 700.0},
+            "batch_sink_median": {
+                "none": 760.0,
+                "transaction": 720.0,
+                "transaction, maxPartitions=cores": 760.0,
             },
             "split_median": {
                 "decoded_none": {"rows_per_s": 380.0},
@@ -169,7 +168,15 @@ def test_each_decoded_streaming_run_is_also_compared_with_the_batch_job_into_its
 
 
 def test_a_run_without_batch_jobs_into_the_sink_has_no_ratios_over_them() -> None:
-    r = ratios({"noop_rounds": {"median": {"batch": 1000.0, "batch transaction": None}, "split_median": {}}})
+    r = ratios(
+        {
+            "noop_rounds": {
+                "median": {"batch": 1000.0},
+                "batch_sink_median": {"transaction": None},
+                "split_median": {"decoded_transaction": {"rows_per_s": 400.0}},
+            }
+        }
+    )
     assert not [k for k in r if "batch transaction" in k]
 
 
