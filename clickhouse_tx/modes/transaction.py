@@ -70,6 +70,15 @@ log = logging.getLogger(__name__)
 _NO_TID = "(0,0,'00000000-0000-0000-0000-000000000000')"
 
 
+#: What :meth:`TransactionMode.rollback` runs in another party's session. A statement
+#: that fails inside a transaction rolls it back and leaves the session refusing every
+#: later statement (INVALID_TRANSACTION) until a ROLLBACK, which only the writer itself
+#: sends, on its way out. After a ROLLBACK from the driver, the writer's next INSERT
+#: would run outside any transaction and commit on its own: measured on the embedded
+#: server, and ``tests/integration/test_modes.py`` holds it.
+FENCE = "SELECT throwIf(1, 'clickhouse_tx: rolled back by the driver; this session writes nothing more')"
+
+
 class TransactionMode(ModeBase):
     """Exactly-once per partition via one open transaction per xid (the default mode)."""
 
@@ -422,15 +431,6 @@ class SessionKeepAlive:
             return True, False
         finally:
             session.close()
-
-
-#: What :meth:`TransactionMode.rollback` runs in another party's session. A statement
-#: that fails inside a transaction rolls it back and leaves the session refusing every
-#: later statement (INVALID_TRANSACTION) until a ROLLBACK, which only the writer itself
-#: sends, on its way out. After a ROLLBACK from the driver, the writer's next INSERT
-#: would run outside any transaction and commit on its own: measured on the embedded
-#: server, and ``tests/integration/test_modes.py`` holds it.
-FENCE = "SELECT throwIf(1, 'clickhouse_tx: rolled back by the driver; this session writes nothing more')"
 
 
 #: The one keep-alive of this process (each Python worker has its own).

@@ -263,17 +263,17 @@ def test_a_writer_still_running_after_the_driver_rolled_its_transaction_back_wri
     KEEP_ALIVE.unwatch(p.xid)
     # only BEGIN sent when the driver rolls it back
     begun = dataclasses.replace(p, xid="fenced-begun-xid")
-    for xid in (p.xid, begun.xid):
-        with ClickHouseHTTP(target, session_id=xid, session_timeout=target.session_timeout_s) as writer:
-            if xid == begun.xid:
+    for fenced in (p, begun):
+        with ClickHouseHTTP(target, session_id=fenced.xid, session_timeout=target.session_timeout_s) as writer:
+            if fenced is begun:
                 writer.command("BEGIN TRANSACTION")
-            mode.rollback(target, dataclasses.replace(p, xid=xid))
+            mode.rollback(target, fenced)
             with pytest.raises(ServerError) as refused:
                 writer.insert_arrow_stream(fq, rows(1).schema, batches(rows(50)))
             assert refused.value.code == INVALID_TRANSACTION
             with pytest.raises(ServerError):
                 writer.command("COMMIT")
-        mode.rollback(target, dataclasses.replace(p, xid=xid))  # again: a no-op
+        mode.rollback(target, fenced)  # again: a no-op
     assert committed_count(admin, target) == 0
     assert admin.query_json(f"SELECT count() AS c FROM {fq} SETTINGS implicit_transaction = 1") == [{"c": 0}]
     assert mode.lookup(target, p) is CommitOutcome.NOT_COMMITTED
