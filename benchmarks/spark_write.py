@@ -15,6 +15,13 @@ every configuration once, interleaved; ``ratios`` compare the best runs and
 
 Writes ``benchmarks/results/spark_write.json``.
 
+``--publish`` runs a third comparison: the batch job in mode ``transaction`` published
+at once through its job stage (``visibility=auto``, the default) vs partition by
+partition (``visibility=partition``); ratio ``auto / partition`` (target >= 0.9).
+Writes ``benchmarks/results/spark_write_publish.json``.
+
+    python -m benchmarks.spark_write --publish --rows 20000000 --repeat 3
+
 ``--typed`` runs the other comparison instead: the 3-column job (Int64 id, timestamp
 ts, double v) in mode ``transaction`` into a table whose column types differ from
 Spark's (``UInt64``, ``DateTime``, ``Float32``: every value converted and checked on
@@ -50,6 +57,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "spark_write.json"
 RESULT_TYPED = ROOT / "benchmarks" / "results" / "spark_write_typed.json"
+RESULT_PUBLISH = ROOT / "benchmarks" / "results" / "spark_write_publish.json"
+#: --publish: configuration -> the writer's visibility (mode transaction).
+PUBLISH_VISIBILITY = {"partition": "partition", "auto": "auto"}
 #: --typed: table -> column types; the Spark frame is (id long, ts timestamp, v double).
 TYPED_TABLES = {
     "matching": "(id Int64, ts DateTime64(6, 'UTC'), v Float64)",
@@ -172,8 +182,10 @@ def run_typed(url: str, rows: int, repeat: int) -> dict[str, Any]:
     }
 
 
-def _timed_write(spark, url: str, db: str, mode: str, table: str, rows: int) -> float:
-    """One job into a fresh table in ``mode`` (``noop``: the no-op writer); seconds, checked."""
+def _timed_write(spark, url: str, db: str, mode: str, table: str, rows: int, **options: str) -> float:
+    """One job into a fresh table in ``mode`` (``noop``: the no-op writer); seconds, checked.
+
+    ``options``: more writer options (``visibility``)."""
     if mode == "noop":
         t = time.perf_counter()
         bench_frame(spark, rows).write.format("noop_arrow").mode("append").save()
@@ -189,6 +201,7 @@ def _timed_write(spark, url: str, db: str, mode: str, table: str, rows: int) -> 
         .option("table", table)
         .option("mode", mode)
         .option("allow_nullable_into_non_nullable", "true")
+        .options(**options)
         .mode("append")
         .save()
     )
@@ -251,6 +264,42 @@ def run(url: str, rows: int, repeat: int) -> dict:
     }
 
 
+def run_publish(url: str, rows: int, repeat: int) -> dict[str, Any]:
+    """Mode ``transaction``, published at once (``auto``) vs per partition; rounds interleaved."""
+    spark = bench_session()
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    run_sql(url, f"CREATE DATABASE {db}")
+    runs: dict[str, list[float]] = {name: [] for name in PUBLISH_VISIBILITY}
+    try:
+        bench_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
+        for i in range(repeat):
+            for name, visibility in PUBLISH_VISIBILITY.items():
+                elapsed = _timed_write(spark, url, db, "transaction", f"{name}_{i}", rows, visibility=visibility)
+                runs[name].append(elapsed)
+                print(f"round {i} visibility={visibility}: {rows / elapsed:,.0f} rows/s ({elapsed:.2f} s)", flush=True)
+    finally:
+        run_sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
+        spark.stop()
+    results = {m: {"seconds": min(s), "rows_per_s": rows / min(s), "all_seconds": s} for m, s in runs.items()}
+    ratio = min(runs["partition"]) / min(runs["auto"])  # best throughput over best throughput
+    return {
+        "benchmark": "spark_write_publish",
+        "mode": "transaction",
+        "rows": rows,
+        "columns": 3,
+        "master": "local[2]",
+        "spark_partitions": 2,
+        "repeat": repeat,
+        "results": results,
+        "ratios": {"auto_over_partition": ratio},
+        "ratio_spread_per_round": {"auto_over_partition": _spread(runs, "auto", "partition")},
+        "targets": {"auto_over_partition": 0.9},
+        "targets_met": {"auto_over_partition": ratio >= 0.9},
+        "machine": machine(),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=20_000_000)
@@ -261,10 +310,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="typed table (UInt64, DateTime, Float32) vs matching table, transaction mode",
     )
+    ap.add_argument(
+        "--publish",
+        action="store_true",
+        help="transaction mode published at once (visibility=auto) vs per partition",
+    )
     ap.add_argument("--out", default=None, help="result file (default: by benchmark)")
     a = ap.parse_args(argv)
-    bench = run_typed if a.typed else run
-    a.out = a.out or str(RESULT_TYPED if a.typed else RESULT)
+    bench = run_typed if a.typed else run_publish if a.publish else run
+    a.out = a.out or str(RESULT_TYPED if a.typed else RESULT_PUBLISH if a.publish else RESULT)
     if a.url:
         report = bench(a.url, a.rows, a.repeat)
     else:

@@ -5,7 +5,11 @@ commit path (``before_decision``, ``after_decision``, ``after_commit:N`` for the
 COMMIT of the batch, ``before_mark_done``) and the executor's prepare path
 (``after_prepare``); ``in_batch_transaction`` fires inside the one transaction of a
 ``visibility=batch`` commit, just before its COMMIT, and in mode ``dedup`` just before
-the one INSERT of the batch's markers. The action ``kill`` SIGKILLs the whole process group (the Spark
+the one INSERT of the batch's markers. A batch job published at once
+(:mod:`clickhouse_tx.job_publish`) adds ``before_publish`` (its stage committed),
+``in_publish`` (inside the publishing transaction, before its COMMIT) and
+``after_publish`` (after that COMMIT, before Spark's ``commit`` returns).
+The action ``kill`` SIGKILLs the whole process group (the Spark
 driver's Python, its JVM and workers when the job was started in its own session),
 ``exit`` ends only this process, ``raise`` raises :class:`InjectedFault`.
 
@@ -52,6 +56,9 @@ STEPS = (
     "after_commit",
     "before_mark_done",
     "after_prepare",
+    "before_publish",
+    "in_publish",
+    "after_publish",
 )
 ACTIONS = ("kill", "exit", "raise")
 

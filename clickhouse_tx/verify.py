@@ -713,10 +713,13 @@ def _check_markers(
     agg = ch.rows(
         f"SELECT count() AS markers, sum(`rows`) AS rows, uniqExact(txn_id) AS txns FROM {src}{where}", params
     )[0]
+    jobs, job_rows = _published_jobs(ch, db, t, txn_id)
     info: dict[str, object] = {
         "markers": int(agg["markers"]),
         "rows": int(agg["rows"] or 0),
         "txn_ids": int(agg["txns"]),
+        "published_jobs": jobs,
+        "published_job_rows": job_rows,
     }
     doubles = ch.rows(
         f"SELECT txn_id, batch, `partition` AS p, groupArray(xid) AS xids FROM {src}{where} "
@@ -737,7 +740,9 @@ def _check_markers(
             )
         )
     # Only a table filled by this one query can be compared with its markers' row counts.
-    if int(agg["markers"]) and int(agg["rows"] or 0) != table_rows and (txn_id is None or int(agg["txns"]) == 1):
+    # A batch job published at once has markers for its stage and one row for the target.
+    accounted = int(agg["rows"] or 0) + job_rows
+    if (int(agg["markers"]) or jobs) and accounted != table_rows and (txn_id is None or int(agg["txns"]) + jobs == 1):
         out.append(
             Anomaly(
                 "marker_count_mismatch",
@@ -745,11 +750,25 @@ def _check_markers(
                 None,
                 None,
                 None,
-                abs(int(agg["rows"] or 0) - table_rows),
-                f"markers account for {int(agg['rows'] or 0)} rows, the table holds {table_rows}",
+                abs(accounted - table_rows),
+                f"markers and published jobs account for {accounted} rows, the table holds {table_rows}",
             )
         )
     return info, out
+
+
+def _published_jobs(ch: ClickHouseReader, db: str, t: str, txn_id: str | None) -> tuple[int, int]:
+    """(jobs, rows) of the batch jobs published into ``db.t`` at once (``clickhouse_tx_jobs``)."""
+    from clickhouse_tx.job_publish import JOBS_TABLE
+
+    if not ch.columns(db, JOBS_TABLE):
+        return 0, 0
+    where = "`table` = {jt:String}" + (" AND txn_id = {jx:String}" if txn_id else "")
+    row = ch.rows(
+        f"SELECT count() AS jobs, sum(`rows`) AS rows FROM {quote_ident(db)}.{quote_ident(JOBS_TABLE)} WHERE {where}",
+        {"jt": f"{db}.{t}", "jx": txn_id or ""},
+    )[0]
+    return int(row["jobs"]), int(row["rows"] or 0)
 
 
 def _check_decisions(

@@ -35,6 +35,7 @@ from clickhouse_tx.faults import FaultPlan, with_faults
 from clickhouse_tx.interfaces import Prepared, WriteContext
 
 from . import worker_gc
+from .batch_append import AppendJob, already_written, plan_job
 from .metrics import append_metrics, batch_metrics
 from .overwrite import OverwriteStage, create_stage, drop_stage, swap_in
 from .writer_options import WriterOptions
@@ -113,7 +114,7 @@ def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPla
             opts.decision_log_uri(txn_id),
             retry=opts.retry_policy(),
             conversion=conversion,
-            visibility=opts.visibility,
+            visibility=opts.commit_visibility(),
         )
 
     layout = opts.shard_layout()
@@ -283,6 +284,84 @@ class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         self._abort(messages, batchId)
 
 
+class AppendJobWriter(ClickHouseTxBatchWriter):
+    """A batch append published at once: prepare into the job stage, publish it on commit.
+
+    Built on the driver by ``ClickHouseTxDataSource.writer`` from what
+    :func:`~spark_datasource.batch_append.plan_job` made (the DDL runs there, not
+    here); pickled to the executors (``write``, inherited) and to the commit/abort
+    worker. Holds only options and names (picklable).
+
+    Parameters
+    ----------
+    opts
+        The parsed options (their ``table`` is the user's table).
+    schema
+        The Spark schema of the rows.
+    job
+        The job's stages, options aimed at them, and conversion plan.
+    """
+
+    def __init__(self, opts: WriterOptions, schema: StructType, job: AppendJob) -> None:
+        self.final_opts = opts
+        self.job = job.job
+        super().__init__(job.options, schema, job.job.txn_id, job.conversion)
+
+    @property
+    def display_table(self) -> str:
+        return self.final_opts.qualified_table
+
+    def _after_commit(self, report: CommitReport) -> dict[str, float]:
+        """Driver, once per job, after the stage committed: publish it in one transaction, drop it."""
+        from clickhouse_tx.job_publish import Published, drop_stages, publish_job
+
+        started = time.monotonic()
+        faults = FaultPlan.parse(self.opts.faults) if self.opts.faults else None
+        target = self.final_opts.target()
+        if faults:
+            faults.hit("before_publish", 0)
+        hook = (lambda: faults.hit("in_publish", 0)) if faults else None
+        n = report.rows
+        outcome = publish_job(target, self.job, n, before_commit=hook)
+        drop_stages(target, self.job)
+        if outcome is Published.SKIPPED:
+            log.warning(
+                "clickhouse_tx batch job %s into %s wrote nothing: idempotence_key %r was recorded by another "
+                "job while it ran",
+                self.txn_id,
+                self.display_table,
+                self.job.idempotence_key,
+            )
+        else:
+            log.info("clickhouse_tx batch job %s published into %s (%d rows)", self.txn_id, self.display_table, n)
+        if faults:
+            faults.hit("after_publish", 0)
+        return {"publish": time.monotonic() - started}
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Driver, once per failed job: roll back, drop the stages; the target is untouched."""
+        from clickhouse_tx.job_publish import drop_stages
+
+        try:
+            self._abort(messages, 0)
+        finally:
+            drop_stages(self.final_opts.target(), self.job)
+
+
+class SkippedJobWriter(ClickHouseTxBatchWriter):
+    """A batch job whose ``idempotence_key`` is already recorded: its tasks write nothing."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:  # type: ignore[override]
+        """Executor, once per partition attempt: nothing to write."""
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Driver, once per job: nothing to commit."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Driver, once per failed job: nothing to roll back."""
+
+
 class OverwriteWriter(ClickHouseTxBatchWriter):
     """``df.write.mode("overwrite")``: prepare into a stage table, swap it in on commit.
 
@@ -398,13 +477,28 @@ class ClickHouseTxDataSource(DataSource):
             reject_unsupported(opts, overwrite=True)
             return OverwriteWriter(opts, schema, create_stage(opts, schema))
         opts, txn_id, plan = self._validated(schema, streaming=False)
+        done = already_written(opts)
+        if done is not None:
+            log.warning(
+                "clickhouse_tx batch job into %s skipped: idempotence_key %r was recorded by job %s at %s "
+                "(%s rows); nothing is written",
+                opts.qualified_table,
+                opts.idempotence_key,
+                done.get("txn_id"),
+                done.get("committed_at"),
+                done.get("rows"),
+            )
+            return SkippedJobWriter(opts, schema, txn_id, plan)
         log.info(
             "clickhouse_tx batch job into %s: transactional_id %r (%s)",
             opts.qualified_table,
             txn_id,
             "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job",
         )
-        return ClickHouseTxBatchWriter(opts, schema, txn_id, plan)
+        job = plan_job(opts, schema, txn_id, plan)
+        if job is not None:
+            return AppendJobWriter(opts, schema, job)
+        return ClickHouseTxBatchWriter(dataclasses.replace(opts, visibility="partition"), schema, txn_id, plan)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
         """Driver, at query start and before every commit (fresh worker each time)."""

@@ -79,6 +79,7 @@ KNOWN_OPTIONS = (
     "bad_rows",
     "dead_letter_table",
     "visibility",
+    "idempotence_key",
     "shards",
     "sharding_key",
     "shard_weights",
@@ -300,8 +301,13 @@ class WriterOptions:
     #: as ``(database, table)``, instead of failing the task (None: ``bad_rows=fail``).
     dead_letter_table: tuple[str, str] | None = None
     #: ``partition`` (each Spark partition of a batch appears on its own) or ``batch``
-    #: (mode staging: the whole batch appears at once, in one ClickHouse transaction).
+    #: (the whole batch appears at once, in one ClickHouse transaction: a streaming
+    #: micro-batch in mode staging, or a whole batch job). ``auto``, the batch jobs'
+    #: default: ``batch`` where the target takes it, else ``partition`` with a WARNING.
     visibility: str = "partition"
+    #: A batch job's key (a scheduler's run id): a job whose key is already recorded
+    #: for the table writes nothing (``docs/options.md``). Empty: none.
+    idempotence_key: str = ""
     retry_attempts: int = 5
     retry_max_seconds: float = 60.0
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
@@ -391,6 +397,14 @@ class WriterOptions:
                 "it would write nothing. Give a new transactional_id, or leave out decision_log "
                 "(each job then gets a fresh id)"
             )
+
+    def commit_visibility(self) -> str:
+        """The ``visibility`` of the per-partition commit (what the commit mode is built with).
+
+        A batch job publishes itself at once through its job stage, not through the
+        commit mode (:mod:`clickhouse_tx.job_publish`): its partitions commit one by one.
+        """
+        return self.visibility if self.streaming else "partition"
 
     def decision_log_uri(self, txn_id: str | None = None) -> str:
         """Where the decision log lives.
@@ -512,7 +526,8 @@ class WriterOptions:
             table_column=table_column,
             tables=_route_tables(opts.get("tables"), database),
             dead_letter_table=_dead_letter_table(opts, database, mode),
-            visibility=_visibility(opts, mode),
+            visibility=_visibility(opts, mode, streaming),
+            idempotence_key=_idempotence_key(opts, streaming),
             **_sharding(opts),
             **_scalar_values(opts),  # type: ignore[arg-type]
         )
@@ -582,13 +597,55 @@ def _table_name(option: str, raw: str, name: str, database: str, expected: str) 
         raise _bad(option, raw, expected) from None
 
 
-def _visibility(opts: Mapping[str, str], mode: Mode) -> str:
-    """``visibility`` (default ``partition``); ``batch`` needs mode staging (checked here, on the driver)."""
+def _visibility(opts: Mapping[str, str], mode: Mode, streaming: bool) -> str:
+    """``visibility``, checked here, on the driver.
+
+    Streaming (default ``partition``): ``batch`` needs mode staging. Batch jobs (default
+    ``auto``; ``partition`` in mode none): ``batch`` and ``auto`` publish the whole job
+    at once through a job stage (:mod:`clickhouse_tx.job_publish`), which options
+    routing rows to several tables or servers, a resumable job and mode none cannot.
+    """
     from clickhouse_tx.modes import mode_io_for
 
-    value = opts.get("visibility", "partition").strip().lower()
-    mode_io_for(mode, visibility=value)  # names a value it does not know, and batch outside staging
+    if streaming:
+        value = opts.get("visibility", "partition").strip().lower()
+        mode_io_for(mode, visibility=value)  # names a value it does not know, and batch outside staging
+        return value
+    whole_job_refused = _whole_job_refused(opts, mode)
+    value = opts.get("visibility", "partition" if whole_job_refused else "auto").strip().lower()
+    if value not in ("partition", "batch", "auto"):
+        raise _bad("visibility", opts["visibility"], "partition, batch or auto (batch jobs)")
+    if value != "partition" and whole_job_refused:
+        raise ConfigurationError(f"option visibility={value} {whole_job_refused}; use visibility=partition")
     return value
+
+
+def _whole_job_refused(opts: Mapping[str, str], mode: Mode) -> str | None:
+    """Why a batch job with these options cannot be published at once; None when it can."""
+    if mode is Mode.NONE:
+        return "with mode='none': an at-least-once write has no job to publish at once"
+    if opts.get("table_column", "").strip():
+        return "with table_column: the job spans several tables"
+    if "shards" in opts:
+        return "with shards: the job spans several servers"
+    if "transactional_id" in opts and "decision_log" in opts:
+        return "for a resumable batch job (transactional_id with decision_log): it is finished per partition"
+    return None
+
+
+def _idempotence_key(opts: Mapping[str, str], streaming: bool) -> str:
+    """``idempotence_key``: batch jobs only, 1-256 printable characters."""
+    if "idempotence_key" not in opts:
+        return ""
+    raw = opts["idempotence_key"]
+    if streaming:
+        raise ConfigurationError(
+            "option idempotence_key is for batch jobs; a streaming query is made idempotent by its checkpoint"
+        )
+    key = raw.strip()
+    if not key or len(key) > 256 or not key.isprintable():
+        raise _bad("idempotence_key", raw, "1-256 printable characters (e.g. a scheduler's run id)")
+    return key
 
 
 def _mode(opts: Mapping[str, str]) -> Mode:

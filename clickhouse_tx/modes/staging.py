@@ -261,7 +261,7 @@ class StagingMode(ModeBase):
         markers.ensure_table()  # DDL is refused inside a transaction
         deadline = time.monotonic() + LOCKED_PARTS_WAIT_S
         with self.client(target, batch_session(ps[0].txn_id, batch), BATCH_SESSION_TIMEOUT_S) as c:
-            if _settle(c):  # a dead attempt's transaction was open: its MOVEs left locks
+            if settle_session(c):  # a dead attempt's transaction was open: its MOVEs left locks
                 self._wait_for_unlocked_stages(target, ps, deadline)
             while True:
                 try:
@@ -340,7 +340,7 @@ class StagingMode(ModeBase):
         A refusal before running (:class:`ServerBusyError`) is raised again as it is, once
         the session is settled, for :meth:`commit_together` to wait and try again.
         """
-        _settle(c)
+        settle_session(c)
         done = {str(m["xid"]) for m in markers.list(todo[0].txn_id, todo[0].batch)}
         if all(p.xid in done for p in todo):
             return  # the COMMIT landed; only its reply was lost
@@ -366,7 +366,7 @@ class StagingMode(ModeBase):
         if not isinstance(session, str):
             return False
         with self.client(target, session, BATCH_SESSION_TIMEOUT_S) as c:
-            rolled_back = _settle(c)
+            rolled_back = settle_session(c)
             # Also when another xid's commit rolled it back: this stage's parts may still be locked.
             self._wait_for_unlocked_stages(target, [p], time.monotonic() + LOCKED_PARTS_WAIT_S)
         return rolled_back
@@ -498,7 +498,7 @@ def batch_session(txn_id: str, batch: int) -> str:
     return f"clickhouse_tx_batch_{sanitize_txn(txn_id)}_{int(batch)}"
 
 
-def _settle(c: ClickHouseHTTP) -> bool:
+def settle_session(c: ClickHouseHTTP) -> bool:
     """End what an earlier attempt left in ``c``'s session, so its outcome is final.
 
     ROLLBACK an open transaction (then True); a session that does not exist, or holds
@@ -560,4 +560,5 @@ __all__ = [
     "overwrite_stage_name",
     "is_overwrite_stage_of",
     "tables_named",
+    "settle_session",
 ]

@@ -50,7 +50,7 @@ def slow_except(values: list[str], fast: str) -> list:
     return [pytest.param(v, marks=() if v == fast else pytest.mark.slow) for v in values]
 
 
-def _session(args: dict):  # -> pyspark.sql.SparkSession (pyspark is imported in the child only)
+def spark_session(args: dict):  # -> pyspark.sql.SparkSession (pyspark is imported in the child only)
     from pyspark.sql import SparkSession
 
     import spark_datasource
@@ -83,7 +83,7 @@ def streaming_job(args: dict) -> None:
     """
     from tests.helpers.cluster_job import start_stream
 
-    spark = _session(args)
+    spark = spark_session(args)
     start_stream(spark, {"max_offsets": MAX_OFFSETS, **args}).awaitTermination()
     spark.stop()
 

@@ -506,14 +506,46 @@ def test_bad_rows_dead_letter_needs_a_table_and_an_exactly_once_mode_and_is_refu
     assert parse(bad_rows="dead_letter", dead_letter_table="dlq", mode="dedup").dead_letter_table
 
 
-def test_visibility_defaults_to_partition_and_batch_is_taken_in_mode_staging():
-    assert parse().visibility == "partition"
-    assert parse(mode="staging", visibility="Batch").visibility == "batch"
+def test_a_streaming_visibility_defaults_to_partition_and_batch_is_taken_in_mode_staging():
+    assert parse(streaming=True, checkpointLocation="/c").visibility == "partition"
+    assert parse(streaming=True, checkpointLocation="/c", mode="staging", visibility="Batch").visibility == "batch"
 
 
-def test_visibility_batch_outside_mode_staging_or_an_unknown_visibility_is_refused_on_the_driver():
-    assert "only mode 'staging'" in error_of({**BASE, "visibility": "batch"})
-    assert "visibility='whole'" in error_of({**BASE, "mode": "staging", "visibility": "whole"})
+def test_a_streaming_visibility_batch_outside_mode_staging_or_an_unknown_visibility_is_refused_on_the_driver():
+    chk = {"checkpointLocation": "/c"}
+    assert "only mode 'staging'" in error_of({**BASE, **chk, "visibility": "batch"}, streaming=True)
+    assert "visibility='whole'" in error_of({**BASE, **chk, "mode": "staging", "visibility": "whole"}, streaming=True)
+    assert "choose 'partition' or 'batch'" in error_of({**BASE, **chk, "visibility": "auto"}, streaming=True)
+
+
+def test_a_batch_job_publishes_at_once_by_default_in_every_exactly_once_mode():
+    for mode in ("transaction", "staging", "dedup"):
+        assert parse(mode=mode).visibility == "auto"
+        assert parse(mode=mode, visibility="batch").visibility == "batch"
+        assert parse(mode=mode, visibility="partition").visibility == "partition"
+        assert parse(mode=mode).commit_visibility() == "partition"  # the job stage publishes, not the mode
+
+
+def test_a_batch_job_that_cannot_be_published_at_once_defaults_to_partition_and_refuses_batch():
+    cases = {
+        "with mode='none'": {"mode": "none"},
+        "with table_column": {"table_column": "t", "tables": "a,b"},
+        "for a resumable batch job": {"transactional_id": "job1", "decision_log": "/tmp/x"},
+    }
+    for reason, extra in cases.items():
+        assert parse(**extra).visibility == "partition"
+        assert reason in error_of({**BASE, **extra, "visibility": "batch"})
+    assert "expected partition, batch or auto" in error_of({**BASE, "visibility": "whole"})
+
+
+def test_an_idempotence_key_is_taken_by_batch_jobs_only_and_must_be_printable():
+    assert parse().idempotence_key == ""
+    assert parse(idempotence_key=" airflow-run-2026-11-26 ").idempotence_key == "airflow-run-2026-11-26"
+    assert "expected 1-256 printable characters" in error_of({**BASE, "idempotence_key": "  "})
+    assert "expected 1-256 printable characters" in error_of({**BASE, "idempotence_key": "x" * 257})
+    assert "a streaming query is made idempotent by its checkpoint" in error_of(
+        {**BASE, "checkpointLocation": "/c", "idempotence_key": "k"}, streaming=True
+    )
 
 
 def test_visibility_batch_with_shards_is_refused_on_the_driver():
