@@ -592,6 +592,12 @@ class Coordinator:
                 raise IllegalTransitionError(f"mode returned xid {written.xid!r} for {xid!r}", xid=xid)
             state = self.ops.state(xid)
             if state is not TxState.INITIALIZED:
+                # The driver fenced this attempt while it wrote. Its rollback may have run
+                # before this attempt's work existed (no session yet: a no-op), and abort
+                # skips an ABORTED xid: so this attempt rolls back what it wrote itself.
+                # Otherwise its transaction stayed open, kept alive by the keep-alive,
+                # and a DROP TABLE ... SYNC of the target waited behind it.
+                self.ops.rollback(written)
                 raise NotCommittedError(f"fenced while writing: registry says {state.value}", xid=xid)
             return written
         except Exception as exc:
