@@ -23,6 +23,7 @@ from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.interfaces import Target
 from server_patches import stack as stack_mod
+from spark_datasource.writer_options import MIN_SESSION_TIMEOUT_S
 from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,
@@ -32,6 +33,7 @@ from tests.helpers.spark_writes import (
     resumable_job,
     run_sql,
     scalar,
+    table_names,
     writer_options,
 )
 
@@ -177,6 +179,46 @@ def _slow(seconds: float):
     return slow
 
 
+def _late_last(seconds: float):
+    """Partition 2 starts writing ``seconds`` late: the others' sessions wait that long."""
+
+    def late(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import time as t
+
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 2:
+            t.sleep(seconds)
+        yield from batches
+
+    return late
+
+
+def test_a_short_session_timeout_is_refused_before_any_task_writes_and_the_floor_holds_a_late_commit(
+    sp, clickhouse_url: str, database: str
+) -> None:
+    create_events_table(clickhouse_url, database, "events", "transaction")
+    df = events(sp, N, 3).mapInArrow(_late_last(MIN_SESSION_TIMEOUT_S + 5.0), "id long, k int, s string")
+
+    def write(timeout: str) -> None:
+        (
+            df.write.format("clickhouse_tx")
+            .options(**writer_options(clickhouse_url, database, "events", "transaction", session_timeout=timeout))
+            .mode("append")
+            .save()
+        )
+
+    with pytest.raises(Exception, match=rf"option session_timeout='3': expected at least {MIN_SESSION_TIMEOUT_S} sec"):
+        write("3")
+    # refused on the driver: no task ran, no commit table or registry was made
+    assert table_names(clickhouse_url, database) == ["events"]
+    # at the floor, partitions 0 and 1 wait longer than their timeout for the commit:
+    # the keep-alive holds them, and the job commits each row once
+    write(str(MIN_SESSION_TIMEOUT_S))
+    _once(clickhouse_url, database)
+    assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.clickhouse_tx_commits") == 3
+
+
 def test_a_job_with_16_tasks_on_2_slots_each_slower_than_the_session_timeout_commits_every_partition(
     sp, clickhouse_url: str, database: str
 ) -> None:
@@ -186,11 +228,15 @@ def test_a_job_with_16_tasks_on_2_slots_each_slower_than_the_session_timeout_com
     started = time.monotonic()
     (
         df.write.format("clickhouse_tx")
-        .options(**writer_options(clickhouse_url, database, "events", "transaction", session_timeout="5"))
+        .options(
+            **writer_options(
+                clickhouse_url, database, "events", "transaction", session_timeout=str(MIN_SESSION_TIMEOUT_S)
+            )
+        )
         .mode("append")
         .save()
     )
-    # 8 waves of 6 s: the first sessions waited ~40 s for the COMMIT, 8 timeouts
+    # 8 waves of 6 s: the first sessions waited ~40 s for the COMMIT, 4 timeouts
     assert time.monotonic() - started > 40
     _once(clickhouse_url, database, n)
     assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.clickhouse_tx_commits") == 16
