@@ -131,7 +131,7 @@ def _session_timeout(option: str, value: str) -> int:
             value,
             f"at least {MIN_SESSION_TIMEOUT_S} seconds: prepared sessions wait for the driver's commit "
             "and are kept alive only by touches every session_timeout/4 s from the executors, so a "
-            "shorter timeout expires them before the commit (docs/options.md)",
+            "shorter timeout may expire them before the commit (docs/options.md)",
         )
     return n
 
