@@ -5,7 +5,7 @@ wrote to the table (measured on the embedded server: behind one open prepared
 transaction it waited until the session expired), while a transaction that failed
 (the driver's fence, ``transaction.FENCE``) holds nothing. So the driver's fence
 must leave no running transaction behind, including one an attempt opened after
-the fence.
+the fence; in mode ``staging`` no stage table either (GC would drop it only later).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from clickhouse_tx.errors import NotCommittedError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import MARKERS_TABLE
-from clickhouse_tx.modes.transaction import TransactionMode
-from tests.helpers.tables import TXN, batches, committed_count, make_table, markers, rows
+from clickhouse_tx.modes.staging import STAGE_PREFIX
+from tests.helpers.tables import TXN, batches, committed_count, make_table, markers, rows, tables
 
 
 def _ddl_finishes(admin: ClickHouseHTTP, target: Target) -> None:
@@ -37,35 +37,38 @@ def _ddl_finishes(admin: ClickHouseHTTP, target: Target) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["transaction", "staging"])
 def test_ddl_on_the_target_finishes_behind_a_prepared_xid_the_driver_fenced_and_its_rows_never_show(
-    admin: ClickHouseHTTP, database: str, tmp_path: Path
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
 ) -> None:
-    # The session keeps its default timeout (an hour): only the fence can free the table.
+    # A session keeps its default timeout (an hour): only the fence can free the table.
     target = make_table(admin, database)
-    co = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    co = build_coordinator(target, mode, TXN, str(tmp_path))
     co.validate(rows(1).schema)
     p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
-    report = co.abort_batch(0, [p])  # the driver's rollback: FENCE in the xid's session
+    report = co.abort_batch(0, [p])  # the driver's rollback (transaction: FENCE in the session)
     assert report.rolled_back == (p.xid,) and report.left == ()
-    assert TransactionMode().lookup(target, p) is CommitOutcome.NOT_COMMITTED
+    assert co.mode_io.lookup(target, p) is CommitOutcome.NOT_COMMITTED
     assert committed_count(admin, target) == 0 and markers(admin, database) == []
     with pytest.raises(NotCommittedError):
-        TransactionMode().commit(target, p)
+        co.mode_io.commit(target, p)
     assert committed_count(admin, target) == 0
+    assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
     _ddl_finishes(admin, target)
 
 
 @pytest.mark.timeout(300)
-def test_an_attempt_fenced_before_its_session_existed_rolls_its_own_work_back_and_ddl_does_not_wait(
-    admin: ClickHouseHTTP, database: str, tmp_path: Path
+@pytest.mark.parametrize("mode", ["transaction", "staging"])
+def test_an_attempt_fenced_before_its_work_existed_rolls_its_own_work_back_and_ddl_does_not_wait(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
 ) -> None:
     # The driver aborts the batch while an attempt is registered but has not begun its
     # transaction: the fence finds no session (a no-op) and the entry is ABORTED. The
     # attempt then opens its session and writes. It used to leave that transaction
     # running, watched by the keep-alive, and the teardown's DROP DATABASE ... SYNC
-    # timed out behind it.
+    # timed out behind it. In mode staging the fence is the DROP of a stage not yet made.
     target = make_table(admin, database)
-    co = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    co = build_coordinator(target, mode, TXN, str(tmp_path))
     co.validate(rows(1).schema)
     aborted: list[tuple[str, ...]] = []
 
@@ -76,7 +79,8 @@ def test_an_attempt_fenced_before_its_session_existed_rolls_its_own_work_back_an
     with pytest.raises(NotCommittedError, match="fenced while writing"):
         co.prepare(WriteContext(TXN, 0, 0, 0), aborted_first())
     xid = aborted[0][0]
-    p = Prepared.for_attempt(WriteContext(TXN, 0, 0, 0), xid, Mode.TRANSACTION, "", "")
-    assert TransactionMode().lookup(target, p) is CommitOutcome.NOT_COMMITTED  # no running transaction
+    p = Prepared.for_attempt(WriteContext(TXN, 0, 0, 0), xid, Mode(mode), "", "")
+    assert co.mode_io.lookup(target, p) is CommitOutcome.NOT_COMMITTED  # no running transaction, no stage
     assert committed_count(admin, target) == 0 and markers(admin, database) == []
+    assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
     _ddl_finishes(admin, target)
