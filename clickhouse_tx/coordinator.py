@@ -424,18 +424,22 @@ class TxOps:
             Still PENDING after every attempt. An error of the lookup itself is raised
             as it is: the outcome stays unknown.
         """
+        last: Exception | None = None
         for _ in range(self.retry.max_attempts):
             try:
                 self.call(lambda: self.mode_io.commit(self.target, p))
                 return True
             except Exception as exc:  # any error: the COMMIT may have taken effect
+                last = exc
                 outcome = self.lookup(p)
                 log.info("commit of %s failed (%s); lookup says %s", p.xid, exc, outcome.value)
                 if outcome is CommitOutcome.COMMITTED:
                     return True
                 if outcome is CommitOutcome.NOT_COMMITTED:
                     return False
-        raise OutcomeUnknownError(f"xid still pending after {self.retry.max_attempts} commit attempts", xid=p.xid)
+        raise OutcomeUnknownError(
+            f"xid still pending after {self.retry.max_attempts} commit attempts (last: {last})", xid=p.xid
+        ) from last
 
     def settle(self, p: Prepared, exc: Exception) -> bool:
         """After ``exc`` from a commit step of ``p``: what its lookup says happened.
