@@ -36,6 +36,7 @@ from clickhouse_tx.errors import (
     LostTransactionError,
     NotCommittedError,
     OutcomeUnknownError,
+    ServerError,
     ValueDoesNotFitError,
 )
 from clickhouse_tx.ids import new_xid
@@ -361,14 +362,22 @@ class TxOps:
     def ensure_committed(self, p: Prepared, *, payload: Mapping[str, object] | None = None) -> bool:
         """Make a decided ``p`` visible. True if committed; False if it definitely cannot be.
 
-        Never repeats a COMMIT whose outcome is unknown without a lookup first.
+        Never repeats a COMMIT whose outcome is unknown without a lookup first, and
+        settles any error on the way (the registry's, the COMMIT's, one raised after
+        the COMMIT took effect) by a lookup of ``p`` (:meth:`settle`).
 
         Raises
         ------
         OutcomeUnknownError
-            The xid stayed PENDING through every attempt: the batch is not done;
-            a replay resolves it.
+            The xid stayed PENDING through every attempt, or could not be looked up:
+            the batch is not done; a replay resolves it.
         """
+        try:
+            return self._ensure_committed(p, payload)
+        except Exception as exc:
+            return self.settle(p, exc)
+
+    def _ensure_committed(self, p: Prepared, payload: Mapping[str, object] | None) -> bool:
         # The common case first: one CAS, no read (a read per xid is a round trip).
         cur: TxState | None = None
         try:
@@ -398,7 +407,7 @@ class TxOps:
             return False
         if not self.commit_committing(p):
             return False
-        self.move(p.xid, TxState.COMMITTED)
+        self.record_committed(p.xid)
         return True
 
     def commit_committing(self, p: Prepared) -> bool:
@@ -406,19 +415,70 @@ class TxOps:
 
         Leaves the registry alone: the caller moves it to COMMITTED (one by one, or in
         bulk). Never repeats a COMMIT whose outcome is unknown without a lookup first.
+        Whatever the COMMIT raises (a lost reply, a refusal, a server error after the
+        COMMIT took effect), the marker decides: only a PENDING xid is committed again.
+
+        Raises
+        ------
+        OutcomeUnknownError
+            Still PENDING after every attempt. An error of the lookup itself is raised
+            as it is: the outcome stays unknown.
         """
+        last: Exception | None = None
         for _ in range(self.retry.max_attempts):
             try:
                 self.call(lambda: self.mode_io.commit(self.target, p))
                 return True
-            except (OutcomeUnknownError, NotCommittedError) as exc:
+            except Exception as exc:  # any error: the COMMIT may have taken effect
+                last = exc
                 outcome = self.lookup(p)
                 log.info("commit of %s failed (%s); lookup says %s", p.xid, exc, outcome.value)
                 if outcome is CommitOutcome.COMMITTED:
                     return True
                 if outcome is CommitOutcome.NOT_COMMITTED:
                     return False
-        raise OutcomeUnknownError(f"xid still pending after {self.retry.max_attempts} commit attempts", xid=p.xid)
+        raise OutcomeUnknownError(
+            f"xid still pending after {self.retry.max_attempts} commit attempts (last: {last})", xid=p.xid
+        ) from last
+
+    def settle(self, p: Prepared, exc: Exception) -> bool:
+        """After ``exc`` from a commit step of ``p``: what its lookup says happened.
+
+        True if ``p`` is committed (its marker is visible; the registry is moved to
+        COMMITTED, best effort), False if it definitely cannot commit.
+
+        Raises
+        ------
+        OutcomeUnknownError
+            ``p`` is PENDING, or the lookup failed too: in doubt (from ``exc``).
+        """
+        try:
+            outcome = self.lookup(p)
+        except Exception as again:
+            raise OutcomeUnknownError(
+                f"{type(exc).__name__}: {exc}; its lookup failed too ({type(again).__name__}: {again})", xid=p.xid
+            ) from exc
+        log.warning("commit of xid %s failed (%s: %s); lookup says %s", p.xid, type(exc).__name__, exc, outcome.value)
+        if outcome is CommitOutcome.COMMITTED:
+            self.record_committed(p.xid)
+            return True
+        if outcome is CommitOutcome.NOT_COMMITTED:
+            return False
+        if isinstance(exc, OutcomeUnknownError):
+            raise exc
+        raise OutcomeUnknownError(f"{type(exc).__name__}: {exc}; the xid is still pending", xid=p.xid) from exc
+
+    def record_committed(self, xid: str) -> None:
+        """COMMITTING -> COMMITTED for an xid whose COMMIT took effect (best effort).
+
+        Its rows are visible whatever the registry says, and the batch's entries are
+        dropped once it is done; an entry left COMMITTING (the registry failed here) is
+        found committed by its marker by ``recover`` and GC.
+        """
+        try:
+            self.move(xid, TxState.COMMITTED)
+        except Exception as exc:
+            log.warning("xid %s is committed but its registry entry stays COMMITTING: %s", xid, exc)
 
     def bulk_move(
         self,
@@ -536,6 +596,12 @@ class Coordinator:
                 raise IllegalTransitionError(f"mode returned xid {written.xid!r} for {xid!r}", xid=xid)
             state = self.ops.state(xid)
             if state is not TxState.INITIALIZED:
+                # The driver fenced this attempt while it wrote. Its rollback may have run
+                # before this attempt's work existed (no session yet: a no-op), and abort
+                # skips an ABORTED xid: so this attempt rolls back what it wrote itself.
+                # Otherwise its transaction stayed open, kept alive by the keep-alive,
+                # and a DROP TABLE ... SYNC of the target waited behind it.
+                self.ops.rollback(written)
                 raise NotCommittedError(f"fenced while writing: registry says {state.value}", xid=xid)
             return written
         except Exception as exc:
@@ -567,6 +633,19 @@ class Coordinator:
 
     def _entries(self, batch: int) -> list[RegistryEntry]:
         return self.ops.call(lambda: self.registry.list_batch(self.txn_id, batch), is_transient_or_unknown)
+
+    def _entries_after_commit(self, batch: int) -> list[RegistryEntry]:
+        """The batch's registry entries, for rolling back its other attempts; [] if unreadable.
+
+        Every decided partition is visible by now: a registry that fails here must not
+        fail the job. The attempts it would have listed can never be chosen once the
+        batch is done, and GC rolls them back (``python -m clickhouse_tx gc``).
+        """
+        try:
+            return self._entries(batch)
+        except Exception as exc:
+            log.warning("batch %d: could not list its other attempts (left to GC): %s", batch, exc)
+            return []
 
     def _write(self, decision: Decision) -> None:
         """Write a decision version; a lost reply or a conflict is resolved by reading back."""
@@ -650,7 +729,7 @@ class Coordinator:
 
         t = self.clock()
         keep = {p.xid for p in run.chosen.values()}
-        registered = self._entries(batch)
+        registered = self._entries_after_commit(batch)
         run.rolled += self._rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
         durations["rollback"] = self.clock() - t
         if run.lost:
@@ -855,6 +934,10 @@ class Coordinator:
         requests xid by xid); an xid the bulk CAS did not move takes the one-by-one path,
         which reads its state and decides. What cannot commit is handled afterwards,
         one partition at a time, because a replacement writes a new decision version.
+        Whatever an xid's commit raises (a server error after its COMMIT took effect
+        as much as a lost reply), its lookup decides: committed, cannot commit, or in
+        doubt (still pending, or the lookup failed too). So the job fails only when
+        some xid is not visible.
 
         Raises
         ------
@@ -877,19 +960,25 @@ class Coordinator:
         def commit_one(part: int) -> bool:
             p = chosen[part]
             try:
-                if p.xid in ready:
+                if p.xid not in ready:
+                    return self.ops.ensure_committed(p, payload=payload)
+                try:
                     return self.ops.commit_committing(p)
-                return self.ops.ensure_committed(p, payload=payload)
-            except Exception as exc:  # the others still commit; raised below
+                except Exception as exc:  # its lookup failed: once more, then in doubt
+                    return self.ops.settle(p, exc)
+            except Exception as exc:  # in doubt after its lookup; the others still commit; raised below
                 doubt[part] = exc
                 return False
 
         results = self._each(parts, commit_one)
         finish = [chosen[p].xid for p in parts if results[p] and chosen[p].xid in ready]
-        done = self.ops.bulk_move(finish, (TxState.COMMITTING,), TxState.COMMITTED)
+        try:
+            done = self.ops.bulk_move(finish, (TxState.COMMITTING,), TxState.COMMITTED)
+        except Exception:  # bookkeeping of visible rows: xid by xid below
+            done = set()
         for xid in finish:
             if xid not in done:
-                self.ops.move(xid, TxState.COMMITTED)
+                self.ops.record_committed(xid)
         if doubt:
             part = min(doubt)
             first = doubt[part]
@@ -914,13 +1003,18 @@ class Coordinator:
         Only xids the bulk CAS moved to COMMITTING take part. If the one step is
         refused (a stage gone after a restart, a part locked), nothing of it is visible
         and the per-xid commits that follow publish the batch partition by partition:
-        still exactly once, but no longer at once, and the log says so.
+        still exactly once, but no longer at once, and the log says so. A server error
+        (the request ended, whatever it did) goes the same way: the per-xid commits find
+        the markers of what it published. Only a step that may still be running
+        (:class:`OutcomeUnknownError`) stops the commit, in doubt.
         """
         if not ps:
             return
         try:
             self.ops.call(lambda: self.mode_io.commit_together(self.target, ps))
-        except NotCommittedError as exc:
+        except (NotCommittedError, ServerError) as exc:
+            if isinstance(exc, OutcomeUnknownError):
+                raise
             log.warning(
                 "batch %d: could not publish the batch in one transaction (%s); committing its "
                 "partitions one by one, so readers may see part of it",

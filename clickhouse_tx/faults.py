@@ -11,7 +11,13 @@ the one INSERT of the batch's markers. A batch job published at once
 ``after_publish`` (after that COMMIT, before Spark's ``commit`` returns).
 The action ``kill`` SIGKILLs the whole process group (the Spark
 driver's Python, its JVM and workers when the job was started in its own session),
-``exit`` ends only this process, ``raise`` raises :class:`InjectedFault`.
+``exit`` ends only this process, ``raise`` raises :class:`InjectedFault`: the code
+stops there as a crashed process would (a ``BaseException``: no error handling of the
+protocol runs, only ``finally`` blocks), but the job lives to report it. ``error``
+raises :class:`InjectedServerError`, a :class:`~clickhouse_tx.errors.ServerError` like
+an exception in a ClickHouse reply, which the protocol handles as it handles any error
+(at ``after_commit:N``: a server error after the COMMIT took effect, which the driver
+settles by the xid's marker).
 
 A plan fires at most once per ``once_file``: the file is created just before the action,
 so a restarted query is not killed again at the same step.
@@ -39,7 +45,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ServerError
 from .interfaces import CommitModeIO, CommitOutcome, Decision, DecisionLogIO, Hook, Prepared, Target, WriteContext
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +66,7 @@ STEPS = (
     "in_publish",
     "after_publish",
 )
-ACTIONS = ("kill", "exit", "raise")
+ACTIONS = ("kill", "exit", "raise", "error")
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -89,8 +95,16 @@ def check_enabled(names: Iterable[str], environ: Mapping[str, str] | None = None
         )
 
 
-class InjectedFault(RuntimeError):
-    """Raised by a ``raise`` fault plan (never in production: only when a plan is set)."""
+class InjectedFault(BaseException):
+    """Raised by a ``raise`` fault plan (never in production: only when a plan is set).
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: it stands for the process dying at
+    the step, so no ``except Exception`` of the protocol (cleanup, lookups) handles it.
+    """
+
+
+class InjectedServerError(ServerError):
+    """Raised by an ``error`` fault plan: a server error at the step, handled as any other."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +160,8 @@ class FaultPlan:
             os.close(fd)
         if self.action == "raise":
             raise InjectedFault(f"injected fault at {step}:{count} of batch {batch}")
+        if self.action == "error":
+            raise InjectedServerError(f"injected server error at {step}:{count} of batch {batch}")
         if self.action == "exit":
             os._exit(137)
         driver = os.environ.get(KILL_PGID_ENV)

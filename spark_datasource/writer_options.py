@@ -116,6 +116,27 @@ def _positive_int(option: str, value: str) -> int:
     return n
 
 
+#: The shortest ``session_timeout`` (seconds) the writer accepts. The executors' keep-alive
+#: (``clickhouse_tx.modes.transaction.SessionKeepAlive``) touches a prepared session every
+#: ``session_timeout / 4`` seconds, each touch given at most ``max(1, session_timeout / 2)``,
+#: and only while its Python worker lives. Below this floor one slow touch (a worker starved
+#: of CPU, a busy server) or the start of the driver's commit outlasts the session.
+MIN_SESSION_TIMEOUT_S = 10
+
+
+def _session_timeout(option: str, value: str) -> int:
+    n = _positive_int(option, value)
+    if n < MIN_SESSION_TIMEOUT_S:
+        raise _bad(
+            option,
+            value,
+            f"at least {MIN_SESSION_TIMEOUT_S} seconds: prepared sessions wait for the driver's commit "
+            "and are kept alive only by touches every session_timeout/4 s from the executors, so a "
+            "shorter timeout may expire them before the commit (docs/options.md)",
+        )
+    return n
+
+
 def _positive_float(option: str, value: str) -> float:
     try:
         x = float(value.strip())
@@ -250,7 +271,7 @@ _SCALAR_OPTIONS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "batch_bytes": ("batch_bytes", _positive_int),
     "connect_timeout": ("connect_timeout_s", _positive_float),
     "request_timeout": ("request_timeout_s", _positive_float),
-    "session_timeout": ("session_timeout_s", _positive_int),
+    "session_timeout": ("session_timeout_s", _session_timeout),
     "create_table": ("create_table", _bool),
     "order_by": ("order_by", _no_semicolon),
     "partition_by": ("partition_by", _no_semicolon),

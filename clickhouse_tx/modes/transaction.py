@@ -338,9 +338,11 @@ class SessionKeepAlive:
 
     A touch can meet the driver's COMMIT in the session: one of the two gets
     SESSION_IS_LOCKED, which the server raises before running the request, and
-    the COMMIT is retried (it is a ``ServerBusyError``). The thread dies with the worker process;
+    the COMMIT is retried (it is a ``ServerBusyError``). The thread dies with the worker process
+    (Spark ends a worker it does not reuse with its task: ``spark.python.use.daemon=false``);
     the driver renews every session again before it writes a decision
-    (:meth:`TransactionMode.renew`).
+    (:meth:`TransactionMode.renew`). The writer refuses a ``session_timeout`` too short for
+    these touches to hold (``spark_datasource.writer_options.MIN_SESSION_TIMEOUT_S``).
     """
 
     def __init__(self) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from server_patches import stack as stack_mod
+from spark_datasource.writer_options import MIN_SESSION_TIMEOUT_S
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries, run_sql
 from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
@@ -29,7 +30,7 @@ def _killed_after_the_decision(stack, url: str, database: str, tmp_path: Path, *
     create_target(url, database)
     name = f"expiry_{uuid.uuid4().hex[:6]}"
     args = job_args(stack.kafka_bootstrap, topic, url, database, tmp_path / "chk", name=name, daemon=True, **extra)
-    fault = {**kill_at("after_decision", tmp_path), "session_timeout": "5"}
+    fault = {**kill_at("after_decision", tmp_path), "session_timeout": str(MIN_SESSION_TIMEOUT_S)}
     assert run_child({**args, "fault": fault}) == -signal.SIGKILL
     assert (tmp_path / "fault.once").exists()
     return args, expected
@@ -41,9 +42,9 @@ def test_a_driver_killed_after_its_decision_and_restarted_after_the_session_time
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
     args, expected = _killed_after_the_decision(stack, clickhouse_url, database, tmp_path)
-    time.sleep(8)  # past the 5 s session_timeout: every decided transaction has expired
+    time.sleep(MIN_SESSION_TIMEOUT_S + 3)  # past the session_timeout: every decided transaction has expired
     # one restart drains the topic: the batch is written again once, no restart loop
-    assert run_child({**args, "fault": {"session_timeout": "5"}}) == 0
+    assert run_child({**args, "fault": {"session_timeout": str(MIN_SESSION_TIMEOUT_S)}}) == 0
     assert_exactly(clickhouse_url, database, expected)
     assert open_registry_entries(clickhouse_url, database) == 0
 

@@ -9,6 +9,8 @@ then again with a fault at each one:
   ``except Exception`` in the code under test can swallow it);
 - ``error``: before the effect raise :class:`TransientError` (definitely not done),
   after it raise :class:`OutcomeUnknownError` (the effect happened, the reply was lost);
+- ``server_error``: raise a plain :class:`ServerError` (an exception in the server's
+  reply, which says nothing of the outcome), before or after the effect;
 - ``kill``: the simulated ClickHouse restarts: every open transaction dies.
 """
 
@@ -27,6 +29,7 @@ from clickhouse_tx.errors import (
     DecisionConflictError,
     NotCommittedError,
     OutcomeUnknownError,
+    ServerError,
     TransientError,
 )
 from clickhouse_tx.interfaces import (
@@ -56,7 +59,7 @@ class FaultPlan:
     """Numbers every before/after point of every fake call; faults one of them."""
 
     at: int | None = None
-    kind: str = "crash"  # crash | error | kill
+    kind: str = "crash"  # crash | error | server_error | kill
     only: Callable[[str, str], bool] | None = None  # restrict which points are counted
     step: int = 0
     trace: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)
@@ -78,6 +81,8 @@ class FaultPlan:
             if phase == "before":
                 raise TransientError(f"injected: connection refused at {op}")
             raise OutcomeUnknownError(f"injected: reply of {op} lost")
+        if self.kind == "server_error":
+            raise ServerError(f"injected: server error {phase} {op}", code=1002, name="UNKNOWN_EXCEPTION")
         if self.kind == "kill":
             assert self.on_kill is not None
             self.on_kill()

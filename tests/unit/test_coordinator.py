@@ -18,6 +18,7 @@ from clickhouse_tx.errors import (
     LostTransactionError,
     NotCommittedError,
     OutcomeUnknownError,
+    ServerError,
 )
 from clickhouse_tx.interfaces import CommitOutcome, Decision, Mode, Prepared, RegistryEntry, WriteContext
 from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
@@ -257,6 +258,62 @@ def test_a_lost_commit_reply_is_resolved_by_lookup_and_not_committed_twice() -> 
     assert_exactly_once(w)
 
 
+@pytest.mark.parametrize("parts", [1, PARTS], ids=["one-partition", "bulk-moved"])
+def test_a_server_error_after_a_commit_that_took_effect_is_looked_up_and_the_batch_succeeds(parts: int) -> None:
+    # One partition takes the xid-by-xid path (ensure_committed), several the bulk CAS
+    # (commit_committing): both settle the error by the marker, never by a second COMMIT.
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(parts)]
+    w.faults.arm(0, "server_error", lambda op, ph: op == "ch.commit" and ph == "after")
+    report = w.coordinator().commit_batch(0, ms)
+    assert w.faults.fired and report.replaced == () and set(report.committed) == {m.xid for m in ms}
+    assert w.ch.commit_calls.count(ms[0].xid) == 1
+    assert_exactly_once(w, parts=parts)
+    assert w.log.read(0).done
+    assert {w.registry.everything[m.xid].state for m in ms} == {"committed"}
+
+
+def test_a_server_error_before_a_commit_ran_commits_the_pending_xid_once() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "server_error", lambda op, ph: op == "ch.commit" and ph == "before")
+    w.coordinator().commit_batch(0, ms)
+    assert w.faults.fired and w.log.read(0).done
+    assert_exactly_once(w)
+
+
+def test_a_registry_failing_after_every_commit_took_effect_still_ends_the_batch_done() -> None:
+    # The rows are visible: the registry's COMMITTED is bookkeeping, and the entries of a
+    # done batch are dropped; failing the job here invited a rerun under a new id.
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    w.faults.arm(0, "server_error", lambda op, ph: op == "registry.transition_many" and ph == "after")
+    w.faults.at = 1  # the bulk CAS to COMMITTING works; the one to COMMITTED fails after it landed
+    report = w.coordinator().commit_batch(0, ms)
+    assert w.faults.fired and set(report.committed) == {m.xid for m in ms}
+    assert_exactly_once(w)
+    assert w.log.read(0).done
+
+
+def test_a_server_error_whose_lookup_fails_too_leaves_the_batch_in_doubt_and_undone() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+
+    def lookup(target, p):
+        raise ServerError("markers table unreadable", code=1002, name="UNKNOWN_EXCEPTION", xid=p.xid)
+
+    w.faults.arm(0, "server_error", lambda op, ph: op == "ch.commit" and ph == "after")
+    w.ch.lookup = lookup  # type: ignore[method-assign]
+    with pytest.raises(OutcomeUnknownError) as info:
+        w.coordinator().commit_batch(0, ms)
+    assert "partitions [0] are in doubt" in str(info.value) and "partitions [1, 2] are committed" in str(info.value)
+    assert not w.log.read(0).done
+
+
 def test_a_pending_xid_is_committed_again_after_a_transient_refusal() -> None:
     w = World()
     c = w.coordinator()
@@ -434,7 +491,7 @@ def _count_steps(whole_batch: bool = False) -> int:
 
 @pytest.mark.parametrize("whole_batch", [False, True], ids=["per-partition", "whole-batch"])
 @pytest.mark.parametrize("recover", [False, True], ids=["replay", "recover-then-replay"])
-@pytest.mark.parametrize("kind", ["crash", "error", "kill"])
+@pytest.mark.parametrize("kind", ["crash", "error", "server_error", "kill"])
 def test_a_fault_at_every_step_then_a_replay_leaves_every_partition_visible_exactly_once(
     kind: str, recover: bool, whole_batch: bool
 ) -> None:
@@ -450,6 +507,9 @@ def test_a_fault_at_every_step_then_a_replay_leaves_every_partition_visible_exac
             _check_invariants(w)
             if outcome == "ok":
                 assert_exactly_once(w)
+            elif kind == "server_error" and w.faults.trace[at][1] != "log.mark_done":
+                # an error alone never fails a job whose rows are all visible once
+                assert w.keys_of(0) != {(w.txn_id, 0, p): 1 for p in range(PARTS)}, "failed, but every row is visible"
             _restart_and_replay(w, recover)
         except AssertionError as exc:
             raise AssertionError(f"{kind} at step {at} ({w.faults.trace[at]}), first run {outcome}: {exc}") from exc

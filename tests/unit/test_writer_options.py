@@ -12,7 +12,7 @@ import pytest
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Mode, Target
-from spark_datasource.writer_options import KNOWN_OPTIONS, WriterOptions
+from spark_datasource.writer_options import KNOWN_OPTIONS, MIN_SESSION_TIMEOUT_S, WriterOptions
 
 SECRET = "s3cr3t-Pa55"
 BASE = {"url": "http://127.0.0.1:8123", "table": "db.events"}
@@ -552,3 +552,13 @@ def test_visibility_batch_with_shards_is_refused_on_the_driver():
     opts = {"table": "db.events", "mode": "staging", "visibility": "batch", "shards": "http://a:8123,http://b:8123"}
     msg = error_of(opts)
     assert "visibility=batch with shards" in msg
+
+
+@pytest.mark.parametrize("value", ["1", "3", str(MIN_SESSION_TIMEOUT_S - 1)])
+def test_a_session_timeout_below_the_floor_is_refused_naming_the_option_and_the_floor(value: str) -> None:
+    msg = error_of({**BASE, "session_timeout": value})
+    assert f"option session_timeout={value!r}" in msg and f"at least {MIN_SESSION_TIMEOUT_S} seconds" in msg
+
+
+def test_the_session_timeout_floor_itself_is_accepted() -> None:
+    assert parse(session_timeout=str(MIN_SESSION_TIMEOUT_S)).target().session_timeout_s == MIN_SESSION_TIMEOUT_S
