@@ -14,12 +14,14 @@ development environment started; every row must be there once.
   and without this checkout on their path: the package reaches them only as the
   virtualenv packed with ``venv-pack`` and given as ``spark.archives``.
 - On the same cluster, driver and executors on a virtualenv with the base dependencies
-  but not the package: it reaches both only as the wheel in ``--py-files``.
+  but not the package: it reaches the executors only as the wheel (renamed ``.zip``)
+  in ``--py-files``, and the driver as that file on its ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -145,6 +147,9 @@ def test_a_python_with_only_the_base_dependencies_gets_the_package_from_the_whee
 ) -> None:
     wheel, _ = installed
     python = packaged.deps_venv(wheel, tmp_path / "deps")
+    # pyspark puts a --py-files entry on the executors' path only if it ends in .zip,
+    # .egg or .jar (SparkContext.PACKAGE_EXTENSIONS): the wheel, a zip, renamed
+    wheel = Path(shutil.copy(wheel, tmp_path / "clickhouse_tx.zip"))
     conf = {
         **spark_cluster.app_conf(bare_cluster),
         "spark.submit.pyFiles": str(wheel),  # what --py-files sets
@@ -152,15 +157,17 @@ def test_a_python_with_only_the_base_dependencies_gets_the_package_from_the_whee
         "spark.executorEnv.PYSPARK_PYTHON": str(python),
     }
     del conf["spark.executorEnv.PYTHONPATH"]
-    report = packaged.submit(
-        _job_args(clickhouse_url, database, tmp_path),
-        conf,
-        packaged.user_env(PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python)),
-        tmp_path,
-    )
-    for where in [report["driver"], *report["executors"]]:
+    # --py-files reaches the executors and the driver's own Python process, but not the
+    # Python workers Spark starts on the driver to plan and commit a data source: the
+    # wheel goes on the driver's PYTHONPATH too, which those workers inherit.
+    env = packaged.user_env(PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python), PYTHONPATH=str(wheel))
+    report = packaged.submit(_job_args(clickhouse_url, database, tmp_path), conf, env, tmp_path)
+    assert report["driver"]["clickhouse_tx"] == f"{wheel}/clickhouse_tx/__init__.py"
+    work = str(bare_cluster.log_dir)
+    for where in report["executors"]:
         assert where["python"] == str(python)
-        # imported from inside the wheel (a zip on the path), wherever Spark put its copy
-        assert f"{wheel.name}/clickhouse_tx/__init__.py" in where["clickhouse_tx"]
+        # the executor's copy of the wheel, fetched by Spark into its working directory
+        assert where["clickhouse_tx"].startswith(work)
+        assert where["clickhouse_tx"].endswith(f"{wheel.name}/clickhouse_tx/__init__.py")
         assert where["loaded"] == []
     _assert_every_row_once(clickhouse_url, database)
