@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from typing import Any
 
@@ -31,7 +32,8 @@ def where_am_i(_: object = None) -> dict[str, Any]:
 
     return {
         "python": sys.executable,
-        "clickhouse_tx": clickhouse_tx.__file__,
+        # absolute: a --py-files entry is imported by a path relative to the executor's directory
+        "clickhouse_tx": os.path.abspath(clickhouse_tx.__file__),
         "version": clickhouse_tx.__version__,
         "loaded": sorted(m for m in DEV_MODULES if m in sys.modules),
         "installed": sorted(m for m in DEV_PACKAGES if importlib.util.find_spec(m) is not None),
