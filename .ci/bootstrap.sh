@@ -30,8 +30,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  # [test] pulls in [spark,kafka,devstack]: pyspark, kafka-python and the embedded server (chdb),
+  # which the base install of the package leaves out; `make demo` and `make test` need all of them.
   echo "bootstrap: installing clickhouse-tx with extras [test,bench] into $VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e ".[test,bench]"
+  # `python -m pip`, not `$VENV/bin/pip`: a copied or moved virtualenv's pip script keeps the
+  # shebang of the one it was copied from, and would install there
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[test,bench]"
   echo "$want" > "$stamp"
 fi

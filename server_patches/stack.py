@@ -278,6 +278,9 @@ def _start_clickhouse(
             "server_patches/http_server.py (ClickHouse's HTTP interface on chdb) "
             "is not in this checkout; the stack cannot serve ClickHouse without it"
         )
+    if importlib.util.find_spec("chdb") is None:
+        # the base install of clickhouse-tx leaves the embedded server out (534 MB)
+        raise StackError("the embedded stack needs chdb: pip install 'clickhouse-tx[devstack]'")
     if password_env and password_env not in os.environ:
         raise StackError(f"--password-env names the environment variable {password_env!r}, which is not set")
     ch_dir = stack_dir / name

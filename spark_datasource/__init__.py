@@ -24,7 +24,7 @@ __all__ = ["RECOMMENDED_SPARK_CONF", "register"]
 #:   over Unix domain sockets instead of loopback TCP. Over TCP, the small messages
 #:   that start a Python task wait for a delayed ACK (Nagle's algorithm on the JVM's
 #:   side): ``kafka_py``'s tasks started reading 37-44 ms late, 1-5 ms with this
-#:   setting (docs/performance.md, "The 40 ms before each Python task").
+#:   setting (docs/performance.md, "Unix domain sockets").
 #: - ``spark.python.worker.reuse`` (Spark's default, kept explicit): pooled Kafka
 #:   consumers, cached table checks and ``gc.freeze`` live in reused Python workers.
 RECOMMENDED_SPARK_CONF: Mapping[str, str] = MappingProxyType(

@@ -75,8 +75,13 @@ _KNOWN = {
 
 
 def _kafka_python_defaults() -> Mapping[str, object]:
-    from kafka import KafkaConsumer  # kafka-python 2.3.x
-
+    # The driver parses the options before any task runs: a missing extra fails here, with the fix.
+    try:
+        from kafka import KafkaConsumer  # kafka-python 2.3.x
+    except ImportError as e:
+        raise ConfigurationError(
+            "kafka_py needs kafka-python, which the base install leaves out: pip install 'clickhouse-tx[kafka]'"
+        ) from e
     return KafkaConsumer.DEFAULT_CONFIG
 
 

@@ -90,11 +90,15 @@ class StandaloneCluster:
         return sum(1 for w in self.state().get("workers", []) if w.get("state") == "ALIVE")
 
 
-def start_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: str = "768m") -> StandaloneCluster:
+def start_cluster(
+    log_dir: Path, workers: int = 2, cores: int = 1, memory: str = "768m", worker_env: dict[str, str] | None = None
+) -> StandaloneCluster:
     """A Master and ``workers`` Workers of ``cores`` cores and ``memory`` each, registered.
 
     Where: the calling process (a session fixture), once per test run; about 10 s here.
     Logs: ``log_dir/master.log``, ``log_dir/worker-<i>.log``; work dirs ``log_dir/work-<i>``.
+    ``worker_env`` overrides :func:`spark_env` for the Workers, whose executors inherit
+    their environment (``PYTHONPATH=""``: executors without this checkout).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     spark_class = str(spark_home() / "bin" / "spark-class")
@@ -110,7 +114,7 @@ def start_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: str =
         wait_for_port(port, master, "the Spark Master", timeout_s=90)
         wait_for_port(web, master, "the Spark Master's web UI", timeout_s=90)
         for i in range(workers):
-            cluster.workers.append(_start_worker(cluster, i, cores, memory))
+            cluster.workers.append(_start_worker(cluster, i, cores, memory, worker_env or {}))
         _wait(lambda: cluster.alive_workers() == workers, 120, f"{workers} workers registering with the Master")
     except BaseException:
         stop_cluster(cluster)
@@ -118,13 +122,13 @@ def start_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: str =
     return cluster
 
 
-def _start_worker(cluster: StandaloneCluster, i: int, cores: int, memory: str) -> subprocess.Popen:
+def _start_worker(cluster: StandaloneCluster, i: int, cores: int, memory: str, env: dict[str, str]) -> subprocess.Popen:
     work = cluster.log_dir / f"work-{i}"
     work.mkdir(exist_ok=True)
     args = [str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker"]
     args += ["--host", "127.0.0.1", "--webui-port", str(free_port()), "--cores", str(cores)]
     args += ["--memory", memory, "--work-dir", str(work), cluster.master_url]
-    return _spawn(args, cluster.log_dir / f"worker-{i}.log", spark_env())
+    return _spawn(args, cluster.log_dir / f"worker-{i}.log", spark_env(**env))
 
 
 def stop_cluster(cluster: StandaloneCluster) -> None:

@@ -1,0 +1,72 @@
+"""The names users import, the version, and what each import pulls in.
+
+The subprocess checks run a fresh interpreter: this test process has long since
+imported Spark and the embedded stack, so its ``sys.modules`` says nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import clickhouse_tx
+import spark_datasource
+from clickhouse_tx.errors import ConfigurationError
+from spark_datasource.kafka_options import parse_kafka_options
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV_ONLY = ("pyspark", "chdb", "pandas", "kafka", "clickhouse_connect", "lz4", "zstandard", "server_patches")
+
+
+def _modules_after(statement: str) -> list[str]:
+    """Top-level packages of ``DEV_ONLY`` a fresh interpreter holds after ``statement``."""
+    probe = f"{statement}\nimport json, sys\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [m for m in json.loads(out.stdout) if m in DEV_ONLY]
+
+
+def test_the_version_is_written_once_and_the_installed_metadata_carries_it() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dynamic = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["dynamic"]
+    assert "version" not in project and project["dynamic"] == ["version"]
+    assert dynamic["version"] == {"attr": "clickhouse_tx.__version__"}
+    assert metadata.version("clickhouse-tx") == clickhouse_tx.__version__
+
+
+def test_every_name_in_all_is_importable_from_the_package() -> None:
+    for package in (clickhouse_tx, spark_datasource):
+        missing = [n for n in package.__all__ if not hasattr(package, n)]
+        assert missing == [], package.__name__
+    assert set(spark_datasource.__all__) == {"register", "RECOMMENDED_SPARK_CONF"}
+    assert issubclass(clickhouse_tx.LostTransactionError, clickhouse_tx.ClickHouseTxError)
+    assert clickhouse_tx.verify.__module__ == "clickhouse_tx.verify"
+
+
+def test_the_verify_module_still_serves_its_other_names_beside_the_exported_function() -> None:
+    from clickhouse_tx.verify import parse_expected
+
+    assert parse_expected({"t": {"0": 10}}) == {("t", 0): (0, 10)}
+
+
+def test_importing_clickhouse_tx_pulls_in_no_spark_and_nothing_of_the_development_stack() -> None:
+    assert _modules_after("import clickhouse_tx, clickhouse_tx.coordinator") == []
+
+
+def test_registering_the_data_sources_needs_pyspark_but_nothing_of_the_development_stack() -> None:
+    assert _modules_after("import spark_datasource, spark_datasource.writer, spark_datasource.kafka_reader") == [
+        "pyspark"
+    ]
+
+
+def test_a_kafka_py_read_without_the_kafka_extra_fails_on_the_driver_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "kafka", None)  # what an install without [kafka] has
+    with pytest.raises(ConfigurationError, match=r"pip install 'clickhouse-tx\[kafka\]'"):
+        parse_kafka_options({"bootstrap.servers": "127.0.0.1:9092", "subscribe": "t"})
