@@ -19,6 +19,7 @@ from typing import Any, Mapping, overload
 
 from clickhouse_tx.errors import ConfigurationError
 from spark_datasource.kafka_json import ValueFields, parse_value_schema
+from spark_datasource.kafka_security import check_security
 
 #: Offsets keyed by (topic, partition). -2 means earliest, -1 latest (Spark's JSON).
 TopicPartitionOffsets = Mapping[tuple[str, int], int]
@@ -402,7 +403,7 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         Naming the offending option.
     """
     opts = {str(k).lower(): v for k, v in options.items()}
-    kafka_params = _kafka_params(opts)
+    kafka_params = sorted(check_security(dict(_kafka_params(opts))).items())
     bootstrap = _bootstrap(opts)
     subscribe, subscribe_pattern, assign = _subscription(opts)
     starting, ending = _offset_bounds(opts, streaming)

@@ -75,6 +75,7 @@ from spark_datasource.kafka_options import (
     KafkaOptions,
     parse_kafka_options,
 )
+from spark_datasource.kafka_security import check_access, redact_secrets_in_logs
 
 log = logging.getLogger(__name__)
 
@@ -433,6 +434,7 @@ def _new_consumer(opts: KafkaOptions, api_version: tuple[int, ...] | None = None
     cfg = opts.consumer_config()
     if api_version is not None and cfg.get("api_version") is None:
         cfg["api_version"] = api_version
+    redact_secrets_in_logs(cfg)
     return _with_retries(opts, "connecting", lambda: KafkaConsumer(**cfg))
 
 
@@ -593,6 +595,11 @@ class _Metadata:
 
     def _c(self):
         if self._consumer is None:
+            # Before kafka-python, which retries a refused password forever and an
+            # untrusted certificate like a dead broker: fail at once, naming the option.
+            cfg = self.opts.consumer_config()
+            redact_secrets_in_logs(cfg)
+            check_access(cfg, self.opts.bootstrap_servers)
             self._consumer = _new_consumer(self.opts)
         return self._consumer
 

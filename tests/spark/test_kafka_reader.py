@@ -172,6 +172,8 @@ def test_kafka_prefixed_options_reach_kafka_python_typed_and_secrets_stay_out_of
         {
             **BASE,
             "kafka.security.protocol": "SASL_PLAINTEXT",
+            "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.plain.username": "u",
             "kafka.sasl.plain.password": "hunter2",
             "kafka.request.timeout.ms": "1234",
             "kafka.check.crcs": "false",
