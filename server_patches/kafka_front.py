@@ -2,9 +2,11 @@
 
 Production brokers require TLS and SASL; librdkafka's mock cluster
 (:mod:`server_patches.kafka_broker`) only listens in the clear. This front listens for
-Kafka clients with the security of one listener (``SSL``, ``SASL_PLAINTEXT`` or
-``SASL_SSL``), terminates TLS, runs the SASL exchange itself, and then copies bytes
-both ways to the mock. The launcher advertises the front's address as the mock
+Kafka clients with the security of one listener (``SSL``, ``SASL_PLAINTEXT``,
+``SASL_SSL``, or ``PLAINTEXT`` for the timestamp lookups alone), terminates TLS, runs
+the SASL exchange itself, and then relays Kafka frames both ways to the mock, in
+order. On the way back it answers what the mock cannot: ``ListOffsets`` by timestamp
+(:mod:`server_patches.kafka_timestamps`; ``ListOffsets`` is advertised up to v5). The launcher advertises the front's address as the mock
 broker's (``rd_kafka_mock_broker_set_host_port``), so the Metadata a client gets back
 sends every later connection through the front too.
 
@@ -42,9 +44,17 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from server_patches.kafka_timestamps import (
+    LIST_OFFSETS,
+    MAX_LIST_OFFSETS_VERSION,
+    find_offset,
+    patch_list_offsets,
+    requested_timestamps,
+)
+
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SCRAM_ITERATIONS = 4096
 
@@ -256,19 +266,25 @@ def _read_bytes(frame: bytes, at: int) -> bytes:
     return frame[at + 4 : at + 4 + max(0, n)]
 
 
-def with_sasl_apis(response: bytes) -> bytes:
-    """An ApiVersions v0-v2 response (after its correlation id) with the SASL APIs added.
+def patch_api_versions(response: bytes, sasl: bool = True) -> bytes:
+    """An ApiVersions v0-v2 response (after its correlation id) as the front answers it.
 
-    The entries are fixed-size (key, min, max) triples; an error answer (e.g. to a
-    version the mock does not know) passes unchanged.
+    ``SaslHandshake`` v1 and ``SaslAuthenticate`` v0-v1 added when ``sasl``, and
+    ``ListOffsets`` capped at v5 (the versions whose timestamp answers the front
+    patches). The entries are fixed-size (key, min, max) triples; an error answer (to
+    a version the mock does not know) passes unchanged.
     """
     error, count = struct.unpack_from(">hi", response, 0)
     if error != 0 or count < 0:
         return response
     end = 6 + 6 * count
     entries = [struct.unpack_from(">hhh", response, 6 + 6 * i) for i in range(count)]
-    keys = {k for k, _, _ in _SASL_APIS}
-    entries = sorted([e for e in entries if e[0] not in keys] + list(_SASL_APIS))
+    added = _SASL_APIS if sasl else ()
+    keys = {k for k, _, _ in added}
+    entries = sorted([e for e in entries if e[0] not in keys] + list(added))
+    entries = [
+        (k, lo, min(hi, MAX_LIST_OFFSETS_VERSION)) if k == LIST_OFFSETS else (k, lo, hi) for k, lo, hi in entries
+    ]
     body = b"".join(struct.pack(">hhh", *e) for e in entries)
     return struct.pack(">hi", 0, len(entries)) + body + response[end:]
 
@@ -336,7 +352,8 @@ class KafkaFront:
         try:
             if self.config.sasl and not await self._authenticate(reader, writer, b_reader, b_writer, peer):
                 return
-            await asyncio.gather(_pipe(reader, b_writer), _pipe(b_reader, writer))
+            pending: asyncio.Queue[tuple[int, int, bytes]] = asyncio.Queue()
+            await asyncio.gather(_requests(reader, b_writer, pending), self._responses(b_reader, writer, pending))
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, struct.error) as e:
             log.info("kafka front: connection from %s ended: %s", peer, type(e).__name__)
         finally:
@@ -359,7 +376,7 @@ class KafkaFront:
             if api_key == _API_VERSIONS and session is None:
                 b_writer.write(struct.pack(">i", len(frame)) + frame)
                 answer = await _read_frame(b_reader)
-                _write_frame(writer, correlation, with_sasl_apis(answer[4:]) if version <= 2 else answer[4:])
+                _write_frame(writer, correlation, patch_api_versions(answer[4:]) if version <= 2 else answer[4:])
             elif api_key == _SASL_HANDSHAKE and session is None and version == 1:
                 mechanism = _read_string(frame, body)
                 session = self._session(mechanism)
@@ -379,6 +396,34 @@ class KafkaFront:
                 log.warning("kafka front: %s sent api %d v%d before authenticating; closing", peer, api_key, version)
                 return False
             await writer.drain()
+
+    async def _responses(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, pending: asyncio.Queue[tuple[int, int, bytes]]
+    ) -> None:
+        """Relay the mock's answers in order, patching ApiVersions and ListOffsets by timestamp."""
+        try:
+            while True:
+                frame = await _read_frame(src)
+                api_key, version, request = pending.get_nowait()
+                answer = frame[4:]
+                if api_key == _API_VERSIONS and version <= 2:
+                    answer = patch_api_versions(answer, sasl=self.config.sasl)
+                elif api_key == LIST_OFFSETS and 1 <= version <= MAX_LIST_OFFSETS_VERSION:
+                    answer = await self._timestamp_answers(request, version, answer)
+                dst.write(struct.pack(">i", len(answer) + 4) + frame[:4] + answer)
+                await dst.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, asyncio.QueueEmpty):
+            pass
+        finally:
+            dst.close()
+
+    async def _timestamp_answers(self, request: bytes, version: int, answer: bytes) -> bytes:
+        """``answer`` with the offset of each partition asked by timestamp found in its log."""
+        asked = {tp: ts for tp, ts in requested_timestamps(request, version).items() if ts >= 0}
+        if not asked:
+            return answer
+        found = {tp: await find_offset(self.backend, tp[0], tp[1], ts) for tp, ts in asked.items()}
+        return patch_list_offsets(answer, version, found)
 
     def _session(self, mechanism: str) -> PlainSession | ScramSession | None:
         if mechanism not in self.config.mechanisms:
@@ -412,13 +457,30 @@ class KafkaFront:
         return True
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    """Copy ``src`` to ``dst`` until either side closes."""
+def _expects_answer(api_key: int, version: int, frame: bytes, body: int) -> bool:
+    """False for the one request Kafka never answers: a Produce with acks=0."""
+    if api_key != 0:
+        return True
+    at = body
+    if version >= 3:
+        (n,) = struct.unpack_from(">h", frame, at)  # transactional id
+        at += 2 + max(0, n)
+    return struct.unpack_from(">h", frame, at)[0] != 0
+
+
+async def _requests(
+    src: asyncio.StreamReader, dst: asyncio.StreamWriter, pending: asyncio.Queue[tuple[int, int, bytes]]
+) -> None:
+    """Forward the client's requests to the mock, noting each (api, version, body) an answer is due for."""
     try:
-        while data := await src.read(256 * 1024):
-            dst.write(data)
+        while True:
+            frame = await _read_frame(src)
+            api_key, version, _, body = _request_header(frame)
+            if _expects_answer(api_key, version, frame, body):
+                pending.put_nowait((api_key, version, frame[body:]))
+            dst.write(struct.pack(">i", len(frame)) + frame)
             await dst.drain()
-    except (ConnectionError, ssl.SSLError):
+    except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
         pass
     finally:
         dst.close()

@@ -25,7 +25,7 @@ from server_patches.kafka_front import (
     PlainSession,
     ScramCredential,
     ScramSession,
-    with_sasl_apis,
+    patch_api_versions,
 )
 from tests.helpers.tls import TlsFiles, make_tls_files
 
@@ -70,19 +70,23 @@ def test_the_front_config_masks_passwords_and_refuses_an_incomplete_listener() -
     assert all(p not in repr(cfg) for p in USERS.values()) and "alice" in repr(cfg)
     with pytest.raises(FrontError, match="certfile and keyfile"):
         FrontConfig.from_dict({"protocol": "SASL_SSL", "users": USERS})
-    with pytest.raises(FrontError, match="one of SSL"):
+    with pytest.raises(FrontError, match="must be one of PLAINTEXT, SSL"):
         FrontConfig.from_dict({"protocol": "TLS"})
 
 
-def test_the_sasl_apis_are_added_to_the_mocks_api_versions_answer() -> None:
-    mock = struct.pack(">hi", 0, 2) + struct.pack(">hhh", 3, 0, 12) + struct.pack(">hhh", 18, 0, 2) + b"\0\0\0\0"
-    patched = with_sasl_apis(mock)
-    error, count = struct.unpack_from(">hi", patched)
-    entries = [struct.unpack_from(">hhh", patched, 6 + 6 * i) for i in range(count)]
-    assert error == 0 and entries == [(3, 0, 12), (17, 1, 1), (18, 0, 2), (36, 0, 1)]
-    assert patched.endswith(b"\0\0\0\0")  # throttle time kept
+def test_the_sasl_apis_are_added_to_the_mocks_api_versions_answer_and_list_offsets_capped_at_v5() -> None:
+    entries = struct.pack(">hhh", 2, 0, 7) + struct.pack(">hhh", 3, 0, 12) + struct.pack(">hhh", 18, 0, 2)
+    mock = struct.pack(">hi", 0, 3) + entries + b"\0\0\0\0"
+
+    def decoded(answer: bytes) -> list[tuple[int, ...]]:
+        error, count = struct.unpack_from(">hi", answer)
+        assert error == 0 and answer.endswith(b"\0\0\0\0")  # throttle time kept
+        return [struct.unpack_from(">hhh", answer, 6 + 6 * i) for i in range(count)]
+
+    assert decoded(patch_api_versions(mock)) == [(2, 0, 5), (3, 0, 12), (17, 1, 1), (18, 0, 2), (36, 0, 1)]
+    assert decoded(patch_api_versions(mock, sasl=False)) == [(2, 0, 5), (3, 0, 12), (18, 0, 2)]
     refused = struct.pack(">hi", 35, 1) + struct.pack(">hhh", 18, 0, 2)
-    assert with_sasl_apis(refused) == refused
+    assert patch_api_versions(refused) == refused
 
 
 # ------------------------------------------------------------------ the listener
@@ -182,3 +186,35 @@ def test_a_tls_front_requiring_client_certificates_refuses_a_client_without_one(
             assert struct.unpack_from(">ih", _answer(s)) == (1, 0)  # the mock's ApiVersions answer
     finally:
         stop_broker(proc)
+
+
+def test_a_timestamp_lookup_through_the_front_answers_the_first_record_at_or_after_it_as_kafka_does(
+    tmp_path: Path,
+) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from server_patches.kafka_broker import create_topic
+
+    proc, bootstrap, control = start_broker(security={"protocol": "PLAINTEXT"}, log_file=tmp_path / "broker.log")
+    try:
+        create_topic(control, "t", 1)
+        producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+        for i in range(10):  # one batch per record
+            producer.send("t", b"v%d" % i, partition=0, timestamp_ms=1_000_000 + 10 * i).get(10)
+        for i in range(5):  # one batch of five records
+            producer.send("t", b"w%d" % i, partition=0, timestamp_ms=2_000_000 + 10 * i)
+        producer.close()
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+        tp = TopicPartition("t", 0)
+        found = {ts: consumer.offsets_for_times({tp: ts})[tp] for ts in (0, 1_000_015, 1_000_091, 2_000_015, 9**9)}
+        assert consumer.end_offsets([tp])[tp] == 15  # latest and earliest still come from the mock
+        consumer.close()
+    finally:
+        stop_broker(proc)
+    assert {ts: (f.offset, f.timestamp) if f else None for ts, f in found.items()} == {
+        0: (0, 1_000_000),
+        1_000_015: (2, 1_000_020),
+        1_000_091: (10, 2_000_000),
+        2_000_015: (12, 2_000_020),  # inside a batch
+        9**9: None,  # no record that recent
+    }
