@@ -7,8 +7,9 @@ Kafka clients with the security of one listener (``SSL``, ``SASL_PLAINTEXT``,
 the SASL exchange itself, and then relays Kafka frames both ways to the mock, in
 order. On the way back it answers what the mock cannot: ``ListOffsets`` by timestamp
 (:mod:`server_patches.kafka_timestamps`; ``ListOffsets`` is advertised up to v5).
-The launcher advertises the front's address as the mock broker's (``rd_kafka_mock_broker_set_host_port``), so the Metadata a client gets back
-sends every later connection through the front too.
+The launcher advertises the front's address as the mock broker's
+(``rd_kafka_mock_broker_set_host_port``), so the Metadata a client gets back sends
+every later connection through the front too.
 
 The SASL exchange is Kafka's (KIP-152), framed requests only:
 
