@@ -40,5 +40,5 @@ def new_topic(control: str, partitions: int) -> str:
 
 def rows_of(batches: list[pa.RecordBatch]) -> list[tuple]:
     """(partition, offset, value) of every record the reader returned."""
-    t = pa.Table.from_batches(batches, schema=arrow_schema())
+    t = pa.Table.from_batches(batches, schema=batches[0].schema if batches else arrow_schema(None, False))
     return list(zip(t["partition"].to_pylist(), t["offset"].to_pylist(), t["value"].to_pylist()))
