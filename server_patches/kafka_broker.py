@@ -26,6 +26,11 @@ To serve a fixed ``--port`` the launcher binds its own listening socket there an
 descriptor number, now the new socket), then sets the advertised address with
 ``rd_kafka_mock_broker_set_host_port``. No proxy, no copy of the traffic.
 
+With ``--front-config`` (``start_broker(security=...)``) the mock has no TLS or SASL
+of its own, so :mod:`server_patches.kafka_front` listens on ``--port`` instead,
+terminates TLS and SASL and pipes to the mock, and the mock advertises the front's
+address so clients reconnect through it.
+
 Imports: stdlib only (``confluent_kafka`` is located, not imported, so the launcher
 never starts a second librdkafka client by accident).
 """
@@ -50,7 +55,9 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+from server_patches.kafka_front import FrontConfig, FrontError, KafkaFront, load_config, write_config
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _RD_KAFKA_PRODUCER = 0
@@ -165,11 +172,22 @@ class MockCluster:
             raise BrokerError("rd_kafka_mock_cluster_new failed (see the log above)")
         own = self._lib.rd_kafka_mock_cluster_bootstraps(self._mc).decode()
         mock_port = int(own.split(",")[0].rsplit(":", 1)[1])
-        self.host = host
+        self.host = "127.0.0.1"
         self.port = mock_port
+        #: Where the mock itself listens (the advertised address differs behind a front).
+        self.listener = (self.host, mock_port)
         if port or host != "127.0.0.1":
             self._rebind(mock_port, host, port)
         self.topics: dict[str, int] = {}
+
+    def advertise(self, host: str, port: int) -> None:
+        """Make the broker's Metadata name ``host:port`` (a front's address) instead of its own.
+
+        Clients then open every connection after the bootstrap one there. The mock
+        keeps listening where it is (:attr:`listener`), for the front to connect to.
+        """
+        self._lib.rd_kafka_mock_broker_set_host_port(self._mc, 1, host.encode(), port)
+        self.host, self.port = host, port
 
     def _rebind(self, mock_port: int, host: str, port: int) -> None:
         """Move the mock's listener to ``host:port`` (see the module docstring)."""
@@ -191,6 +209,7 @@ class MockCluster:
         advertised = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self._lib.rd_kafka_mock_broker_set_host_port(self._mc, 1, advertised.encode(), bound_port)
         self.host = advertised
+        self.listener = (advertised, bound_port)
 
     @property
     def bootstrap(self) -> str:
@@ -343,23 +362,41 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return buf
 
 
-def serve(host: str, port: int, ready_file: Path, topics: Sequence[tuple[str, int]], control_port: int = 0) -> int:
-    """Run the broker and its control endpoint until SIGTERM/SIGINT (launcher process)."""
+def serve(
+    host: str,
+    port: int,
+    ready_file: Path,
+    topics: Sequence[tuple[str, int]],
+    control_port: int = 0,
+    front_config: FrontConfig | None = None,
+) -> int:
+    """Run the broker and its control endpoint until SIGTERM/SIGINT (launcher process).
+
+    With ``front_config`` the mock listens on a loopback port of its own and a
+    :class:`~server_patches.kafka_front.KafkaFront` (TLS and/or SASL) listens on
+    ``host:port`` in front of it, advertised as the broker's address.
+    """
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    cluster = MockCluster(host, port)
+    cluster = MockCluster(host, port) if front_config is None else MockCluster()
+    front: KafkaFront | None = None
     try:
+        if front_config is not None:
+            front = KafkaFront(front_config, cluster.listener)
+            advertised = "127.0.0.1" if host in ("0.0.0.0", "") else host
+            cluster.advertise(advertised, front.start(host, port))
         for name, n in topics:
             cluster.create_topic(name, n)
         control = ThreadingHTTPServer((cluster.host, control_port), _control_handler(cluster))
         control.daemon_threads = True
         threading.Thread(target=control.serve_forever, name="kafka-control", daemon=True).start()
-        _wait_kafka_ready(cluster.bootstrap, 30.0)
+        _wait_kafka_ready(f"{cluster.listener[0]}:{cluster.listener[1]}", 30.0)
         info = {
             "pid": os.getpid(),
             "bootstrap": cluster.bootstrap,
             "control": f"http://{cluster.host}:{control.server_address[1]}",
+            "security_protocol": front_config.protocol if front_config else "PLAINTEXT",
         }
         tmp = ready_file.with_name(ready_file.name + ".tmp")
         tmp.write_text(json.dumps(info))
@@ -370,6 +407,8 @@ def serve(host: str, port: int, ready_file: Path, topics: Sequence[tuple[str, in
         control.shutdown()
         control.server_close()
     finally:
+        if front is not None:
+            front.close()
         cluster.close()
     return 0
 
@@ -422,11 +461,16 @@ def start_broker(
     log_file: Path | None = None,
     ready_timeout_s: float = 30.0,
     control_port: int = 0,
+    security: Mapping[str, Any] | None = None,
 ) -> tuple[subprocess.Popen[Any], str, str]:
     """Start the launcher as a child process and wait until it serves Kafka.
 
     ``port=0`` lets the kernel choose (no race with other tests). Returns
     ``(proc, bootstrap, control_url)``; stop it with :func:`stop_broker`.
+    ``security`` (the JSON form of :class:`~server_patches.kafka_front.FrontConfig`:
+    ``protocol``, ``certfile``, ``keyfile``, ``client_cafile``, ``users``) puts a
+    TLS/SASL front on ``bootstrap``; it reaches the launcher in a file only its owner
+    can read, never on the command line.
 
     Raises
     ------
@@ -452,6 +496,9 @@ def start_broker(
     ]
     if topics:
         argv += ["--topics", ",".join(f"{n}:{p}" for n, p in topics)]
+    if security is not None:
+        write_config(workdir / "front.json", security)
+        argv += ["--front-config", str(workdir / "front.json")]
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -498,11 +545,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--topics", default="", help="name:partitions,... created at start")
     p.add_argument("--control-port", type=int, default=0, help="port of the HTTP control endpoint (0 = any free port)")
+    p.add_argument(
+        "--front-config",
+        type=Path,
+        default=None,
+        help="JSON file (protocol, certfile, keyfile, client_cafile, users): serve SSL/SASL through a front",
+    )
     args = p.parse_args(argv)
     try:
         topics = parse_topics(args.topics)
-        return serve(args.host, args.port, args.ready_file, topics, args.control_port)
-    except (BrokerError, ValueError) as e:
+        front = load_config(args.front_config) if args.front_config else None
+        return serve(args.host, args.port, args.ready_file, topics, args.control_port, front)
+    except (BrokerError, FrontError, ValueError, OSError) as e:
         print(f"kafka_broker: {e}", file=sys.stderr, flush=True)
         return 2
 

@@ -19,11 +19,15 @@ from typing import Any, Mapping, overload
 
 from clickhouse_tx.errors import ConfigurationError
 from spark_datasource.kafka_json import ValueFields, parse_value_schema
+from spark_datasource.kafka_security import check_security
 
 #: Offsets keyed by (topic, partition). -2 means earliest, -1 latest (Spark's JSON).
 TopicPartitionOffsets = Mapping[tuple[str, int], int]
 #: ``"earliest"``, ``"latest"`` or explicit offsets per topic-partition.
 OffsetSpec = str | tuple[tuple[tuple[str, int], int], ...]
+#: A timestamp (ms since the epoch) for every partition read (``startingTimestamp``), or
+#: one per topic-partition (``startingOffsetsByTimestamp``).
+TimestampSpec = int | tuple[tuple[tuple[str, int], int], ...]
 
 EARLIEST = -2
 LATEST = -1
@@ -40,7 +44,6 @@ _FORBIDDEN_KAFKA = {
     "enable_auto_commit": "offsets live in the Spark checkpoint, never in Kafka",
     "key_deserializer": "key and value are returned as binary; cast them in Spark",
     "value_deserializer": "the value is returned as binary, or decoded by value.format=json",
-    "group_id": "the source assigns partitions itself and never joins a group",
     "consumer_timeout_ms": "use kafkaConsumer.pollTimeoutMs",
 }
 
@@ -71,7 +74,22 @@ _KNOWN = {
     "maxrecordsperbatch",
     "value.format",
     "value.schema",
+    "startingtimestamp",
+    "startingoffsetsbytimestamp",
+    "endingtimestamp",
+    "endingoffsetsbytimestamp",
+    "startingoffsetsbytimestampstrategy",
+    "minoffsetspertrigger",
+    "maxtriggerdelay",
+    "includeheaders",
+    "maxrecordsperpartition",
+    "groupidprefix",
+    "kafka.group.id",
 }
+
+#: Spark's default ``maxTriggerDelay``.
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+_TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def _kafka_python_defaults() -> Mapping[str, object]:
@@ -127,6 +145,18 @@ class KafkaOptions:
         Attempts and pause for driver-side metadata/offset requests.
     max_records_per_batch
         Largest Arrow record batch an executor yields.
+    starting_timestamps, ending_timestamps
+        ``startingTimestamp``/``startingOffsetsByTimestamp`` (and the ending pair, batch
+        reads): they win over ``startingOffsets``/``endingOffsets``; None when not given.
+    timestamp_strategy
+        ``startingOffsetsByTimestampStrategy``: ``error`` or ``latest``, for a partition
+        with no record at or after its starting timestamp.
+    min_offsets_per_trigger, max_trigger_delay_ms
+        A micro-batch waits for this many new records in total, at most this long.
+    include_headers
+        Whether rows have the ``headers`` column (Spark's default: no).
+    max_records_per_partition
+        Split offset ranges so no Spark partition reads more records than this.
     kafka_params
         Extra kafka-python settings from ``kafka.*`` options (secrets masked in repr).
     value_fields
@@ -151,6 +181,19 @@ class KafkaOptions:
     max_records_per_batch: int = 10_000
     kafka_params: tuple[tuple[str, object], ...] = dataclasses.field(default_factory=_KafkaParams)
     value_fields: ValueFields | None = None
+    starting_timestamps: TimestampSpec | None = None
+    ending_timestamps: TimestampSpec | None = None
+    timestamp_strategy: str = "error"
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    include_headers: bool = False
+    max_records_per_partition: int | None = None
+
+    def timestamp_option(self, starting: bool) -> str:
+        """The option the starting (or ending) timestamps came from, for error messages."""
+        spec = self.starting_timestamps if starting else self.ending_timestamps
+        word = "starting" if starting else "ending"
+        return f"{word}Timestamp" if isinstance(spec, int) else f"{word}OffsetsByTimestamp"
 
     def consumer_config(self) -> dict[str, object]:
         """Keyword arguments for ``kafka.KafkaConsumer`` (driver and executors)."""
@@ -163,9 +206,9 @@ class KafkaOptions:
             "request_timeout_ms": 30_000,
             "max_poll_records": self.max_records_per_batch,
             "client_id": "kafka_py",
-            # As Spark's Kafka source: records of aborted (or still open) producer
-            # transactions are never delivered, and end offsets stop at the last stable
-            # offset. ``kafka.isolation.level=read_uncommitted`` opts out.
+            # Records of aborted (or still open) producer transactions are never
+            # delivered, and end offsets stop at the last stable offset (Spark's source
+            # leaves the Java client's read_uncommitted). ``kafka.isolation.level`` opts out.
             "isolation_level": "read_committed",
             # An executor asks only for records its range says exist, so a broker
             # that has none at the fetch position should answer at once. With
@@ -298,7 +341,7 @@ def _kafka_params(opts: Mapping[str, str]) -> list[tuple[str, object]]:
     kafka_defaults = _kafka_python_defaults()
     kafka_params: list[tuple[str, object]] = []
     for key, raw in sorted(opts.items()):
-        if key.startswith("kafka.") and key != "kafka.bootstrap.servers":
+        if key.startswith("kafka.") and key not in ("kafka.bootstrap.servers", "kafka.group.id"):
             setting = key[len("kafka.") :].replace(".", "_")
             if setting in _FORBIDDEN_KAFKA:
                 raise _fail(key, f"cannot be set: {_FORBIDDEN_KAFKA[setting]}")
@@ -310,8 +353,10 @@ def _kafka_params(opts: Mapping[str, str]) -> list[tuple[str, object]]:
                 key,
                 "unknown option; known: bootstrap.servers, subscribe, "
                 "subscribePattern, assign, startingOffsets, endingOffsets, "
-                "maxOffsetsPerTrigger, minPartitions, maxPartitions, minRecordsPerPartition, failOnDataLoss, "
-                "kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
+                "startingTimestamp, startingOffsetsByTimestamp, endingTimestamp, endingOffsetsByTimestamp, "
+                "startingOffsetsByTimestampStrategy, maxOffsetsPerTrigger, minOffsetsPerTrigger, maxTriggerDelay, "
+                "minPartitions, maxPartitions, minRecordsPerPartition, maxRecordsPerPartition, failOnDataLoss, "
+                "includeHeaders, groupIdPrefix, kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries, "
                 "fetchOffset.retryIntervalMs, maxRecordsPerBatch, value.format, value.schema, kafka.*",
             )
     return kafka_params
@@ -407,11 +452,12 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         Naming the offending option.
     """
     opts = {str(k).lower(): v for k, v in options.items()}
-    kafka_params = _kafka_params(opts)
+    kafka_params = sorted(check_security(dict(_kafka_params(opts))).items())
     bootstrap = _bootstrap(opts)
     subscribe, subscribe_pattern, assign = _subscription(opts)
     starting, ending = _offset_bounds(opts, streaming)
     min_parts, max_parts = _partition_bounds(opts)
+    _check_group_options(opts)
     return KafkaOptions(
         bootstrap_servers=bootstrap,
         subscribe=subscribe,
@@ -444,7 +490,100 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
         max_records_per_batch=_int_option(opts, "maxrecordsperbatch", "maxRecordsPerBatch", minimum=1, default=10_000),
         kafka_params=_KafkaParams(kafka_params),
         value_fields=_value_fields(opts),
+        include_headers=_bool_option(opts, "includeheaders", "includeHeaders", False),
+        max_records_per_partition=_max_records_per_partition(opts, max_parts),
+        **_timestamps(opts, streaming),
+        **_trigger_bounds(opts, streaming),
     )
+
+
+def _parse_timestamps_json(name: str, raw: str) -> TimestampSpec:
+    """``{"topic": {"0": 1700000000000}}``: a timestamp (ms, >= 0) per topic-partition."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not doc or not all(isinstance(v, dict) and v for v in doc.values()):
+        raise _fail(name, f'expected JSON like {{"topic": {{"0": 1700000000000}}}}, got {raw!r}')
+    pairs: list[tuple[tuple[str, int], int]] = []
+    for topic, parts in doc.items():
+        for p, ts in parts.items():
+            if not str(p).isdigit() or isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+                raise _fail(name, f"{topic}[{p}] needs a partition number and a timestamp in ms >= 0, got {ts!r}")
+            pairs.append(((topic, int(p)), ts))
+    return tuple(sorted(pairs))
+
+
+def _timestamp_spec(opts: Mapping[str, str], word: str) -> TimestampSpec | None:
+    """``<word>Timestamp`` (wins, as in Spark) or ``<word>OffsetsByTimestamp``, or None."""
+    one = opts.get(f"{word}timestamp")
+    if one is not None and str(one).strip():
+        text = str(one).strip()
+        if not text.isdigit():
+            raise _fail(f"{word}Timestamp", f"expected milliseconds since the epoch (an integer >= 0), got {one!r}")
+        return int(text)
+    by_partition = opts.get(f"{word}offsetsbytimestamp")
+    if by_partition is not None and str(by_partition).strip():
+        return _parse_timestamps_json(f"{word}OffsetsByTimestamp", str(by_partition))
+    return None
+
+
+def _timestamps(opts: Mapping[str, str], streaming: bool | None) -> dict[str, Any]:
+    """``starting_timestamps``, ``ending_timestamps`` and ``timestamp_strategy`` of the options."""
+    strategy = str(opts.get("startingoffsetsbytimestampstrategy") or "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise _fail("startingOffsetsByTimestampStrategy", f"expected error (the default) or latest, got {strategy!r}")
+    ending = _timestamp_spec(opts, "ending")
+    if streaming is True and ending is not None:
+        option = "endingTimestamp" if isinstance(ending, int) else "endingOffsetsByTimestamp"
+        raise _fail(option, "applies to batch reads only (spark.read); a stream reads until stopped")
+    return {
+        "starting_timestamps": _timestamp_spec(opts, "starting"),
+        "ending_timestamps": ending,
+        "timestamp_strategy": strategy,
+    }
+
+
+def parse_duration_ms(option: str, raw: str) -> int:
+    """Spark's time strings: ``15m``, ``30s``, ``500ms``, ``2h``, ``1d``; a bare number is ms."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", str(raw).lower())
+    if not m or m.group(2) not in ("", *_TIME_UNITS_MS):
+        raise _fail(option, f"expected a duration like 15m, 30s or 500ms, got {raw!r}")
+    return int(int(m.group(1)) * _TIME_UNITS_MS.get(m.group(2) or "ms", 1))
+
+
+def _trigger_bounds(opts: Mapping[str, str], streaming: bool | None) -> dict[str, Any]:
+    """``minOffsetsPerTrigger`` and ``maxTriggerDelay``, checked against ``maxOffsetsPerTrigger``."""
+    low = _int_option(opts, "minoffsetspertrigger", "minOffsetsPerTrigger", minimum=1, default=None)
+    high = _int_option(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger", minimum=1, default=None)
+    delay = opts.get("maxtriggerdelay")
+    if streaming is False:
+        for key, name in (("minoffsetspertrigger", "minOffsetsPerTrigger"), ("maxtriggerdelay", "maxTriggerDelay")):
+            if opts.get(key):
+                raise _fail(name, "applies to streaming reads only")
+    if low and high and low > high:
+        raise _fail("minOffsetsPerTrigger", f"is {low}, above maxOffsetsPerTrigger={high}")
+    delay_ms = DEFAULT_MAX_TRIGGER_DELAY_MS if delay is None else parse_duration_ms("maxTriggerDelay", delay)
+    return {"min_offsets_per_trigger": low, "max_trigger_delay_ms": delay_ms}
+
+
+def _max_records_per_partition(opts: Mapping[str, str], max_parts: int | None) -> int | None:
+    """``maxRecordsPerPartition``; refused with ``maxPartitions`` (one caps records, the other tasks)."""
+    value = _int_option(opts, "maxrecordsperpartition", "maxRecordsPerPartition", minimum=1, default=None)
+    if value and max_parts:
+        raise _fail(
+            "maxRecordsPerPartition",
+            "cannot be combined with maxPartitions: one splits ranges, the other packs them; give one",
+        )
+    return value
+
+
+def _check_group_options(opts: Mapping[str, str]) -> None:
+    """``groupIdPrefix`` and ``kafka.group.id``: accepted as Spark's source takes them, never
+    sent (the source joins no group and commits no offsets), but not empty."""
+    for key, name in (("groupidprefix", "groupIdPrefix"), ("kafka.group.id", "kafka.group.id")):
+        if key in opts and not str(opts[key]).strip():
+            raise _fail(name, "is empty")
 
 
 def _value_fields(opts: Mapping[str, str]) -> ValueFields | None:

@@ -4,7 +4,9 @@ Batch (``spark.read.format("kafka_py")``) and streaming (``spark.readStream``) r
 of Kafka through kafka-python 2.3.x. Rows have Spark's Kafka source schema::
 
     key binary, value binary, topic string, partition int, offset long,
-    timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>
+    timestamp timestamp, timestampType int[, headers array<struct<key:string,value:binary>>]
+
+(``headers`` only with ``includeHeaders=true``, as in Spark.)
 
 With ``value.format=json`` and ``value.schema``, ``value`` is instead the struct of
 the schema's fields, decoded from each record's JSON object on the executor
@@ -75,6 +77,7 @@ from spark_datasource.kafka_options import (
     KafkaOptions,
     parse_kafka_options,
 )
+from spark_datasource.kafka_security import check_access, redact_secrets_in_logs
 
 log = logging.getLogger(__name__)
 
@@ -124,18 +127,22 @@ class KafkaDataLossError(KafkaSourceError):
     """
 
 
-def source_schema(value_fields: ValueFields | None = None) -> StructType:
+def source_schema(value_fields: ValueFields | None = None, include_headers: bool = True) -> StructType:
     """:data:`SCHEMA`, with ``value`` the struct of ``value_fields`` when they are given
-    (``value.format=json``)."""
-    if value_fields is None:
+    (``value.format=json``), without ``headers`` unless ``include_headers`` (as Spark's
+    source: the column is there only with ``includeHeaders=true``)."""
+    if value_fields is None and include_headers:
         return SCHEMA
+    fields = [f for f in SCHEMA.fields if include_headers or f.name != "headers"]
+    if value_fields is None:
+        return StructType(fields)
     return StructType(
-        [StructField(f.name, spark_value_type(value_fields), True) if f.name == "value" else f for f in SCHEMA.fields]
+        [StructField(f.name, spark_value_type(value_fields), True) if f.name == "value" else f for f in fields]
     )
 
 
 @functools.lru_cache(maxsize=8)
-def arrow_schema(value_fields: ValueFields | None = None) -> pa.Schema:
+def arrow_schema(value_fields: ValueFields | None = None, include_headers: bool = True) -> pa.Schema:
     """The Arrow schema Spark expects for :func:`source_schema` (checked field by field).
 
     Spelled out in pyarrow rather than derived with ``pyspark.sql.pandas.types``, whose
@@ -144,18 +151,18 @@ def arrow_schema(value_fields: ValueFields | None = None) -> pa.Schema:
     """
     header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
     value = pa.binary() if value_fields is None else arrow_value_type(value_fields)
-    return pa.schema(
-        [
-            pa.field("key", pa.binary()),
-            pa.field("value", value),
-            pa.field("topic", pa.string(), nullable=False),
-            pa.field("partition", pa.int32(), nullable=False),
-            pa.field("offset", pa.int64(), nullable=False),
-            pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
-            pa.field("timestampType", pa.int32(), nullable=False),
-            pa.field("headers", pa.list_(pa.field("element", header))),
-        ]
-    )
+    fields = [
+        pa.field("key", pa.binary()),
+        pa.field("value", value),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("timestampType", pa.int32(), nullable=False),
+    ]
+    if include_headers:
+        fields.append(pa.field("headers", pa.list_(pa.field("element", header))))
+    return pa.schema(fields)
 
 
 # ------------------------------------------------------------------ pure planning
@@ -190,9 +197,14 @@ def to_json_offsets(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
     return out
 
 
-def from_json_offsets(doc: Mapping[str, Mapping[str, int]]) -> dict[TP, int]:
-    """Inverse of :func:`to_json_offsets`."""
-    return {(t, int(p)): int(o) for t, parts in doc.items() for p, o in parts.items()}
+#: Key of the first micro-batch's end offset that holds the batch's start (``$`` is no
+#: topic name character): Spark replays batch 0 from a fresh ``initialOffset()``.
+START_KEY = "$start"
+
+
+def from_json_offsets(doc: Mapping[str, Any]) -> dict[TP, int]:
+    """Inverse of :func:`to_json_offsets` (:data:`START_KEY` left out)."""
+    return {(t, int(p)): int(o) for t, parts in doc.items() if t != START_KEY for p, o in parts.items()}
 
 
 def limit_offsets(start: Mapping[TP, int], latest: Mapping[TP, int], max_rows: int) -> dict[TP, int]:
@@ -259,13 +271,18 @@ def plan_end_offsets(
 
 
 def plan_ranges(
-    start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None, fail_on_data_loss: bool
+    start: Mapping[TP, int],
+    end: Mapping[TP, int],
+    min_partitions: int | None,
+    fail_on_data_loss: bool,
+    max_records: int | None = None,
 ) -> list[KafkaOffsetRange]:
     """Spark partitions for records ``[start, end)`` (driver; deterministic).
 
-    One range per topic-partition with records, split further into near-equal
-    pieces when ``min_partitions`` asks for more partitions than there are
-    topic-partitions (each topic-partition gets pieces in proportion to its size).
+    One range per topic-partition with records; as Spark's source, each range is then
+    cut into ``ceil(size / max_records)`` near-equal pieces (``maxRecordsPerPartition``),
+    and the pieces further when ``min_partitions`` asks for more partitions than that
+    (each range gets pieces in proportion to its size).
     """
     ranges: list[KafkaOffsetRange] = []
     for tp in sorted(end):
@@ -281,15 +298,18 @@ def plan_ranges(
             continue
         if e > s:
             ranges.append(KafkaOffsetRange(tp[0], tp[1], s, e))
+    if max_records:
+        ranges = [piece for r in ranges for piece in _split(r, -(-r.size // max_records))]
     if not min_partitions or len(ranges) >= min_partitions:
         return ranges
     total = sum(r.size for r in ranges)
-    out: list[KafkaOffsetRange] = []
-    for r in ranges:
-        pieces = max(1, min(r.size, round(r.size * min_partitions / total)))
-        bounds = [r.start + r.size * i // pieces for i in range(pieces + 1)]
-        out.extend(KafkaOffsetRange(r.topic, r.partition, a, b) for a, b in zip(bounds, bounds[1:]) if b > a)
-    return out
+    return [piece for r in ranges for piece in _split(r, max(1, min(r.size, round(r.size * min_partitions / total))))]
+
+
+def _split(r: KafkaOffsetRange, pieces: int) -> list[KafkaOffsetRange]:
+    """``r`` in ``pieces`` contiguous, near-equal ranges."""
+    bounds = [r.start + r.size * i // pieces for i in range(pieces + 1)]
+    return [KafkaOffsetRange(r.topic, r.partition, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,12 +350,13 @@ def partition_count(ranges: Sequence[KafkaOffsetRange], opts: KafkaOptions) -> i
     ``minRecordsPerPartition`` records on average. A micro-batch of a few records
     runs one task instead of one per topic-partition, and equal ranges pack into
     equal groups (8 ranges into 2 or 4 tasks, never 8 into 6, which would leave two
-    tasks with twice the records of the others).
+    tasks with twice the records of the others). Neither with ``maxRecordsPerPartition``,
+    whose pieces each stay one partition, as in Spark.
     """
     count = len(ranges)
     if opts.max_partitions:
         count = min(count, opts.max_partitions)
-    if not opts.min_partitions and ranges:
+    if not opts.min_partitions and not opts.max_records_per_partition and ranges:
         total = sum(r.size for r in ranges)
         per_group = max(1, -(-opts.min_records_per_partition * len(ranges) // total))
         count = min(count, -(-len(ranges) // per_group))
@@ -348,7 +369,7 @@ def plan_partitions(start: Mapping[TP, int], end: Mapping[TP, int], opts: KafkaO
     A function of the offsets and the options only: the same batch replayed after a
     restart with the same options is cut the same way.
     """
-    ranges = plan_ranges(start, end, opts.min_partitions, opts.fail_on_data_loss)
+    ranges = plan_ranges(start, end, opts.min_partitions, opts.fail_on_data_loss, opts.max_records_per_partition)
     return group_ranges(ranges, partition_count(ranges, opts))
 
 
@@ -367,7 +388,17 @@ def resolve_offsets(
         return {tp: earliest[tp] for tp in tps}
     if spec == "latest":
         return {tp: latest[tp] for tp in tps}
-    given = dict(cast("Iterable[tuple[TP, int]]", spec))  # explicit offsets: pairs
+    given = _covering(spec, tps, option)
+    out = {}
+    for tp in tps:
+        off = given[tp]
+        out[tp] = earliest[tp] if off == EARLIEST else latest[tp] if off == LATEST else off
+    return out
+
+
+def _covering(spec: object, tps: Sequence[TP], option: str) -> dict[TP, int]:
+    """Explicit per-partition values of ``option``, which must name exactly the partitions read."""
+    given = dict(cast("Iterable[tuple[TP, int]]", spec))
     unknown = sorted(tp for tp in given if tp not in set(tps))
     missing = sorted(tp for tp in tps if tp not in given)
     if unknown or missing:
@@ -379,14 +410,53 @@ def resolve_offsets(
         raise ConfigurationError(
             f"kafka_py option {option!r} "
             + " and ".join(parts)
-            + "; give an offset for every topic-partition read (-2 "
-            "earliest, -1 latest)"
+            + "; give a value for every topic-partition read"
+            + (" (-2 earliest, -1 latest)" if option.endswith("Offsets") else "")
         )
-    out = {}
-    for tp in tps:
-        off = given[tp]
-        out[tp] = earliest[tp] if off == EARLIEST else latest[tp] if off == LATEST else off
-    return out
+    return given
+
+
+def place_timestamps(
+    found: Mapping[TP, int | None], latest: Mapping[TP, int], opts: KafkaOptions, starting: bool
+) -> dict[TP, int]:
+    """Offsets from a lookup by timestamp (driver; pure), with Spark's rules for no match.
+
+    A partition with no record at or after its timestamp starts at its latest offset
+    with ``startingOffsetsByTimestampStrategy=latest`` and fails the read with ``error``
+    (the default); it ends at its latest offset.
+
+    Raises
+    ------
+    ConfigurationError
+        A starting timestamp matched nothing and the strategy is ``error``.
+    """
+    missing = sorted(tp for tp, off in found.items() if off is None)
+    if missing and starting and opts.timestamp_strategy == "error":
+        raise ConfigurationError(
+            f"kafka_py option {opts.timestamp_option(True)!r}: no record of {_fmt_tps(missing)} has a timestamp "
+            f"at or after the one given; set startingOffsetsByTimestampStrategy=latest to start such "
+            f"partitions at their latest offset"
+        )
+    return {tp: latest[tp] if off is None else off for tp, off in found.items()}
+
+
+def resolve_bound(
+    opts: KafkaOptions,
+    meta: _Metadata,
+    tps: Sequence[TP],
+    earliest: Mapping[TP, int],
+    latest: Mapping[TP, int],
+    *,
+    starting: bool,
+) -> dict[TP, int]:
+    """Where a read starts (or a batch read ends): by timestamp when one is given, else by offset (driver)."""
+    spec = opts.starting_timestamps if starting else opts.ending_timestamps
+    if spec is None:
+        offsets = opts.starting_offsets if starting else opts.ending_offsets
+        return resolve_offsets(offsets, tps, earliest, latest, "startingOffsets" if starting else "endingOffsets")
+    option = opts.timestamp_option(starting)
+    stamps = {tp: spec for tp in tps} if isinstance(spec, int) else _covering(spec, tps, option)
+    return place_timestamps(meta.offsets_for_times(stamps), latest, opts, starting)
 
 
 def _fmt_tps(tps: Sequence[TP]) -> str:
@@ -433,6 +503,7 @@ def _new_consumer(opts: KafkaOptions, api_version: tuple[int, ...] | None = None
     cfg = opts.consumer_config()
     if api_version is not None and cfg.get("api_version") is None:
         cfg["api_version"] = api_version
+    redact_secrets_in_logs(cfg)
     return _with_retries(opts, "connecting", lambda: KafkaConsumer(**cfg))
 
 
@@ -593,6 +664,11 @@ class _Metadata:
 
     def _c(self):
         if self._consumer is None:
+            # Before kafka-python, which retries a refused password forever and an
+            # untrusted certificate like a dead broker: fail at once, naming the option.
+            cfg = self.opts.consumer_config()
+            redact_secrets_in_logs(cfg)
+            check_access(cfg, self.opts.bootstrap_servers)
             self._consumer = _new_consumer(self.opts)
         return self._consumer
 
@@ -615,6 +691,18 @@ class _Metadata:
 
     def earliest(self, tps: Sequence[TP]) -> dict[TP, int]:
         return self._offsets(tps, "beginning_offsets")
+
+    def offsets_for_times(self, stamps: Mapping[TP, int]) -> dict[TP, int | None]:
+        """The first offset at or after each timestamp (ms), None where no record is that recent."""
+        if not stamps:
+            return {}
+        from kafka import TopicPartition
+
+        def fetch() -> dict[TP, int | None]:
+            got = self._c().offsets_for_times({TopicPartition(t, p): ts for (t, p), ts in stamps.items()})
+            return {(tp.topic, tp.partition): None if found is None else int(found.offset) for tp, found in got.items()}
+
+        return _with_retries(self.opts, "looking offsets up by timestamp", fetch)
 
     def latest(self, tps: Sequence[TP]) -> dict[TP, int]:
         return self._offsets(tps, "end_offsets")
@@ -722,7 +810,7 @@ def _read_records(
     from kafka import TopicPartition
     from kafka.errors import OffsetOutOfRangeError
 
-    schema = arrow_schema(opts.value_fields)
+    schema = arrow_schema(opts.value_fields, opts.include_headers)
     tp = TopicPartition(rng.topic, rng.partition)
     pos = rng.start
     # A pooled consumer that stopped exactly where this range starts (the next
@@ -808,12 +896,32 @@ def _to_batch(records: list[Any], topic: str, partition: int, schema: pa.Schema)
     offsets = [r.offset for r in records]
     stamps = [r.timestamp for r in records]
     stamp_types = [r.timestamp_type for r in records]
-    header_lists = [r.headers for r in records]
 
     # Microseconds built in Python: the first pyarrow.compute call of a fresh worker
     # costs about two seconds, the list comprehension microseconds.
     ts = pa.array([s * 1000 for s in stamps], schema.field("timestamp").type)
-    headers_type = schema.field("headers").type
+    value_type = schema.field("value").type
+    if pa.types.is_struct(value_type):
+        value_column = decode_values(values, value_type, topic, partition, offsets)
+    else:
+        value_column = pa.array(values, pa.binary())
+    columns = [
+        pa.array(keys, pa.binary()),
+        value_column,
+        pa.array([topic] * n, pa.string()),
+        pa.array([partition] * n, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        ts,
+        pa.array(stamp_types, pa.int32()),
+    ]
+    if "headers" in schema.names:
+        columns.append(_headers_column([r.headers for r in records], schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _headers_column(header_lists: list[Any], headers_type: pa.DataType) -> pa.Array:
+    """The ``headers`` column (``includeHeaders=true``): a list of (key, value) structs per record."""
+    n = len(header_lists)
     lengths = [len(h) if h else 0 for h in header_lists]
     if any(lengths):
         flat = [kv for h in header_lists if h for kv in h]
@@ -825,27 +933,8 @@ def _to_batch(records: list[Any], topic: str, partition: int, schema: pa.Schema)
         for i, ln in enumerate(lengths):
             acc += ln
             bounds[i + 1] = acc
-        headers = pa.ListArray.from_arrays(pa.array(bounds, pa.int32()), struct, type=headers_type)
-    else:
-        headers = pa.array([[]] * n, headers_type)
-    value_type = schema.field("value").type
-    if pa.types.is_struct(value_type):
-        value_column = decode_values(values, value_type, topic, partition, offsets)
-    else:
-        value_column = pa.array(values, pa.binary())
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(keys, pa.binary()),
-            value_column,
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
-            pa.array(offsets, pa.int64()),
-            ts,
-            pa.array(stamp_types, pa.int32()),
-            headers,
-        ],
-        schema=schema,
-    )
+        return pa.ListArray.from_arrays(pa.array(bounds, pa.int32()), struct, type=headers_type)
+    return pa.array([[]] * n, headers_type)
 
 
 # ------------------------------------------------------------------ Spark classes
@@ -866,8 +955,8 @@ class KafkaBatchReader(DataSourceReader):
         try:
             tps = meta.topic_partitions()
             earliest, latest = meta.earliest(tps), meta.latest(tps)
-            start = resolve_offsets(self.opts.starting_offsets, tps, earliest, latest, "startingOffsets")
-            end = resolve_offsets(self.opts.ending_offsets, tps, earliest, latest, "endingOffsets")
+            start = resolve_bound(self.opts, meta, tps, earliest, latest, starting=True)
+            end = resolve_bound(self.opts, meta, tps, earliest, latest, starting=False)
         finally:
             meta.close()
         return plan_partitions(start, end, self.opts)
@@ -890,10 +979,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._meta: _Metadata | None = None
         self._available_now: dict[TP, int] | None = None
         self._last_latest: dict[TP, int] | None = None
+        self._initial: dict[str, Any] | None = None
+        # As Spark's source: the first trigger after a (re)start is never delayed.
+        self._last_trigger = float("-inf")
+        self._clock: Callable[[], float] = time.monotonic
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors need only the options; never ship a live consumer.
-        return {"opts": self.opts, "_meta": None, "_available_now": None, "_last_latest": None}
+        return {"opts": self.opts, "_meta": None, "_available_now": None, "_last_latest": None, "_initial": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._last_trigger, self._clock = float("-inf"), time.monotonic
 
     def _m(self) -> _Metadata:
         if self._meta is None:
@@ -904,8 +1001,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Offsets a new query starts from (driver, once per new checkpoint)."""
         m = self._m()
         tps = m.topic_partitions()
-        start = resolve_offsets(self.opts.starting_offsets, tps, m.earliest(tps), m.latest(tps), "startingOffsets")
-        return to_json_offsets(start)
+        start = resolve_bound(self.opts, m, tps, m.earliest(tps), m.latest(tps), starting=True)
+        self._initial = to_json_offsets(start)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_offsets_per_trigger:
@@ -921,6 +1019,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             latest = m.latest(m.topic_partitions())
             self._last_latest = latest
+        if self._delayed(begin, latest):
+            return start
         earliest = m.earliest(sorted(tp for tp in latest if tp not in begin))
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = plan_end_offsets(begin, latest, earliest, max_rows, self.opts.fail_on_data_loss)
@@ -928,7 +1028,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             avail = sum(max(0, end[tp] - begin.get(tp, end[tp])) for tp in end)
             if avail < limit.min_rows:
                 return start
-        return to_json_offsets(end)
+        if end == begin:
+            return start  # nothing new: the very offsets Spark gave, so it runs no batch
+        out: dict[str, Any] = to_json_offsets(end)
+        if start == self._initial:
+            # The first batch: Spark logs only its end, and a replay of it starts from a
+            # new initialOffset(), which "latest" or a timestamp may resolve elsewhere.
+            out[START_KEY] = to_json_offsets(begin)
+        return out
+
+    def _delayed(self, begin: Mapping[TP, int], latest: Mapping[TP, int]) -> bool:
+        """``minOffsetsPerTrigger``/``maxTriggerDelay``, as Spark's source: skip this trigger
+        while fewer new records than the minimum exist, unless ``maxTriggerDelay`` has passed
+        since the last batch (driver, once per trigger; never under ``availableNow``)."""
+        low = self.opts.min_offsets_per_trigger
+        if not low or self._available_now is not None:
+            return False
+        now = self._clock()
+        waited_ms = (now - self._last_trigger) * 1000
+        new_records = sum(off - begin.get(tp, 0) for tp, off in latest.items())
+        if waited_ms < self.opts.max_trigger_delay_ms and new_records < low:
+            return True
+        self._last_trigger = now
+        return False
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return to_json_offsets(self._last_latest) if self._last_latest is not None else None
@@ -939,8 +1061,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = m.latest(m.topic_partitions())
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        """Offset ranges of one micro-batch (driver; pure, so a replay plans the same)."""
-        return plan_partitions(from_json_offsets(start), from_json_offsets(end), self.opts)
+        """Offset ranges of one micro-batch (driver; pure, so a replay plans the same).
+
+        The first batch's start is the one logged in its end (:data:`START_KEY`), not
+        the ``start`` Spark passes: on a replay that is a fresh ``initialOffset()``.
+        """
+        begin = from_json_offsets(end[START_KEY]) if START_KEY in end else from_json_offsets(start)
+        return plan_partitions(begin, from_json_offsets(end), self.opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor, once per Spark partition and task attempt, in a reused Python worker."""
@@ -972,7 +1099,7 @@ class KafkaDataSource(DataSource):
         return "kafka_py"
 
     def schema(self) -> StructType:
-        return source_schema(self.kafka_options.value_fields)
+        return source_schema(self.kafka_options.value_fields, self.kafka_options.include_headers)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KafkaBatchReader(parse_kafka_options(self.options, streaming=False))

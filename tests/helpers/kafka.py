@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any, Mapping
 
 import pyarrow as pa
 from kafka import KafkaProducer
@@ -11,9 +12,14 @@ from server_patches.kafka_broker import create_topic
 from spark_datasource.kafka_reader import arrow_schema
 
 
-def produce(bootstrap: str, topic: str, counts: dict[int, int], tag: str = "v") -> set:
-    """Produce ``counts[p]`` records to each partition; return {(partition, value)}."""
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+def produce(
+    bootstrap: str, topic: str, counts: dict[int, int], tag: str = "v", client: Mapping[str, Any] | None = None
+) -> set:
+    """Produce ``counts[p]`` records to each partition; return {(partition, value)}.
+
+    ``client``: extra kafka-python settings (TLS, SASL) for a broker behind a front.
+    """
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, **dict(client or {}))
     sent = set()
     for part, n in counts.items():
         for i in range(n):
@@ -34,5 +40,5 @@ def new_topic(control: str, partitions: int) -> str:
 
 def rows_of(batches: list[pa.RecordBatch]) -> list[tuple]:
     """(partition, offset, value) of every record the reader returned."""
-    t = pa.Table.from_batches(batches, schema=arrow_schema())
+    t = pa.Table.from_batches(batches, schema=batches[0].schema if batches else arrow_schema(None, False))
     return list(zip(t["partition"].to_pylist(), t["offset"].to_pylist(), t["value"].to_pylist()))

@@ -86,7 +86,7 @@ def test_an_added_partition_whose_first_records_were_deleted_is_data_loss_like_s
     assert plan_end_offsets(start, latest, {("t", 1): 12}, None, False) == {("t", 0): 9, ("t", 1): 12}
 
 
-def test_the_source_reads_read_committed_by_default_like_sparks_kafka_source() -> None:
+def test_the_source_reads_read_committed_by_default() -> None:
     assert parse_kafka_options(BASE).consumer_config()["isolation_level"] == "read_committed"
     opted_out = parse_kafka_options({**BASE, "kafka.isolation.level": "read_uncommitted"})
     assert opted_out.consumer_config()["isolation_level"] == "read_uncommitted"
@@ -172,6 +172,8 @@ def test_kafka_prefixed_options_reach_kafka_python_typed_and_secrets_stay_out_of
         {
             **BASE,
             "kafka.security.protocol": "SASL_PLAINTEXT",
+            "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.plain.username": "u",
             "kafka.sasl.plain.password": "hunter2",
             "kafka.request.timeout.ms": "1234",
             "kafka.check.crcs": "false",
@@ -332,7 +334,13 @@ def test_a_batch_read_returns_exactly_the_produced_records(kspark, broker) -> No
     bootstrap, control = broker
     topic = new_topic(control, 3)
     sent = produce(bootstrap, topic, {0: 50, 1: 7, 2: 31})
-    df = kspark.read.format("kafka_py").option("bootstrap.servers", bootstrap).option("subscribe", topic).load()
+    df = (
+        kspark.read.format("kafka_py")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .load()
+    )
     rows = df.collect()
     assert {(r.partition, bytes(r.value)) for r in rows} == sent
     assert len(rows) == len(sent)
