@@ -1056,11 +1056,16 @@ class Coordinator:
             raise error
         return results
 
-    def abort_batch(self, batch: int, messages: Sequence[Prepared | None]) -> AbortReport:
+    def abort_batch(
+        self, batch: int, messages: Sequence[Prepared | None], *, discard_decided: bool = False
+    ) -> AbortReport:
         """Driver, when Spark aborts a batch: roll back everything not decided.
 
         Decided xids are left alone: a decision means some may already be
-        committed, and the replay of the batch rolls the rest forward. Never raises
+        committed, and the replay of the batch rolls the rest forward. With
+        ``discard_decided`` (a batch job's stage, dropped afterwards: nothing of it is
+        visible and no replay comes) they are rolled back too, so that no open
+        transaction holds the stage; one already committed into it stays. Never raises
         for one xid that cannot be rolled back now (a straggler task still holds its
         session: SESSION_IS_LOCKED): it is fenced, so it can never commit, and is
         listed in ``left`` for GC and session expiry; Spark's own error stays the one
@@ -1068,7 +1073,7 @@ class Coordinator:
         """
         msgs = self._check_messages(batch, messages)
         decision = self._read(batch)
-        keep = {p.xid for p in decision.chosen} if decision is not None else set()
+        keep = {p.xid for p in decision.chosen} if decision is not None and not discard_decided else set()
         todo = plan_rollback(keep, msgs, self._entries(batch))
         rolled = self._rollback_all(todo, quiet=True)
         left = tuple(p.xid for p in todo if p.xid not in rolled)

@@ -220,7 +220,7 @@ def gc_stale(
     _forget(registry, rolled, errors)
     dropped = _drop_leftover_stages(target, mode_io, registry, txn_ids, older_than_s, errors)
     if overwrite_stages:
-        dropped += _drop_overwrite_stages(target, registry, txn_ids, older_than_s, errors)
+        dropped += _drop_job_stages(ops, target, registry, txn_ids, older_than_s, errors)
     return RecoveryReport(
         rolled_back=tuple(rolled),
         skipped=tuple(skipped),
@@ -340,29 +340,39 @@ def _drop_leftover_stages(
     return dropped
 
 
-def _drop_overwrite_stages(
-    target: Target, registry: RegistryIO, txn_ids: Collection[str] | None, older_than_s: float, errors: dict[str, str]
+def _drop_job_stages(
+    ops: TxOps,
+    target: Target,
+    registry: RegistryIO,
+    txn_ids: Collection[str] | None,
+    older_than_s: float,
+    errors: dict[str, str],
 ) -> list[str]:
-    """Pass 4 of :func:`gc_stale`: stage tables of overwrite jobs of the given queries.
+    """Pass 4 of :func:`gc_stale`: the stage tables of batch jobs (appends and overwrites) of the given queries.
 
-    An overwrite job whose driver died before its swap leaves ``_ctx_ow_<txn>_<hex>``
-    (the target kept its old rows; the job failed). Dropped unless an xid prepared
-    into it is still open (``recover`` first): every mode's, so the registry behind
-    the CLI's one-mode view is asked.
+    A job whose driver died before it published its stage (or swapped it in) leaves
+    ``_ctx_ow_<txn>_<hex>``; the target never saw a row of it, and no replay comes (a
+    batch job's id is fresh per job). Every open xid prepared into the stage, decided
+    or not, is rolled back first (its open transaction would hold the DROP until its
+    session expires), then the stage is dropped. A stage with an open xid of another
+    mode than this pass's is left (``gc --mode`` of that mode drops it).
     """
     if not txn_ids:
         return []
     everyone = getattr(registry, "inner", registry)
-    busy = {e.table for e in everyone.list_open(None)}
+    open_by_table: dict[str, list[RegistryEntry]] = collections.defaultdict(list)
+    for e in everyone.list_open(None):
+        open_by_table[e.table].append(e)
     dropped = []
     for name, age_s in tables_named(target, OVERWRITE_STAGE_PREFIX):
-        if (
-            age_s < older_than_s
-            or f"{target.database}.{name}" in busy
-            or not any(is_overwrite_stage_of(name, t) for t in txn_ids)
-        ):
+        if age_s < older_than_s or not any(is_overwrite_stage_of(name, t) for t in txn_ids):
             continue
         try:
+            entries = open_by_table.get(f"{target.database}.{name}", [])
+            if any(e.mode is not ops.mode_io.mode for e in entries):
+                continue
+            for e in entries:
+                ops.abort(prepared_from_entry(e))
             with ClickHouseHTTP(target) as c:
                 c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC", idempotent=True)
             dropped.append(name)

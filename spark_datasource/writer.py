@@ -233,10 +233,14 @@ class _WriterBase:
         """Driver, after the batch committed: a subclass's last step; its durations (s)."""
         return {}
 
+    #: A batch job's stage is dropped after an abort: its decided xids are rolled back too.
+    discard_decided = False
+
     def _abort(self, messages: Sequence[WriterCommitMessage | None], batch: int) -> None:
         started = time.monotonic()
         prepared = _prepared(messages)
-        report = coordinator_for(self.opts, self.txn_id).abort_batch(batch, prepared)
+        coordinator = coordinator_for(self.opts, self.txn_id)
+        report = coordinator.abort_batch(batch, prepared, discard_decided=self.discard_decided)
         log.warning(
             "clickhouse_tx %s batch %d aborted (%d prepared partitions, %d xids rolled back, "
             "%d fenced and left to GC: %s)",
@@ -301,6 +305,8 @@ class AppendJobWriter(ClickHouseTxBatchWriter):
     job
         The job's stages, options aimed at them, and conversion plan.
     """
+
+    discard_decided = True
 
     def __init__(self, opts: WriterOptions, schema: StructType, job: AppendJob) -> None:
         self.final_opts = opts
@@ -379,6 +385,8 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
     stage
         The job's stage table and its options.
     """
+
+    discard_decided = True
 
     def __init__(self, opts: WriterOptions, schema: StructType, stage: OverwriteStage) -> None:
         self.final_opts = opts
