@@ -219,23 +219,29 @@ def _spread(runs: dict[str, list[float]], mode: str, base: str) -> dict[str, flo
     return {"min": per_round[0], "median": per_round[len(per_round) // 2], "max": per_round[-1]}
 
 
-def run(url: str, rows: int, repeat: int) -> dict:
-    """Each repeat runs every mode once, interleaved (noop, none, transaction, staging, dedup),
-    so a burst of load from other processes hits one round rather than one mode."""
+def _interleaved_runs(url: str, rows: int, repeat: int, configs: dict[str, tuple[str, dict[str, str]]]) -> dict:
+    """Seconds of each configuration (name -> (mode, writer options)) per round, rounds interleaved,
+    so a burst of load from other processes hits one round rather than one configuration."""
     spark = bench_session()
     db = f"bench_{uuid.uuid4().hex[:8]}"
     run_sql(url, f"CREATE DATABASE {db}")
-    runs: dict[str, list[float]] = {m: [] for m in ("noop", *MODES)}
+    runs: dict[str, list[float]] = {name: [] for name in configs}
     try:
         bench_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
         for i in range(repeat):
-            for mode in runs:
-                elapsed = _timed_write(spark, url, db, mode, f"{mode}_{i}", rows)
-                runs[mode].append(elapsed)
-                print(f"round {i} {mode}: {rows / elapsed:,.0f} rows/s ({elapsed:.2f} s)", flush=True)
+            for name, (mode, options) in configs.items():
+                elapsed = _timed_write(spark, url, db, mode, f"{name}_{i}", rows, **options)
+                runs[name].append(elapsed)
+                print(f"round {i} {name}: {rows / elapsed:,.0f} rows/s ({elapsed:.2f} s)", flush=True)
     finally:
         run_sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
         spark.stop()
+    return runs
+
+
+def run(url: str, rows: int, repeat: int) -> dict:
+    """Each repeat runs every mode once, interleaved (noop, none, transaction, staging, dedup)."""
+    runs = _interleaved_runs(url, rows, repeat, {m: (m, {}) for m in ("noop", *MODES)})
     results = {m: {"seconds": min(s), "rows_per_s": rows / min(s), "all_seconds": s} for m, s in runs.items()}
     best: dict[str, float] = {m: rows / min(s) for m, s in runs.items()}
     ratios = {
@@ -266,20 +272,8 @@ def run(url: str, rows: int, repeat: int) -> dict:
 
 def run_publish(url: str, rows: int, repeat: int) -> dict[str, Any]:
     """Mode ``transaction``, published at once (``auto``) vs per partition; rounds interleaved."""
-    spark = bench_session()
-    db = f"bench_{uuid.uuid4().hex[:8]}"
-    run_sql(url, f"CREATE DATABASE {db}")
-    runs: dict[str, list[float]] = {name: [] for name in PUBLISH_VISIBILITY}
-    try:
-        bench_frame(spark, 100_000).write.format("noop_arrow").mode("append").save()  # warm-up
-        for i in range(repeat):
-            for name, visibility in PUBLISH_VISIBILITY.items():
-                elapsed = _timed_write(spark, url, db, "transaction", f"{name}_{i}", rows, visibility=visibility)
-                runs[name].append(elapsed)
-                print(f"round {i} visibility={visibility}: {rows / elapsed:,.0f} rows/s ({elapsed:.2f} s)", flush=True)
-    finally:
-        run_sql(url, f"DROP DATABASE IF EXISTS {db} SYNC")
-        spark.stop()
+    configs = {name: ("transaction", {"visibility": v}) for name, v in PUBLISH_VISIBILITY.items()}
+    runs = _interleaved_runs(url, rows, repeat, configs)
     results = {m: {"seconds": min(s), "rows_per_s": rows / min(s), "all_seconds": s} for m, s in runs.items()}
     ratio = min(runs["partition"]) / min(runs["auto"])  # best throughput over best throughput
     return {

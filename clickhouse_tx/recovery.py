@@ -185,8 +185,9 @@ def gc_stale(
        failed prepare could not drop goes with it) and any of a done batch.
     3. Stage tables (modes that have them) whose xid has no entry or an ABORTED
        one: dropped (or, when their marker exists, finished: all moved).
-    4. Stage tables of overwrite jobs (with ``txn_ids`` and ``overwrite_stages``)
-       that no open xid writes into.
+    4. Stage tables of batch jobs, appends and overwrites (with ``txn_ids`` and
+       ``overwrite_stages``): every open xid of this mode prepared into one is rolled
+       back, decided or not (no replay comes for a batch job), then it is dropped.
 
     Decided xids of a batch not done, and anything whose decision log is
     unreachable, are left alone: their query's replay rolls them forward. With

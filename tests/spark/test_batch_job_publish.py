@@ -60,16 +60,21 @@ def test_a_batch_job_whose_idempotence_key_is_recorded_writes_nothing_and_anothe
     assert actual_totals(clickhouse_url, database, "events")[0] == 2 * N
 
 
-def test_a_batch_job_into_a_replicated_table_is_published_per_partition_by_default_and_refused_with_batch(
-    sp, clickhouse_url: str, database: str
+def test_a_batch_job_into_a_server_without_transactions_is_published_per_partition_by_default_and_refused_with_batch(
+    sp, stack_factory, tmp_path
 ) -> None:
-    run_sql(
-        clickhouse_url,
-        f"CREATE TABLE `{database}`.events (id Int64, k Int32, s String) ENGINE = "
-        f"ReplicatedMergeTree('/clickhouse/tables/{database}/events', 'r1') ORDER BY id",
-    )
-    _write(sp, clickhouse_url, database, "dedup")
-    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
-    with pytest.raises(Exception, match="option visibility=batch: table .* has engine ReplicatedMergeTree"):
-        _write(sp, clickhouse_url, database, "dedup", visibility="batch")
-    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
+    url = stack_factory(transactions=False).clickhouse_url
+    database = "no_tx"
+    run_sql(url, f"CREATE DATABASE {database}")
+    create_events_table(url, database, "events", "staging")
+
+    def totals() -> tuple[int, int, int, int]:  # no transaction can be open here: a plain read
+        text = run_sql(url, f"SELECT count(), sum(id), sum(k), sum(length(s)) FROM `{database}`.events")
+        return tuple(int(x) for x in text.split())  # type: ignore[return-value]
+
+    _write(sp, url, database, "staging")
+    assert totals() == expected_totals(N)
+    assert not [t for t in table_names(url, database) if t.startswith("_ctx_")]  # no job stage was made
+    with pytest.raises(Exception, match="option visibility=batch: the server refused a transaction"):
+        _write(sp, url, database, "staging", visibility="batch")
+    assert totals() == expected_totals(N)

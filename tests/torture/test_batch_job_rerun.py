@@ -56,11 +56,16 @@ def _clean_up_after_the_killed_job(url: str, database: str, mode: str) -> None:
     the stage until their sessions expire; afterwards nothing of it is left.
     """
     stages = [f"{database}.{t}" for t in table_names(url, database) if t.startswith("_ctx_ow_")]
+    # The job's id, as its driver logged it: from the registry (open xids) or, once its
+    # stage committed and its entries were forgotten, from the stage's markers.
+    listed = ", ".join(repr(s) for s in stages) or repr("")
     txns = run_sql(
         url,
-        f"SELECT DISTINCT txn_id FROM `{database}`.clickhouse_tx_registry "
-        f"WHERE `table` IN ({', '.join(repr(s) for s in stages) or repr('')}) FORMAT TSV",
+        f"SELECT DISTINCT txn_id FROM (SELECT txn_id, `table` FROM `{database}`.clickhouse_tx_registry "
+        f"UNION ALL SELECT txn_id, `table` FROM `{database}`.clickhouse_tx_commits) "
+        f"WHERE `table` IN ({listed}) FORMAT TSV",
     ).split()
+    assert txns or not stages, f"no transactional id found for the stages {stages}"
     for txn in txns:  # the documented clean-up (docs/modes.md, "Batch jobs: all or nothing")
         done = run_cli(
             "gc", "--url", url, "--table", f"{database}.events", "--mode", mode, "--txn-id", txn, "--not-running",
