@@ -8,6 +8,7 @@ Coordinator on the shared stack; the SIGKILLed Spark drivers are in
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes.staging import STAGE_PREFIX
 from clickhouse_tx.views import DependentView, dependent_views
+from tests.helpers.cli import run_cli
 from tests.helpers.tables import PARTITIONS, TXN, batches, committed_count, make_table, rows, tables
 from tests.helpers.views import add_rollup_views, assert_views_count_once
 
@@ -163,3 +165,36 @@ def test_mode_none_warns_that_the_views_get_rows_at_least_once(
     with caplog.at_level(logging.WARNING, logger="clickhouse_tx.modes.plain"):
         co.validate(rows(1).schema)
     assert any("at least once" in r.message and "events_by_key_mv" in r.message for r in caplog.records)
+
+
+def test_verify_lists_the_views_it_could_not_check_and_why(
+    admin: ClickHouseHTTP, database: str, clickhouse_url: str
+) -> None:
+    make_table(admin, database)
+    add_rollup_views(clickhouse_url, database, "id % 4")
+    admin.command(f"INSERT INTO {q.qualified(database, 'events')} SELECT number, 'v' FROM numbers(100)")
+
+    out = run_cli(
+        "verify",
+        "--url",
+        clickhouse_url,
+        "--table",
+        f"{database}.events",
+        "--topic-col",
+        "",
+        "--partition-col",
+        "id",
+        "--offset-col",
+        "id",
+        "--json",
+        "-",
+        "--quiet",
+    )
+
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [(v["view"], v["table"]) for v in report["views_not_checked"]] == [
+        (f"{database}.events_by_key_mv", f"{database}.events_by_key"),
+        (f"{database}.events_total_mv", f"{database}.events_total"),
+    ]
+    assert all("cannot recompute" in v["why"] for v in report["views_not_checked"])
