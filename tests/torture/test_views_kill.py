@@ -59,9 +59,14 @@ def test_a_driver_killed_at_a_protocol_step_and_restarted_counts_each_row_once_i
     name = f"views_{uuid.uuid4().hex[:6]}"
     args = job_args(kafka_bootstrap, topic, clickhouse_url, database, tmp_path / "chk", name=name, options=options)
 
-    codes = [run_child({**args, "fault": kill_at(step, tmp_path)})]
+    # A run that failed before the kill (on this loaded 2-core machine: a Python worker
+    # that did not connect back in 10 s, a read that timed out) is not a protocol step:
+    # it is run again with the fault, and every restart may fail the same way.
+    codes = [run_child({**args, "fault": kill_at(step, tmp_path)}, check=False)]
+    if codes[0] != -signal.SIGKILL and not (tmp_path / "fault.once").exists():
+        codes = [run_child({**args, "fault": kill_at(step, tmp_path)})]
     while codes[-1] != 0 and len(codes) < 5:
-        codes.append(run_child(args))
+        codes.append(run_child(args, check=False))
 
     assert codes[0] == -signal.SIGKILL and (tmp_path / "fault.once").exists(), f"not killed at {step}: {codes}"
     assert codes[-1] == 0, f"the job did not drain the topic after restarts: exit codes {codes}"
