@@ -19,6 +19,12 @@ logs) and reports, per topic-partition:
 - with a checkpoint location (the decision logs): ``decided_not_committed``, a batch
   whose decision names an xid whose marker is not visible.
 
+The table's materialized views (:func:`clickhouse_tx.views.dependent_views`, down
+chains) are listed in the report as not checked, each with why: a view's table holds
+what its ``SELECT`` made of each inserted block (a rollup, a filter), which the
+verifier cannot recompute from the offsets; ``docs/modes.md`` says what each mode
+keeps of them. The verdict (``clean``) is the table's.
+
 Every read of user tables uses ``implicit_transaction=1``: ClickHouse shows the rows of
 running (uncommitted) transactions to queries outside a transaction (``docs/design.md`` §4), so a
 plain ``SELECT`` would count rows that may still be rolled back. ``system.*`` tables do
@@ -35,7 +41,7 @@ import os
 from typing import Any, Iterable, Mapping, Sequence
 
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
-from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.markers import CommittedReader
 from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
@@ -144,6 +150,8 @@ class VerifyReport:
     anomalies: tuple[Anomaly, ...]
     checks: tuple[str, ...]
     markers: Mapping[str, object] | None = None
+    #: The materialized views on the table not checked, each ``{"view", "table", "why"}``.
+    views_not_checked: tuple[Mapping[str, str], ...] = ()
 
     @property
     def clean(self) -> bool:
@@ -177,6 +185,7 @@ class VerifyReport:
             "partitions": [p.to_json() for p in self.partitions],
             "anomalies": [a.to_json() for a in self.anomalies],
             "markers": dict(self.markers) if self.markers is not None else None,
+            "views_not_checked": [dict(v) for v in self.views_not_checked],
         }
 
     def summary(self) -> str:
@@ -185,8 +194,9 @@ class VerifyReport:
             f"{self.table}: {self.rows} rows, {self.distinct} distinct offsets in "
             f"{len(self.partitions)} partitions; checks: {', '.join(self.checks)}"
         )
+        views = [f"  view {v['view']} -> {v['table']} not checked: {v['why']}" for v in self.views_not_checked]
         if self.clean:
-            return head + "\nCLEAN: no duplicates, gaps, overlaps or uncommitted decisions"
+            return "\n".join([head, "CLEAN: no duplicates, gaps, overlaps or uncommitted decisions", *views])
         lines = [
             head,
             "ANOMALIES: " + ", ".join(f"{k}={self.count(k)}" for k in sorted({a.kind for a in self.anomalies})),
@@ -197,7 +207,7 @@ class VerifyReport:
             lines.append(f"  {a.kind:<22} {where}{rng}: {a.detail}")
         if len(self.anomalies) > 20:
             lines.append(f"  ... and {len(self.anomalies) - 20} more")
-        return "\n".join(lines)
+        return "\n".join(lines + views)
 
 
 # --------------------------------------------------------------------------- expected
@@ -435,9 +445,35 @@ def verify(
             anomalies=tuple(anomalies),
             checks=tuple(checks),
             markers=marker_info,
+            views_not_checked=views_not_checked(Target(url=url, database=db, table=t, user=user, password=password)),
         )
     finally:
         ch.close()
+
+
+#: Why a materialized view's table is not checked (see the module docstring).
+VIEW_NOT_CHECKED = (
+    "its table holds what the view's SELECT made of each inserted block, which the offsets "
+    "cannot recompute; compare it with that SELECT over the table"
+)
+
+
+def views_not_checked(target: Target) -> tuple[dict[str, str], ...]:
+    """The target's materialized views, each with why it is not checked; one entry if listing them failed."""
+    from clickhouse_tx.views import dependent_views
+
+    try:
+        views = dependent_views(target)
+    except ClickHouseTxError as exc:
+        return ({"view": "*", "table": "*", "why": f"the views could not be listed: {exc}"},)
+    return tuple(
+        {
+            "view": f"{v.view[0]}.{v.view[1]}",
+            "table": f"{v.target[0]}.{v.target[1]}" if v.target else "?",
+            "why": VIEW_NOT_CHECKED if v.target else "the server does not say which table it writes into",
+        }
+        for v in views
+    )
 
 
 def _open_scan(

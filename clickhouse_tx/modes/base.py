@@ -13,6 +13,14 @@ from clickhouse_tx.errors import ConfigurationError, ServerError
 from clickhouse_tx.interfaces import Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table
+from clickhouse_tx.views import DependentView, dependent_views, describe_views
+
+#: What keeps a target's materialized views exactly once, for the refusals' messages.
+VIEW_MODES = (
+    "modes that keep them exactly once: 'transaction' and 'staging' (every view's table a "
+    "non-replicated *MergeTree, a server that runs transactions), 'dedup' (every view's table "
+    "a *MergeTree with a deduplication window); see docs/modes.md, 'Materialized views'"
+)
 
 
 class ModeBase:
@@ -67,6 +75,47 @@ class ModeBase:
             ) from None
         finally:
             probe.close()
+
+    def views_error(self, target: Target, views: Sequence[DependentView], why: str) -> ConfigurationError:
+        """The refusal of a write into ``target`` whose ``views`` this mode cannot keep exactly once."""
+        return ConfigurationError(
+            f"table {self.display(target)} has materialized views ({describe_views(views)}) that "
+            f"mode {self.mode.value!r} cannot keep exactly once: {why}; nothing was written. The {VIEW_MODES}"
+        )
+
+    def view_tables(self, target: Target, views: Sequence[DependentView]) -> list[TableInfo]:
+        """Driver: the table of each view (once each); refuses a view whose table the server does not name."""
+        unknown = [v for v in views if v.target is None]
+        if unknown:
+            raise self.views_error(target, unknown, "the server does not say which table they write into")
+        out: dict[tuple[str, str], TableInfo] = {}
+        with self.client(target) as c:
+            for v in views:
+                assert v.target is not None
+                if v.target not in out:
+                    out[v.target] = describe_table(c, *v.target)
+        return list(out.values())
+
+    def transactional_views(self, target: Target, needed_by: str) -> list[DependentView]:
+        """Driver, once per query: the target's views, each writing into a table a transaction can hold.
+
+        The views' inserts run inside the transaction that writes the target's rows, and
+        ClickHouse transactions hold non-replicated ``*MergeTree`` tables only: a view
+        into any other table would fail every task's insert, so it is refused here.
+        """
+        views = dependent_views(target)
+        infos = self.view_tables(target, views)
+        bad = {(i.database, i.table): i.engine for i in infos if i.is_replicated or not i.is_merge_tree}
+        if bad:
+            shown = [v for v in views if v.target in bad]
+            engines = ", ".join(f"{d}.{t} is {e}" for (d, t), e in bad.items())
+            raise self.views_error(
+                target,
+                shown,
+                f"{needed_by} writes their rows in a ClickHouse transaction, which holds "
+                f"non-replicated *MergeTree tables only ({engines})",
+            )
+        return views
 
     def describe_and_check(self, target: Target, schema: pa.Schema) -> TableInfo:
         """Driver: the table must exist and accept ``schema``; raise ConfigurationError."""

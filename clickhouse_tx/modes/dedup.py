@@ -64,6 +64,7 @@ from clickhouse_tx.modes.dedup_layout import (
 )
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.state import TxState
+from clickhouse_tx.views import dependent_views, view_tables
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.registry import KeeperMapRegistry
@@ -213,6 +214,38 @@ def check_window(first_block: int, current_block: int, window: int, target: Targ
         )
 
 
+#: (url, database, table) -> (the tables its materialized views write into, monotonic time read).
+_VIEW_TABLES: dict[tuple[str, str, str], tuple[tuple[tuple[str, str], ...], float]] = {}
+
+
+def view_targets(target: Target) -> list[Target]:
+    """The tables the target's materialized views write into (down chains), as Targets; read at most every 30 s.
+
+    Executor (each prepare) and driver (each commit): their dedup windows are checked as
+    the target's is, since a replayed block is dropped from a view's table only while
+    the view's token is still in that table's window.
+    """
+    key = (target.url, target.database, target.table)
+    hit = _VIEW_TABLES.get(key)
+    if hit is None or time.monotonic() - hit[1] >= WINDOW_CACHE_S:
+        hit = (tuple(view_tables(dependent_views(target))), time.monotonic())
+        _VIEW_TABLES[key] = hit
+    return [dataclasses.replace(target, database=d, table=t) for d, t in hit[0]]
+
+
+def view_blocks(client: ClickHouseHTTP, views: Sequence[Target]) -> dict[str, int]:
+    """``db.table`` -> :func:`max_block_number` of each view's table (the first blocks of a partition)."""
+    return {f"{v.database}.{v.table}": max_block_number(client, v) for v in views}
+
+
+def ensure_view_windows(client: ClickHouseHTTP, views: Sequence[Target], first: Mapping[str, object], xid: str) -> None:
+    """:func:`ensure_window` for each view's table whose first block ``first`` holds."""
+    for v in views:
+        block = first.get(f"{v.database}.{v.table}")
+        if block is not None:
+            ensure_window(client, v, int(str(block)), xid)
+
+
 class Rechunker:
     """Re-cut a stream of record batches into chunks of exactly ``n`` rows (last: fewer).
 
@@ -304,7 +337,34 @@ class DedupMode(ModeBase):
                 "deduplication off), so mode 'dedup' cannot drop repeated inserts: run "
                 f"ALTER TABLE {fq} MODIFY SETTING non_replicated_deduplication_window = 1000"
             )
+        self._check_views(target)
         self.markers(target).ensure_table()
+
+    def _check_views(self, target: Target) -> None:
+        """Driver: every table the target's materialized views write into has a dedup window.
+
+        The inserts run with ``deduplicate_blocks_in_dependent_materialized_views = 1``: a
+        replayed block the target drops is dropped from each view's table too, by a token
+        derived from the block's, but only by a table that keeps a window of them.
+        """
+        views = dependent_views(target)
+        bad: dict[tuple[str, str], str] = {}
+        for info in self.view_tables(target, views):
+            replicated = info.is_replicated
+            window = info.replicated_dedup_window if replicated else info.non_replicated_dedup_window
+            if not info.is_merge_tree:
+                bad[(info.database, info.table)] = f"{info.display} is {info.engine}, which has none"
+            elif window <= 0:
+                setting = f"{'' if replicated else 'non_'}replicated_deduplication_window"
+                fix = f"ALTER TABLE {q.qualified(info.database, info.table)} MODIFY SETTING {setting} = 1000"
+                bad[(info.database, info.table)] = f"{info.display} has {setting} = 0: run {fix}"
+        if bad:
+            raise self.views_error(
+                target,
+                [v for v in views if v.target in bad],
+                "a replayed block is dropped from a view's table only within that table's own "
+                f"deduplication window ({'; '.join(bad.values())})",
+            )
 
     def _registry(self, target: Target) -> "KeeperMapRegistry":
         if self.registry is None:
@@ -532,9 +592,10 @@ class DedupMode(ModeBase):
         converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
+        first_views: dict[str, int] = {}
         chunks, rows, first_block, first = 0, 0, None, ""
         if schema is not None:
-            chunks, rows, first_block, first = self._insert_chunks(target, ctx, xid, schema, counted)
+            chunks, rows, first_block, first, first_views = self._insert_chunks(target, ctx, xid, schema, counted)
         letters = self._dead_letters(target, ctx, xid, converted)
         return self.prepared_counted(
             target,
@@ -545,6 +606,7 @@ class DedupMode(ModeBase):
                 "chunks": chunks,
                 "chunk_rows": rows,
                 "first_block": first_block,
+                "first_view_blocks": first_views,
                 "first_chunk": first,
                 "dead_letters": letters,
             },
@@ -552,15 +614,15 @@ class DedupMode(ModeBase):
 
     def _insert_chunks(
         self, target: Target, ctx: WriteContext, xid: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
-    ) -> tuple[int, int, int | None, str]:
+    ) -> tuple[int, int, int | None, str, dict[str, int]]:
         """Executor, inside :meth:`prepare`: each chunk's checks, then its INSERT.
 
         The chunk size comes from the partition's first rows (:class:`ChunkSizing`).
         Per chunk, in this order: its layout check (:meth:`_check_layout` for the
         first, :meth:`_check_chunk` after), the fence, the window, its INSERT.
         Returns (chunks inserted, rows per chunk, first block, first chunk's
-        fingerprint). Memory: one chunk's IPC messages, and one message's rows while
-        it is built.
+        fingerprint, the first block of each view's table). Memory: one chunk's IPC
+        messages, and one message's rows while it is built.
         """
         seen: collections.Counter[str] = collections.Counter()
         first_block: int | None = None
@@ -568,6 +630,8 @@ class DedupMode(ModeBase):
         chunks = 0  # inserted so far: the number of the next chunk
         catching_up = False  # re-checking an earlier run's chunks of this partition
         rows, cutter = self._cut(batches)
+        views = view_targets(target)
+        first_views: dict[str, int] = {}
         with self.client(target) as c:
             while cutter.has_more():
                 # One block per INSERT, named by the token: the server squashes the
@@ -585,16 +649,17 @@ class DedupMode(ModeBase):
                     catching_up = self._check_chunk(target, ctx, chunks, fingerprint, xid, catching_up)
                 self._fence(target, xid)
                 if first_block is None:
-                    first_block = max_block_number(c, target)
+                    first_block, first_views = max_block_number(c, target), view_blocks(c, views)
                 else:
                     ensure_window(c, target, first_block, xid)
+                    ensure_view_windows(c, views, first_views, xid)
                 token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
                 self._insert(c, target, schema, messages, token, rows)
                 seen[digest] += 1
                 chunks += 1
         if chunks:  # a replay longer or shorter than this partition differs here
             self._check_chunk(target, ctx, chunks, dedup_layout.END, xid, catching_up)
-        return chunks, rows, first_block, first
+        return chunks, rows, first_block, first, first_views
 
     def _cut(self, batches: Iterator[pa.RecordBatch]) -> tuple[int, Rechunker]:
         """Rows per chunk, from the partition's first ``sizing.sample_rows`` rows, and the cutter of all its rows."""
@@ -630,6 +695,9 @@ class DedupMode(ModeBase):
             settings={
                 "insert_deduplicate": "1",
                 "insert_deduplication_token": token,
+                # The target's materialized views drop a replayed block too (their tables'
+                # windows are checked with the target's); the default differs by version.
+                "deduplicate_blocks_in_dependent_materialized_views": "1",
                 "min_insert_block_size_rows": str(rows),
                 "min_insert_block_size_bytes": "0",
                 "max_insert_block_size": str(rows),
@@ -669,9 +737,14 @@ class DedupMode(ModeBase):
         firsts = [int(p.details["first_block"]) for p in ps if p.details.get("first_block") is not None]
         if not firsts:
             return True
+        oldest: dict[str, int] = {}  # per view's table, the oldest first block of the batch
+        for p in ps:
+            for name, block in dict(p.details.get("first_view_blocks") or {}).items():
+                oldest[name] = min(int(block), oldest.get(name, int(block)))
         with self.client(target) as c:
             try:
                 ensure_window(c, target, min(firsts), ps[0].xid)
+                ensure_view_windows(c, view_targets(target), oldest, ps[0].xid)
             except DedupWindowError:
                 return False
         return True
@@ -697,6 +770,7 @@ class DedupMode(ModeBase):
         if first is not None:
             with self.client(target) as c:
                 ensure_window(c, target, int(first), p.xid)
+                ensure_view_windows(c, view_targets(target), dict(p.details.get("first_view_blocks") or {}), p.xid)
         markers.ensure_table()
         markers.insert(p)
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes.base import ModeBase, peek_schema
+from clickhouse_tx.views import dependent_views, describe_views
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,21 @@ class PlainMode(ModeBase):
     mode = Mode.NONE
 
     def validate(self, target: Target, schema: pa.Schema) -> None:
-        """Driver, once per query: the table exists and accepts the schema."""
+        """Driver, once per query: the table exists and accepts the schema.
+
+        Logs a warning naming the target's materialized views, if any: a replayed
+        insert runs them again, so their tables are at-least-once too.
+        """
         self.describe_and_check(target, schema)
+        views = dependent_views(target)
+        if views:
+            log.warning(
+                "mode none: the materialized views on %s (%s) get every row at least once, like the "
+                "table: a retried task or replayed batch adds its rows to them again (modes "
+                "transaction, staging and dedup keep them exactly once; docs/modes.md)",
+                self.display(target),
+                describe_views(views),
+            )
 
     def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor: one streaming INSERT; rows are visible at once."""

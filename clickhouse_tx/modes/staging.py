@@ -63,6 +63,7 @@ from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers, CountingBatches
 from clickhouse_tx.modes.base import ModeBase, peek_schema
+from clickhouse_tx.views import dependent_views, describe_views
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,9 @@ class StagingMode(ModeBase):
 
     def __init__(self, *, whole_batch: bool = False) -> None:
         self.whole_batch = whole_batch
+        # Driver: whether each target has materialized views, read once per mode object
+        # (Spark builds one per batch job and per streaming commit).
+        self._has_views: dict[tuple[str, str, str], bool] = {}
 
     def __repr__(self) -> str:
         return f"StagingMode(whole_batch={self.whole_batch})"
@@ -130,7 +134,11 @@ class StagingMode(ModeBase):
         """Driver, once per query: table, schema, a MergeTree-family engine, markers table.
 
         With ``visibility=batch`` also a non-replicated table and a server that runs
-        transactions (the one publishing transaction needs both).
+        transactions (the one publishing transaction needs both). So too when materialized
+        views read the target: ``MOVE PARTITION`` does not run them, so the commit
+        publishes the stage by ``INSERT INTO target SELECT * FROM stage`` (which they see)
+        in one transaction with the marker, and each view's table must be one a
+        transaction holds.
         """
         info = self.describe_and_check(target, schema)
         if not info.is_merge_tree:
@@ -139,6 +147,18 @@ class StagingMode(ModeBase):
                 "and needs a *MergeTree table (Replicated ones included); use mode 'none' for "
                 "other engines"
             )
+        views = dependent_views(target)
+        if views:
+            if info.is_replicated:
+                raise self.views_error(
+                    target,
+                    views,
+                    f"MOVE PARTITION does not run views, so mode 'staging' publishes into a table with views by "
+                    f"INSERT ... SELECT in a ClickHouse transaction, which cannot hold {info.display} ({info.engine})",
+                )
+            needed = f"mode 'staging' into {info.display}, which has materialized views ({describe_views(views)}),"
+            self.require_transactions(target, needed, instead="or use mode 'dedup'")
+            self.transactional_views(target, "mode 'staging'")
         if self.whole_batch:
             if info.is_replicated:
                 raise ConfigurationError(
@@ -219,6 +239,10 @@ class StagingMode(ModeBase):
                 if self._settle_batch_of(target, p, _plan_of(comment)):
                     self.commit(target, p)  # the batch's transaction may have published it meanwhile
                     return
+                if self.publishes_by_insert(target):
+                    self._publish_xid(c, target, markers, p)
+                    self._drop_stages(c, target, p.xid, letters=letters)
+                    return
                 self._move(c, target.database, stage_name(p.xid), self.target_sql(target))
                 into = (
                     (
@@ -236,6 +260,46 @@ class StagingMode(ModeBase):
                 self._drop_stages(c, target, p.xid, letters=letters)
             except ReplyLostError as e:
                 raise OutcomeUnknownError(f"commit step lost its reply: {e.message}", xid=p.xid) from None
+
+    def publishes_by_insert(self, target: Target) -> bool:
+        """Driver: True when materialized views read the target (read once per mode object).
+
+        Then a commit publishes a stage by ``INSERT ... SELECT`` in a transaction (the
+        views see the rows once) instead of ``MOVE PARTITION`` (which they never see).
+        """
+        key = (target.url, target.database, target.table)
+        if key not in self._has_views:
+            self._has_views[key] = bool(dependent_views(target))
+        return self._has_views[key]
+
+    def _publish_xid(self, c: ClickHouseHTTP, target: Target, markers: CommitMarkers, p: Prepared) -> None:
+        """Driver, per xid of a target with views: its stages' rows and its marker in one transaction.
+
+        In the xid's own session (:func:`publish_session`), settled first: a driver that
+        died inside this transaction left it open, or its COMMIT still running; whoever
+        comes next ends it before looking at the marker, so the rows go in once.
+        """
+        markers.ensure_table()  # DDL is refused inside a transaction
+        statements = self._publish_sql(c, target, [p])
+        with self.client(target, publish_session(p.xid), BATCH_SESSION_TIMEOUT_S) as s:
+            settle_session(s)
+            if markers.lookup(p.xid) is not None:
+                return
+            statements.append(markers.insert_sql(p))
+            try:
+                s.command("BEGIN TRANSACTION")
+                for sql in statements:
+                    s.command(sql)
+                s.command("COMMIT")
+            except ClickHouseTxError as exc:
+                settle_session(s)
+                if markers.lookup(p.xid) is not None:
+                    return  # the COMMIT landed; only its reply was lost
+                raise NotCommittedError(
+                    f"the transaction publishing stage {stage_name(p.xid)} failed and was rolled back "
+                    f"({type(exc).__name__}: {exc})",
+                    xid=p.xid,
+                ) from exc
 
     def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
         """Driver, once per batch commit, before the per-xid commits: publish ``ps`` at once.
@@ -320,7 +384,7 @@ class StagingMode(ModeBase):
         todo = [p for p in ps if p.xid not in done]
         if not todo:
             return
-        statements = self._moves_of(c, target, todo)
+        statements = self._publish_sql(c, target, todo)
         statements.append(markers.insert_sql(*todo))
         try:
             c.command("BEGIN TRANSACTION")
@@ -371,12 +435,16 @@ class StagingMode(ModeBase):
             self._wait_for_unlocked_stages(target, [p], time.monotonic() + LOCKED_PARTS_WAIT_S)
         return rolled_back
 
-    def _moves_of(self, c: ClickHouseHTTP, target: Target, ps: Sequence[Prepared]) -> list[str]:
-        """The MOVE statements of every stage and dead-letter stage of ``ps`` (read before BEGIN).
+    def _publish_sql(self, c: ClickHouseHTTP, target: Target, ps: Sequence[Prepared]) -> list[str]:
+        """The statements publishing every stage and dead-letter stage of ``ps`` (read before BEGIN).
 
-        Two reads for the whole batch (the stages' COMMENTs, their partitions with rows),
-        not two per stage: they run while the batch waits for its commit.
+        MOVEs, or with materialized views on the target (:meth:`publishes_by_insert`)
+        ``INSERT ... SELECT``s, which the views see (dead letters too: an INSERT that a
+        rollback undoes leaves no locked part behind, unlike a MOVE). Two reads for the
+        whole batch (the stages' COMMENTs, their partitions with rows), not two per
+        stage: they run while the batch waits for its commit.
         """
+        publish = self._insert_sql if self.publishes_by_insert(target) else self._moves_sql
         db = target.database
         names = [n for p in ps for n in (stage_name(p.xid), dead_letter_stage_name(p.xid))]
         comments = {
@@ -398,11 +466,27 @@ class StagingMode(ModeBase):
             stage, dl = stage_name(p.xid), dead_letter_stage_name(p.xid)
             if stage not in comments:
                 raise NotCommittedError(f"stage table {db}.{stage} is gone and no marker exists", xid=p.xid)
-            out += [self._move_sql(db, stage, pid, self.target_sql(target)) for pid in partitions.get(stage, [])]
+            out += publish(db, stage, partitions.get(stage, []), self.target_sql(target))
             into = _plan_of(comments.get(dl)).get("clickhouse_tx_into")
             if isinstance(into, list) and len(into) == 2:
-                out += [self._move_sql(db, dl, pid, q.qualified(*into)) for pid in partitions.get(dl, [])]
+                out += publish(db, dl, partitions.get(dl, []), q.qualified(*into))
         return out
+
+    @classmethod
+    def _moves_sql(cls, database: str, name: str, pids: Sequence[str], into: str) -> list[str]:
+        return [cls._move_sql(database, name, pid, into) for pid in pids]
+
+    @staticmethod
+    def _insert_sql(database: str, name: str, pids: Sequence[str], into: str) -> list[str]:
+        """One ``INSERT ... SELECT`` of stage ``name`` (none if it holds no rows).
+
+        ``insert_deduplicate = 0``: a target with a deduplication window would drop a
+        block equal to an earlier one (the same rows written by two batches), which a
+        MOVE never did.
+        """
+        if not pids:
+            return []
+        return [f"INSERT INTO {into} SETTINGS insert_deduplicate = 0 SELECT * FROM {q.qualified(database, name)}"]
 
     def rollback(self, target: Target, p: Prepared) -> None:
         """Driver or GC: drop both stages; refuse if partitions of either were already moved."""
@@ -496,6 +580,15 @@ def batch_session(txn_id: str, batch: int) -> str:
     version: whoever comes next settles whatever is open, and a MOVE is idempotent.
     """
     return f"clickhouse_tx_batch_{sanitize_txn(txn_id)}_{int(batch)}"
+
+
+def publish_session(xid: str) -> str:
+    """The session of the transaction publishing ``xid``'s stage into a target with views.
+
+    Named by the xid, as :func:`batch_session` is by the batch, so a replay or
+    ``recover`` settles what a dead driver left open in it before it looks at the marker.
+    """
+    return f"clickhouse_tx_publish_{xid}"
 
 
 def settle_session(c: ClickHouseHTTP) -> bool:

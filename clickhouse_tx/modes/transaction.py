@@ -86,7 +86,7 @@ class TransactionMode(ModeBase):
 
     # -- driver --------------------------------------------------------------------------
     def validate(self, target: Target, schema: pa.Schema) -> None:
-        """Driver, once per query: table, schema, engine, transactions enabled, markers table."""
+        """Driver, once per query: table, schema, engine, transactions enabled, the views' tables, markers table."""
         info = self.describe_and_check(target, schema)
         if info.is_replicated or not info.is_merge_tree:
             raise ConfigurationError(
@@ -95,6 +95,9 @@ class TransactionMode(ModeBase):
                 "use mode 'staging' (exactly-once on any MergeTree, incl. Replicated) or 'dedup'"
             )
         self.require_transactions(target, "mode 'transaction'", instead="or use mode 'staging'")
+        # The target's materialized views insert inside the partition's transaction:
+        # committed with its rows, rolled back with them (docs/modes.md, "Materialized views").
+        self.transactional_views(target, "mode 'transaction'")
         self.markers(target).ensure_table()
 
     # -- executor ------------------------------------------------------------------------
