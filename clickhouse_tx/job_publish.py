@@ -38,6 +38,7 @@ from clickhouse_tx.interfaces import Hook, Target
 from clickhouse_tx.markers import READ_COMMITTED
 from clickhouse_tx.modes.staging import settle_session
 from clickhouse_tx.schema import describe_table
+from clickhouse_tx.views import dependent_views
 
 log = logging.getLogger("clickhouse_tx.publish")
 
@@ -94,23 +95,45 @@ class JobStage:
         return ([self.dead_letter_stage[0]] if self.dead_letter_stage else []) + [self.stage]
 
 
-def atomic_publish_refusal(target: Target) -> str | None:
-    """Why a job into ``target`` cannot be published in one transaction; None when it can.
+@dataclasses.dataclass(frozen=True)
+class Publishability:
+    """Whether a job into a target can be published at once, and how (:func:`publishability`).
 
-    Driver, once per batch job, before any task writes. ClickHouse transactions take
-    non-replicated ``*MergeTree`` tables only, on a server with
-    ``allow_experimental_transactions`` (probed with an implicit transaction, which
-    leaves nothing open).
+    ``refused``: why not (None: it can). ``views``: the materialized views an insert
+    into the target runs (``db.view``), which the publishing ``INSERT ... SELECT`` runs
+    once, in the same transaction.
+    """
+
+    refused: str | None
+    views: tuple[str, ...] = ()
+
+
+def publishability(target: Target) -> Publishability:
+    """Whether a job into ``target`` can be published in one transaction (driver, once per batch job).
+
+    ClickHouse transactions take non-replicated ``*MergeTree`` tables only, on a server
+    with ``allow_experimental_transactions`` (probed with an implicit transaction, which
+    leaves nothing open): the target, and every table its materialized views write into.
     """
     with ClickHouseHTTP(target) as c:
         info = describe_table(c, target.database, target.table)
         if not info.is_merge_tree or info.is_replicated:
-            return f"table {info.display} has engine {info.engine} (transactions take non-replicated *MergeTree)"
+            return Publishability(
+                f"table {info.display} has engine {info.engine} (transactions take non-replicated *MergeTree)"
+            )
         try:
             c.command("SELECT 1", settings={"implicit_transaction": 1}, idempotent=True)
         except ClickHouseTxError as exc:
-            return f"the server refused a transaction ({exc.message})"
-    return None
+            return Publishability(f"the server refused a transaction ({exc.message})")
+        views = dependent_views(target)
+        for v in views:
+            into = describe_table(c, *v.target) if v.target is not None else None
+            if into is None or not into.is_merge_tree or into.is_replicated:
+                what = f"{into.display} is {into.engine}" if into else "the server does not say which table"
+                return Publishability(
+                    f"materialized view {v.display} writes into a table a transaction cannot hold ({what})"
+                )
+    return Publishability(None, tuple(f"{v.view[0]}.{v.view[1]}" for v in views))
 
 
 class JobRecords:
@@ -167,9 +190,9 @@ def _display(target: Target) -> str:
     return f"{target.database}.{target.table}"
 
 
-def publish_session(txn_id: str) -> str:
+def job_session(txn_id: str) -> str:
     """The session of job ``txn_id``'s publishing transaction (one per job)."""
-    return f"clickhouse_tx_publish_{sanitize_txn(txn_id)}"
+    return f"clickhouse_tx_job_{sanitize_txn(txn_id)}"
 
 
 def _publish_statements(c: ClickHouseHTTP, target: Target, job: JobStage) -> list[str]:
@@ -236,7 +259,7 @@ def publish_job(target: Target, job: JobStage, rows: int, before_commit: Hook | 
     records = JobRecords(target)
     if records.by_txn(job.txn_id) is not None:
         return Published.ALREADY
-    with ClickHouseHTTP(target, session_id=publish_session(job.txn_id), session_timeout=PUBLISH_SESSION_TIMEOUT_S) as c:
+    with ClickHouseHTTP(target, session_id=job_session(job.txn_id), session_timeout=PUBLISH_SESSION_TIMEOUT_S) as c:
         statements = _publish_statements(c, target, job)
         try:
             c.command("BEGIN TRANSACTION")
@@ -287,8 +310,9 @@ __all__: Sequence[str] = [
     "JobRecords",
     "JobStage",
     "Published",
-    "atomic_publish_refusal",
+    "Publishability",
+    "publishability",
     "drop_stages",
     "publish_job",
-    "publish_session",
+    "job_session",
 ]

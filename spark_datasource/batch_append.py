@@ -7,7 +7,7 @@
 1. Driver, in ``writer(schema, overwrite=False)``, once per job: :func:`plan_job`.
    With an ``idempotence_key`` already recorded for the table, the job is skipped
    (nothing is written, a log line says which job recorded it). Otherwise, where the
-   target takes a transaction (:func:`clickhouse_tx.job_publish.atomic_publish_refusal`),
+   target takes a transaction (:func:`clickhouse_tx.job_publish.publishability`),
    ``CREATE TABLE <stage> AS <target>`` (and a dead-letter stage ``AS`` the dead-letter
    table) and the mode is validated on the stage. Where it does not, ``auto`` falls back
    to per-partition visibility with a WARNING naming why; ``batch`` is refused.
@@ -30,7 +30,7 @@ from clickhouse_tx import sql as q
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.job_publish import JobRecords, JobStage, atomic_publish_refusal, drop_stages
+from clickhouse_tx.job_publish import JobRecords, JobStage, drop_stages, publishability
 from clickhouse_tx.modes.staging import overwrite_stage_name
 
 from .writer_options import WriterOptions
@@ -88,17 +88,20 @@ def plan_job(opts: WriterOptions, schema: StructType, txn_id: str, plan: Convers
     if opts.visibility == "partition":
         return None
     target = opts.target()
-    refused = atomic_publish_refusal(target)
+    can = publishability(target)
+    refused = can.refused
     if refused is not None:
         if opts.visibility == "batch":
             raise ConfigurationError(f"option visibility=batch: {refused}; use visibility=partition or auto")
         log.warning(PER_PARTITION_WARNING, opts.qualified_table, refused)
         return None
     JobRecords(target).ensure_table()  # DDL is refused inside the publishing transaction
-    return _create_stages(opts, schema, txn_id, plan)
+    return _create_stages(opts, schema, txn_id, plan, can.views)
 
 
-def _create_stages(opts: WriterOptions, schema: StructType, txn_id: str, plan: ConversionPlan) -> AppendJob:
+def _create_stages(
+    opts: WriterOptions, schema: StructType, txn_id: str, plan: ConversionPlan, views: tuple[str, ...]
+) -> AppendJob:
     """``CREATE TABLE <stage> AS <target>`` (and the dead-letter stage); dropped again on failure."""
     from clickhouse_tx.factory import build_mode_io
 
@@ -108,7 +111,7 @@ def _create_stages(opts: WriterOptions, schema: StructType, txn_id: str, plan: C
     letters = None
     if opts.dead_letter_table:
         letters = (overwrite_stage_name(txn_id), opts.dead_letter_table)
-    job = JobStage(txn_id, stage, letters, opts.idempotence_key)
+    job = JobStage(txn_id, stage, letters, opts.idempotence_key, views)
     target = opts.target()
     stage_opts = dataclasses.replace(
         opts, table=stage, create_table=False, visibility="partition", dead_letter_table=_on(opts, letters)

@@ -32,6 +32,7 @@ from tests.helpers.spark_writes import (
     table_names,
 )
 from tests.helpers.torture import kill_at, slow_except
+from tests.helpers.views import add_rollup_views, assert_views_count_once
 
 N, PARTITIONS = 3000, 3
 MODES = ["transaction", "staging", "dedup"]
@@ -139,3 +140,20 @@ def test_a_batch_job_killed_after_its_publishing_commit_and_run_again_with_its_i
     assert first == -signal.SIGKILL
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
     _clean_up_after_the_killed_job(clickhouse_url, database, mode)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("step", slow_except(["after_commit:1", "in_publish"], "in_publish"))
+def test_a_batch_job_into_a_chain_of_two_views_killed_and_run_again_counts_each_row_once_in_every_view(
+    stack, clickhouse_url: str, database: str, tmp_path: Path, mode: str, step: str
+) -> None:
+    create_events_table(clickhouse_url, database, "events", mode)
+    add_rollup_views(clickhouse_url, database, "k % 3")
+    job = _job(clickhouse_url, database, mode)
+    first, _ = _stopped_then_rerun(job, kill_at(step, tmp_path, batch=0), tmp_path)
+    assert first == -signal.SIGKILL
+    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
+    _clean_up_after_the_killed_job(clickhouse_url, database, mode)
+    per_key = {r: sum(1 for i in range(N) if i % 1000 % 3 == r) for r in range(3)}  # k = id % 1000
+    assert_views_count_once(clickhouse_url, database, per_key)
