@@ -246,6 +246,15 @@ class AbortReport:
 # ----------------------------------------------------------------------------------------
 
 
+def is_refusal(exc: BaseException) -> bool:
+    """True for a mode's own refusal to commit (e.g. a full dedup window), raised before any
+    request could have taken effect: neither a server's answer, a transport error nor an
+    outcome error, so committing again cannot help and the refusal is raised as it is."""
+    return not isinstance(exc, ServerError | OutcomeUnknownError | NotCommittedError) and not is_transient_or_unknown(
+        exc
+    )
+
+
 class TxOps:
     """Idempotent per-xid steps over the registry and a commit mode.
 
@@ -416,7 +425,8 @@ class TxOps:
         Leaves the registry alone: the caller moves it to COMMITTED (one by one, or in
         bulk). Never repeats a COMMIT whose outcome is unknown without a lookup first.
         Whatever the COMMIT raises (a lost reply, a refusal, a server error after the
-        COMMIT took effect), the marker decides: only a PENDING xid is committed again.
+        COMMIT took effect), the marker decides: a PENDING xid is committed again after
+        a transient or unknown error, and a refusal is raised as it is.
 
         Raises
         ------
@@ -437,6 +447,8 @@ class TxOps:
                     return True
                 if outcome is CommitOutcome.NOT_COMMITTED:
                     return False
+                if is_refusal(exc):
+                    raise  # committing again cannot help
         raise OutcomeUnknownError(
             f"xid still pending after {self.retry.max_attempts} commit attempts (last: {last})", xid=p.xid
         ) from last
@@ -464,7 +476,7 @@ class TxOps:
             return True
         if outcome is CommitOutcome.NOT_COMMITTED:
             return False
-        if isinstance(exc, OutcomeUnknownError):
+        if isinstance(exc, OutcomeUnknownError) or is_refusal(exc):
             raise exc
         raise OutcomeUnknownError(f"{type(exc).__name__}: {exc}; the xid is still pending", xid=p.xid) from exc
 

@@ -142,7 +142,7 @@ def test_markers_disagreeing_with_the_table_and_double_commits_are_reported(clic
     )
     r = verify(clickhouse_url, t, expected=EXPECTED, txn_id="q")
     assert sorted(a.kind for a in r.anomalies) == ["double_commit", "marker_count_mismatch"]
-    assert r.markers == {"markers": 3, "rows": 300, "txn_ids": 1}
+    assert r.markers == {"markers": 3, "rows": 300, "txn_ids": 1, "published_jobs": 0, "published_job_rows": 0}
 
 
 def test_a_missing_column_is_named_in_the_error(clickhouse_url: str, database: str) -> None:
