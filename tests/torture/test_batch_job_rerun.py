@@ -35,6 +35,17 @@ from tests.helpers.torture import kill_at, slow_except
 from tests.helpers.views import add_rollup_views, assert_views_count_once
 
 N, PARTITIONS = 3000, 3
+
+
+def _matrix(steps: list[str], fast: tuple[str, str]) -> list:
+    """(step, mode) pytest params, every one slow but ``fast`` (what the default run keeps)."""
+    return [
+        pytest.param(step, mode, marks=() if (step, mode) == fast else pytest.mark.slow, id=f"{step}-{mode}")
+        for mode in MODES
+        for step in steps
+    ]
+
+
 MODES = ["transaction", "staging", "dedup"]
 STEPS = ["after_prepare", "after_decision", "after_commit:1", "before_mark_done", "before_publish", "in_publish"]
 
@@ -87,8 +98,7 @@ def _stopped_then_rerun(job: dict, stop: dict[str, str], tmp_path: Path) -> tupl
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("step", slow_except(STEPS, "after_commit:1"))
+@pytest.mark.parametrize(("step", "mode"), _matrix(STEPS, ("after_commit:1", "transaction")))
 def test_a_batch_job_killed_at_a_commit_step_and_run_again_as_it_is_writes_each_row_once(
     stack, clickhouse_url: str, database: str, tmp_path: Path, mode: str, step: str
 ) -> None:
@@ -143,8 +153,7 @@ def test_a_batch_job_killed_after_its_publishing_commit_and_run_again_with_its_i
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("step", slow_except(["after_commit:1", "in_publish"], "in_publish"))
+@pytest.mark.parametrize(("step", "mode"), _matrix(["after_commit:1", "in_publish"], ("in_publish", "staging")))
 def test_a_batch_job_into_a_chain_of_two_views_killed_and_run_again_counts_each_row_once_in_every_view(
     stack, clickhouse_url: str, database: str, tmp_path: Path, mode: str, step: str
 ) -> None:
