@@ -518,13 +518,6 @@ class StagingMode(ModeBase):
             return CommitOutcome.COMMITTED
         return CommitOutcome.NOT_COMMITTED
 
-    def leftover_stages(self, target: Target) -> list[tuple[str, float]]:
-        """(xid, age in seconds) of every stage table in the target's database.
-
-        Operator side, once per ``gc``: the candidates it matches against the registry.
-        """
-        return [(name[len(STAGE_PREFIX) :], age) for name, age in tables_named(target, STAGE_PREFIX)]
-
     # -- helpers -------------------------------------------------------------------------
     def _move(self, c: ClickHouseHTTP, database: str, name: str, into: str) -> None:
         """MOVE every partition still in stage ``name`` into ``into`` (none left: nothing)."""
@@ -627,6 +620,15 @@ def tables_named(target: Target, prefix: str) -> list[tuple[str, float]]:
             params={"d": target.database, "p": prefix},
         )
     return [(str(r["name"]), float(r["age"])) for r in rows]
+
+
+def leftover_stages(target: Target) -> list[tuple[str, float]]:
+    """(xid, age in seconds) of every stage table in the target's database.
+
+    Operator side, once per ``gc`` of mode staging (``Mode.capabilities.stage_tables``):
+    the candidates it matches against the registry.
+    """
+    return [(name[len(STAGE_PREFIX) :], age) for name, age in tables_named(target, STAGE_PREFIX)]
 
 
 def _record_plan(c: ClickHouseHTTP, stage: str, plan: dict[str, Any]) -> None:

@@ -7,11 +7,8 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.coordinator import (
-    Coordinator,
-    plan_commit,
-    plan_rollback,
-)
+from clickhouse_tx.commit_plan import plan_commit, plan_rollback
+from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.errors import (
     ClickHouseTxError,
     ConfigurationError,
