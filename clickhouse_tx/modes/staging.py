@@ -348,10 +348,10 @@ class StagingMode(ModeBase):
         """Wait (outside the batch's session) until no stage of ``ps`` holds a rolled-back MOVE's part.
 
         A MOVE that a transaction rolled back leaves an outdated copy of the part in the
-        stage (``remove_time`` zero); until ClickHouse's cleanup removes it (about 30 s
-        here) a MOVE of that partition fails with PART_IS_TEMPORARILY_LOCKED. Retrying
-        inside a transaction meanwhile would MOVE, then roll back, the stages that are
-        free, and lock them again: so wait for all of them first.
+        stage (``remove_time`` zero); until ClickHouse's cleanup removes it, a MOVE of that
+        partition fails with PART_IS_TEMPORARILY_LOCKED. Retrying inside a transaction
+        meanwhile would MOVE, then roll back, the stages that are free, and lock them
+        again: so wait for all of them first.
         """
         names = [n for p in ps for n in (stage_name(p.xid), dead_letter_stage_name(p.xid))]
         # A client of its own: a read in the batch's session would hold it, and the
