@@ -100,13 +100,17 @@ class Coordinator:
         self.log = log
         self.parallelism = parallelism
         self.ops = TxOps(target, mode_io, registry, retry=retry, clock=clock, sleep=sleep)
-        self.io = BatchOps(txn_id, log, self.ops, parallelism=parallelism)
         # what the coordinator shares with its ops, by the same names
         self.target, self.mode_io, self.registry = target, mode_io, registry
         self.retry, self.clock = self.ops.retry, clock
 
     def __repr__(self) -> str:
         return f"Coordinator(txn_id={self.txn_id!r}, target={self.target!r}, mode={self.mode_io.mode.value})"
+
+    def batch_ops(self) -> BatchOps:
+        """The driver's batch-wide steps over this coordinator's I/O, as it is now (built
+        per call: a test may swap the mode or the parallelism of a built coordinator)."""
+        return BatchOps(self.txn_id, self.log, self.ops, parallelism=self.parallelism)
 
     def validate(self, schema: pa.Schema) -> None:
         """Driver, once per query/job before any task writes: check target and schema."""
@@ -145,7 +149,7 @@ class Coordinator:
             An xid stayed in doubt; the batch is not done and a replay (or
             ``python -m clickhouse_tx recover``, which the message spells out) resolves it.
         """
-        return BatchCommitter(self.io).commit_batch(batch, messages)
+        return BatchCommitter(self.batch_ops()).commit_batch(batch, messages)
 
     def abort_batch(
         self, batch: int, messages: Sequence[Prepared | None], *, discard_decided: bool = False
@@ -162,10 +166,11 @@ class Coordinator:
         listed in ``left`` for GC and session expiry; Spark's own error stays the one
         the user sees.
         """
-        msgs = self.io.check_messages(batch, messages)
-        decision = self.io.read(batch)
+        io = self.batch_ops()
+        msgs = io.check_messages(batch, messages)
+        decision = io.read(batch)
         keep = {p.xid for p in decision.chosen} if decision is not None and not discard_decided else set()
-        todo = plan_rollback(keep, msgs, self.io.entries(batch))
-        rolled = self.io.rollback_all(todo, quiet=True)
+        todo = plan_rollback(keep, msgs, io.entries(batch))
+        rolled = io.rollback_all(todo, quiet=True)
         left = tuple(p.xid for p in todo if p.xid not in rolled)
         return AbortReport(batch=batch, rolled_back=tuple(rolled), kept=tuple(sorted(keep)), left=left)
