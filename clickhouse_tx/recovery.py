@@ -32,7 +32,12 @@ from clickhouse_tx.interfaces import (
     Target,
     WriteContext,
 )
-from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, is_overwrite_stage_of, leftover_stages, tables_named
+from clickhouse_tx.modes.stage_tables import (
+    OVERWRITE_STAGE_PREFIX,
+    is_overwrite_stage_of,
+    leftover_stages,
+    tables_named,
+)
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState, as_state
 from clickhouse_tx.tx_ops import TxOps

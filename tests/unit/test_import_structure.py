@@ -321,7 +321,6 @@ MODULE_LINES_NOT_YET_SPLIT = {
     "clickhouse_tx._transport.http": 413,
     "clickhouse_tx.convert": 684,
     "clickhouse_tx.modes.dedup": 785,
-    "clickhouse_tx.modes.staging": 659,
     "clickhouse_tx.registry": 481,
     "clickhouse_tx.verify": 841,
     "server_patches.http_handler": 431,
