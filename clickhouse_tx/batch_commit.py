@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class CommitReport:
-    """What one :meth:`Coordinator.commit_batch` call did (driver, plain data)."""
+    """What one :meth:`~clickhouse_tx.coordinator.Coordinator.commit_batch` call did (driver, plain data)."""
 
     batch: int
     committed: tuple[str, ...]
@@ -53,7 +53,7 @@ class CommitReport:
 
 @dataclasses.dataclass
 class _Run:
-    """The mutable state of one :meth:`Coordinator.commit_batch` call (driver, in memory)."""
+    """The mutable state of one :meth:`BatchCommitter.commit_batch` call (driver, in memory)."""
 
     decision: Decision
     spares: dict[int, tuple[Prepared, ...]]
@@ -78,7 +78,7 @@ class BatchCommitter:
         self.io = io
         # what the committer uses of the query's I/O, by the names the steps use
         self.txn_id, self.log, self.ops = io.txn_id, io.log, io.ops
-        self.target, self.mode_io, self.registry = io.ops.target, io.ops.mode_io, io.ops.registry
+        self.target, self.mode_io = io.ops.target, io.ops.mode_io
         self.retry, self.clock = io.ops.retry, io.ops.clock
 
     def commit_batch(self, batch: int, messages: Sequence[Prepared | None]) -> CommitReport:
