@@ -29,9 +29,9 @@ Every store publishes a version atomically and at most once; the semantics relie
 ``registry-cas``
     Object stores (S3, GCS) and any other store: a PUT is atomic but not exclusive,
     so the version is first claimed by an atomic create-if-absent in a KeeperMap
-    table (:class:`RegistryArbiter`); only the claim's winner PUTs, and the claim
-    holds the whole decision, so a reader finding a claim without its file (the
-    winner died between the two) writes the file from it.
+    table (:class:`~clickhouse_tx.decision_arbiter.RegistryArbiter`); only the claim's
+    winner PUTs, and the claim holds the whole decision, so a reader finding a claim
+    without its file (the winner died between the two) writes the file from it.
 
 Retention: a done batch older than the newest ``retain_batches`` done batches is
 deleted (every ``compact_every`` batches, from :meth:`~FileDecisionLog.mark_done`);
@@ -45,21 +45,18 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import json
 import logging
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+from typing import Iterable
 
 import pyarrow.fs as pafs
 
 from clickhouse_tx import layout
+from clickhouse_tx.decision_arbiter import Arbiter
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DecisionConflictError
 from clickhouse_tx.interfaces import Decision
-
-if TYPE_CHECKING:  # pragma: no cover
-    from clickhouse_tx.registry import KeeperMapRegistry
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +76,14 @@ class TornDecisionError(ClickHouseTxError):
     """A decision file is incomplete: its writer died mid-write (exclusive-create store)."""
 
 
-class Arbiter(Protocol):
-    """Atomic create-if-absent of small records, for stores without one."""
-
-    def claim(self, key: str, body: bytes) -> bytes:
-        """Create ``key`` holding ``body`` if absent; return the body ``key`` holds."""
-
-    def get(self, key: str) -> bytes | None: ...
-
-    def forget(self, keys: Sequence[str]) -> None: ...
+def publication_semantics(fs: pafs.FileSystem) -> str:
+    """How a decision version is published exclusively on ``fs``: ``posix-link``,
+    ``hdfs-rename`` or ``registry-cas`` (which needs an :class:`Arbiter`; module doc)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return "posix-link"
+    if fs.type_name == "hdfs":
+        return "hdfs-rename"
+    return "registry-cas"
 
 
 class FileDecisionLog:
@@ -106,7 +102,7 @@ class FileDecisionLog:
     arbiter:
         Atomic create-if-absent for stores without one (object stores); required to
         write there (:func:`clickhouse_tx.factory.build_coordinator` passes a
-        :class:`RegistryArbiter`). Reading never needs it, except to repair a
+        :class:`~clickhouse_tx.decision_arbiter.RegistryArbiter`). Reading never needs it, except to repair a
         claimed version whose file is missing.
     retain_batches, compact_every:
         Keep the newest ``retain_batches`` done batches; compact when a batch that is
@@ -146,11 +142,7 @@ class FileDecisionLog:
     @property
     def semantics(self) -> str:
         """How a version is published exclusively on this store (see the module doc)."""
-        if isinstance(self._fs, pafs.LocalFileSystem):
-            return "posix-link"
-        if self._fs.type_name == "hdfs":
-            return "hdfs-rename"
-        return "registry-cas"
+        return publication_semantics(self._fs)
 
     # -- names -------------------------------------------------------------------------
     def _version_path(self, batch: int, version: int) -> str:
@@ -396,32 +388,3 @@ def _fsync_dir(directory: str) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
-
-
-class RegistryArbiter:
-    """:class:`Arbiter` on a KeeperMap table (``clickhouse_tx_decisions``).
-
-    A claim is a registry ``register``: an INSERT under ``keeper_map_strict_mode``,
-    which fails if the key exists (atomic create-if-absent in ZooKeeper), with a
-    lost reply settled by reading back. The entry holds the decision's bytes in its
-    payload and is finished (``committed``), so nothing else acts on it. Picklable.
-    """
-
-    TABLE = "clickhouse_tx_decisions"
-
-    def __init__(self, registry: "KeeperMapRegistry") -> None:
-        self.registry = registry
-
-    def claim(self, key: str, body: bytes) -> bytes:
-        d = json.loads(body)
-        won = self.registry.create_record(
-            key, body.decode(), txn_id=str(d["txn_id"]), batch=int(d["batch"]), attempt=int(d["version"])
-        )
-        return won.encode()
-
-    def get(self, key: str) -> bytes | None:
-        body = self.registry.record(key)
-        return None if body is None else body.encode()
-
-    def forget(self, keys: Sequence[str]) -> None:
-        self.registry.forget(list(keys))

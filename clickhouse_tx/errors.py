@@ -106,3 +106,83 @@ class ServerOutcomeUnknownError(ServerError, OutcomeUnknownError):
     connection loss, Keeper session expired, Keeper operation timeout): a read may be
     repeated, a write is resolved by reading back. Built by
     :mod:`clickhouse_tx._transport.errors`."""
+
+
+# ----------------------------------------------------------------------------------------
+# Operator runbooks: the messages that tell what is visible and the way out
+# ----------------------------------------------------------------------------------------
+
+
+def recover_command(url: str, table: str, mode: str, txn_id: str, log_root: str) -> str:
+    """The ``python -m clickhouse_tx recover`` command that finishes a batch left in doubt.
+
+    ``url`` must be credential-free (:func:`clickhouse_tx.http_client.safe_url`).
+    """
+    return (
+        f"python -m clickhouse_tx recover --url {url} --table {table} --mode {mode} "
+        f"--txn-id {txn_id} --checkpoint {log_root}"
+    )
+
+
+def sessions_gone_runbook(batch: int, partitions: list[int], xids: list[str], session_timeout_s: int) -> str:
+    """Why nothing of ``batch`` was committed: prepared transactions gone before its decision."""
+    return (
+        f"batch {batch}: the prepared transactions of partitions {partitions} are gone before the "
+        f"commit: lost xids {xids} (their sessions expired after session_timeout={session_timeout_s} "
+        "s idle, or ClickHouse restarted). Nothing of the batch was committed and every prepared "
+        "partition is rolled back, so restarting the query replays the batch (a batch job: run it "
+        "again) and writes it once; supervise streaming queries to restart them. "
+        "Tasks that wait longer than session_timeout for the commit need a larger "
+        "session_timeout option (the server caps it at max_session_timeout)"
+    )
+
+
+def lost_partitions_runbook(
+    *,
+    batch: int,
+    txn_id: str,
+    lost: dict[int, str],
+    visible_rows: dict[int, int],
+    decided: int,
+    this_run: int,
+    log_root: str,
+) -> str:
+    """Why decided partitions can no longer commit, what is visible, and the way out.
+
+    ``lost``: xid per lost partition; ``visible_rows``: rows per committed partition;
+    ``decided``/``this_run``: the partitions of the decision and of this run.
+    """
+    return (
+        f"batch {batch} of {txn_id}: partitions {sorted(lost)} (xids {list(lost.values())}) can no "
+        "longer commit: their prepared transactions are gone (ClickHouse restarted, their sessions "
+        "expired, or the server lost Keeper at COMMIT and rolled them back) and no task of this run "
+        "wrote the same rows (a replacement must match the decided partition's rows and checksum; "
+        f"this run has {this_run} partitions, the decision {decided}). Partitions "
+        f"{sorted(visible_rows)} are committed and visible ({sum(visible_rows.values())} rows): "
+        "running the job again under a new transactional_id would write them twice. Way out: run "
+        f"again with transactional_id '{txn_id}' and decision_log '{log_root}' (a streaming query: "
+        f"restart it on the same checkpoint) and the original partitioning ({decided} partitions: "
+        "the same repartition(n), minPartitions and Kafka partitions), which re-writes and matches "
+        "the missing partitions and keeps the visible ones"
+    )
+
+
+def in_doubt_runbook(
+    *,
+    batch: int,
+    txn_id: str,
+    doubt: list[int],
+    first: BaseException,
+    attempts: int,
+    committed: list[int],
+    log_root: str,
+    recover: str,
+) -> str:
+    """Why ``batch`` is not done (``doubt`` partitions unsettled), what is visible, the way out."""
+    return (
+        f"batch {batch}: partitions {doubt} are in doubt ({type(first).__name__}: {first}; "
+        f"retry.attempts={attempts}); partitions {committed} are committed and visible. The batch "
+        "is not done: restart the query (or run the job again with options transactional_id "
+        f"'{txn_id}' and decision_log '{log_root}'), or finish it with `{recover}`; running the "
+        "job again under a new transactional_id would write the visible partitions twice"
+    )

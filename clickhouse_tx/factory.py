@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from clickhouse_tx.decision_log import DEFAULT_RETAIN_BATCHES
 from clickhouse_tx.interfaces import CommitModeIO, Mode, Target
+from clickhouse_tx.layout import open_location
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
@@ -23,8 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.retry import RetryPolicy
 
 
-# Partitions committed at once on the driver: each COMMIT is a few round trips, and
-# 16 partitions in sequence took ~550 ms (benchmarks/modes.py).
+# Partitions committed at once on the driver: each COMMIT is a few round trips that
+# wait on the server, not on this process, so they overlap well.
 COMMIT_PARALLELISM = 8
 
 
@@ -37,15 +38,26 @@ def build_mode_io(
     xid is still INITIALIZED (the fence of a zombie attempt); default the target's.
     ``visibility``: the writer option (``partition`` or ``batch``, see :func:`mode_io_for`).
     """
-    io = mode_io_for(mode, visibility=visibility)
+    io = mode_io_for(mode, visibility=visibility)  # refuses an unknown mode or visibility
     if registry is not None and isinstance(io, DedupMode):
-        io.registry = registry
+        return DedupMode(io.sizing, registry=registry)
     return io
 
 
-def build_registry(target: Target, *, table: str = DEFAULT_TABLE, database: str | None = None) -> KeeperMapRegistry:
-    """The KeeperMap registry (in the target's database unless ``database`` is given)."""
-    return KeeperMapRegistry(target, table=table, database=database)
+def build_registry(
+    target: Target,
+    *,
+    table: str = DEFAULT_TABLE,
+    database: str | None = None,
+    retry: "RetryPolicy | None" = None,
+) -> KeeperMapRegistry:
+    """The KeeperMap registry (in the target's database unless ``database`` is given).
+
+    ``retry``: the budget of its read-backs of unknown writes (default
+    :class:`~clickhouse_tx.retry.RetryPolicy`); a coordinator's registry shares the
+    coordinator's.
+    """
+    return KeeperMapRegistry(target, table=table, database=database, retry=retry)
 
 
 def build_decision_log(
@@ -62,12 +74,16 @@ def build_decision_log(
     (S3, GCS) it arbitrates versions by the registry's compare-and-set, in the
     KeeperMap table ``clickhouse_tx_decisions`` beside the registry.
     """
-    from clickhouse_tx.decision_log import FileDecisionLog, RegistryArbiter
+    from clickhouse_tx.decision_arbiter import RegistryArbiter
+    from clickhouse_tx.decision_log import FileDecisionLog, publication_semantics
 
-    log = FileDecisionLog(decision_log_uri, txn_id, retain_batches=retain_batches)
-    if log.semantics == "registry-cas":
-        log.arbiter = RegistryArbiter(build_registry(target, table=RegistryArbiter.TABLE, database=registry_database))
-    return log
+    fs, root = open_location(decision_log_uri)
+    arbiter = None
+    if publication_semantics(fs) == "registry-cas":
+        arbiter = RegistryArbiter(build_registry(target, table=RegistryArbiter.TABLE, database=registry_database))
+    return FileDecisionLog(
+        decision_log_uri, txn_id, arbiter=arbiter, retain_batches=retain_batches, filesystem=(fs, root)
+    )
 
 
 def build_coordinator(
@@ -106,9 +122,7 @@ def build_coordinator(
     """
     from clickhouse_tx.coordinator import Coordinator
 
-    registry = build_registry(target, table=registry_table, database=registry_database)
-    if retry is not None:
-        registry.retry = retry  # its read-backs of unknown writes share the coordinator's budget
+    registry = build_registry(target, table=registry_table, database=registry_database, retry=retry)
     return Coordinator(
         txn_id,
         target,

@@ -192,6 +192,10 @@ class FaultyDecisionLog:
     def batches(self) -> Iterable[int]:
         return self.inner.batches()
 
+    @property
+    def root_uri(self) -> str:
+        return self.inner.root_uri
+
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
@@ -227,6 +231,9 @@ class FaultyModeIO:
 
     def lookup(self, target: Target, p: Prepared) -> CommitOutcome:
         return self.inner.lookup(target, p)
+
+    def renew(self, target: Target, p: Prepared) -> bool:
+        return self.inner.renew(target, p)
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         self.inner.check_layout(target, batch, messages)

@@ -4,6 +4,10 @@ Everything that crosses from a Spark executor to the driver is a :class:`Prepare
 (frozen, picklable, plain data). The coordinator decides with pure functions over
 these values and talks to the outside world only through the three protocols below,
 so it can be driven by scripted fakes with a fault injected at every call.
+
+Every method the coordinator and recovery call is declared here; an implementation
+without the capability has an explicit, documented no-op. What differs by nature
+between the modes is declared once, as data: :attr:`Mode.capabilities`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,37 @@ class Mode(str, enum.Enum):
     STAGING = "staging"
     DEDUP = "dedup"
     NONE = "none"
+
+    @property
+    def capabilities(self) -> "ModeCapabilities":
+        """What this mode's prepared work is made of (:class:`ModeCapabilities`)."""
+        return _CAPABILITIES[self]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeCapabilities:
+    """What differs by nature between the commit modes, declared once per :class:`Mode`.
+
+    Attributes
+    ----------
+    visible_on_insert:
+        Rows are visible as they are inserted (``dedup``, ``none``): the executor
+        checks a partition's values before its first insert, not while it streams.
+    stage_tables:
+        Prepare leaves one table per xid (``staging``): ``gc`` lists the leftovers
+        (:func:`clickhouse_tx.modes.staging.leftover_stages`) and drops them.
+    """
+
+    visible_on_insert: bool = False
+    stage_tables: bool = False
+
+
+_CAPABILITIES: Mapping[Mode, ModeCapabilities] = {
+    Mode.TRANSACTION: ModeCapabilities(),
+    Mode.STAGING: ModeCapabilities(stage_tables=True),
+    Mode.DEDUP: ModeCapabilities(visible_on_insert=True),
+    Mode.NONE: ModeCapabilities(visible_on_insert=True),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +248,12 @@ class CommitModeIO(Protocol):
         with ``visibility=batch``); a no-op elsewhere. Raises NotCommittedError when
         nothing of it took effect (the per-xid commits then publish them one by one)."""
 
+    def renew(self, target: Target, p: Prepared) -> bool:
+        """Driver, once per chosen xid before a new decision is written: True if ``p``'s
+        prepared work is still there, its session renewed so that it lasts until the
+        COMMIT. Modes without sessions keep prepared work until it is rolled back:
+        theirs is a no-op that says True (:class:`~clickhouse_tx.modes.base.ModeBase`)."""
+
 
 @runtime_checkable
 class RegistryIO(Protocol):
@@ -226,11 +267,32 @@ class RegistryIO(Protocol):
     ) -> bool:
         """Compare-and-set the state; False if the current state is not expected."""
 
+    def transition_many(
+        self, xids: Sequence[str], expected: Sequence[str], new: str, payload: Mapping[str, object] | None = None
+    ) -> list[str]:
+        """Driver, once or twice per batch commit: one compare-and-set over many xids;
+        the xids this call moved. The caller settles each xid not returned one by one
+        (:meth:`transition`), so a registry without a bulk CAS returns [] and is correct."""
+
     def get(self, xid: str) -> "RegistryEntry | None": ...
 
     def list_batch(self, txn_id: str, batch: int) -> list["RegistryEntry"]: ...
 
-    def list_open(self, older_than_s: float | None = None) -> list["RegistryEntry"]: ...
+    def list_txn(self, txn_id: str) -> list["RegistryEntry"]:
+        """Operator side (``gc``): every entry of one query (``txn_id``)."""
+
+    def list_open(self, older_than_s: float | None = None) -> list["RegistryEntry"]:
+        """Entries not finished, not updated for ``older_than_s`` if given. A view of
+        the registry restricted to one mode (``python -m clickhouse_tx gc --mode``)
+        lists that mode's only."""
+
+    def list_open_all_modes(self, older_than_s: float | None = None) -> list["RegistryEntry"]:
+        """Operator side (``gc``): :meth:`list_open` over every mode, also through a view
+        restricted to one mode (a batch job's stage may hold xids of several)."""
+
+    def forget(self, xids: Sequence[str]) -> None:
+        """Driver (once per done batch) and ``gc``: delete the finished entries among
+        ``xids``; nothing reads them again. Best effort for its callers."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +311,11 @@ class RegistryEntry(Attempt):
 @runtime_checkable
 class DecisionLogIO(Protocol):
     """One decision per (txn_id, batch); write-once per version, atomically."""
+
+    @property
+    def root_uri(self) -> str:
+        """Where the log lives, as an operator passes it to ``python -m clickhouse_tx
+        recover --checkpoint`` (the runbooks of :mod:`clickhouse_tx.errors` name it)."""
 
     def read(self, batch: int) -> Decision | None: ...
 

@@ -36,7 +36,7 @@ from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError, OutcomeUn
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Hook, Target
 from clickhouse_tx.markers import READ_COMMITTED
-from clickhouse_tx.modes.staging import settle_session
+from clickhouse_tx.modes.stage_tables import settle_session
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.views import dependent_views
 

@@ -19,7 +19,7 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
 from clickhouse_tx._transport import ClickHouseHTTP, safe_url
-from clickhouse_tx.coordinator import TxOps, prepared_from_entry
+from clickhouse_tx.commit_plan import prepared_from_entry
 from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
     CommitModeIO,
@@ -32,9 +32,15 @@ from clickhouse_tx.interfaces import (
     Target,
     WriteContext,
 )
-from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, is_overwrite_stage_of, tables_named
+from clickhouse_tx.modes.stage_tables import (
+    OVERWRITE_STAGE_PREFIX,
+    is_overwrite_stage_of,
+    leftover_stages,
+    tables_named,
+)
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState, as_state
+from clickhouse_tx.tx_ops import TxOps
 
 #: (reachable, decision) per (txn_id, batch), for one recovery pass.
 _DecisionCache = dict[tuple[str, int], tuple[bool, "Decision | None"]]
@@ -252,11 +258,10 @@ def untouched_batch(registry: RegistryIO, e: RegistryEntry, cache: dict[tuple[st
 
 
 def _forget(registry: RegistryIO, xids: Sequence[str], errors: dict[str, str]) -> None:
-    forget = getattr(registry, "forget", None)
-    if forget is None or not xids:
+    if not xids:
         return
     try:
-        forget(list(xids))
+        registry.forget(list(xids))
     except Exception as exc:  # reported, the next gc tries again
         errors.update({x: f"forget: {type(exc).__name__}: {exc}" for x in xids})
 
@@ -277,13 +282,12 @@ def _forget_finished(
     ``untouched`` (``gc --not-running``): an ABORTED entry without a reachable
     decision log is forgotten too when :func:`untouched_batch` holds for its batch.
     """
-    list_txn = getattr(registry, "list_txn", None)
-    if txn_ids is None or list_txn is None:
+    if txn_ids is None:
         return []
     cut_ms = (clock() - older_than_s) * 1000
     out = []
     for txn in sorted(txn_ids):
-        for e in list_txn(txn):
+        for e in registry.list_txn(txn):
             if e.updated_ms > cut_ms or as_state(e.state) not in (TxState.COMMITTED, TxState.ABORTED):
                 continue
             reachable, decision = _decision_of(log_for, cache, e)
@@ -313,8 +317,7 @@ def _drop_leftover_stages(
     errors: dict[str, str],
 ) -> list[str]:
     """Pass 3 of :func:`gc_stale`: stage tables of the given queries that no live xid owns."""
-    leftover_stages = getattr(mode_io, "leftover_stages", None)
-    if leftover_stages is None:
+    if not mode_io.mode.capabilities.stage_tables:
         return []
     owners = None if txn_ids is None else {sanitize_txn(t) for t in txn_ids}
     dropped = []
@@ -360,9 +363,8 @@ def _drop_job_stages(
     """
     if not txn_ids:
         return []
-    everyone = getattr(registry, "inner", registry)
     open_by_table: dict[str, list[RegistryEntry]] = collections.defaultdict(list)
-    for e in everyone.list_open(None):
+    for e in registry.list_open_all_modes(None):
         open_by_table[e.table].append(e)
     dropped = []
     for name, age_s in tables_named(target, OVERWRITE_STAGE_PREFIX):

@@ -396,6 +396,10 @@ class KeeperMapRegistry:
             params["cut"] = max(0, self._now_ms() - int(older_than_s * 1000))
         return self._select(where, params)
 
+    def list_open_all_modes(self, older_than_s: float | None = None) -> list[RegistryEntry]:
+        """:meth:`list_open`: this registry is never restricted to one mode."""
+        return self.list_open(older_than_s)
+
     def forget(self, xids: Sequence[str]) -> None:
         """Delete the finished (committed/aborted) entries among ``xids`` (by key).
 

@@ -170,7 +170,7 @@ class ShardedModeIO:
 
     def renew(self, target: Target, p: Prepared) -> bool:
         """The shard's mode's ``renew`` (transaction mode keeps a session alive), else True."""
-        renew = getattr(self._io(p), "renew", None)
+        renew = self._io(p).renew
         return True if renew is None else bool(renew(self.target_of(target, p), p))
 
     def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:

@@ -31,7 +31,7 @@ from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.job_publish import JobRecords, JobStage, drop_stages, publishability
-from clickhouse_tx.modes.staging import overwrite_stage_name
+from clickhouse_tx.modes.stage_tables import overwrite_stage_name
 
 from .writer_options import WriterOptions
 

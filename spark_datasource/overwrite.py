@@ -39,7 +39,7 @@ from pyspark.sql.types import StructType
 from clickhouse_tx import sql as q
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.modes.staging import OVERWRITE_STAGE_PREFIX, overwrite_stage_name
+from clickhouse_tx.modes.stage_tables import OVERWRITE_STAGE_PREFIX, overwrite_stage_name
 
 from .writer_options import WriterOptions
 

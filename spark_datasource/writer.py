@@ -41,7 +41,8 @@ from .overwrite import OverwriteStage, create_stage, drop_stage, swap_in
 from .writer_options import WriterOptions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from clickhouse_tx.coordinator import CommitReport, Coordinator
+    from clickhouse_tx.batch_commit import CommitReport
+    from clickhouse_tx.coordinator import Coordinator
     from clickhouse_tx.interfaces import Target
 
 log = logging.getLogger("clickhouse_tx.spark")

@@ -28,7 +28,7 @@ from benchmarks.chaos.batch_job import BATCH_TOPIC
 from benchmarks.chaos.inject import ChaosStack, Injector
 from benchmarks.chaos.schedule import Schedule
 from benchmarks.pipeline_run import ROOT, JobLauncher, JobRun, create_target, create_topic, group_members, produce
-from clickhouse_tx.modes.staging import STAGE_PREFIX
+from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
 from clickhouse_tx.sql import quote_identifier
 from clickhouse_tx.verify import ClickHouseReader
 

@@ -56,6 +56,11 @@ class ModeBase:
     def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
         """Nothing to do: each xid commits on its own (staging with ``visibility=batch`` overrides)."""
 
+    def renew(self, target: Target, p: Prepared) -> bool:
+        """True, nothing sent: this mode's prepared work has no session to expire and
+        stays until rolled back (transaction overrides)."""
+        return True
+
     def require_transactions(self, target: Target, needed_by: str, instead: str = "") -> None:
         """Driver, once per query: the server must run ``BEGIN TRANSACTION``; else ConfigurationError."""
         # A query in an implicit transaction, not BEGIN in a session: it holds nothing

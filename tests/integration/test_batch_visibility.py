@@ -18,7 +18,8 @@ from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Hook, Prepared, Target, WriteContext
 from clickhouse_tx.modes import mode_io_for
-from clickhouse_tx.modes.staging import STAGE_PREFIX, StagingMode, batch_session
+from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, batch_session
+from clickhouse_tx.modes.staging import StagingMode
 from tests.helpers.tables import TXN, batches, committed_count, distinct_ids, make_table, rows, tables
 
 

@@ -220,7 +220,7 @@ def test_gc_after_a_writer_is_sigkilled_leaves_zero_leftovers_of_every_kind(
 def test_gc_drops_the_stage_a_dead_overwrite_job_left_and_no_other_jobs_stage(
     clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    from clickhouse_tx.modes.staging import overwrite_stage_name
+    from clickhouse_tx.modes.stage_tables import overwrite_stage_name
 
     target, admin = id_table(clickhouse_url, database)
     stages = {job: overwrite_stage_name(job) for job in ("ow-job", "other-job")}

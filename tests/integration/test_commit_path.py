@@ -19,7 +19,8 @@ from clickhouse_tx._transport import SESSION_IS_LOCKED, SESSION_NOT_FOUND, Click
 from clickhouse_tx.errors import ServerError, TransientError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
-from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
+from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
+from clickhouse_tx.modes.transaction import TransactionMode
 from clickhouse_tx.retry import RetryPolicy
 from tests.helpers.tables import TXN, batches, committed_count, make_table, rows
 

@@ -22,7 +22,7 @@ from clickhouse_tx.errors import NotCommittedError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import MARKERS_TABLE
-from clickhouse_tx.modes.staging import STAGE_PREFIX
+from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
 from tests.helpers.tables import TXN, batches, committed_count, make_table, markers, rows, tables
 
 

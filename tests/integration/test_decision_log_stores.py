@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 import pytest
 
-from clickhouse_tx.decision_log import FileDecisionLog, RegistryArbiter
+from clickhouse_tx.decision_arbiter import RegistryArbiter
+from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.errors import DecisionConflictError
 from clickhouse_tx.factory import build_decision_log
 from clickhouse_tx.interfaces import Decision, Mode, Prepared, Target

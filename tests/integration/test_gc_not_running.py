@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx.coordinator import prepared_from_entry
+from clickhouse_tx.commit_plan import prepared_from_entry
 from clickhouse_tx.factory import build_coordinator, build_mode_io
 from clickhouse_tx.ids import StoredQueryId
 from clickhouse_tx.interfaces import CommitOutcome, Prepared, Target, WriteContext

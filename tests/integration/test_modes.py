@@ -20,8 +20,10 @@ from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared
 from clickhouse_tx.markers import arrow_checksum
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode
-from clickhouse_tx.modes.staging import STAGE_PREFIX, StagingMode, stage_name
-from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
+from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
+from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, stage_name
+from clickhouse_tx.modes.staging import StagingMode
+from clickhouse_tx.modes.transaction import TransactionMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
 from tests.helpers.tables import (
     PARTITIONS,

@@ -17,7 +17,6 @@ from collections.abc import Callable
 import pytest
 
 from clickhouse_tx._transport import ClickHouseHTTP, RequestNotSentError
-from clickhouse_tx.coordinator import TxOps
 from clickhouse_tx.errors import ServerBusyError
 from clickhouse_tx.factory import build_mode_io
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, RegistryEntry, Target
@@ -25,6 +24,7 @@ from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.registry import KeeperMapRegistry
 from clickhouse_tx.retry import RetryPolicy, is_transient
 from clickhouse_tx.state import TxState
+from clickhouse_tx.tx_ops import TxOps
 from server_patches import stack as stack_mod
 from server_patches.stack import StackInfo
 

@@ -24,7 +24,7 @@ from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import ValueDoesNotFitError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Target, WriteContext
-from clickhouse_tx.modes.staging import STAGE_PREFIX
+from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
 from clickhouse_tx.schema import check_schema, conversion_columns, describe_table
 
 MODES = ["transaction", "staging", "dedup"]
@@ -334,7 +334,7 @@ def test_in_dedup_mode_a_replayed_partition_writes_its_dead_letters_once(admin, 
 def test_in_staging_mode_dead_letters_move_with_their_partition_once_across_a_rollback(
     admin, database: str, tmp_path: Path
 ) -> None:
-    from clickhouse_tx.modes.staging import DEAD_LETTER_STAGE_PREFIX, dead_letter_stage_name
+    from clickhouse_tx.modes.stage_tables import DEAD_LETTER_STAGE_PREFIX, dead_letter_stage_name
 
     target, batch, coordinator = _dead_letter_setup(admin, database, tmp_path, "staging")
 
@@ -363,7 +363,8 @@ def test_in_staging_mode_a_commit_cut_after_the_rows_moved_rolls_forward_the_dea
     admin, database: str, tmp_path: Path
 ) -> None:
     from clickhouse_tx.dead_letters import dead_letter_ddl
-    from clickhouse_tx.modes.staging import StagingMode, stage_name
+    from clickhouse_tx.modes.stage_tables import stage_name
+    from clickhouse_tx.modes.staging import StagingMode
 
     target = typed_table(admin, database, "UInt8", "typed")
     admin.command(dead_letter_ddl(database, "dlq"))
@@ -394,7 +395,7 @@ def test_gc_drops_the_dead_letter_stage_of_a_staging_prepare_no_batch_decided(
     admin, database: str, clickhouse_url: str, tmp_path: Path
 ) -> None:
     from clickhouse_tx.dead_letters import dead_letter_ddl
-    from clickhouse_tx.modes.staging import dead_letter_stage_name
+    from clickhouse_tx.modes.stage_tables import dead_letter_stage_name
     from tests.helpers.cli import run_cli as _cli
 
     target = typed_table(admin, database, "UInt8", "typed")

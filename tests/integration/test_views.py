@@ -20,7 +20,7 @@ from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Prepared, WriteContext
-from clickhouse_tx.modes.staging import STAGE_PREFIX
+from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
 from clickhouse_tx.views import DependentView, dependent_views
 from tests.helpers.cli import run_cli
 from tests.helpers.tables import PARTITIONS, TXN, batches, committed_count, make_table, rows, tables

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx import coordinator
-from clickhouse_tx.coordinator import Coordinator
+from clickhouse_tx import batch_commit, commit_plan
+from clickhouse_tx.batch_commit import BatchCommitter
+from clickhouse_tx.batch_ops import BatchOps
 from clickhouse_tx.ids import legacy_txn_id
 from clickhouse_tx.interfaces import Decision
 from tests.model.explorer import REPORTS, Stats, Violation, explore, replay
@@ -100,7 +101,7 @@ def _found(stats: Stats, capsys: pytest.CaptureFixture[str], model: ProtocolMode
 def test_a_coordinator_that_skips_the_checksum_on_replacement_is_caught_with_a_replayable_schedule(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(coordinator, "same_rows", lambda a, b: True)
+    monkeypatch.setattr(commit_plan, "same_rows", lambda a, b: True)
     model = ProtocolModel(SMALL, checkpoint_identity(tmp_path))
     v = _found(explore(model), capsys, model)
     assert "restart 1: n=3" in "\n".join(v.labels)  # another partitioning took a dead xid's place
@@ -109,20 +110,20 @@ def test_a_coordinator_that_skips_the_checksum_on_replacement_is_caught_with_a_r
 def test_a_coordinator_that_commits_before_writing_its_decision_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write, commit_all = Coordinator._write, Coordinator._commit_all
+    write, commit_all = BatchOps.write, BatchCommitter._commit_all
 
-    def late_write(self: Coordinator, decision: Decision) -> None:
+    def late_write(self: BatchOps, decision: Decision) -> None:
         if decision.version > 1:
             write(self, decision)
 
-    def commit_then_write(self: Coordinator, run: coordinator._Run) -> dict[int, bool]:
+    def commit_then_write(self: BatchCommitter, run: batch_commit._Run) -> dict[int, bool]:
         out = commit_all(self, run)
         if run.decision.version == 1:
-            write(self, run.decision)
+            write(self.io, run.decision)
         return out
 
-    monkeypatch.setattr(Coordinator, "_write", late_write)
-    monkeypatch.setattr(Coordinator, "_commit_all", commit_then_write)
+    monkeypatch.setattr(BatchOps, "write", late_write)
+    monkeypatch.setattr(BatchCommitter, "_commit_all", commit_then_write)
     model = ProtocolModel(SMALL, checkpoint_identity(tmp_path))
     v = _found(explore(model), capsys, model)
     assert "no decision" in v.args[0]

@@ -314,12 +314,19 @@ class FakeRegistry:
             if not is_finished(e.state) and (older_than_s is None or e.updated_ms <= now_ms - older_than_s * 1000)
         ]
 
+    def list_open_all_modes(self, older_than_s: float | None = None) -> list[RegistryEntry]:
+        return self.list_open(older_than_s)
+
+    def list_txn(self, txn_id: str) -> list[RegistryEntry]:
+        return [e for e in self.entries.values() if e.txn_id == txn_id]
+
 
 class FakeDecisionLog:
     """Decision versions held as bytes (so they round-trip like the file log)."""
 
     def __init__(self, txn_id: str, faults: FaultPlan | None = None) -> None:
         self.txn_id = txn_id
+        self.root_uri = f"memory://decisions/{txn_id}"
         self.faults = faults or FaultPlan()
         self.versions: dict[int, dict[int, bytes]] = {}
         self.done: set[int] = set()

@@ -7,11 +7,9 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.coordinator import (
-    Coordinator,
-    plan_commit,
-    plan_rollback,
-)
+from clickhouse_tx.commit_plan import plan_commit, plan_rollback
+from clickhouse_tx.coordinator import Coordinator
+from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.errors import (
     ClickHouseTxError,
     ConfigurationError,
@@ -20,8 +18,23 @@ from clickhouse_tx.errors import (
     OutcomeUnknownError,
     ServerError,
 )
-from clickhouse_tx.interfaces import CommitOutcome, Decision, Mode, Prepared, RegistryEntry, WriteContext
+from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.interfaces import (
+    CommitModeIO,
+    CommitOutcome,
+    Decision,
+    DecisionLogIO,
+    Mode,
+    Prepared,
+    RegistryEntry,
+    RegistryIO,
+    WriteContext,
+)
+from clickhouse_tx.modes import mode_io_for
+from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
+from clickhouse_tx.registry import KeeperMapRegistry
+from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState
 from tests.unit.fakes import TARGET, Crash, FaultPlan, World, arrow_batches
 
@@ -667,8 +680,8 @@ def test_an_in_doubt_commit_names_the_visible_partitions_and_the_recover_command
     text = str(info.value)
     assert "partitions [2] are in doubt" in text and "partitions [0, 1] are committed and visible" in text
     assert (
-        "python -m clickhouse_tx recover --url http://fake:8123 --table db.events --mode transaction --txn-id q1"
-        in text
+        "python -m clickhouse_tx recover --url http://fake:8123 --table db.events --mode transaction --txn-id q1 "
+        "--checkpoint memory://decisions/q1" in text
     )
     assert "s3cret" not in text and not w.log.read(0).done
 
@@ -694,3 +707,32 @@ def test_abort_and_commit_never_raise_when_a_straggler_holds_its_session() -> No
     straggler = straggler2
     w.coordinator().commit_batch(0, ms2 + [straggler2])  # committed; the straggler left to GC
     assert_exactly_once(w)
+
+
+def test_the_contracts_declare_every_method_each_implementation_offers(tmp_path) -> None:
+    w = World()
+    modes = [mode_io_for(m) for m in Mode] + [w.ch]
+    assert [type(m).__name__ for m in modes if not isinstance(m, CommitModeIO)] == []
+    for registry in (KeeperMapRegistry(TARGET), w.registry):
+        assert isinstance(registry, RegistryIO)
+    for log in (FileDecisionLog(str(tmp_path), "q1"), w.log):
+        assert isinstance(log, DecisionLogIO) and log.root_uri
+
+
+def test_every_mode_declares_its_capabilities_and_only_staging_leaves_stage_tables() -> None:
+    assert {m: m.capabilities.stage_tables for m in Mode} == {m: m is Mode.STAGING for m in Mode}
+    assert {m for m in Mode if m.capabilities.visible_on_insert} == {Mode.DEDUP, Mode.NONE}
+
+
+def test_a_mode_without_sessions_says_its_prepared_work_is_there_without_asking_the_server() -> None:
+    unreachable = dataclasses.replace(TARGET, url="http://127.0.0.1:9")
+    p = msg("x", 0)
+    assert all(mode_io_for(m).renew(unreachable, p) for m in (Mode.STAGING, Mode.DEDUP, Mode.NONE))
+
+
+def test_the_factory_passes_the_registry_and_the_retry_policy_to_the_constructors(tmp_path) -> None:
+    retry = RetryPolicy(max_attempts=2)
+    co = build_coordinator(TARGET, "dedup", "q1", str(tmp_path), retry=retry)
+    assert isinstance(co.mode_io, DedupMode) and co.mode_io.registry is co.registry
+    assert co.registry.retry is retry and co.retry is retry
+    assert isinstance(co.log, FileDecisionLog) and co.log.arbiter is None and co.log.semantics == "posix-link"

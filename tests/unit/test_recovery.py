@@ -132,3 +132,17 @@ def test_recovery_and_gc_act_only_on_the_queries_they_are_given() -> None:
         == ()
     )
     assert states(w) == {m.xid: "committing", stale.xid: "initialized"}
+
+
+def test_gc_of_a_mode_without_stage_tables_never_looks_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clickhouse_tx import recovery
+
+    def leftover_stages(target):  # would ask the server for tables named like stages
+        raise AssertionError("listed stage tables for a mode that has none")
+
+    monkeypatch.setattr(recovery, "leftover_stages", leftover_stages)
+    w = World()
+    m = prepare(w, 0)
+    w.now[0] += 600
+    report = gc_stale(TARGET, w.ch, w.registry, lambda t: w.log, older_than_s=300, overwrite_stages=False)
+    assert report.rolled_back == (m.xid,) and report.dropped == () and report.errors == {}

@@ -1,0 +1,148 @@
+"""The driver's batch-wide steps, shared by a batch's commit and its abort (:class:`BatchOps`).
+
+The commit messages checked, the decision read and written (a lost reply settled by
+reading it back), the batch's registry entries listed, many xids rolled back, and
+the partitions of a batch handled ``parallelism`` at a time. Per-xid steps are
+:class:`~clickhouse_tx.tx_ops.TxOps`'; what to do is decided by
+:mod:`clickhouse_tx.commit_plan`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from typing import Callable, Iterable, Sequence
+
+from clickhouse_tx.errors import DecisionConflictError, OutcomeUnknownError
+from clickhouse_tx.interfaces import Decision, DecisionLogIO, Prepared, RegistryEntry
+from clickhouse_tx.retry import is_transient_or_unknown
+from clickhouse_tx.tx_ops import TxOps
+
+log = logging.getLogger(__name__)
+
+
+class BatchOps:
+    """The batch-wide I/O of one query (``txn_id``) on the driver, over its decision log
+    and the per-xid steps ``ops``.
+
+    Built once per :class:`~clickhouse_tx.coordinator.Coordinator`; holds no state
+    between calls. ``parallelism``: how many partitions :meth:`each` handles at once.
+    """
+
+    def __init__(self, txn_id: str, log: DecisionLogIO, ops: TxOps, *, parallelism: int = 1) -> None:
+        self.txn_id = txn_id
+        self.log = log
+        self.ops = ops
+        self.parallelism = parallelism
+
+    def check_messages(self, batch: int, messages: Iterable[Prepared | None]) -> list[Prepared]:
+        """Spark's commit messages of ``batch``, without the None of tasks that sent none.
+
+        Raises TypeError or ValueError for a message that is not a :class:`Prepared`
+        of this query and batch (a bug, never a state to recover from).
+        """
+        out = []
+        for m in messages:
+            if m is None:
+                continue  # Spark passes None for tasks that sent no message
+            if not isinstance(m, Prepared):
+                raise TypeError(f"commit message must be a Prepared, got {type(m).__name__}")
+            if m.txn_id != self.txn_id or m.batch != batch:
+                raise ValueError(
+                    f"message {m.xid} is of txn_id={m.txn_id!r} batch={m.batch}, "
+                    f"not of txn_id={self.txn_id!r} batch={batch}"
+                )
+            out.append(m)
+        return out
+
+    def read(self, batch: int) -> Decision | None:
+        """The logged decision of ``batch`` (None if none), read within the retry budget."""
+        return self.ops.call(lambda: self.log.read(batch), is_transient_or_unknown)
+
+    def entries(self, batch: int) -> list[RegistryEntry]:
+        """Every registry entry of ``batch`` of this query, read within the retry budget."""
+        return self.ops.call(lambda: self.ops.registry.list_batch(self.txn_id, batch), is_transient_or_unknown)
+
+    def entries_after_commit(self, batch: int) -> list[RegistryEntry]:
+        """The batch's registry entries, for rolling back its other attempts; [] if unreadable.
+
+        Every decided partition is visible by now: a registry that fails here must not
+        fail the job. The attempts it would have listed can never be chosen once the
+        batch is done, and GC rolls them back (``python -m clickhouse_tx gc``).
+        """
+        try:
+            return self.entries(batch)
+        except Exception as exc:
+            log.warning("batch %d: could not list its other attempts (left to GC): %s", batch, exc)
+            return []
+
+    def write(self, decision: Decision) -> None:
+        """Write a decision version; a lost reply or a conflict is resolved by reading back."""
+        try:
+            self.ops.call(lambda: self.log.write(decision))
+            return
+        except (OutcomeUnknownError, DecisionConflictError):
+            back = self.read(decision.batch)
+            if (
+                back is not None
+                and back.version == decision.version
+                and [p.xid for p in back.chosen] == [p.xid for p in decision.chosen]
+            ):
+                return  # our own write, whose reply was lost
+            raise
+
+    def rollback_all(self, ps: Iterable[Prepared], *, quiet: bool = False) -> list[str]:
+        """Abort each of ``ps``; the xids rolled back.
+
+        ``quiet``: an xid whose abort fails (a straggler still holds its session:
+        SESSION_IS_LOCKED) is logged and left to GC and session expiry instead of
+        failing the caller. Safe once the batch's fate is decided: an xid not chosen
+        can never commit, whatever state the failed abort left it in.
+        """
+        done = []
+        for p in ps:
+            try:
+                if self.ops.abort(p):
+                    done.append(p.xid)
+            except Exception as exc:  # only when quiet, see below
+                if not quiet:
+                    raise
+                log.warning(
+                    "batch %d: rollback of xid %s (partition %d) failed, left to GC and session expiry: %s",
+                    p.batch,
+                    p.xid,
+                    p.partition,
+                    exc,
+                )
+        return done
+
+    def each(self, parts: Sequence[int], fn: Callable[[int], bool]) -> dict[int, bool]:
+        """``fn`` over the partitions, ``parallelism`` at a time; the first error is raised."""
+        if self.parallelism <= 1 or len(parts) <= 1:
+            return {part: fn(part) for part in parts}
+        with concurrent.futures.ThreadPoolExecutor(
+            min(self.parallelism, len(parts)), thread_name_prefix="clickhouse-tx-commit"
+        ) as pool:
+            futures = {part: pool.submit(fn, part) for part in parts}
+        results: dict[int, bool] = {}
+        error: BaseException | None = None
+        for part, fut in futures.items():
+            try:
+                results[part] = fut.result()
+            except BaseException as exc:  # re-raised below, first one wins
+                error = error or exc
+        if error is not None:
+            raise error
+        return results
+
+    def forget(self, xids: Iterable[str]) -> None:
+        """Drop a done batch's finished entries from the registry (best effort).
+
+        Nothing reads them again: the decision is immutable and done, lookups go
+        through the markers, and a late attempt of the batch can never be chosen (GC
+        rolls it back). Keeping them would make every batch-wide registry scan slower.
+        """
+        try:
+            self.ops.registry.forget(sorted(xids))
+        except Exception as exc:  # housekeeping never fails a commit
+            log.info("could not drop finished registry entries: %s", exc)
