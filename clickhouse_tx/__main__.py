@@ -361,8 +361,8 @@ def _report(args: argparse.Namespace, report: Any) -> int:
 def _shard_urls(args: argparse.Namespace) -> list[str]:
     """One URL per shard: the first replica that answers (the first one if none does)."""
     from clickhouse_tx.interfaces import Target
-    from clickhouse_tx.sharded import answers
-    from clickhouse_tx.shards import parse_shard_urls
+    from clickhouse_tx.shard_placement import parse_shard_urls
+    from clickhouse_tx.sharded_io import answers
 
     probe = Target(url="", database="default", table="", user=args.user, password=_password(args))
     out = []

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import pyarrow.fs as pafs
 
-from clickhouse_tx import layout
+from clickhouse_tx import checkpoint_paths as layout
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DecisionConflictError
 from clickhouse_tx.interfaces import Decision
 

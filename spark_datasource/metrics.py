@@ -35,8 +35,8 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow.fs as pafs
 
-from clickhouse_tx import layout
-from clickhouse_tx.layout import METRICS_FILE
+from clickhouse_tx import checkpoint_paths as layout
+from clickhouse_tx.checkpoint_paths import METRICS_FILE
 
 log = logging.getLogger("clickhouse_tx.spark")
 

@@ -101,7 +101,7 @@ def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPla
     """A fresh coordinator (driver or executor); with ``fault.*`` options, a faulty one.
 
     With the ``shards`` option it is the driver's coordinator over every shard
-    (:func:`clickhouse_tx.sharded.build_sharded_coordinator`); executors prepare
+    (:func:`clickhouse_tx.sharded_io.build_sharded_coordinator`); executors prepare
     through :func:`_prepare_sharded` instead.
     """
     from clickhouse_tx.factory import build_coordinator
@@ -117,13 +117,13 @@ def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPla
             visibility=opts.commit_visibility(),
         )
 
-    layout = opts.shard_layout()
-    if layout is None:
+    placement = opts.shard_layout()
+    if placement is None:
         coordinator = one(opts.target())
     else:
-        from clickhouse_tx.sharded import build_sharded_coordinator
+        from clickhouse_tx.sharded_io import build_sharded_coordinator
 
-        coordinator = build_sharded_coordinator(opts.target(), layout, one)
+        coordinator = build_sharded_coordinator(opts.target(), placement, one)
     plan = FaultPlan.parse(opts.faults) if opts.faults else None
     return with_faults(coordinator, plan) if plan else coordinator
 
@@ -137,15 +137,15 @@ def _prepare_sharded(
 ) -> list[Prepared]:
     """Executor, once per partition attempt of a sharded write: one xid per shard with rows,
     each prepared by the one-server coordinator of a replica of its shard that answers."""
-    from clickhouse_tx.sharded import prepare_sharded
+    from clickhouse_tx.sharded_io import prepare_sharded
 
-    layout = opts.shard_layout()
-    assert layout is not None
+    placement = opts.shard_layout()
+    assert placement is not None
 
     def on(shard: int, url: str) -> Coordinator:
         return coordinator_for(dataclasses.replace(opts, url=url, shards=()), txn_id, conversion)
 
-    return prepare_sharded(layout, on, opts.target(), ctx, batches)
+    return prepare_sharded(placement, on, opts.target(), ctx, batches)
 
 
 def _task_context(streaming: bool) -> tuple[int, int, int]:
@@ -177,7 +177,7 @@ class _WriterBase:
         # so executors convert and check values without querying the table.
         self.conversion = conversion
         # Drawn on the driver once per run (a restarted query builds a new writer), so a
-        # replay's tasks can tell their own dedup layout claims from an earlier run's.
+        # replay's tasks can tell their own dedup claims from an earlier run's.
         self.run = uuid.uuid4().hex
 
     @property

@@ -19,7 +19,8 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import arrow_checksum
 from clickhouse_tx.modes import mode_io_for
-from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode
+from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup_chunks import ChunkSizing
 from clickhouse_tx.modes.staging import STAGE_PREFIX, StagingMode, stage_name
 from clickhouse_tx.modes.transaction import KEEP_ALIVE, TransactionMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
