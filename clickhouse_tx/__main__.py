@@ -333,7 +333,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _offset_checks(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments ``verify`` and ``verify --shards`` share: the offset columns, what
     to expect, the credentials."""
-    from clickhouse_tx.verify import parse_expected
+    from clickhouse_tx.verify_offsets import parse_expected
 
     return {
         "topic_col": args.topic_col or None,

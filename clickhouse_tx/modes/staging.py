@@ -50,6 +50,7 @@ from clickhouse_tx._transport import (
     ClickHouseHTTP,
     ReplyLostError,
 )
+from clickhouse_tx.arrow_checksum import CountingBatches
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (
     ClickHouseTxError,
@@ -61,7 +62,7 @@ from clickhouse_tx.errors import (
 )
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CommitMarkers, CountingBatches
+from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 from clickhouse_tx.views import dependent_views, describe_views
 

@@ -58,10 +58,11 @@ from clickhouse_tx._transport import (
     ClickHouseHTTP,
     ReplyLostError,
 )
+from clickhouse_tx.arrow_checksum import CountingBatches, batch_checksum, combine, finish
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ConfigurationError, NotCommittedError, OutcomeUnknownError, ServerError, TransientError
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CommitMarkers, CountingBatches, batch_checksum, combine, finish
+from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 
 log = logging.getLogger(__name__)
