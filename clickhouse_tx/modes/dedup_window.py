@@ -41,14 +41,14 @@ def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
 
 
 #: (url, database, table) -> (window, monotonic time read). Spark reuses Python
-#: workers, so most prepares skip the three queries of describe_table (~70 ms here).
+#: workers, so most prepares skip the three queries of describe_table.
 _WINDOWS: dict[tuple[str, str, str], tuple[int, float]] = {}
 #: How long a window read stays good: an ALTER of the window is seen within this.
 WINDOW_CACHE_S = 30.0
 
 
 def dedup_window(client: ClickHouseHTTP, target: Target, *, fresh: bool = False) -> int:
-    """The table's dedup window (replicated or not), in parts; read at most every 30 s."""
+    """The table's dedup window (replicated or not), in parts; read at most once per ``WINDOW_CACHE_S``."""
     key = (target.url, target.database, target.table)
     hit = _WINDOWS.get(key)
     if hit is not None and not fresh and time.monotonic() - hit[1] < WINDOW_CACHE_S:
@@ -90,7 +90,7 @@ _VIEW_TABLES: dict[tuple[str, str, str], tuple[tuple[tuple[str, str], ...], floa
 
 
 def view_targets(target: Target) -> list[Target]:
-    """The tables the target's materialized views write into (down chains), as Targets; read at most every 30 s.
+    """The tables the target's materialized views write into (down chains), as Targets; read at most once per ``WINDOW_CACHE_S``.
 
     Executor (each prepare) and driver (each commit): their dedup windows are checked as
     the target's is, since a replayed block is dropped from a view's table only while
