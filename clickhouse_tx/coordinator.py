@@ -28,7 +28,6 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
-from clickhouse_tx._transport import safe_url
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import (
     DecisionConflictError,
@@ -39,6 +38,7 @@ from clickhouse_tx.errors import (
     ServerError,
     ValueDoesNotFitError,
 )
+from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.ids import new_xid
 from clickhouse_tx.interfaces import (
     CommitModeIO,

@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP, transactions_unsupported
 from clickhouse_tx.errors import ServerError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, transactions_unsupported
 from clickhouse_tx.interfaces import Prepared, Target
 
 MARKERS_TABLE = "clickhouse_tx_commits"

@@ -21,9 +21,9 @@ from typing import Iterable, Mapping
 
 import pyarrow as pa
 
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.chtypes import parse_clickhouse_type, strip_wrappers
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.http_client import ClickHouseHTTP
 
 _WINDOW_RE = re.compile(r"\bnon_replicated_deduplication_window\s*=\s*(\d+)")
 _REPL_WINDOW_RE = re.compile(r"\breplicated_deduplication_window\s*=\s*(\d+)")

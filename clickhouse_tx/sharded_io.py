@@ -19,9 +19,9 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
-from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError
+from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
 from clickhouse_tx.ids import parse_xid
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Hook, Prepared, RegistryEntry, Target, WriteContext
 from clickhouse_tx.registry import KeeperMapRegistry

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError
+from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.markers import CommitMarkers, CommittedReader
 from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
@@ -58,7 +58,7 @@ DEFAULT_SAMPLE_LIMIT = 100_000
 class ClickHouseReader:
     """Read-only access for the verifier: JSON rows, query parameters, read-committed reads.
 
-    A thin layer on the project's one client (:class:`clickhouse_tx._transport.ClickHouseHTTP`):
+    A thin layer on the project's one client (:class:`clickhouse_tx.http_client.ClickHouseHTTP`):
     the same authentication, parameter formatting and error mapping as the writer.
     The password is sent as a header and never appears in ``repr`` or errors.
     """

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from clickhouse_tx._transport import safe_url
+from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.sql import quote_option_identifier as quote_ident
 from clickhouse_tx.sql import split_table
 from clickhouse_tx.verify import ClickHouseReader

@@ -288,7 +288,34 @@ class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         self._abort(messages, batchId)
 
 
-class AppendJobWriter(ClickHouseTxBatchWriter):
+class _StagedJobWriter(ClickHouseTxBatchWriter):
+    """A batch job written into a stage of its own and moved into the user's table on commit.
+
+    ``final_opts`` are the user's options (their ``table`` is the user's table); the
+    inherited ``opts`` aim at the stage. A failed job rolls back and drops the stage:
+    the user's table is untouched.
+    """
+
+    discard_decided = True
+    final_opts: WriterOptions
+
+    @property
+    def display_table(self) -> str:
+        return self.final_opts.qualified_table
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Driver, once per failed job: roll back, drop the stage; the target is untouched."""
+        try:
+            self._abort(messages, 0)
+        finally:
+            self._drop_stage()
+
+    def _drop_stage(self) -> None:
+        """Driver: drop what the job staged (idempotent)."""
+        raise NotImplementedError
+
+
+class AppendJobWriter(_StagedJobWriter):
     """A batch append published at once: prepare into the job stage, publish it on commit.
 
     Built on the driver by ``ClickHouseTxDataSource.writer`` from what
@@ -306,16 +333,10 @@ class AppendJobWriter(ClickHouseTxBatchWriter):
         The job's stages, options aimed at them, and conversion plan.
     """
 
-    discard_decided = True
-
     def __init__(self, opts: WriterOptions, schema: StructType, job: AppendJob) -> None:
         self.final_opts = opts
         self.job = job.job
         super().__init__(job.options, schema, job.job.txn_id, job.conversion)
-
-    @property
-    def display_table(self) -> str:
-        return self.final_opts.qualified_table
 
     def _after_commit(self, report: CommitReport) -> dict[str, float]:
         """Driver, once per job, after the stage committed: publish it in one transaction, drop it."""
@@ -344,14 +365,10 @@ class AppendJobWriter(ClickHouseTxBatchWriter):
             faults.hit("after_publish", 0)
         return {"publish": time.monotonic() - started}
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Driver, once per failed job: roll back, drop the stages; the target is untouched."""
+    def _drop_stage(self) -> None:
         from clickhouse_tx.job_publish import drop_stages
 
-        try:
-            self._abort(messages, 0)
-        finally:
-            drop_stages(self.final_opts.target(), self.job)
+        drop_stages(self.final_opts.target(), self.job)
 
 
 class SkippedJobWriter(ClickHouseTxBatchWriter):
@@ -368,7 +385,7 @@ class SkippedJobWriter(ClickHouseTxBatchWriter):
         """Driver, once per failed job: nothing to roll back."""
 
 
-class OverwriteWriter(ClickHouseTxBatchWriter):
+class OverwriteWriter(_StagedJobWriter):
     """``df.write.mode("overwrite")``: prepare into a stage table, swap it in on commit.
 
     Built on the driver by ``ClickHouseTxDataSource.writer(schema, overwrite=True)``
@@ -386,17 +403,11 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
         The job's stage table and its options.
     """
 
-    discard_decided = True
-
     def __init__(self, opts: WriterOptions, schema: StructType, stage: OverwriteStage) -> None:
         self.final_opts = opts
         self.stage = stage.name
         self.swap = stage.swap
         super().__init__(stage.options, schema, stage.txn_id, stage.conversion)
-
-    @property
-    def display_table(self) -> str:
-        return self.final_opts.qualified_table
 
     def _after_commit(self, report: CommitReport) -> dict[str, float]:
         """Driver, once per job, after the stage committed: swap it in, drop it."""
@@ -407,12 +418,8 @@ class OverwriteWriter(ClickHouseTxBatchWriter):
         log.info("clickhouse_tx overwrite of %s swapped in (%s, %d rows)", self.display_table, method, report.rows)
         return {"swap_and_drop": time.monotonic() - started}
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Driver, once per failed job: roll back, drop the stage; the target is untouched."""
-        try:
-            self._abort(messages, 0)
-        finally:
-            drop_stage(self.final_opts.target(), self.stage)
+    def _drop_stage(self) -> None:
+        drop_stage(self.final_opts.target(), self.stage)
 
 
 def reject_unsupported(opts: WriterOptions, overwrite: bool = False) -> None:

@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.arrow_checksum import CountingBatches
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes import dedup_claims
 from clickhouse_tx.modes.base import ModeBase, peek_schema

@@ -14,8 +14,8 @@ import time
 from typing import Mapping, Sequence
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import ClickHouseTxError
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.schema import describe_table
 from clickhouse_tx.views import dependent_views, view_tables
@@ -90,7 +90,9 @@ _VIEW_TABLES: dict[tuple[str, str, str], tuple[tuple[tuple[str, str], ...], floa
 
 
 def view_targets(target: Target) -> list[Target]:
-    """The tables the target's materialized views write into (down chains), as Targets; read at most once per ``WINDOW_CACHE_S``.
+    """The tables the target's materialized views write into (down chains), as Targets.
+
+    Read at most once per ``WINDOW_CACHE_S``.
 
     Executor (each prepare) and driver (each commit): their dedup windows are checked as
     the target's is, since a replayed block is dropped from a view's table only while

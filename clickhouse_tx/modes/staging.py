@@ -43,13 +43,6 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import (
-    INVALID_TRANSACTION,
-    SESSION_IS_LOCKED,
-    SESSION_NOT_FOUND,
-    ClickHouseHTTP,
-    ReplyLostError,
-)
 from clickhouse_tx.arrow_checksum import CountingBatches
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (
@@ -60,6 +53,8 @@ from clickhouse_tx.errors import (
     OutcomeUnknownError,
     ServerBusyError,
 )
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND, ReplyLostError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
-from clickhouse_tx._transport.errors import ReplyLostError
 from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
 from clickhouse_tx.markers import MARKERS_TABLE
 from clickhouse_tx.modes.dedup import DedupMode
