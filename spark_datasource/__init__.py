@@ -37,8 +37,8 @@ RECOMMENDED_SPARK_CONF: Mapping[str, str] = MappingProxyType(
 
 def register(spark: "SparkSession") -> None:
     """Register every data source of this package with ``spark`` (driver, once per session)."""
+    from .datasource import ClickHouseTxDataSource
     from .kafka_reader import KafkaDataSource
-    from .writer import ClickHouseTxDataSource
 
     spark.dataSource.register(ClickHouseTxDataSource)
     spark.dataSource.register(KafkaDataSource)
