@@ -29,7 +29,8 @@ from clickhouse_tx.errors import (
     TransientError,
     ValueDoesNotFitError,
 )
-from clickhouse_tx.verify import VerifyReport, verify
+from clickhouse_tx.verify import verify
+from clickhouse_tx.verify_report import VerifyReport
 
 #: The package's version; pyproject.toml reads it from here (``[tool.setuptools.dynamic]``).
 __version__ = "0.1.0"

@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
+from clickhouse_tx.cli_args import build_parser, password
 from clickhouse_tx.errors import ClickHouseTxError
 from clickhouse_tx.interfaces import Mode
 
@@ -48,117 +48,6 @@ if TYPE_CHECKING:  # imported where used: `python -m clickhouse_tx --help` stays
     from clickhouse_tx.registry import KeeperMapRegistry
 
 EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
-
-
-def _add_connection(p: argparse.ArgumentParser) -> None:
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="ClickHouse HTTP endpoint, e.g. http://127.0.0.1:8123")
-    where.add_argument(
-        "--shards",
-        metavar="URL[|URL],URL...",
-        help="every shard of a sharded table (the writer's shards option): ',' between shards, '|' between replicas",
-    )
-    p.add_argument("--user", default="default")
-    p.add_argument(
-        "--password-env",
-        metavar="VAR",
-        help="name of the environment variable holding the password (never pass it on the command line)",
-    )
-
-
-def _password(args: argparse.Namespace) -> str:
-    if not args.password_env:
-        return ""
-    if args.password_env not in os.environ:
-        raise ClickHouseTxError(f"--password-env names {args.password_env!r}, which is not set")
-    return os.environ[args.password_env]
-
-
-def _mode_arg(value: str) -> Mode:
-    try:
-        return Mode(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid mode {value!r} (choose from {', '.join(m.value for m in Mode)})"
-        ) from None
-
-
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m clickhouse_tx", description="clickhouse-tx operator tools")
-    sub = ap.add_subparsers(dest="command", required=True)
-    v = sub.add_parser(
-        "verify",
-        help="check a table for duplicate, missing, overlapping offsets",
-        description="Exit code: 0 clean, 1 anomalies, 2 error.",
-    )
-    _add_connection(v)
-    v.add_argument("--table", required=True, help="database.table to check")
-    v.add_argument("--topic-col", default="topic", help="column holding the Kafka topic ('' for none)")
-    v.add_argument("--partition-col", default="partition")
-    v.add_argument("--offset-col", default="offset")
-    v.add_argument(
-        "--segment-col",
-        default=None,
-        help="a column constant per committed insert (e.g. an ingestion time): "
-        "enables the overlap/backward checks between inserts",
-    )
-    v.add_argument(
-        "--expected", default=None, help='JSON (or a JSON file) of end offsets: {"topic": {"0": 1000, "1": [10, 900]}}'
-    )
-    v.add_argument("--txn-id", default=None, help="restrict marker/decision checks to this transactional id")
-    v.add_argument(
-        "--checkpoint", default=None, help="the query's checkpointLocation: check its decision logs against the markers"
-    )
-    v.add_argument("--no-markers", action="store_true", help="skip the markers table checks")
-    v.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON ('-' for stdout)")
-    v.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    for name, helptext in (
-        ("status", "open transactions of the registry"),
-        ("recover", "finish in-doubt transactions left by dead drivers"),
-        ("gc", "roll back stale prepares that no decision names"),
-    ):
-        c = sub.add_parser(name, help=helptext)
-        _add_connection(c)
-        c.add_argument("--table", required=True, help="database.table: the target (the registry lives in its database)")
-        c.add_argument("--registry-table", default=None, help="registry table (default clickhouse_tx_registry)")
-        c.add_argument(
-            "--txn-id",
-            default=None,
-            help="only this query's transactions (recover/gc: default "
-            "every query with a decision log under --checkpoint)",
-        )
-        c.add_argument("--json", action="store_true", help="print the result as JSON")
-        if name != "status":
-            c.add_argument(
-                "--mode",
-                required=True,
-                type=_mode_arg,
-                metavar="{" + ",".join(m.value for m in Mode) + "}",
-                help="act on the xids of this commit mode",
-            )
-            c.add_argument(
-                "--checkpoint",
-                default=None,
-                help="the query's checkpointLocation (its decision logs); without it, "
-                "xids whose fate depends on a decision are skipped",
-            )
-        if name == "gc":
-            c.add_argument(
-                "--older-than",
-                type=float,
-                required=True,
-                metavar="SECONDS",
-                help="only prepares older than this; must exceed the longest batch",
-            )
-            c.add_argument(
-                "--not-running",
-                action="store_true",
-                help="the named query (--txn-id, or the one --checkpoint holds) is stopped: "
-                "also roll back the prepares of batches no decision log records, "
-                "e.g. of a query that never decided a batch (never for a batch with "
-                "a committing or committed xid)",
-            )
-    return ap
 
 
 class _ModeView:
@@ -192,7 +81,7 @@ def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, T
         database=db,
         table=t,
         user=args.user,
-        password=_password(args),
+        password=password(args),
         read_retry=RetryPolicy(),
     )
     kwargs = {"table": args.registry_table} if args.registry_table else {}
@@ -333,7 +222,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _offset_checks(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments ``verify`` and ``verify --shards`` share: the offset columns, what
     to expect, the credentials."""
-    from clickhouse_tx.verify import parse_expected
+    from clickhouse_tx.verify_offsets import parse_expected
 
     return {
         "topic_col": args.topic_col or None,
@@ -341,7 +230,7 @@ def _offset_checks(args: argparse.Namespace) -> dict[str, Any]:
         "offset_col": args.offset_col,
         "expected": parse_expected(args.expected),
         "user": args.user,
-        "password": _password(args),
+        "password": password(args),
     }
 
 
@@ -361,10 +250,10 @@ def _report(args: argparse.Namespace, report: Any) -> int:
 def _shard_urls(args: argparse.Namespace) -> list[str]:
     """One URL per shard: the first replica that answers (the first one if none does)."""
     from clickhouse_tx.interfaces import Target
-    from clickhouse_tx.sharded import answers
-    from clickhouse_tx.shards import parse_shard_urls
+    from clickhouse_tx.shard_placement import parse_shard_urls
+    from clickhouse_tx.sharded_io import answers
 
-    probe = Target(url="", database="default", table="", user=args.user, password=_password(args))
+    probe = Target(url="", database="default", table="", user=args.user, password=password(args))
     out = []
     for replicas in parse_shard_urls(args.shards):
         out.append(next((u for u in replicas if len(replicas) == 1 or answers(probe, u)), replicas[0]))
@@ -393,7 +282,7 @@ def _verify_shards(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.shards:
             return _verify_shards(args) if args.command == "verify" else _each_shard(args)

@@ -16,7 +16,6 @@ import dataclasses
 import logging
 from typing import Mapping, Sequence
 
-from clickhouse_tx._transport import safe_url
 from clickhouse_tx.batch_ops import BatchOps
 from clickhouse_tx.commit_plan import plan_commit, plan_rollback
 from clickhouse_tx.errors import (
@@ -29,6 +28,7 @@ from clickhouse_tx.errors import (
     recover_command,
     sessions_gone_runbook,
 )
+from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.interfaces import Decision, Prepared
 from clickhouse_tx.retry import is_transient_or_unknown
 from clickhouse_tx.state import TxState

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.convert import ConvertedBatches
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import WriteContext
 
 __all__ = ["DEAD_LETTER_COLUMNS", "dead_letter_ddl", "write_dead_letters"]

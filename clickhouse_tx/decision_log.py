@@ -1,6 +1,6 @@
 """The coordinator's decision log in the Spark checkpoint directory, over ``pyarrow.fs``.
 
-Layout (one directory per txn_id, :func:`clickhouse_tx.layout.decision_dir`)::
+Paths (one directory per txn_id, :func:`clickhouse_tx.checkpoint_paths.decision_dir`)::
 
     <root>/clickhouse_tx/<txn_id>/<batch>.v<version>.json   the Decision, write-once
     <root>/clickhouse_tx/<txn_id>/<batch>.done              all chosen xids committed
@@ -53,7 +53,7 @@ from typing import Iterable
 
 import pyarrow.fs as pafs
 
-from clickhouse_tx import layout
+from clickhouse_tx import checkpoint_paths
 from clickhouse_tx.decision_arbiter import Arbiter
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DecisionConflictError
 from clickhouse_tx.interfaces import Decision
@@ -133,8 +133,8 @@ class FileDecisionLog:
         self.arbiter = arbiter
         self.retain_batches = retain_batches
         self.compact_every = compact_every
-        self._fs, root = filesystem or layout.open_location(root_uri)
-        self.directory = layout.decision_dir(root, txn_id)
+        self._fs, root = filesystem or checkpoint_paths.open_location(root_uri)
+        self.directory = checkpoint_paths.decision_dir(root, txn_id)
 
     def __repr__(self) -> str:
         return f"FileDecisionLog({self.directory!r}, {self.semantics})"
@@ -366,8 +366,12 @@ def txn_ids_with_decisions(root_uri: str) -> list[str]:
     earlier id) and operator side (``recover``/``gc``/``verify`` given a checkpoint):
     once per call, one listing of ``<root>/clickhouse_tx`` and one per log found.
     """
-    fs, root = layout.open_location(root_uri)
-    return [t for t in layout.txn_dirs(fs, root) if list(FileDecisionLog(root_uri, t, filesystem=(fs, root)).batches())]
+    fs, root = checkpoint_paths.open_location(root_uri)
+    return [
+        t
+        for t in checkpoint_paths.txn_dirs(fs, root)
+        if list(FileDecisionLog(root_uri, t, filesystem=(fs, root)).batches())
+    ]
 
 
 def _write_new(path: str, data: bytes) -> None:

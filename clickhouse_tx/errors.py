@@ -98,14 +98,14 @@ class TransientError(NotCommittedError):
 class ServerBusyError(ServerError, TransientError):
     """The server refused the request before running it (HTTP 503/429 without an
     exception, ``TOO_MANY_SIMULTANEOUS_QUERIES``, no Keeper connection): nothing was
-    done, trying again later may work. Built by :mod:`clickhouse_tx._transport.errors`."""
+    done, trying again later may work. Built by :mod:`clickhouse_tx._transport.reply_mapping`."""
 
 
 class ServerOutcomeUnknownError(ServerError, OutcomeUnknownError):
     """The server answered with an error that leaves a write's outcome open (Keeper
     connection loss, Keeper session expired, Keeper operation timeout): a read may be
     repeated, a write is resolved by reading back. Built by
-    :mod:`clickhouse_tx._transport.errors`."""
+    :mod:`clickhouse_tx._transport.reply_mapping`."""
 
 
 # ----------------------------------------------------------------------------------------

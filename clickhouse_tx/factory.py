@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from clickhouse_tx.checkpoint_paths import open_location
 from clickhouse_tx.decision_log import DEFAULT_RETAIN_BATCHES
 from clickhouse_tx.interfaces import CommitModeIO, Mode, Target
-from clickhouse_tx.layout import open_location
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry

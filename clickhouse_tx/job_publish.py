@@ -31,8 +31,8 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError, OutcomeUnknownError
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Hook, Target
 from clickhouse_tx.markers import READ_COMMITTED

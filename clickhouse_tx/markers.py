@@ -12,36 +12,20 @@ uncommitted marker look committed. A server without experimental transactions
 refuses that setting ("Transactions are not supported"); there no marker can be
 uncommitted, so the read is repeated without it (modes ``staging`` and ``dedup``
 need no transactions).
-
-The checksum
-------------
-:func:`arrow_checksum` is a cheap, deterministic fingerprint of the rows of one
-partition attempt, computed with ``pyarrow.compute`` kernels (no Python per row)
-and independent of how the rows are split into record batches: per column, the
-wrapping 64-bit sum of the values (integers, booleans, dates, timestamps,
-decimals' storage), or of the value lengths (strings, binary), or of the list
-lengths (lists, maps), plus the null count; floats contribute their null count
-and their count of non-null values only (float sums depend on summation order).
-Columns are mixed with distinct odd multipliers and the row count is added. It is
-meant to catch lost or duplicated chunks when two attempts are compared, not to
-be a cryptographic hash.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import Any, Mapping, Sequence
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, ClickHouseHTTP, transactions_unsupported
 from clickhouse_tx.errors import ServerError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import TABLE_ALREADY_EXISTS, UNKNOWN_TABLE, transactions_unsupported
 from clickhouse_tx.interfaces import Prepared, Target
 
 MARKERS_TABLE = "clickhouse_tx_commits"
 _MASK64 = (1 << 64) - 1
-_MASK63 = (1 << 63) - 1
 
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("txn_id", "String"),
@@ -180,118 +164,57 @@ class CommitMarkers:
                 return []
             raise
 
+    # ------------------------------------------------------------------ the audit's reads
 
-# ---------------------------------------------------------------------- checksum
+    def columns(self) -> dict[str, str]:
+        """Column name -> type of the markers table; empty when it does not exist.
 
-
-def _column_sum(arr: pa.ChunkedArray | pa.Array) -> int:
-    """Order-independent contribution of one column (see the module docstring)."""
-    t = arr.type
-    if pa.types.is_dictionary(t):
-        arr = (
-            arr.cast(t.value_type)
-            if isinstance(arr, pa.Array)
-            else pa.chunked_array([c.cast(t.value_type) for c in arr.chunks], t.value_type)
+        A markers table written before markers named their target has no ``table``
+        column; the audit's reads then take every marker of the database.
+        """
+        rows = self.client.query_json(
+            "SELECT name, type FROM system.columns WHERE database = {d:String} "
+            "AND table = {t:String} ORDER BY position",
+            params={"d": self.target.database, "t": MARKERS_TABLE},
         )
-        t = arr.type
-    nulls: int = arr.null_count
-    if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        vals = pc.cast(arr, pa.int64(), safe=False) if not pa.types.is_int64(t) else arr
-        s = pc.sum(vals).as_py() or 0
-    elif pa.types.is_temporal(t):
-        s = pc.sum(pc.cast(pc.cast(arr, _storage_int(t)), pa.int64(), safe=False)).as_py() or 0
-    elif pa.types.is_decimal(t):
-        # Each value as a whole number of units of its scale (deterministic per value).
-        as_int = pc.cast(pc.multiply(pc.cast(arr, pa.float64()), 10**t.scale), pa.int64(), safe=False)
-        s = pc.sum(as_int).as_py() or 0
-    elif (
-        pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_fixed_size_binary(t)
-    ):
-        s = pc.sum(pc.binary_length(arr)).as_py() or 0
-    elif pa.types.is_map(t):
-        # list_value_length has no kernel for maps: count the entries from the offsets.
-        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
-        s = sum(c.offsets[-1].as_py() - c.offsets[0].as_py() for c in chunks if len(c))
-    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        s = pc.sum(pc.list_value_length(arr)).as_py() or 0
-    elif pa.types.is_floating(t):
-        s = len(arr) - nulls
-    else:
-        s = len(arr) - nulls
-    return (int(s) * 0x9E3779B97F4A7C15 + nulls * 0xC2B2AE3D27D4EB4F) & _MASK64
+        return {r["name"]: r["type"] for r in rows}
+
+    def totals(self, tables: Sequence[str], txn_id: str | None = None) -> dict[str, int]:
+        """``markers``, ``rows`` and ``txn_ids`` of the committed markers of ``tables``
+        (the names a target is recorded under; empty: any) and ``txn_id`` (None: any)."""
+        where, params = self._audit_filter(tables, txn_id)
+        row = self._read(
+            f"SELECT count() AS markers, sum(`rows`) AS rows, uniqExact(txn_id) AS txns FROM {self.fq}{where}", params
+        )[0]
+        return {"markers": int(row["markers"]), "rows": int(row["rows"] or 0), "txn_ids": int(row["txns"])}
+
+    def double_commits(
+        self, tables: Sequence[str], txn_id: str | None = None, limit: int = 1000
+    ) -> Sequence[dict[str, Any]]:
+        """Each (txn_id, batch, partition) committed under more than one xid: ``txn_id``,
+        ``batch``, ``p`` (the partition) and ``xids``, at most ``limit`` of them."""
+        where, params = self._audit_filter(tables, txn_id)
+        return self._read(
+            f"SELECT txn_id, batch, `partition` AS p, groupArray(xid) AS xids FROM {self.fq}{where} "
+            f"GROUP BY txn_id, batch, p HAVING count() > 1 ORDER BY txn_id, batch, p LIMIT {int(limit)}",
+            params,
+        )
+
+    def committed_xids(self, txn_id: str) -> set[str]:
+        """Every xid of ``txn_id`` with a committed marker."""
+        return {r["xid"] for r in self._read(f"SELECT xid FROM {self.fq} WHERE txn_id = {{tx:String}}", {"tx": txn_id})}
+
+    @staticmethod
+    def _audit_filter(tables: Sequence[str], txn_id: str | None) -> tuple[str, dict[str, object]]:
+        conds: list[str] = []
+        params: dict[str, object] = {}
+        if tables:
+            conds.append("(" + " OR ".join(f"`table` = {{mt{i}:String}}" for i in range(len(tables))) + ")")
+            params.update({f"mt{i}": name for i, name in enumerate(tables)})
+        if txn_id:
+            conds.append("txn_id = {mt_txn:String}")
+            params["mt_txn"] = txn_id
+        return (" WHERE " + " AND ".join(conds)) if conds else "", params
 
 
-def _storage_int(t: pa.DataType) -> pa.DataType:
-    return pa.int32() if (pa.types.is_date32(t) or pa.types.is_time32(t)) else pa.int64()
-
-
-def batch_checksum(batch: pa.RecordBatch) -> int:
-    """Checksum contribution of one record batch (add contributions modulo 2**64)."""
-    total: int = batch.num_rows
-    for i, col in enumerate(batch.columns):
-        total += (_column_sum(col) * (2 * i + 3)) & _MASK64
-    return total & _MASK64
-
-
-def combine(a: int, b: int) -> int:
-    """Add two checksum contributions (order-independent)."""
-    return (a + b) & _MASK64
-
-
-def finish(total: int) -> int:
-    """Fold a 64-bit total into a non-negative value that fits Int64 and UInt64 columns."""
-    return (total ^ (total >> 63)) & _MASK63
-
-
-def arrow_checksum(batches: Iterable[pa.RecordBatch]) -> int:
-    """The checksum of all rows of ``batches`` (independent of the batch boundaries)."""
-    total = 0
-    for b in batches:
-        total = combine(total, batch_checksum(b))
-    return finish(total)
-
-
-class CountingBatches:
-    """Wrap a batch iterator: count rows and fold the checksum as batches stream by.
-
-    Runs on the executor; sees each batch once, holds none of them.
-    """
-
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
-        self._it = iter(batches)
-        self.rows = 0
-        self._total = 0
-
-    def __iter__(self) -> "CountingBatches":
-        return self
-
-    def __next__(self) -> pa.RecordBatch:
-        b = next(self._it)
-        self.rows += b.num_rows
-        self._total = combine(self._total, batch_checksum(b))
-        return b
-
-    @property
-    def checksum(self) -> int:
-        return finish(self._total)
-
-
-def marker_exists(markers: CommitMarkers, xid: str) -> bool:
-    """True if ``xid`` has a committed marker."""
-    return markers.lookup(xid) is not None
-
-
-__all__ = [
-    "MARKERS_TABLE",
-    "CommitMarkers",
-    "CountingBatches",
-    "arrow_checksum",
-    "batch_checksum",
-    "READ_COMMITTED",
-    "marker_exists",
-    "transactions_unsupported",
-]
+__all__ = ["MARKERS_TABLE", "READ_COMMITTED", "CommitMarkers", "CommittedReader"]

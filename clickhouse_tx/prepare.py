@@ -12,9 +12,9 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 
-from clickhouse_tx._transport import safe_url
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import IllegalTransitionError, NotCommittedError, ValueDoesNotFitError
+from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.interfaces import Prepared, RegistryEntry, WriteContext
 from clickhouse_tx.state import TxState
 from clickhouse_tx.tx_ops import TxOps

@@ -17,7 +17,7 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from clickhouse_tx import layout
+from clickhouse_tx import checkpoint_paths
 from clickhouse_tx.decision_log import txn_ids_with_decisions
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import StoredQueryId, choose_stream_txn_id, legacy_txn_id
@@ -43,7 +43,7 @@ def spark_query_id(checkpoint: str) -> str:
         (a relative path resolved against another working directory, a path Spark puts
         on its default filesystem, e.g. HDFS), or the file is not Spark's.
     """
-    fs, root = layout.open_location(checkpoint)
+    fs, root = checkpoint_paths.open_location(checkpoint)
     path = f"{root.rstrip('/')}/metadata"
     data = _read(fs, path)
     if data is None:
@@ -64,8 +64,8 @@ def stored_txn_id(checkpoint: str) -> str | None:
     Operator side, once per ``gc --not-running`` call on a checkpoint without decision
     logs: a streaming query writes this record when it starts, before its first batch.
     """
-    fs, root = layout.open_location(checkpoint)
-    path = layout.query_record_path(root)
+    fs, root = checkpoint_paths.open_location(checkpoint)
+    path = checkpoint_paths.query_record_path(root)
     data = _read(fs, path)
     return None if data is None else StoredQueryId.from_json(data, path).transactional_id
 
@@ -108,8 +108,8 @@ def resolve_stream_txn_id(
         See :func:`spark_query_id` and :func:`clickhouse_tx.ids.choose_stream_txn_id`.
     """
     query_id = spark_query_id(checkpoint)
-    fs, root = layout.open_location(checkpoint)
-    path = layout.query_record_path(root)
+    fs, root = checkpoint_paths.open_location(checkpoint)
+    path = checkpoint_paths.query_record_path(root)
     data = _read(fs, path)
     stored = None if data is None else StoredQueryId.from_json(data, path)
     legacy = [] if stored else txn_ids_with_decisions(decision_root)

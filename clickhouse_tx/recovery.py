@@ -18,8 +18,8 @@ import time
 from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.commit_plan import prepared_from_entry
+from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
 from clickhouse_tx.ids import parse_xid, sanitize_txn
 from clickhouse_tx.interfaces import (
     CommitModeIO,

@@ -40,8 +40,9 @@ import uuid
 from typing import Any, Callable, Mapping, Sequence
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import TABLE_ALREADY_EXISTS, ClickHouseHTTP, KeeperError, is_keeper_error, safe_url
 from clickhouse_tx.errors import IllegalTransitionError, OutcomeUnknownError, ServerError
+from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
+from clickhouse_tx.http_errors import TABLE_ALREADY_EXISTS, KeeperError, is_keeper_error
 from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
 from clickhouse_tx.retry import RetryPolicy, is_transient_or_unknown, retry_call
 

@@ -21,9 +21,9 @@ from typing import Iterable, Mapping
 
 import pyarrow as pa
 
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.chtypes import parse_clickhouse_type, strip_wrappers
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.http_client import ClickHouseHTTP
 
 _WINDOW_RE = re.compile(r"\bnon_replicated_deduplication_window\s*=\s*(\d+)")
 _REPL_WINDOW_RE = re.compile(r"\breplicated_deduplication_window\s*=\s*(\d+)")
@@ -125,7 +125,7 @@ def check_schema(
     an ``ALIAS``/``MATERIALIZED`` target, a table column that would be silently
     filled (no data, no ``DEFAULT``, not ``Nullable``), and a kind no value of which
     converts (a string into ``Int32``, an array into a scalar, see
-    :func:`clickhouse_tx.convert.fit_problem`). Everything else (signedness, width,
+    :func:`clickhouse_tx.column_fit.fit_problem`). Everything else (signedness, width,
     range, precision, nulls) is checked value by value on the executors by
     :class:`clickhouse_tx.convert.ConversionPlan`.
 
@@ -140,7 +140,7 @@ def check_schema(
     source_types
         Optional display names of the data types (e.g. Spark's) for messages.
     """
-    from clickhouse_tx.convert import fit_problem
+    from clickhouse_tx.column_fit import fit_problem
 
     excluded = set(exclude)
     fields = [f for f in schema if f.name not in excluded]

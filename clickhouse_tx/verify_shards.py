@@ -5,7 +5,7 @@ alone has gaps by design; :func:`verify_shards` reads the (topic, partition, off
 of every shard, read-committed, and checks their union: an offset stored twice, on
 one shard or on two (a ``duplicate`` naming the shards), an offset missing between
 the lowest and highest stored (a ``gap``), and, with ``expected`` end offsets, the
-head and tail (:func:`clickhouse_tx.verify.check_expected`).
+head and tail (:func:`clickhouse_tx.verify_offsets.check_expected`).
 
 It holds every stored offset in memory (about 100 bytes per row): meant for the
 test and benchmark tables and for spot checks of a bounded range, not for a table of
@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from clickhouse_tx._transport import safe_url
+from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.sql import quote_option_identifier as quote_ident
 from clickhouse_tx.sql import split_table
-from clickhouse_tx.verify import TP, Anomaly, ClickHouseReader, PartitionSummary, VerifyReport, check_expected, runs
+from clickhouse_tx.verify_offsets import check_expected, runs
+from clickhouse_tx.verify_reader import ClickHouseReader
+from clickhouse_tx.verify_report import TP, Anomaly, PartitionSummary, VerifyReport
 
 
 def _read_shard(
@@ -46,12 +48,12 @@ def _tp_anomalies(tp: TP, holders: Mapping[int, list[int]], urls: Sequence[str])
         where = sorted({safe_url(urls[s]) for o in range(first, last + 1) for s in holders[o]})
         extra = sum(len(holders[o]) - 1 for o in range(first, last + 1))
         out.append(
-            Anomaly("duplicate", tp[0], tp[1], first, last, extra, f"stored more than once, on {', '.join(where)}")
+            Anomaly.over("duplicate", tp, first, last, f"stored more than once, on {', '.join(where)}", count=extra)
         )
     stored = sorted(holders)
     for prev, o in zip(stored, stored[1:]):
         if o > prev + 1:
-            out.append(Anomaly("gap", tp[0], tp[1], prev + 1, o - 1, o - prev - 1, "offsets missing on every shard"))
+            out.append(Anomaly.over("gap", tp, prev + 1, o - 1, "offsets missing on every shard"))
     return out
 
 

@@ -22,8 +22,8 @@ import dataclasses
 import re
 from typing import Sequence
 
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 
 #: A view chain longer than this is refused as a cycle (ClickHouse forbids cycles, but a

@@ -23,8 +23,8 @@ __all__ = ["RECOMMENDED_SPARK_CONF", "register"]
 #: - ``spark.python.unix.domain.socket.enabled``: the JVM talks to its Python workers
 #:   over Unix domain sockets instead of loopback TCP. Over TCP, the small messages
 #:   that start a Python task wait for a delayed ACK (Nagle's algorithm on the JVM's
-#:   side): ``kafka_py``'s tasks started reading 37-44 ms late, 1-5 ms with this
-#:   setting (docs/performance.md, "Unix domain sockets").
+#:   side), which delays the start of every ``kafka_py`` task; over a Unix socket
+#:   there is no such wait (measured in docs/performance.md, "Unix domain sockets").
 #: - ``spark.python.worker.reuse`` (Spark's default, kept explicit): pooled Kafka
 #:   consumers, cached table checks and ``gc.freeze`` live in reused Python workers.
 RECOMMENDED_SPARK_CONF: Mapping[str, str] = MappingProxyType(
@@ -37,8 +37,8 @@ RECOMMENDED_SPARK_CONF: Mapping[str, str] = MappingProxyType(
 
 def register(spark: "SparkSession") -> None:
     """Register every data source of this package with ``spark`` (driver, once per session)."""
+    from .datasource import ClickHouseTxDataSource
     from .kafka_reader import KafkaDataSource
-    from .writer import ClickHouseTxDataSource
 
     spark.dataSource.register(ClickHouseTxDataSource)
     spark.dataSource.register(KafkaDataSource)

@@ -35,8 +35,8 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow.fs as pafs
 
-from clickhouse_tx import layout
-from clickhouse_tx.layout import METRICS_FILE
+from clickhouse_tx import checkpoint_paths
+from clickhouse_tx.checkpoint_paths import METRICS_FILE
 
 log = logging.getLogger("clickhouse_tx.spark")
 
@@ -97,9 +97,9 @@ def metrics_path(decision_log_uri: str) -> str:
 
     The decision log root is the checkpoint location itself for streaming queries, so
     the file goes in the library's own subdirectory, not among Spark's files
-    (:mod:`clickhouse_tx.layout`).
+    (:mod:`clickhouse_tx.checkpoint_paths`).
     """
-    return layout.metrics_path(decision_log_uri)
+    return checkpoint_paths.metrics_path(decision_log_uri)
 
 
 def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
@@ -114,8 +114,8 @@ def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
     line = json.dumps(record, sort_keys=True) + "\n"
     log.info("clickhouse_tx batch metrics: %s", line.strip())
     try:
-        fs, root = layout.open_location(decision_log_uri)
-        path = layout.metrics_path(root)
+        fs, root = checkpoint_paths.open_location(decision_log_uri)
+        path = checkpoint_paths.metrics_path(root)
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         if isinstance(fs, pafs.LocalFileSystem):
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -133,7 +133,7 @@ def append_metrics(decision_log_uri: str, record: Mapping[str, Any]) -> None:
 
 def _candidates(location: str) -> list[str]:
     base = location.rstrip("/")
-    return [base, layout.library_dir(base)]
+    return [base, checkpoint_paths.library_dir(base)]
 
 
 def read_metrics(checkpoint_location_or_log_uri: str, *, txn_id: str | None = None) -> list[dict[str, Any]]:
@@ -156,7 +156,7 @@ def read_metrics(checkpoint_location_or_log_uri: str, *, txn_id: str | None = No
     """
     out: list[dict[str, Any]] = []
     for cand in _candidates(checkpoint_location_or_log_uri):
-        fs, root = layout.open_location(cand)
+        fs, root = checkpoint_paths.open_location(cand)
         infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
         names = sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.startswith(METRICS_FILE))
         for name in names:

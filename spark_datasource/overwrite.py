@@ -147,7 +147,7 @@ def _replace_in_transaction(target: Target, statements: list[str]) -> str | None
     so nothing changed then; any other error is raised.
     """
     from clickhouse_tx.errors import ServerError
-    from clickhouse_tx.http_client import NOT_IMPLEMENTED
+    from clickhouse_tx.http_errors import NOT_IMPLEMENTED
 
     with _session(target) as s:
         try:

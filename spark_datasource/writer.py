@@ -1,5 +1,7 @@
-"""The ``clickhouse_tx`` Spark data source: batch and streaming Arrow writers.
+"""The ``clickhouse_tx`` Spark data source's batch and streaming Arrow writers.
 
+The data source that builds them is :mod:`spark_datasource.datasource`; the writers
+of staged jobs (published appends, overwrites) are :mod:`spark_datasource.job_writers`.
 Where each hook runs (Spark's Python Data Source protocol):
 
 - ``ClickHouseTxDataSource.writer`` / ``streamWriter``: driver side (a Python worker
@@ -23,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
@@ -35,9 +36,7 @@ from clickhouse_tx.faults import FaultPlan, with_faults
 from clickhouse_tx.interfaces import Prepared, WriteContext
 
 from . import worker_gc
-from .batch_append import AppendJob, already_written, plan_job
 from .metrics import append_metrics, batch_metrics
-from .overwrite import OverwriteStage, create_stage, drop_stage, swap_in
 from .writer_options import WriterOptions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,7 +101,7 @@ def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPla
     """A fresh coordinator (driver or executor); with ``fault.*`` options, a faulty one.
 
     With the ``shards`` option it is the driver's coordinator over every shard
-    (:func:`clickhouse_tx.sharded.build_sharded_coordinator`); executors prepare
+    (:func:`clickhouse_tx.sharded_io.build_sharded_coordinator`); executors prepare
     through :func:`_prepare_sharded` instead.
     """
     from clickhouse_tx.factory import build_coordinator
@@ -118,13 +117,13 @@ def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPla
             visibility=opts.commit_visibility(),
         )
 
-    layout = opts.shard_layout()
-    if layout is None:
+    placement = opts.shard_layout()
+    if placement is None:
         coordinator = one(opts.target())
     else:
-        from clickhouse_tx.sharded import build_sharded_coordinator
+        from clickhouse_tx.sharded_io import build_sharded_coordinator
 
-        coordinator = build_sharded_coordinator(opts.target(), layout, one)
+        coordinator = build_sharded_coordinator(opts.target(), placement, one)
     plan = FaultPlan.parse(opts.faults) if opts.faults else None
     return with_faults(coordinator, plan) if plan else coordinator
 
@@ -138,15 +137,15 @@ def _prepare_sharded(
 ) -> list[Prepared]:
     """Executor, once per partition attempt of a sharded write: one xid per shard with rows,
     each prepared by the one-server coordinator of a replica of its shard that answers."""
-    from clickhouse_tx.sharded import prepare_sharded
+    from clickhouse_tx.sharded_io import prepare_sharded
 
-    layout = opts.shard_layout()
-    assert layout is not None
+    placement = opts.shard_layout()
+    assert placement is not None
 
     def on(shard: int, url: str) -> Coordinator:
         return coordinator_for(dataclasses.replace(opts, url=url, shards=()), txn_id, conversion)
 
-    return prepare_sharded(layout, on, opts.target(), ctx, batches)
+    return prepare_sharded(placement, on, opts.target(), ctx, batches)
 
 
 def _task_context(streaming: bool) -> tuple[int, int, int]:
@@ -178,7 +177,7 @@ class _WriterBase:
         # so executors convert and check values without querying the table.
         self.conversion = conversion
         # Drawn on the driver once per run (a restarted query builds a new writer), so a
-        # replay's tasks can tell their own dedup layout claims from an earlier run's.
+        # replay's tasks can tell their own dedup claims from an earlier run's.
         self.run = uuid.uuid4().hex
 
     @property
@@ -287,229 +286,3 @@ class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, once per failed micro-batch."""
         self._abort(messages, batchId)
-
-
-class AppendJobWriter(ClickHouseTxBatchWriter):
-    """A batch append published at once: prepare into the job stage, publish it on commit.
-
-    Built on the driver by ``ClickHouseTxDataSource.writer`` from what
-    :func:`~spark_datasource.batch_append.plan_job` made (the DDL runs there, not
-    here); pickled to the executors (``write``, inherited) and to the commit/abort
-    worker. Holds only options and names (picklable).
-
-    Parameters
-    ----------
-    opts
-        The parsed options (their ``table`` is the user's table).
-    schema
-        The Spark schema of the rows.
-    job
-        The job's stages, options aimed at them, and conversion plan.
-    """
-
-    discard_decided = True
-
-    def __init__(self, opts: WriterOptions, schema: StructType, job: AppendJob) -> None:
-        self.final_opts = opts
-        self.job = job.job
-        super().__init__(job.options, schema, job.job.txn_id, job.conversion)
-
-    @property
-    def display_table(self) -> str:
-        return self.final_opts.qualified_table
-
-    def _after_commit(self, report: CommitReport) -> dict[str, float]:
-        """Driver, once per job, after the stage committed: publish it in one transaction, drop it."""
-        from clickhouse_tx.job_publish import Published, drop_stages, publish_job
-
-        started = time.monotonic()
-        faults = FaultPlan.parse(self.opts.faults) if self.opts.faults else None
-        target = self.final_opts.target()
-        if faults:
-            faults.hit("before_publish", 0)
-        hook = (lambda: faults.hit("in_publish", 0)) if faults else None
-        n = report.rows
-        outcome = publish_job(target, self.job, n, before_commit=hook)
-        drop_stages(target, self.job)
-        if outcome is Published.SKIPPED:
-            log.warning(
-                "clickhouse_tx batch job %s into %s wrote nothing: idempotence_key %r was recorded by another "
-                "job while it ran",
-                self.txn_id,
-                self.display_table,
-                self.job.idempotence_key,
-            )
-        else:
-            log.info("clickhouse_tx batch job %s published into %s (%d rows)", self.txn_id, self.display_table, n)
-        if faults:
-            faults.hit("after_publish", 0)
-        return {"publish": time.monotonic() - started}
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Driver, once per failed job: roll back, drop the stages; the target is untouched."""
-        from clickhouse_tx.job_publish import drop_stages
-
-        try:
-            self._abort(messages, 0)
-        finally:
-            drop_stages(self.final_opts.target(), self.job)
-
-
-class SkippedJobWriter(ClickHouseTxBatchWriter):
-    """A batch job whose ``idempotence_key`` is already recorded: its tasks write nothing."""
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:  # type: ignore[override]
-        """Executor, once per partition attempt: nothing to write."""
-        return WriterCommitMessage()
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Driver, once per job: nothing to commit."""
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Driver, once per failed job: nothing to roll back."""
-
-
-class OverwriteWriter(ClickHouseTxBatchWriter):
-    """``df.write.mode("overwrite")``: prepare into a stage table, swap it in on commit.
-
-    Built on the driver by ``ClickHouseTxDataSource.writer(schema, overwrite=True)``
-    from the stage :func:`~spark_datasource.overwrite.create_stage` made (the DDL
-    runs there, not here); pickled to the executors (``write``, inherited) and to the
-    commit/abort worker. Holds only options and names (picklable).
-
-    Parameters
-    ----------
-    opts
-        The parsed options (their ``table`` is the table to overwrite).
-    schema
-        The Spark schema of the rows.
-    stage
-        The job's stage table and its options.
-    """
-
-    discard_decided = True
-
-    def __init__(self, opts: WriterOptions, schema: StructType, stage: OverwriteStage) -> None:
-        self.final_opts = opts
-        self.stage = stage.name
-        self.swap = stage.swap
-        super().__init__(stage.options, schema, stage.txn_id, stage.conversion)
-
-    @property
-    def display_table(self) -> str:
-        return self.final_opts.qualified_table
-
-    def _after_commit(self, report: CommitReport) -> dict[str, float]:
-        """Driver, once per job, after the stage committed: swap it in, drop it."""
-        started = time.monotonic()
-        target = self.final_opts.target()
-        method = swap_in(target, self.stage, self.swap)
-        drop_stage(target, self.stage)
-        log.info("clickhouse_tx overwrite of %s swapped in (%s, %d rows)", self.display_table, method, report.rows)
-        return {"swap_and_drop": time.monotonic() - started}
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Driver, once per failed job: roll back, drop the stage; the target is untouched."""
-        try:
-            self._abort(messages, 0)
-        finally:
-            drop_stage(self.final_opts.target(), self.stage)
-
-
-def reject_unsupported(opts: WriterOptions, overwrite: bool = False) -> None:
-    """Driver, when the writer is built: refuse option combinations not implemented.
-
-    Multi-table routing (``table_column``) works for appends in mode ``transaction``
-    (one session spans every table of a partition; :meth:`WriterOptions.check_routing`
-    refuses the other modes and a missing ``tables``). An overwrite swaps one stage table into one target, so
-    routing with ``.mode("overwrite")`` is refused before any task writes.
-    """
-    from clickhouse_tx.errors import ConfigurationError
-
-    opts.check_routing()
-    if opts.shards and (overwrite or opts.table_column):
-        raise ConfigurationError(
-            "option shards with "
-            + ("table_column (multi-table routing)" if opts.table_column else ".mode('overwrite')")
-            + ": not supported on a sharded write yet; append into one table, or write each shard "
-            "with its own url"
-        )
-    if opts.table_column and overwrite:
-        raise ConfigurationError(
-            f"option table_column={opts.table_column!r} with .mode('overwrite'): multi-table "
-            "routing is append-only; overwrite each table with its own DataFrame instead"
-        )
-
-
-# Streaming targets checked by this process: key -> (monotonic time, conversion plan).
-_CHECKED: dict[tuple[str, str], tuple[float, ConversionPlan]] = {}
-_RECHECK_S = 60.0
-
-
-class ClickHouseTxDataSource(DataSource):
-    """``format("clickhouse_tx")``: exactly-once writes into ClickHouse.
-
-    Options are parsed and checked once, on the driver, in ``writer``/``streamWriter``;
-    the target table and the schema are checked there too, before any task writes.
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        return "clickhouse_tx"
-
-    def _validated(self, schema: StructType, streaming: bool) -> tuple[WriterOptions, str, ConversionPlan]:
-        opts = WriterOptions.parse(self.options, streaming=streaming)
-        reject_unsupported(opts)
-        # Streaming: the id is read from (or first stored in) the checkpoint, before any
-        # task writes; an explicit id that differs from the stored one is refused here.
-        opts = opts.with_query_identity()
-        opts.check_batch_job_not_done()
-        txn_id = opts.txn_id()
-        from .writer_setup import prepare_target
-
-        # Spark calls streamWriter before every commit, in a reused Python worker: a
-        # target checked moments ago for the same options and schema is not checked
-        # again (a few round trips per micro-batch otherwise). Batch jobs always check.
-        key = (repr(sorted((k.lower(), v) for k, v in dict(self.options).items())), schema.json())
-        now = time.monotonic()
-        checked_at, plan = _CHECKED.get(key, (-_RECHECK_S, None))
-        if not streaming or plan is None or now - checked_at >= _RECHECK_S:
-            plan = prepare_target(opts, schema)
-            if streaming:
-                _CHECKED[key] = (now, plan)
-        return opts, txn_id, plan
-
-    def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
-        """Driver, once per batch job; the writer is pickled to executors and the commit."""
-        if overwrite:
-            opts = WriterOptions.parse(self.options, streaming=False)
-            reject_unsupported(opts, overwrite=True)
-            return OverwriteWriter(opts, schema, create_stage(opts, schema))
-        opts, txn_id, plan = self._validated(schema, streaming=False)
-        done = already_written(opts)
-        if done is not None:
-            log.warning(
-                "clickhouse_tx batch job into %s skipped: idempotence_key %r was recorded by job %s at %s "
-                "(%s rows); nothing is written",
-                opts.qualified_table,
-                opts.idempotence_key,
-                done.get("txn_id"),
-                done.get("committed_at"),
-                done.get("rows"),
-            )
-            return SkippedJobWriter(opts, schema, txn_id, plan)
-        log.info(
-            "clickhouse_tx batch job into %s: transactional_id %r (%s)",
-            opts.qualified_table,
-            txn_id,
-            "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job",
-        )
-        job = plan_job(opts, schema, txn_id, plan)
-        if job is not None:
-            return AppendJobWriter(opts, schema, job)
-        return ClickHouseTxBatchWriter(dataclasses.replace(opts, visibility="partition"), schema, txn_id, plan)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
-        """Driver, at query start and before every commit (fresh worker each time)."""
-        opts, txn_id, plan = self._validated(schema, streaming=True)
-        return ClickHouseTxStreamWriter(opts, schema, txn_id, plan)

@@ -41,7 +41,7 @@ from clickhouse_tx.sql import split_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.retry import RetryPolicy
-    from clickhouse_tx.shards import ShardLayout
+    from clickhouse_tx.shard_placement import ShardPlacement as ShardLayout
 
 #: The parsed type of one option (``from_options``'s ``get``).
 T = TypeVar("T")
@@ -460,7 +460,7 @@ class WriterOptions:
         """The :class:`~clickhouse_tx.shards.ShardLayout` of a sharded write; None for one server."""
         if not self.shards:
             return None
-        from clickhouse_tx.shards import ShardLayout
+        from clickhouse_tx.shard_placement import ShardPlacement as ShardLayout
 
         return ShardLayout(self.shards, self.shard_weights, self.sharding_key)
 
@@ -745,7 +745,7 @@ def _scalar_values(opts: Mapping[str, str]) -> dict[str, object]:
 
 def _sharding(opts: Mapping[str, str]) -> dict[str, Any]:
     """``shards`` (each URL checked like ``url``), ``sharding_key``, ``shard_weights`` as fields."""
-    from clickhouse_tx.shards import parse_shard_urls, parse_weights
+    from clickhouse_tx.shard_placement import parse_shard_urls, parse_weights
 
     if "shards" not in opts:
         for name in ("sharding_key", "shard_weights"):

@@ -168,8 +168,8 @@ def _without(schema: StructType, column: str | None) -> StructType:
 def _prepare_shards(opts: WriterOptions, schema: StructType) -> ConversionPlan:
     """Every shard: the checks of one server on each replica that answers (at least one per
     shard), the same column types everywhere, and a ``sharding_key`` the hash takes."""
-    from clickhouse_tx.sharded import answers
-    from clickhouse_tx.shards import is_hashable_type
+    from clickhouse_tx.shard_placement import is_hashable_type
+    from clickhouse_tx.sharded_io import answers
 
     if opts.sharding_key is not None:
         if opts.sharding_key not in schema.fieldNames():

@@ -8,10 +8,11 @@ from typing import Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP, safe_url
+from clickhouse_tx.arrow_checksum import CountingBatches
 from clickhouse_tx.errors import ConfigurationError, ServerError
+from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
 from clickhouse_tx.interfaces import Hook, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CommitMarkers, CountingBatches
+from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.schema import TableInfo, check_schema, describe_table
 from clickhouse_tx.views import DependentView, dependent_views, describe_views
 

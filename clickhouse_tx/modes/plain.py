@@ -12,8 +12,8 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from clickhouse_tx.arrow_checksum import CountingBatches
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 from clickhouse_tx.views import dependent_views, describe_views
 

@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 
-from clickhouse_tx._transport import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND, ClickHouseHTTP
 from clickhouse_tx.errors import ServerError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND
 from clickhouse_tx.interfaces import Target
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ import time
 from typing import Any, Sequence
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError, ServerBusyError
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Hook, Prepared, Target
 from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.modes.stage_tables import (

@@ -17,14 +17,9 @@ import uuid
 from typing import Any
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import (
-    INVALID_TRANSACTION,
-    SESSION_IS_LOCKED,
-    SESSION_NOT_FOUND,
-    ClickHouseHTTP,
-    ReplyLostError,
-)
 from clickhouse_tx.errors import ClickHouseTxError, OutcomeUnknownError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND, ReplyLostError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Target
 

@@ -39,10 +39,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import (
-    ClickHouseHTTP,
-    ReplyLostError,
-)
+from clickhouse_tx.arrow_checksum import CountingBatches
 from clickhouse_tx.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (
     ConfigurationError,
@@ -50,8 +47,9 @@ from clickhouse_tx.errors import (
     NotCommittedError,
     OutcomeUnknownError,
 )
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CountingBatches
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 from clickhouse_tx.modes.stage_publish import publish_batch, publish_xid, settle_batch_of
 from clickhouse_tx.modes.stage_tables import (

@@ -46,17 +46,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import (
+from clickhouse_tx.arrow_checksum import CountingBatches, batch_checksum, combine, finish
+from clickhouse_tx.dead_letters import write_dead_letters
+from clickhouse_tx.errors import ConfigurationError, NotCommittedError, OutcomeUnknownError, ServerError, TransientError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import (
     FUNCTION_THROW_IF_VALUE_IS_NON_ZERO,
     INVALID_TRANSACTION,
     SESSION_NOT_FOUND,
-    ClickHouseHTTP,
     ReplyLostError,
 )
-from clickhouse_tx.dead_letters import write_dead_letters
-from clickhouse_tx.errors import ConfigurationError, NotCommittedError, OutcomeUnknownError, ServerError, TransientError
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CommitMarkers, CountingBatches, batch_checksum, combine, finish
+from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE, NO_TRANSACTION_ID
 

@@ -19,7 +19,8 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.markers import MARKERS_TABLE
-from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode
+from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup_chunks import ChunkSizing
 
 TXN = "q1"
 DEDUP_TXN = "dq"  # the query of the dedup-mode tests

@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 
 ROWS = 200_000

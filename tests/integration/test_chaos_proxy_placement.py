@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.chaos.proxy import FaultProxy
-from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import Target
 from server_patches import stack as stack_mod
 from server_patches.stack import StackInfo

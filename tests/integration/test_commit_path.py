@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx._transport import SESSION_IS_LOCKED, SESSION_NOT_FOUND, ClickHouseHTTP
 from clickhouse_tx.errors import ServerError, TransientError
 from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import SESSION_IS_LOCKED, SESSION_NOT_FOUND
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
 from clickhouse_tx.modes.transaction import TransactionMode

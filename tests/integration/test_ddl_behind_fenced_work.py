@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import NotCommittedError
 from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import MARKERS_TABLE
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX

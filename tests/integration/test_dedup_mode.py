@@ -9,14 +9,16 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
-from clickhouse_tx._transport.errors import ReplyLostError
 from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
 from clickhouse_tx.markers import MARKERS_TABLE
-from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode, DedupWindowError, max_block_number
-from clickhouse_tx.modes.dedup_layout import DedupLayoutError
+from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup_chunks import ChunkSizing
+from clickhouse_tx.modes.dedup_claims import DedupLayoutError
+from clickhouse_tx.modes.dedup_window import DedupWindowError, max_block_number
 from clickhouse_tx.registry import KeeperMapRegistry
 from tests.helpers.tables import (
     DEDUP_TXN,
@@ -117,7 +119,7 @@ def test_a_replay_whose_partition_holds_other_rows_is_refused_and_the_original_r
     # ("partition 0, chunk 0") made ClickHouse drop them as a duplicate: rows lost.
     # Content tokens would insert them, but the rows 0..299 already in the table would
     # then be inserted again by whichever partition now holds them: the replay is
-    # refused before it inserts (tests/integration/test_dedup_layout.py), and the
+    # refused before it inserts (tests/integration/test_dedup_claims.py), and the
     # original cut finishes the partition without losing its rows 300..399.
     target = make_table(admin, database)
     with pytest.raises(NotCommittedError):

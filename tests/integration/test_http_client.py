@@ -6,8 +6,9 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP, ReplyLostError, RequestNotSentError
 from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError, ServerError, TransientError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import ReplyLostError, RequestNotSentError
 from clickhouse_tx.interfaces import Target
 from server_patches.processes import free_port
 

@@ -13,13 +13,15 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import INVALID_TRANSACTION, ClickHouseHTTP
+from clickhouse_tx.arrow_checksum import arrow_checksum
 from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError, ServerError
 from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import INVALID_TRANSACTION
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import arrow_checksum
 from clickhouse_tx.modes import mode_io_for
-from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode
+from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup_chunks import ChunkSizing
 from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, stage_name
 from clickhouse_tx.modes.staging import StagingMode

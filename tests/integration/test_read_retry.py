@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from benchmarks.chaos.proxy import FaultProxy
-from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.retry import NO_RETRY, RetryPolicy
 from server_patches import stack as stack_mod

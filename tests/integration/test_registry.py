@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Mode, RegistryEntry, RegistryIO, Target
 from clickhouse_tx.registry import AlreadyRegisteredError, KeeperMapRegistry
 from clickhouse_tx.state import TxState

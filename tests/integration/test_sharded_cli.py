@@ -9,8 +9,8 @@ from pathlib import Path
 
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Target, WriteContext
-from clickhouse_tx.sharded import prepare_sharded
-from clickhouse_tx.shards import ShardLayout
+from clickhouse_tx.shard_placement import ShardPlacement
+from clickhouse_tx.sharded_io import prepare_sharded
 from server_patches.stack import StackInfo
 from tests.helpers.cli import run_cli
 from tests.helpers.shards import create_everywhere, drop_everywhere, sharded_table
@@ -60,12 +60,12 @@ def test_verify_across_shards_counts_an_offset_on_two_shards_as_a_duplicate(shar
 def test_status_and_gc_cover_the_open_prepares_of_every_shard(sharded_stack: StackInfo, tmp_path: Path) -> None:
     target = sharded_table(sharded_stack)
     try:
-        layout = ShardLayout(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
+        placement = ShardPlacement(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
 
         def on(shard: int, url: str):
             return build_coordinator(dataclasses.replace(target, url=url), "transaction", TXN, str(tmp_path))
 
-        msgs = prepare_sharded(layout, on, target, WriteContext(TXN, 0, 0, 0), batches(rows(500)))
+        msgs = prepare_sharded(placement, on, target, WriteContext(TXN, 0, 0, 0), batches(rows(500)))
         assert len(msgs) == 2
         table = ["--table", f"{target.database}.{target.table}"]
         status = run_cli("status", "--shards", sharded_stack.shards_option, *table, "--json")

@@ -13,8 +13,8 @@ import pytest
 from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
-from clickhouse_tx.sharded import build_sharded_coordinator, prepare_sharded
-from clickhouse_tx.shards import ShardLayout, stable_hash
+from clickhouse_tx.shard_placement import ShardPlacement, stable_hash
+from clickhouse_tx.sharded_io import build_sharded_coordinator, prepare_sharded
 from server_patches.stack import StackInfo
 from tests.helpers.shards import counts, drop_everywhere, ids_per_shard, sharded_table
 from tests.helpers.tables import TXN, batches, rows
@@ -36,7 +36,9 @@ def _one(mode: str, log: Path):
     return build
 
 
-def _prepare(layout: ShardLayout, target: Target, mode: str, log: Path, data: pa.Table, parts: int) -> list[Prepared]:
+def _prepare(
+    placement: ShardPlacement, target: Target, mode: str, log: Path, data: pa.Table, parts: int
+) -> list[Prepared]:
     """One Spark-like task per slice of ``data``: slice i is partition i."""
     per = data.num_rows // parts
     build = _one(mode, log)
@@ -44,7 +46,7 @@ def _prepare(layout: ShardLayout, target: Target, mode: str, log: Path, data: pa
     for p in range(parts):
         ctx = WriteContext(TXN, 0, p, 0)
         out += prepare_sharded(
-            layout,
+            placement,
             lambda shard, url: build(dataclasses.replace(target, url=url)),
             target,
             ctx,
@@ -53,26 +55,26 @@ def _prepare(layout: ShardLayout, target: Target, mode: str, log: Path, data: pa
     return out
 
 
-def _expected_by_key(layout: ShardLayout, ids: list[int]) -> list[int]:
-    shards = layout.shards_of_hashes(stable_hash(pa.array(ids, pa.uint64())))
-    return [int((shards == s).sum()) for s in range(layout.n)]
+def _expected_by_key(placement: ShardPlacement, ids: list[int]) -> list[int]:
+    shards = placement.shards_of_hashes(stable_hash(pa.array(ids, pa.uint64())))
+    return [int((shards == s).sum()) for s in range(placement.n)]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_rows_spread_by_key_commit_once_on_their_shard_and_a_replay_changes_nothing(
     sharded_stack: StackInfo, target: Target, tmp_path: Path, mode: str
 ) -> None:
-    layout = ShardLayout(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
-    msgs = _prepare(layout, target, mode, tmp_path, rows(2000), parts=4)
-    assert sorted({layout.shard_of_slot(m.partition) for m in msgs}) == [0, 1]
+    placement = ShardPlacement(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
+    msgs = _prepare(placement, target, mode, tmp_path, rows(2000), parts=4)
+    assert sorted({placement.shard_of_slot(m.partition) for m in msgs}) == [0, 1]
     assert len(msgs) == 8  # 4 partitions x 2 shards, every one with rows
-    co = build_sharded_coordinator(target, layout, _one(mode, tmp_path))
+    co = build_sharded_coordinator(target, placement, _one(mode, tmp_path))
     report = co.commit_batch(0, msgs)
     assert set(report.committed) == {m.xid for m in msgs} and report.rows == 2000
     per = ids_per_shard(sharded_stack, target)
-    assert counts(per) == _expected_by_key(layout, list(range(2000)))
+    assert counts(per) == _expected_by_key(placement, list(range(2000)))
     assert sorted(per[0] + per[1]) == list(range(2000))
-    replay = build_sharded_coordinator(target, layout, _one(mode, tmp_path)).commit_batch(0, msgs)
+    replay = build_sharded_coordinator(target, placement, _one(mode, tmp_path)).commit_batch(0, msgs)
     assert replay.already_done and ids_per_shard(sharded_stack, target) == per
 
 
@@ -80,10 +82,10 @@ def test_rows_spread_by_key_commit_once_on_their_shard_and_a_replay_changes_noth
 def test_without_a_key_each_partition_goes_whole_to_one_shard_by_weight(
     sharded_stack: StackInfo, target: Target, tmp_path: Path, mode: str
 ) -> None:
-    layout = ShardLayout(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), weights=(1, 2))
-    msgs = _prepare(layout, target, mode, tmp_path, rows(1200), parts=6)
-    assert [layout.shard_of_slot(m.partition) for m in msgs] == [0, 1, 1, 0, 1, 1]
-    build_sharded_coordinator(target, layout, _one(mode, tmp_path)).commit_batch(0, msgs)
+    placement = ShardPlacement(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), weights=(1, 2))
+    msgs = _prepare(placement, target, mode, tmp_path, rows(1200), parts=6)
+    assert [placement.shard_of_slot(m.partition) for m in msgs] == [0, 1, 1, 0, 1, 1]
+    build_sharded_coordinator(target, placement, _one(mode, tmp_path)).commit_batch(0, msgs)
     per = ids_per_shard(sharded_stack, target)
     assert counts(per) == [400, 800]
     assert per[0] == list(range(0, 200)) + list(range(600, 800))
@@ -93,9 +95,9 @@ def test_without_a_key_each_partition_goes_whole_to_one_shard_by_weight(
 def test_an_aborted_sharded_batch_leaves_no_row_on_any_shard(
     sharded_stack: StackInfo, target: Target, tmp_path: Path, mode: str
 ) -> None:
-    layout = ShardLayout(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
-    msgs = _prepare(layout, target, mode, tmp_path, rows(400), parts=2)
-    report = build_sharded_coordinator(target, layout, _one(mode, tmp_path)).abort_batch(0, msgs)
+    placement = ShardPlacement(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
+    msgs = _prepare(placement, target, mode, tmp_path, rows(400), parts=2)
+    report = build_sharded_coordinator(target, placement, _one(mode, tmp_path)).abort_batch(0, msgs)
     assert sorted(report.rolled_back) == sorted(m.xid for m in msgs)
     assert counts(ids_per_shard(sharded_stack, target)) == [0, 0]
 
@@ -103,9 +105,9 @@ def test_an_aborted_sharded_batch_leaves_no_row_on_any_shard(
 def test_a_decision_logged_before_the_driver_died_is_rolled_forward_on_every_shard(
     sharded_stack: StackInfo, target: Target, tmp_path: Path
 ) -> None:
-    layout = ShardLayout(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
-    msgs = _prepare(layout, target, "transaction", tmp_path, rows(1000), parts=2)
-    co = build_sharded_coordinator(target, layout, _one("transaction", tmp_path))
+    placement = ShardPlacement(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
+    msgs = _prepare(placement, target, "transaction", tmp_path, rows(1000), parts=2)
+    co = build_sharded_coordinator(target, placement, _one("transaction", tmp_path))
     committed_one: list[str] = []
     real_commit = co.ops.commit_committing
 
@@ -124,8 +126,8 @@ def test_a_decision_logged_before_the_driver_died_is_rolled_forward_on_every_sha
         co.commit_batch(0, msgs)
     assert 0 < sum(counts(ids_per_shard(sharded_stack, target))) < 1000
     # The replay (a new driver, a later task attempt's messages included) finishes the decision.
-    again = _prepare(layout, target, "transaction", tmp_path, rows(1000), parts=2)
-    report = build_sharded_coordinator(target, layout, _one("transaction", tmp_path)).commit_batch(0, again + msgs)
+    again = _prepare(placement, target, "transaction", tmp_path, rows(1000), parts=2)
+    report = build_sharded_coordinator(target, placement, _one("transaction", tmp_path)).commit_batch(0, again + msgs)
     assert report.replay
     per = ids_per_shard(sharded_stack, target)
     assert sorted(per[0] + per[1]) == list(range(1000))
@@ -141,10 +143,10 @@ def test_a_dead_replica_is_skipped_and_the_xid_commits_on_the_replica_that_prepa
     target = sharded_table(info)
     ((r0, r1),) = info.clickhouse_urls
     stack_mod.kill_clickhouse(info.dir, shard=0, replica=0)
-    layout = ShardLayout(((r0, r1),))
-    msgs = _prepare(layout, target, mode, tmp_path, rows(600), parts=3)
+    placement = ShardPlacement(((r0, r1),))
+    msgs = _prepare(placement, target, mode, tmp_path, rows(600), parts=3)
     assert {m.server for m in msgs} == {r1}
-    report = build_sharded_coordinator(target, layout, _one(mode, tmp_path)).commit_batch(0, msgs)
+    report = build_sharded_coordinator(target, placement, _one(mode, tmp_path)).commit_batch(0, msgs)
     assert report.rows == 600
     stack_mod.start_clickhouse(info.dir, shard=0, replica=0)
     from clickhouse_tx.http_client import ClickHouseHTTP
@@ -171,13 +173,13 @@ def test_transaction_mode_refuses_a_replicated_target_on_any_shard_naming_stagin
             f"CREATE TABLE `{target.database}`.repl (id UInt64, s String) "
             f"ENGINE = ReplicatedMergeTree('/t/{target.database}/{{shard}}/repl', '{{replica}}') ORDER BY id",
         )
-        layout = ShardLayout(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
+        placement = ShardPlacement(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
         repl = dataclasses.replace(target, table="repl")
-        co = build_sharded_coordinator(repl, layout, _one("transaction", tmp_path))
+        co = build_sharded_coordinator(repl, placement, _one("transaction", tmp_path))
         with pytest.raises(ConfigurationError, match="staging") as e:
             co.validate(rows(1).schema)
         assert "dedup" in str(e.value)
         for mode in ("staging", "dedup"):
-            build_sharded_coordinator(repl, layout, _one(mode, tmp_path)).validate(rows(1).schema)
+            build_sharded_coordinator(repl, placement, _one(mode, tmp_path)).validate(rows(1).schema)
     finally:
         drop_everywhere(sharded_stack, target.database)

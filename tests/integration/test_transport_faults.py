@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 import pytest
 
-from clickhouse_tx._transport import ClickHouseHTTP, RequestNotSentError
 from clickhouse_tx.errors import ServerBusyError
 from clickhouse_tx.factory import build_mode_io
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import RequestNotSentError
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, RegistryEntry, Target
 from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.registry import KeeperMapRegistry

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import ValueDoesNotFitError
 from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
 from clickhouse_tx.schema import check_schema, conversion_columns, describe_table

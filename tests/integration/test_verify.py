@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from clickhouse_tx.verify import Segment, check_segments, parse_expected, runs, verify
+from clickhouse_tx.verify import verify
+from clickhouse_tx.verify_offsets import Segment, check_segments, parse_expected, runs
 from tests.conftest import quote_ident
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import ConfigurationError, ServerError
 from clickhouse_tx.factory import build_coordinator, build_mode_io
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
 

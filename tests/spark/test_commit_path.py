@@ -19,8 +19,8 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.decision_log import FileDecisionLog
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from server_patches import stack as stack_mod
 from spark_datasource.writer_options import MIN_SESSION_TIMEOUT_S

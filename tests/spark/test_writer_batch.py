@@ -388,7 +388,7 @@ def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_neve
 def test_an_overwrite_that_cannot_be_atomic_warns_naming_what_readers_can_see(
     clickhouse_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from clickhouse_tx._transport import ClickHouseHTTP
+    from clickhouse_tx.http_client import ClickHouseHTTP
     from spark_datasource.overwrite import swap_in, swap_method
 
     db = f"ord_{uuid.uuid4().hex[:8]}"

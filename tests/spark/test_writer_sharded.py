@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.shards import ShardLayout, stable_hash
+from clickhouse_tx.shard_placement import ShardPlacement, stable_hash
 from server_patches.stack import StackInfo
 from tests.helpers.shards import counts, drop_everywhere, ids_per_shard, sharded_table
 
@@ -27,8 +27,8 @@ def _options(stack: StackInfo, target: Target, mode: str, **extra: str) -> dict[
 
 
 def _by_key(n: int, weights: tuple[int, ...] = (1, 1)) -> list[int]:
-    layout = ShardLayout((("a",), ("b",)), weights, "id")
-    shards = layout.shards_of_hashes(stable_hash(pa.array(range(n), pa.int64())))
+    placement = ShardPlacement((("a",), ("b",)), weights, "id")
+    shards = placement.shards_of_hashes(stable_hash(pa.array(range(n), pa.int64())))
     return [int((shards == s).sum()) for s in range(2)]
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from tests.helpers.spark_writes import open_registry_entries
 from tests.helpers.tables import events_table

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx._transport import ClickHouseHTTP
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 
 ROOT = Path(__file__).resolve().parents[2]

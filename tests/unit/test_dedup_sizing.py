@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.modes.dedup import ChunkSizing, DedupMode, chunk_digest, chunk_messages
+from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup_chunks import ChunkSizing, chunk_digest, chunk_messages
 
 SIZING = ChunkSizing(target_bytes=32_768, sample_rows=50, min_rows=50, max_rows=1_000, message_rows=64)
 

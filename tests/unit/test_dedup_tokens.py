@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from clickhouse_tx.modes.dedup import Rechunker, chunk_digest, chunk_messages
+from clickhouse_tx.modes.dedup_chunks import Rechunker, chunk_digest, chunk_messages
 
 
 def table(n: int, start: int = 0, nulls: bool = False) -> pa.Table:

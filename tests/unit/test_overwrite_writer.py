@@ -7,8 +7,8 @@ import pickle
 
 from pyspark.sql.types import LongType, StructField, StructType
 
+from spark_datasource.job_writers import OverwriteWriter
 from spark_datasource.overwrite import OverwriteStage
-from spark_datasource.writer import OverwriteWriter
 from spark_datasource.writer_options import WriterOptions
 
 

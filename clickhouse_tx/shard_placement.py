@@ -4,7 +4,7 @@ A sharded write prepares one xid per (Spark partition, shard) that holds rows. T
 coordinator knows partitions only, so each (partition, shard) pair gets a **slot**
 number, ``partition * shards + shard``; the slot is what ``Prepared.partition`` and
 the xid carry. Everything the protocol guarantees per partition (one decision, the
-replacement of a dead xid only by one with the same rows, the dedup layout check)
+replacement of a dead xid only by one with the same rows, the dedup claims check)
 then holds per (partition, shard), and the shard is recovered from any xid or
 message as ``slot % shards``.
 
@@ -41,7 +41,7 @@ _MASK = (1 << 64) - 1
 
 
 @dataclasses.dataclass(frozen=True)
-class ShardLayout:
+class ShardPlacement:
     """The shards of a write and how rows are spread over them (frozen, picklable).
 
     Attributes
@@ -166,11 +166,11 @@ def stable_hash(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return hashed
 
 
-def split_by_shard(batch: pa.RecordBatch, layout: ShardLayout) -> dict[int, pa.RecordBatch]:
-    """``batch``'s rows by shard (by ``layout.key``); shards without rows are absent."""
-    if layout.key is None:
-        raise ValueError("split_by_shard needs a layout with a sharding key")
-    shards = layout.shards_of_hashes(stable_hash(batch.column(layout.key)))
+def split_by_shard(batch: pa.RecordBatch, placement: ShardPlacement) -> dict[int, pa.RecordBatch]:
+    """``batch``'s rows by shard (by ``placement.key``); shards without rows are absent."""
+    if placement.key is None:
+        raise ValueError("split_by_shard needs a placement with a sharding key")
+    shards = placement.shards_of_hashes(stable_hash(batch.column(placement.key)))
     out: dict[int, pa.RecordBatch] = {}
     for shard in np.unique(shards).tolist():
         out[int(shard)] = batch.filter(pa.array(shards == shard))
@@ -207,6 +207,6 @@ def parse_shard_urls(raw: str) -> tuple[tuple[str, ...], ...]:
     return shards
 
 
-def layout_of(urls: Sequence[Sequence[str]], weights: Sequence[int] = (), key: str | None = None) -> ShardLayout:
-    """A :class:`ShardLayout` from plain sequences."""
-    return ShardLayout(tuple(tuple(r) for r in urls), tuple(weights), key)
+def placement_of(urls: Sequence[Sequence[str]], weights: Sequence[int] = (), key: str | None = None) -> ShardPlacement:
+    """A :class:`ShardPlacement` from plain sequences."""
+    return ShardPlacement(tuple(tuple(r) for r in urls), tuple(weights), key)

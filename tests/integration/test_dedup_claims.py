@@ -14,11 +14,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx._transport import ClickHouseHTTP
 from clickhouse_tx.errors import NotCommittedError
+from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Prepared, WriteContext
-from clickhouse_tx.modes import dedup_layout
-from clickhouse_tx.modes.dedup_layout import LAYOUT_TABLE, DedupLayoutError
+from clickhouse_tx.modes import dedup_claims
+from clickhouse_tx.modes.dedup_claims import LAYOUT_TABLE, DedupLayoutError
 from tests.helpers.tables import (
     DEDUP_TXN as TXN,
 )
@@ -130,7 +130,7 @@ def test_a_partition_with_nothing_to_wait_for_is_claimed_inserted_in_one_request
     monkeypatch.undo()
     layouts = [r for r in sent if LAYOUT_TABLE in r]
     assert [r.split(" b'", 1)[1].split()[0] for r in layouts] == ["SELECT", "INSERT", "INSERT"]
-    claim = dedup_layout.LayoutRecords.beside(target, co.mode_io.registry).claim_of(TXN, 0, 1)
+    claim = dedup_claims.ClaimRecords.beside(target, co.mode_io.registry).claim_of(TXN, 0, 1)
     assert claim is not None and claim["inserted"] is True and claim["caught_up"] == "r1"
     assert committed_count(admin, target) == 600
 
@@ -147,11 +147,11 @@ def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_
         dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, p, 0, run="r1"), batches(first[p], 100))
     inserted = committed_count(admin, target)
     assert inserted == 800
-    monkeypatch.setattr(dedup_layout, "WAIT_S", 2.0)
+    monkeypatch.setattr(dedup_claims, "WAIT_S", 2.0)
     with pytest.raises(DedupLayoutError, match=r"partitions \[0, 1\] .* did not show within 2 s"):
         dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 2, 0, run="r2"), batches(first[2]))
 
-    monkeypatch.setattr(dedup_layout, "WAIT_S", 60.0)
+    monkeypatch.setattr(dedup_claims, "WAIT_S", 60.0)
     replay = cut(rows(N), 4)  # run r3 cuts it in 4: partition 3 waits, partition 0 is refused
     waiting: dict[str, BaseException] = {}
 

@@ -2,7 +2,7 @@
 
 Executors prepare one xid per shard that gets rows of their partition, each with the
 plain one-server :class:`~clickhouse_tx.coordinator.Coordinator` of that shard (on a
-healthy replica), under the slot number of :mod:`clickhouse_tx.shards`. The driver
+healthy replica), under the slot number of :mod:`clickhouse_tx.shard_placement`. The driver
 commits with one coordinator whose I/O is routed here: :class:`ShardedModeIO` sends
 each commit, rollback and lookup to the server that prepared the xid (its
 ``Prepared.server``), and :class:`ShardedRegistry` keeps each xid's registry entry
@@ -19,13 +19,13 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
-from clickhouse_tx._transport import ClickHouseHTTP, safe_url
 from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError
+from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
 from clickhouse_tx.ids import parse_xid
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Hook, Prepared, RegistryEntry, Target, WriteContext
 from clickhouse_tx.registry import KeeperMapRegistry
-from clickhouse_tx.shards import ShardLayout, split_by_shard
+from clickhouse_tx.shard_placement import ShardPlacement, split_by_shard
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,8 +67,8 @@ def pick_replica(target: Target, replicas: Sequence[str], *, rng: random.Random 
     )
 
 
-def _shard_of_xid(layout: ShardLayout, xid: str) -> int:
-    return layout.shard_of_slot(parse_xid(xid).partition)
+def _shard_of_xid(placement: ShardPlacement, xid: str) -> int:
+    return placement.shard_of_slot(parse_xid(xid).partition)
 
 
 class ShardedRegistry:
@@ -79,8 +79,8 @@ class ShardedRegistry:
     :class:`~clickhouse_tx.registry.KeeperMapRegistry` per shard.
     """
 
-    def __init__(self, layout: ShardLayout, registries: Sequence[KeeperMapRegistry]) -> None:
-        self.layout = layout
+    def __init__(self, placement: ShardPlacement, registries: Sequence[KeeperMapRegistry]) -> None:
+        self.placement = placement
         self.registries = list(registries)
 
     def __repr__(self) -> str:
@@ -88,12 +88,12 @@ class ShardedRegistry:
 
     def of(self, xid: str) -> KeeperMapRegistry:
         """The registry of ``xid``'s shard."""
-        return self.registries[_shard_of_xid(self.layout, xid)]
+        return self.registries[_shard_of_xid(self.placement, xid)]
 
     def _by_shard(self, xids: Iterable[str]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
         for x in xids:
-            out.setdefault(_shard_of_xid(self.layout, x), []).append(x)
+            out.setdefault(_shard_of_xid(self.placement, x), []).append(x)
         return out
 
     def register(self, entry: RegistryEntry) -> None:
@@ -137,27 +137,27 @@ class ShardedModeIO:
     ``prepare`` runs per shard through :func:`prepare_sharded`.
     """
 
-    def __init__(self, layout: ShardLayout, per_shard: Sequence[CommitModeIO]) -> None:
-        self.layout = layout
+    def __init__(self, placement: ShardPlacement, per_shard: Sequence[CommitModeIO]) -> None:
+        self.placement = placement
         self.per_shard = list(per_shard)
         self.mode = self.per_shard[0].mode
 
     def target_of(self, target: Target, p: Prepared) -> Target:
         """``target`` on the server that prepared ``p`` (its recorded replica)."""
-        replicas = self.layout.urls[self.layout.shard_of_slot(p.partition)]
+        replicas = self.placement.urls[self.placement.shard_of_slot(p.partition)]
         url = next((u for u in replicas if safe_url(u) == p.server), replicas[0])
         return dataclasses.replace(target, url=url)
 
     def _io(self, p: Prepared) -> CommitModeIO:
-        return self.per_shard[self.layout.shard_of_slot(p.partition)]
+        return self.per_shard[self.placement.shard_of_slot(p.partition)]
 
     def validate(self, target: Target, schema: pa.Schema) -> None:
-        for shard, replicas in enumerate(self.layout.urls):
+        for shard, replicas in enumerate(self.placement.urls):
             for url in replicas:
                 self.per_shard[shard].validate(dataclasses.replace(target, url=url), schema)
 
     def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
-        raise NotImplementedError("a sharded write prepares per shard (clickhouse_tx.sharded.prepare_sharded)")
+        raise NotImplementedError("a sharded write prepares per shard (clickhouse_tx.sharded_io.prepare_sharded)")
 
     def commit(self, target: Target, p: Prepared) -> None:
         self._io(p).commit(self.target_of(target, p), p)
@@ -179,14 +179,14 @@ class ShardedModeIO:
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         by_shard: dict[int, list[Prepared]] = {}
         for m in messages:
-            by_shard.setdefault(self.layout.shard_of_slot(m.partition), []).append(m)
+            by_shard.setdefault(self.placement.shard_of_slot(m.partition), []).append(m)
         for shard, msgs in sorted(by_shard.items()):
             url = self.target_of(target, msgs[0]).url
             self.per_shard[shard].check_layout(dataclasses.replace(target, url=url), batch, msgs)
 
 
 def prepare_sharded(
-    layout: ShardLayout,
+    placement: ShardPlacement,
     coordinator_on: Callable[[int, str], Coordinator],
     target: Target,
     ctx: WriteContext,
@@ -206,19 +206,19 @@ def prepare_sharded(
         A shard could not be prepared; the xids prepared before it are rolled back
         (best effort: never chosen, the batch's commit or GC rolls back the rest).
     """
-    if layout.key is None:
-        shard = layout.shard_of_partition(ctx.partition)
-        return [_prepare_on(layout, coordinator_on, target, ctx, shard, batches)[1]]
+    if placement.key is None:
+        shard = placement.shard_of_partition(ctx.partition)
+        return [_prepare_on(placement, coordinator_on, target, ctx, shard, batches)[1]]
     parts: dict[int, list[pa.RecordBatch]] = {}
     for b in batches:
-        for shard, rows in split_by_shard(b, layout).items():
+        for shard, rows in split_by_shard(b, placement).items():
             parts.setdefault(shard, []).append(rows)
     if not parts:
-        parts[layout.shard_of_partition(ctx.partition)] = []
+        parts[placement.shard_of_partition(ctx.partition)] = []
     done: list[tuple[Coordinator, Prepared]] = []
     try:
         for shard in sorted(parts):
-            done.append(_prepare_on(layout, coordinator_on, target, ctx, shard, iter(parts[shard])))
+            done.append(_prepare_on(placement, coordinator_on, target, ctx, shard, iter(parts[shard])))
     except BaseException:
         for c, p in done:
             c.ops.abort_quietly(p)
@@ -227,7 +227,7 @@ def prepare_sharded(
 
 
 def _prepare_on(
-    layout: ShardLayout,
+    placement: ShardPlacement,
     coordinator_on: Callable[[int, str], Coordinator],
     target: Target,
     ctx: WriteContext,
@@ -235,13 +235,13 @@ def _prepare_on(
     batches: Iterator[pa.RecordBatch],
 ) -> tuple[Coordinator, Prepared]:
     """One shard's xid, on a replica that answers, under the slot of (partition, shard)."""
-    c = coordinator_on(shard, pick_replica(target, layout.urls[shard], shard=shard))
-    return c, c.prepare(dataclasses.replace(ctx, partition=layout.slot(ctx.partition, shard)), batches)
+    c = coordinator_on(shard, pick_replica(target, placement.urls[shard], shard=shard))
+    return c, c.prepare(dataclasses.replace(ctx, partition=placement.slot(ctx.partition, shard)), batches)
 
 
 def build_sharded_coordinator(
     target: Target,
-    layout: ShardLayout,
+    placement: ShardPlacement,
     build_one: Callable[[Target], Coordinator],
 ) -> Coordinator:
     """The driver's coordinator of a sharded write: one decision log, I/O routed by xid.
@@ -254,7 +254,7 @@ def build_sharded_coordinator(
     """
     ones = [
         build_one(dataclasses.replace(target, url=pick_replica(target, replicas, shard=shard)))
-        for shard, replicas in enumerate(layout.urls)
+        for shard, replicas in enumerate(placement.urls)
     ]
     registries = [one.registry for one in ones]
     if not all(isinstance(r, KeeperMapRegistry) for r in registries):
@@ -263,8 +263,8 @@ def build_sharded_coordinator(
     return Coordinator(
         first.txn_id,
         first.target,
-        ShardedModeIO(layout, [one.mode_io for one in ones]),
-        ShardedRegistry(layout, registries),  # type: ignore[arg-type]
+        ShardedModeIO(placement, [one.mode_io for one in ones]),
+        ShardedRegistry(placement, registries),  # type: ignore[arg-type]
         first.log,
         retry=first.retry,
         parallelism=first.parallelism,

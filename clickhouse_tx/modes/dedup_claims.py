@@ -277,14 +277,14 @@ def _body(key: str, stored: str) -> dict[str, Any]:
     return body
 
 
-class LayoutRecords:
+class ClaimRecords:
     """The claims and seals of one target's dedup batches (KeeperMap). Picklable."""
 
     def __init__(self, registry: "KeeperMapRegistry") -> None:
         self.registry = registry
 
     @classmethod
-    def beside(cls, target: Target, registry: "KeeperMapRegistry | None") -> "LayoutRecords":
+    def beside(cls, target: Target, registry: "KeeperMapRegistry | None") -> "ClaimRecords":
         """The records in the registry's database (the target's when there is none)."""
         from clickhouse_tx.registry import KeeperMapRegistry
 

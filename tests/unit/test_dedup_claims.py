@@ -1,11 +1,11 @@
-"""The pure checks of dedup layouts (the I/O is in tests/integration/test_dedup_layout.py)."""
+"""The pure checks of dedup layouts (the I/O is in tests/integration/test_dedup_claims.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from clickhouse_tx.interfaces import Mode, Prepared
-from clickhouse_tx.modes.dedup_layout import (
+from clickhouse_tx.modes.dedup_claims import (
     END,
     DedupLayoutError,
     barrier,

@@ -1,11 +1,12 @@
 """The one mapping from a ClickHouse reply (HTTP status, exception code, text) to the errors.
 
-Every request of the project goes through :mod:`clickhouse_tx._transport.http`, which
-calls :func:`error_from_reply` for every non-200 reply (or a reply carrying
-``X-ClickHouse-Exception-Code``) and raises what it returns. Callers then branch on
-the error class (what is known of the outcome) and, for the few codes the protocol
-reacts to, on ``code`` (the constants below) or :func:`keeper_error`. No other module
-parses ClickHouse error text.
+Every request of the project goes through :class:`clickhouse_tx.http_client.ClickHouseHTTP`,
+which calls :func:`error_from_reply` for every non-200 reply (or a reply carrying
+``X-ClickHouse-Exception-Code``) and :func:`error_from_connection` for every request
+without a complete reply, and raises what they return. Callers then branch on the
+error class (what is known of the outcome) and, for the few codes the protocol reacts
+to, on ``code`` (:mod:`clickhouse_tx.http_errors`). No other module parses ClickHouse
+error text (:func:`clickhouse_tx.http_errors.keeper_error` reads the Keeper texts).
 
 Outcome certainty
 -----------------
@@ -20,16 +21,10 @@ Outcome certainty
   retry it; writes resolve it by reading back.
 - :class:`~clickhouse_tx.errors.ServerError`: any other exception; the request failed
   as a whole (the caller decides by code).
-
-ClickHouse sends a Keeper error as ``KEEPER_EXCEPTION`` (999) with the Keeper
-client's text for the Keeper code (``Coordination::errorMessage``: ``Bad version``,
-``Node exists``, ``Connection loss``...); the HTTP reply carries no Keeper code
-number, so :func:`keeper_error` reads those fixed texts, here only.
 """
 
 from __future__ import annotations
 
-import enum
 import re
 
 import requests
@@ -37,11 +32,21 @@ import urllib3.exceptions as u3
 
 from clickhouse_tx.errors import (
     ClickHouseTxError,
-    OutcomeUnknownError,
     ServerBusyError,
     ServerError,
     ServerOutcomeUnknownError,
-    TransientError,
+)
+from clickhouse_tx.http_errors import (
+    ALL_CONNECTION_TRIES_FAILED,
+    NO_ZOOKEEPER,
+    PART_IS_TEMPORARILY_LOCKED,
+    SESSION_IS_LOCKED,
+    TABLE_IS_READ_ONLY,
+    TOO_MANY_SIMULTANEOUS_QUERIES,
+    KeeperError,
+    ReplyLostError,
+    RequestNotSentError,
+    keeper_error,
 )
 
 _CH_ERROR = re.compile(
@@ -49,22 +54,6 @@ _CH_ERROR = re.compile(
     r"(?:\s*\(version [^)]*\))?\s*$",
     re.DOTALL,
 )
-
-#: ClickHouse error codes the project reacts to (ClickHouse's numbering).
-NOT_IMPLEMENTED = 48
-TABLE_ALREADY_EXISTS = 57
-UNKNOWN_TABLE = 60
-UNKNOWN_DATABASE = 81
-TOO_MANY_SIMULTANEOUS_QUERIES = 202
-NO_ZOOKEEPER = 225
-TABLE_IS_READ_ONLY = 242
-ALL_CONNECTION_TRIES_FAILED = 279
-SESSION_NOT_FOUND = 372
-SESSION_IS_LOCKED = 373
-PART_IS_TEMPORARILY_LOCKED = 384
-FUNCTION_THROW_IF_VALUE_IS_NON_ZERO = 395
-INVALID_TRANSACTION = 649
-KEEPER_EXCEPTION = 999
 
 #: Codes whose query was refused before it ran: retrying cannot do anything twice.
 #: (SESSION_IS_LOCKED: another request holds the session; this one never started.
@@ -83,26 +72,6 @@ _REFUSED_BEFORE_RUNNING = frozenset(
 _BUSY_STATUSES = frozenset({429, 503})
 
 
-class RequestNotSentError(TransientError):
-    """The request never reached the server (refused, DNS, connect timeout)."""
-
-
-class ReplyLostError(OutcomeUnknownError):
-    """The request was (or may have been) sent, but no complete reply arrived."""
-
-
-class KeeperError(enum.Enum):
-    """The Keeper errors the protocol tells apart, by ``Coordination::errorMessage`` text."""
-
-    BAD_VERSION = "Bad version"
-    NODE_EXISTS = "Node exists"
-    NO_NODE = "No node"
-    CONNECTION_LOSS = "Connection loss"
-    SESSION_EXPIRED = "Session expired"
-    OPERATION_TIMEOUT = "Operation timeout"
-    NOT_CONNECTED = "All connection tries failed"
-
-
 #: Keeper errors after which a write may or may not have been applied.
 _KEEPER_OUTCOME_UNKNOWN = frozenset(
     {KeeperError.CONNECTION_LOSS, KeeperError.SESSION_EXPIRED, KeeperError.OPERATION_TIMEOUT}
@@ -116,31 +85,6 @@ def parse_clickhouse_error(text: str) -> tuple[int | None, str | None, str]:
     if not m:
         return None, None, text
     return int(m.group(1)), m.group(3), m.group(2).strip()
-
-
-def keeper_error(code: int | None, message: str) -> KeeperError | None:
-    """The Keeper error of a ``KEEPER_EXCEPTION`` reply (None for any other reply).
-
-    ``NOT_CONNECTED`` is checked first: its text also names ``Connection loss``, but
-    no request reached Keeper.
-    """
-    if code != KEEPER_EXCEPTION:
-        return None
-    if KeeperError.NOT_CONNECTED.value in message:
-        return KeeperError.NOT_CONNECTED
-    return next((k for k in KeeperError if k.value in message), None)
-
-
-def is_keeper_error(exc: BaseException, kind: KeeperError) -> bool:
-    """True if ``exc`` is a server error carrying the Keeper error ``kind``."""
-    return isinstance(exc, ServerError) and keeper_error(exc.code, exc.message) is kind
-
-
-def transactions_unsupported(exc: BaseException) -> bool:
-    """True if ``exc`` is a server refusing transactions (no ``allow_experimental_transactions``)."""
-    return (
-        isinstance(exc, ServerError) and exc.code == NOT_IMPLEMENTED and "Transactions are not supported" in exc.message
-    )
 
 
 def error_from_reply(
@@ -234,26 +178,4 @@ def _reason(exc: BaseException) -> str:
         e = nxt
 
 
-__all__ = [
-    "ALL_CONNECTION_TRIES_FAILED",
-    "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO",
-    "INVALID_TRANSACTION",
-    "KEEPER_EXCEPTION",
-    "NOT_IMPLEMENTED",
-    "NO_ZOOKEEPER",
-    "SESSION_IS_LOCKED",
-    "SESSION_NOT_FOUND",
-    "TABLE_ALREADY_EXISTS",
-    "TABLE_IS_READ_ONLY",
-    "TOO_MANY_SIMULTANEOUS_QUERIES",
-    "UNKNOWN_DATABASE",
-    "UNKNOWN_TABLE",
-    "KeeperError",
-    "ReplyLostError",
-    "RequestNotSentError",
-    "error_from_connection",
-    "error_from_reply",
-    "is_keeper_error",
-    "keeper_error",
-    "transactions_unsupported",
-]
+__all__ = ["error_from_connection", "error_from_reply", "parse_clickhouse_error"]

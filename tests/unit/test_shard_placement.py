@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx.shards import (
-    ShardLayout,
+from clickhouse_tx.shard_placement import (
+    ShardPlacement,
     fnv1a64,
     parse_shard_urls,
     parse_weights,
@@ -35,26 +35,26 @@ def test_a_column_type_the_hash_does_not_take_is_refused_by_name() -> None:
 
 
 def test_weights_split_the_hash_range_and_partitions_follow_them() -> None:
-    layout = ShardLayout(URLS, weights=(1, 2))
-    assert [layout.shard_of_partition(p) for p in range(6)] == [0, 1, 1, 0, 1, 1]
+    placement = ShardPlacement(URLS, weights=(1, 2))
+    assert [placement.shard_of_partition(p) for p in range(6)] == [0, 1, 1, 0, 1, 1]
     hashes = np.arange(30, dtype=np.uint64)
-    assert layout.shards_of_hashes(hashes).tolist() == [layout.shard_of_hash(h) for h in range(30)]
+    assert placement.shards_of_hashes(hashes).tolist() == [placement.shard_of_hash(h) for h in range(30)]
 
 
 def test_a_slot_names_its_partition_and_shard() -> None:
-    layout = ShardLayout(URLS)
+    placement = ShardPlacement(URLS)
     for p in range(5):
         for s in range(2):
-            slot = layout.slot(p, s)
-            assert (layout.partition_of_slot(slot), layout.shard_of_slot(slot)) == (p, s)
+            slot = placement.slot(p, s)
+            assert (placement.partition_of_slot(slot), placement.shard_of_slot(slot)) == (p, s)
 
 
 def test_a_batch_splits_by_key_without_losing_or_moving_a_row() -> None:
-    layout = ShardLayout(URLS, key="id")
+    placement = ShardPlacement(URLS, key="id")
     batch = pa.record_batch({"id": pa.array(range(1000), pa.int64())})
-    parts = split_by_shard(batch, layout)
+    parts = split_by_shard(batch, placement)
     assert sorted(v for b in parts.values() for v in b.column("id").to_pylist()) == list(range(1000))
-    again = split_by_shard(batch, layout)
+    again = split_by_shard(batch, placement)
     assert {s: b.column("id").to_pylist() for s, b in parts.items()} == {
         s: b.column("id").to_pylist() for s, b in again.items()
     }
@@ -78,8 +78,8 @@ def test_writer_options_take_shards_and_refuse_them_with_url_or_credentials() ->
         streaming=False,
     )
     assert opts.url == "http://a:8123" and opts.shards == URLS
-    layout = opts.shard_layout()
-    assert layout is not None and layout.key == "id" and layout.weights == (1, 3)
+    placement = opts.shard_layout()
+    assert placement is not None and placement.key == "id" and placement.weights == (1, 3)
     with pytest.raises(ConfigurationError, match="url and shards"):
         WriterOptions.parse({**base, "url": "http://a:8123", "shards": "http://c:8123"}, streaming=False)
     with pytest.raises(ConfigurationError, match="needs the option shards"):

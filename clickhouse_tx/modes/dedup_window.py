@@ -1,0 +1,119 @@
+"""Mode ``dedup``: the deduplication window a replay relies on, read and checked.
+
+ClickHouse remembers the tokens of the last ``*_deduplication_window`` blocks of a
+table. A partition's chunks are deduplicated on replay only while its first chunk's
+token is still remembered, so the executor (before each chunk) and the driver (before
+the marker) check that fewer parts went into the table since that first chunk than
+the window holds, for the target and for every table its materialized views write into.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Mapping, Sequence
+
+from clickhouse_tx import sql as q
+from clickhouse_tx.errors import ClickHouseTxError
+from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.interfaces import Target
+from clickhouse_tx.schema import describe_table
+from clickhouse_tx.views import dependent_views, view_tables
+
+
+class DedupWindowError(ClickHouseTxError):
+    """More blocks went into the table since a partition's first chunk than the dedup
+    window holds: a replay could duplicate rows. Raise the window (docs/modes.md)."""
+
+
+def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
+    """The table's highest block number: one more for every part an INSERT writes.
+
+    Every part written (one per table partition an insert block touches) is one
+    entry of the dedup window, so the difference of two readings bounds how many
+    entries were added in between.
+    """
+    rows = client.query_json(
+        "SELECT max(max_block_number) AS b FROM system.parts WHERE database = {d:String} AND table = {t:String}",
+        params={"d": target.database, "t": target.table},
+    )
+    return int(rows[0]["b"] or 0) if rows else 0
+
+
+#: (url, database, table) -> (window, monotonic time read). Spark reuses Python
+#: workers, so most prepares skip the three queries of describe_table.
+_WINDOWS: dict[tuple[str, str, str], tuple[int, float]] = {}
+#: How long a window read stays good: an ALTER of the window is seen within this.
+WINDOW_CACHE_S = 30.0
+
+
+def dedup_window(client: ClickHouseHTTP, target: Target, *, fresh: bool = False) -> int:
+    """The table's dedup window (replicated or not), in parts; read at most once per ``WINDOW_CACHE_S``."""
+    key = (target.url, target.database, target.table)
+    hit = _WINDOWS.get(key)
+    if hit is not None and not fresh and time.monotonic() - hit[1] < WINDOW_CACHE_S:
+        return hit[0]
+    info = describe_table(client, target.database, target.table)
+    window = info.replicated_dedup_window if info.is_replicated else info.non_replicated_dedup_window
+    _WINDOWS[key] = (window, time.monotonic())
+    return window
+
+
+def ensure_window(client: ClickHouseHTTP, target: Target, first_block: int, xid: str) -> int:
+    """Raise :class:`DedupWindowError` if the table's parts since ``first_block`` fill its
+    window (a refusal is confirmed with a fresh read of the window); the current block."""
+    block = max_block_number(client, target)
+    try:
+        check_window(first_block, block, dedup_window(client, target), target, xid)
+    except DedupWindowError:
+        check_window(first_block, block, dedup_window(client, target, fresh=True), target, xid)
+    return block
+
+
+def check_window(first_block: int, current_block: int, window: int, target: Target, xid: str) -> None:
+    """Raise :class:`DedupWindowError` if the parts since ``first_block`` fill ``window``."""
+    since = current_block - first_block
+    if since >= window:
+        raise DedupWindowError(
+            f"{since} parts were inserted into {target.database}.{target.table} since this "
+            f"partition's first chunk, and its dedup window holds {window}: the tokens of its "
+            f"first chunks may have left the window, so a replay could duplicate rows. Raise it "
+            f"(ALTER TABLE {q.qualified(target.database, target.table)} MODIFY SETTING "
+            f"non_replicated_deduplication_window = {max(1000, 4 * since)}, or "
+            "replicated_deduplication_window for a Replicated table) or write smaller batches",
+            xid=xid,
+        )
+
+
+#: (url, database, table) -> (the tables its materialized views write into, monotonic time read).
+_VIEW_TABLES: dict[tuple[str, str, str], tuple[tuple[tuple[str, str], ...], float]] = {}
+
+
+def view_targets(target: Target) -> list[Target]:
+    """The tables the target's materialized views write into (down chains), as Targets.
+
+    Read at most once per ``WINDOW_CACHE_S``.
+
+    Executor (each prepare) and driver (each commit): their dedup windows are checked as
+    the target's is, since a replayed block is dropped from a view's table only while
+    the view's token is still in that table's window.
+    """
+    key = (target.url, target.database, target.table)
+    hit = _VIEW_TABLES.get(key)
+    if hit is None or time.monotonic() - hit[1] >= WINDOW_CACHE_S:
+        hit = (tuple(view_tables(dependent_views(target))), time.monotonic())
+        _VIEW_TABLES[key] = hit
+    return [dataclasses.replace(target, database=d, table=t) for d, t in hit[0]]
+
+
+def view_blocks(client: ClickHouseHTTP, views: Sequence[Target]) -> dict[str, int]:
+    """``db.table`` -> :func:`max_block_number` of each view's table (the first blocks of a partition)."""
+    return {f"{v.database}.{v.table}": max_block_number(client, v) for v in views}
+
+
+def ensure_view_windows(client: ClickHouseHTTP, views: Sequence[Target], first: Mapping[str, object], xid: str) -> None:
+    """:func:`ensure_window` for each view's table whose first block ``first`` holds."""
+    for v in views:
+        block = first.get(f"{v.database}.{v.table}")
+        if block is not None:
+            ensure_window(client, v, int(str(block)), xid)

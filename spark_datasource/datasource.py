@@ -1,0 +1,126 @@
+"""``format("clickhouse_tx")``: the data source, which checks everything on the driver and builds the writers.
+
+``writer`` (once per batch job) and ``streamWriter`` (at query start and before every
+streaming commit) run on the driver: they parse the options, check the server, the
+table and the schema, and refuse what is not supported before any task writes. The
+writers they return are :mod:`spark_datasource.writer` (appends, streams) and
+:mod:`spark_datasource.job_writers` (published appends, overwrites).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import StructType
+
+from clickhouse_tx.convert import ConversionPlan
+
+from .batch_append import already_written, plan_job
+from .job_writers import AppendJobWriter, OverwriteWriter, SkippedJobWriter
+from .overwrite import create_stage
+from .writer import ClickHouseTxBatchWriter, ClickHouseTxStreamWriter
+from .writer_options import WriterOptions
+
+log = logging.getLogger("clickhouse_tx.spark")
+
+
+def reject_unsupported(opts: WriterOptions, overwrite: bool = False) -> None:
+    """Driver, when the writer is built: refuse option combinations not implemented.
+
+    Multi-table routing (``table_column``) works for appends in mode ``transaction``
+    (one session spans every table of a partition; :meth:`WriterOptions.check_routing`
+    refuses the other modes and a missing ``tables``). An overwrite swaps one stage table into one target, so
+    routing with ``.mode("overwrite")`` is refused before any task writes.
+    """
+    from clickhouse_tx.errors import ConfigurationError
+
+    opts.check_routing()
+    if opts.shards and (overwrite or opts.table_column):
+        raise ConfigurationError(
+            "option shards with "
+            + ("table_column (multi-table routing)" if opts.table_column else ".mode('overwrite')")
+            + ": not supported on a sharded write yet; append into one table, or write each shard "
+            "with its own url"
+        )
+    if opts.table_column and overwrite:
+        raise ConfigurationError(
+            f"option table_column={opts.table_column!r} with .mode('overwrite'): multi-table "
+            "routing is append-only; overwrite each table with its own DataFrame instead"
+        )
+
+
+# Streaming targets checked by this process: key -> (monotonic time, conversion plan).
+_CHECKED: dict[tuple[str, str], tuple[float, ConversionPlan]] = {}
+_RECHECK_S = 60.0
+
+
+class ClickHouseTxDataSource(DataSource):
+    """``format("clickhouse_tx")``: exactly-once writes into ClickHouse.
+
+    Options are parsed and checked once, on the driver, in ``writer``/``streamWriter``;
+    the target table and the schema are checked there too, before any task writes.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "clickhouse_tx"
+
+    def _validated(self, schema: StructType, streaming: bool) -> tuple[WriterOptions, str, ConversionPlan]:
+        opts = WriterOptions.parse(self.options, streaming=streaming)
+        reject_unsupported(opts)
+        # Streaming: the id is read from (or first stored in) the checkpoint, before any
+        # task writes; an explicit id that differs from the stored one is refused here.
+        opts = opts.with_query_identity()
+        opts.check_batch_job_not_done()
+        txn_id = opts.txn_id()
+        from .writer_setup import prepare_target
+
+        # Spark calls streamWriter before every commit, in a reused Python worker: a
+        # target checked moments ago for the same options and schema is not checked
+        # again (a few round trips per micro-batch otherwise). Batch jobs always check.
+        key = (repr(sorted((k.lower(), v) for k, v in dict(self.options).items())), schema.json())
+        now = time.monotonic()
+        checked_at, plan = _CHECKED.get(key, (-_RECHECK_S, None))
+        if not streaming or plan is None or now - checked_at >= _RECHECK_S:
+            plan = prepare_target(opts, schema)
+            if streaming:
+                _CHECKED[key] = (now, plan)
+        return opts, txn_id, plan
+
+    def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
+        """Driver, once per batch job; the writer is pickled to executors and the commit."""
+        if overwrite:
+            opts = WriterOptions.parse(self.options, streaming=False)
+            reject_unsupported(opts, overwrite=True)
+            return OverwriteWriter(opts, schema, create_stage(opts, schema))
+        opts, txn_id, plan = self._validated(schema, streaming=False)
+        done = already_written(opts)
+        if done is not None:
+            log.warning(
+                "clickhouse_tx batch job into %s skipped: idempotence_key %r was recorded by job %s at %s "
+                "(%s rows); nothing is written",
+                opts.qualified_table,
+                opts.idempotence_key,
+                done.get("txn_id"),
+                done.get("committed_at"),
+                done.get("rows"),
+            )
+            return SkippedJobWriter(opts, schema, txn_id, plan)
+        log.info(
+            "clickhouse_tx batch job into %s: transactional_id %r (%s)",
+            opts.qualified_table,
+            txn_id,
+            "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job",
+        )
+        job = plan_job(opts, schema, txn_id, plan)
+        if job is not None:
+            return AppendJobWriter(opts, schema, job)
+        return ClickHouseTxBatchWriter(dataclasses.replace(opts, visibility="partition"), schema, txn_id, plan)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
+        """Driver, at query start and before every commit (fresh worker each time)."""
+        opts, txn_id, plan = self._validated(schema, streaming=True)
+        return ClickHouseTxStreamWriter(opts, schema, txn_id, plan)
