@@ -1,0 +1,86 @@
+"""The embedded server answers as a ClickHouse server does where the engine allows it:
+system logs, server identity on Keeper. What the engine cannot do is listed in
+docs/server.md ("What still differs from a real server").
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+from server_patches import chdb_config
+from server_patches.stack import StackInfo
+
+
+def _q(url: str, sql: str, **params: str) -> str:
+    r = requests.post(url, params=params, data=sql.encode(), timeout=60)
+    assert r.status_code == 200, r.text
+    return r.text.strip()
+
+
+def test_system_flush_logs_fills_the_query_log_the_part_log_and_the_transactions_info_log(
+    clickhouse_url: str, database: str
+) -> None:
+    table = f"`{database}`.t"
+    marker = f"fidelity_{uuid.uuid4().hex}"
+    _q(clickhouse_url, f"CREATE TABLE {table} (a Int64) ENGINE = MergeTree ORDER BY a")
+    sid = uuid.uuid4().hex
+    _q(clickhouse_url, "BEGIN TRANSACTION", session_id=sid)
+    _q(clickhouse_url, f"INSERT INTO {table} VALUES (1)", session_id=sid)
+    tid = _q(clickhouse_url, "SELECT transactionID().2", session_id=sid)
+    _q(clickhouse_url, "COMMIT", session_id=sid)
+    _q(clickhouse_url, f"SELECT '{marker}'")
+
+    _q(clickhouse_url, "SYSTEM FLUSH LOGS")
+
+    finished = _q(
+        clickhouse_url,
+        "SELECT count() FROM system.query_log WHERE type = 'QueryFinish' AND query LIKE {m:String}",
+        param_m=f"%{marker}%",
+    )
+    assert int(finished) >= 1
+    new_parts = _q(
+        clickhouse_url,
+        "SELECT count() FROM system.part_log WHERE event_type = 'NewPart' AND database = {d:String} AND table = 't'",
+        param_d=database,
+    )
+    assert int(new_parts) == 1
+    events = _q(
+        clickhouse_url,
+        "SELECT arraySort(groupArray(toString(type))) FROM system.transactions_info_log WHERE tid.2 = {t:UInt64}",
+        param_t=tid,
+    )
+    assert "'Begin'" in events and "'Commit'" in events, events
+
+
+def test_two_engine_processes_on_one_zookeeper_keep_their_keeper_sessions_and_both_commit(
+    stack_factory: Callable[..., StackInfo],
+) -> None:
+    first = stack_factory(kafka=False)
+    url = first.clickhouse_url
+    _q(url, "CREATE TABLE default.t (a Int64) ENGINE = MergeTree ORDER BY a")
+    sid = uuid.uuid4().hex
+    _q(url, "BEGIN TRANSACTION", session_id=sid)
+    _q(url, "INSERT INTO default.t VALUES (1)", session_id=sid)
+
+    # A second engine process registers its own Keeper session on the first's ZooKeeper.
+    second = stack_factory(kafka=False, zookeeper_address_for_clickhouse=first.zookeeper)
+    other = uuid.uuid4().hex
+    _q(second.clickhouse_url, "CREATE TABLE default.t (a Int64) ENGINE = MergeTree ORDER BY a")
+    _q(second.clickhouse_url, "BEGIN TRANSACTION", session_id=other)
+    _q(second.clickhouse_url, "INSERT INTO default.t VALUES (2)", session_id=other)
+    _q(second.clickhouse_url, "COMMIT", session_id=other)
+
+    _q(url, "COMMIT", session_id=sid)
+    assert _q(url, "SELECT count() FROM default.t") == "1"
+    assert _q(second.clickhouse_url, "SELECT count() FROM default.t") == "1"
+
+
+def test_a_server_keeps_its_identity_across_restarts_and_another_data_directory_has_another(tmp_path: Path) -> None:
+    first = chdb_config.server_uuid(tmp_path / "a")
+    assert chdb_config.server_uuid(tmp_path / "a") == first
+    assert chdb_config.server_uuid(tmp_path / "b") != first
+    assert (tmp_path / "a" / "uuid").read_text() == first
