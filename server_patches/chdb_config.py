@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 
 CONFIG_D = Path(__file__).resolve().parent / "config.d"
 SERVER_DEFAULTS = Path(__file__).resolve().parent / "server_defaults.xml"
+USERS_XML = Path(__file__).resolve().parent / "users.xml"
 STACK_ZK_ROOT = "/clickhouse_tx_stack"
 
 
@@ -170,6 +171,9 @@ def render(
             for old in root.findall(tag):
                 root.remove(old)
     _set(root, "keeper_map_path_prefix", f"{map_prefix}/keeper_map")
+    if root.find("user_directories/users_xml/path") is None:
+        # chdb resolves a relative path against the rendered config's directory.
+        _set(root, "user_directories/users_xml/path", str(USERS_XML))
     if session_timeout_s is not None:
         _set(root, "max_session_timeout", str(int(session_timeout_s)))
     ET.indent(root)

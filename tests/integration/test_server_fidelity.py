@@ -84,3 +84,17 @@ def test_a_server_keeps_its_identity_across_restarts_and_another_data_directory_
     assert chdb_config.server_uuid(tmp_path / "a") == first
     assert chdb_config.server_uuid(tmp_path / "b") != first
     assert (tmp_path / "a" / "uuid").read_text() == first
+
+
+def test_the_default_user_manages_access_as_on_a_stock_server_but_the_engine_keeps_no_sql_defined_entities(
+    clickhouse_url: str,
+) -> None:
+    assert _q(clickhouse_url, "SHOW ROW POLICIES") == ""
+    grants = _q(clickhouse_url, "SHOW GRANTS")
+    assert "CREATE ROLE" in grants and "CREATE ROW POLICY" in grants and "WITH GRANT OPTION" in grants
+    profiles = _q(clickhouse_url, "SELECT arraySort(groupArray(name)) FROM system.settings_profiles")
+    assert profiles == "['default','readonly']"
+    # chdb reads users.xml only: no local_directory storage for CREATE ROLE/USER/... (docs/server.md).
+    assert _q(clickhouse_url, "SELECT groupArray(type) FROM system.user_directories") == "['users_xml']"
+    r = requests.post(clickhouse_url, data=b"CREATE ROLE fidelity_role", timeout=60)
+    assert r.headers.get("X-ClickHouse-Exception-Code") == "514", r.text
