@@ -135,31 +135,14 @@ def render(
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"stack name {name!r} may only hold letters, digits, '_', '.', '-'")
     root = load_patches([SERVER_DEFAULTS, *patch_files(config_d)])
-    for old in root.findall("zookeeper"):
-        root.remove(old)
-    zk = ET.SubElement(root, "zookeeper")
-    for host, port in zookeeper:
-        node = ET.SubElement(zk, "node")
-        ET.SubElement(node, "host").text = host
-        ET.SubElement(node, "port").text = str(int(port))
-    ET.SubElement(zk, "session_timeout_ms").text = "30000"
     prefix = f"{STACK_ZK_ROOT}/{name}"
-    if server_uuid is not None:
-        # ClickHouse registers each Keeper session on <sessions_path>/zookeeper/<server
-        # UUID> and checks that node's version in every multi-request, so a server
-        # that registers on the node of another invalidates the other's session: its
-        # next COMMIT is rolled back. chdb cannot load a server UUID (serverUUID() is
-        # always zero), so each server gets a node path of its own instead.
-        sessions = f"/sessions/{server_uuid}" if member is not None else f"{prefix}/sessions/{server_uuid}"
-        ET.SubElement(zk, "sessions_path").text = sessions
+    sessions = None if server_uuid is None else ("" if member is not None else prefix) + f"/sessions/{server_uuid}"
+    _add_zookeeper(root, zookeeper, sessions)
     txn_prefix = map_prefix = prefix
     if member is not None:
-        # Every shard under its own ZooKeeper root (chroot): chdb's servers all have the
-        # server UUID 0, and servers sharing a root register their Keeper session on one
-        # node (/clickhouse/sessions/zookeeper/<uuid>): one server's COMMIT then rolled
-        # back the other's open transactions (measured on 26.9). Replicas of a shard
-        # share its root (and so its KeeperMap tables: the registry), each with its own
-        # transaction log.
+        # Every shard under its own ZooKeeper root (chroot). Replicas of a shard share
+        # its root (and so its KeeperMap tables: the registry), each with its own
+        # transaction log and Keeper session node.
         _set(root, "zookeeper/root", shard_root(name, member.shard))
         map_prefix, txn_prefix = "", f"/r{member.replica}"
         _add_cluster(root, member)
@@ -182,6 +165,25 @@ def render(
         "for one embedded stack; edit config.d, not this file. -->\n"
     )
     return header + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _add_zookeeper(root: ET.Element, nodes: Sequence[tuple[str, int]], sessions_path: str | None) -> None:
+    """The ``<zookeeper>`` section: the nodes, and where this server registers its session."""
+    for old in root.findall("zookeeper"):
+        root.remove(old)
+    zk = ET.SubElement(root, "zookeeper")
+    for host, port in nodes:
+        node = ET.SubElement(zk, "node")
+        ET.SubElement(node, "host").text = host
+        ET.SubElement(node, "port").text = str(int(port))
+    ET.SubElement(zk, "session_timeout_ms").text = "30000"
+    if sessions_path is not None:
+        # ClickHouse registers each Keeper session on <sessions_path>/zookeeper/<server
+        # UUID> and checks that node's version in every multi-request, so a server
+        # that registers on the node of another invalidates the other's session: its
+        # next COMMIT is rolled back. chdb cannot load a server UUID (serverUUID() is
+        # always zero), so each server gets a node path of its own instead.
+        ET.SubElement(zk, "sessions_path").text = sessions_path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,13 +5,18 @@ docs/server.md ("What still differs from a real server").
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
 from pathlib import Path
 from typing import Callable
 
 import requests
+from kafka import KafkaProducer
 
 from server_patches import chdb_config
+from server_patches import stack as stack_mod
+from server_patches.kafka_broker import create_topic
 from server_patches.stack import StackInfo
 
 
@@ -98,3 +103,36 @@ def test_the_default_user_manages_access_as_on_a_stock_server_but_the_engine_kee
     assert _q(clickhouse_url, "SELECT groupArray(type) FROM system.user_directories") == "['users_xml']"
     r = requests.post(clickhouse_url, data=b"CREATE ROLE fidelity_role", timeout=60)
     assert r.headers.get("X-ClickHouse-Exception-Code") == "514", r.text
+
+
+def test_a_kafka_table_is_created_with_a_success_reply_and_after_a_crash_the_server_restarts_and_consumes(
+    stack_factory: Callable[..., StackInfo],
+) -> None:
+    info = stack_factory(kafka=True)
+    assert info.kafka_control and info.kafka_bootstrap
+    topic = f"fidelity_{uuid.uuid4().hex[:8]}"
+    create_topic(info.kafka_control, topic, 1)
+    url = info.clickhouse_url
+    create = (
+        "CREATE TABLE default.queue (k String, v Int64) ENGINE = Kafka SETTINGS "
+        f"kafka_broker_list = '{info.kafka_bootstrap}', kafka_topic_list = '{topic}', "
+        "kafka_group_name = 'fidelity', kafka_format = 'JSONEachRow'"
+    )
+    r = requests.post(url, data=create.encode(), timeout=60)
+    assert r.status_code == 200, r.text
+    _q(url, "CREATE TABLE default.rows (k String, v Int64) ENGINE = MergeTree ORDER BY k")
+    _q(url, "CREATE MATERIALIZED VIEW default.consume TO default.rows AS SELECT k, v FROM default.queue")
+
+    stack_mod.restart_clickhouse(info.dir)  # SIGKILL, then start on the same data
+
+    tables = _q(url, "SELECT arraySort(groupArray(name)) FROM system.tables WHERE database = 'default'")
+    assert tables == "['consume','queue','rows']"
+    producer = KafkaProducer(bootstrap_servers=info.kafka_bootstrap)
+    for i in range(3):
+        producer.send(topic, json.dumps({"k": f"k{i}", "v": i}).encode())
+    producer.flush()
+    producer.close()
+    deadline = time.monotonic() + 60
+    while _q(url, "SELECT count() FROM default.rows") != "3" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _q(url, "SELECT groupArray(v) FROM (SELECT v FROM default.rows ORDER BY v)") == "[0,1,2]"
