@@ -1,12 +1,14 @@
 """Render the one config file the embedded ClickHouse (chdb) starts with.
 
 A real server reads ``config.xml`` plus every file in ``config.d/``; chdb takes a
-single ``config-file``. This module merges the patches in ``server_patches/config.d``
-(the same files users copy to ``/etc/clickhouse-server/config.d/``) the way
-ClickHouse merges config files, adds a ``<zookeeper>`` section for the stack's own
-ZooKeeper, and moves every Keeper path under ``/clickhouse_tx_stack/<stack name>/``
-so two stacks sharing one ZooKeeper never see each other's transaction log or
-KeeperMap tables.
+single ``config-file``. This module starts from ``server_defaults.xml`` (the system
+logs a server's own ``config.xml`` has), merges the patches in
+``server_patches/config.d`` (the same files users copy to
+``/etc/clickhouse-server/config.d/``) over it the way ClickHouse merges config
+files, adds a ``<zookeeper>`` section for the stack's own ZooKeeper, and moves
+every Keeper path under ``/clickhouse_tx_stack/<stack name>/`` so two stacks
+sharing one ZooKeeper never see each other's transaction log, KeeperMap tables or
+Keeper session nodes.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 CONFIG_D = Path(__file__).resolve().parent / "config.d"
+SERVER_DEFAULTS = Path(__file__).resolve().parent / "server_defaults.xml"
+USERS_XML = Path(__file__).resolve().parent / "users.xml"
 STACK_ZK_ROOT = "/clickhouse_tx_stack"
 
 
@@ -101,6 +106,7 @@ def render(
     session_timeout_s: int | None = None,
     transactions: bool = True,
     member: "ClusterMember | None" = None,
+    server_uuid: str | None = None,
 ) -> str:
     """The full config text for one embedded stack (or one server of a cluster stack).
 
@@ -120,29 +126,23 @@ def render(
         This server's place in a cluster stack (:class:`ClusterMember`): adds its
         ``macros``, the ``remote_servers`` cluster, and gives each shard its own
         KeeperMap prefix and each server its own transaction log. None: one server.
+    server_uuid
+        This server's identity (:func:`server_uuid`): its Keeper session node is
+        registered under it. None: under ClickHouse's default path.
     """
     if not zookeeper:
         raise ValueError("at least one ZooKeeper node is needed")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"stack name {name!r} may only hold letters, digits, '_', '.', '-'")
-    root = load_patches(patch_files(config_d))
-    for old in root.findall("zookeeper"):
-        root.remove(old)
-    zk = ET.SubElement(root, "zookeeper")
-    for host, port in zookeeper:
-        node = ET.SubElement(zk, "node")
-        ET.SubElement(node, "host").text = host
-        ET.SubElement(node, "port").text = str(int(port))
-    ET.SubElement(zk, "session_timeout_ms").text = "30000"
+    root = load_patches([SERVER_DEFAULTS, *patch_files(config_d)])
     prefix = f"{STACK_ZK_ROOT}/{name}"
+    sessions = None if server_uuid is None else ("" if member is not None else prefix) + f"/sessions/{server_uuid}"
+    _add_zookeeper(root, zookeeper, sessions)
     txn_prefix = map_prefix = prefix
     if member is not None:
-        # Every shard under its own ZooKeeper root (chroot): chdb's servers all have the
-        # server UUID 0, and servers sharing a root register their Keeper session on one
-        # node (/clickhouse/sessions/zookeeper/<uuid>): one server's COMMIT then rolled
-        # back the other's open transactions (measured on 26.9). Replicas of a shard
-        # share its root (and so its KeeperMap tables: the registry), each with its own
-        # transaction log.
+        # Every shard under its own ZooKeeper root (chroot). Replicas of a shard share
+        # its root (and so its KeeperMap tables: the registry), each with its own
+        # transaction log and Keeper session node.
         _set(root, "zookeeper/root", shard_root(name, member.shard))
         map_prefix, txn_prefix = "", f"/r{member.replica}"
         _add_cluster(root, member)
@@ -150,10 +150,13 @@ def render(
         # ClickHouse creates missing ancestors of both paths itself (checked on 26.9).
         _set(root, "transaction_log/zookeeper_path", f"{txn_prefix}/txn")
     else:
-        for tag in ("allow_experimental_transactions", "transaction_log"):
+        for tag in ("allow_experimental_transactions", "transaction_log", "transactions_info_log"):
             for old in root.findall(tag):
                 root.remove(old)
     _set(root, "keeper_map_path_prefix", f"{map_prefix}/keeper_map")
+    if root.find("user_directories/users_xml/path") is None:
+        # chdb resolves a relative path against the rendered config's directory.
+        _set(root, "user_directories/users_xml/path", str(USERS_XML))
     if session_timeout_s is not None:
         _set(root, "max_session_timeout", str(int(session_timeout_s)))
     ET.indent(root)
@@ -162,6 +165,25 @@ def render(
         "for one embedded stack; edit config.d, not this file. -->\n"
     )
     return header + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _add_zookeeper(root: ET.Element, nodes: Sequence[tuple[str, int]], sessions_path: str | None) -> None:
+    """The ``<zookeeper>`` section: the nodes, and where this server registers its session."""
+    for old in root.findall("zookeeper"):
+        root.remove(old)
+    zk = ET.SubElement(root, "zookeeper")
+    for host, port in nodes:
+        node = ET.SubElement(zk, "node")
+        ET.SubElement(node, "host").text = host
+        ET.SubElement(node, "port").text = str(int(port))
+    ET.SubElement(zk, "session_timeout_ms").text = "30000"
+    if sessions_path is not None:
+        # ClickHouse registers each Keeper session on <sessions_path>/zookeeper/<server
+        # UUID> and checks that node's version in every multi-request, so a server
+        # that registers on the node of another invalidates the other's session: its
+        # next COMMIT is rolled back. chdb cannot load a server UUID (serverUUID() is
+        # always zero), so each server gets a node path of its own instead.
+        ET.SubElement(zk, "sessions_path").text = sessions_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,10 +229,35 @@ def _add_cluster(root: ET.Element, member: ClusterMember) -> None:
             ET.SubElement(r, "port").text = str(int(port))
 
 
-def write(path: Path, **kwargs: Any) -> Path:
-    """Render (see :func:`render`) and write atomically to ``path``."""
+def server_uuid(data_dir: Path) -> str:
+    """The server's identity, kept in ``<data_dir>/uuid`` as ClickHouse keeps it in ``<path>/uuid``.
+
+    Created (a random UUID) on the first start, the same on every later start of the
+    server on that data, different for every other data directory.
+    """
+    f = Path(data_dir) / "uuid"
+    try:
+        return str(uuid.UUID(f.read_text().strip()))
+    except (FileNotFoundError, ValueError):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        value = str(uuid.uuid4())
+        tmp = f.with_name("uuid.tmp")
+        tmp.write_text(value)
+        tmp.replace(f)
+        return value
+
+
+def write(path: Path, *, data_dir: Path | None = None, **kwargs: Any) -> Path:
+    """Render (see :func:`render`) and write atomically to ``path``.
+
+    ``data_dir`` is the server's data directory (default: ``data`` next to ``path``,
+    the stack's layout); its :func:`server_uuid` is rendered unless ``server_uuid``
+    is given.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if "server_uuid" not in kwargs:
+        kwargs["server_uuid"] = server_uuid(data_dir if data_dir is not None else path.parent / "data")
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(render(**kwargs))
     tmp.replace(path)

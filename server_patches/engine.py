@@ -16,14 +16,16 @@ import re
 import threading
 from typing import TYPE_CHECKING, Any, Generator, Iterable, Sequence
 
-import chdb
-
+from server_patches import chdb_import
 from server_patches.errors import UNKNOWN_FORMAT, UNKNOWN_SETTING, HTTPError, load_error_table, undecodable_error
 from server_patches.sessions import SessionStore
 from server_patches.statements import first_keyword, quote_identifier, quote_literal, set_assignments, wire
 
 if TYPE_CHECKING:
     from server_patches.http_params import ExternalTable
+
+# Not a plain `import chdb`: its import probe would break streaming tables (chdb_import).
+chdb = chdb_import.load()
 
 PoolKey = tuple[str, tuple[tuple[str, str], ...]]
 _MAX_IDLE_PER_KEY = 8
