@@ -277,6 +277,16 @@ class OptionFamily:
         """Every plain option's lower-cased key (aliases included; families left out)."""
         return tuple(self._by_key)
 
+    def read_all(self, opts: Mapping[str, str]) -> dict[str, Any]:
+        """Every plain option's value in lower-cased ``opts``, by name: parsed, or its default.
+
+        Raises
+        ------
+        ConfigurationError
+            The first malformed value (:func:`bad_value`).
+        """
+        return {s.name: s.read(opts) for s in self.specs if not s.is_family}
+
     def refuse_unknown(self, opts: Mapping[str, str]) -> None:
         """Every key of ``opts`` (lower-cased) is declared or of a family; else name the close matches.
 
