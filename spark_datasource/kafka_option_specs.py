@@ -348,7 +348,8 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         " in `repr` or errors",
         shown_default="—",
     ),
-    _kafka("path", None, SET_BY_SPARK, "set by Spark from `load(path)`; not read", shown_default="—"),
-    _kafka("paths", None, SET_BY_SPARK, "set by Spark from `load(path, ...)`; not read", shown_default="—"),
+    _kafka(
+        "path", None, SET_BY_SPARK, "set by Spark from `load(...)`; not read", aliases=("paths",), shown_default="—"
+    ),
 )
 KAFKA_OPTIONS = OptionFamily(SOURCE, "docs/kafka.md", _SPECS)

@@ -27,12 +27,10 @@ from spark_datasource.option_spec import lower_keys
 
 __all__ = ["KafkaOptions", "parse_kafka_options"]
 
-#: The declared default of one option.
-_default = KAFKA_OPTIONS.default
 _fail = kafka_option_error
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class KafkaOptions:
     """Validated options of one ``kafka_py`` read (driver-built, shipped to executors).
 
@@ -90,24 +88,24 @@ class KafkaOptions:
     subscribe_pattern: str | None = None
     assign: tuple[tuple[str, tuple[int, ...]], ...] | None = None
     starting_offsets: OffsetSpec = "latest"
-    ending_offsets: OffsetSpec = _default("endingOffsets")
-    max_offsets_per_trigger: int | None = None
+    ending_offsets: OffsetSpec
+    max_offsets_per_trigger: int | None
     min_partitions: int | None = None
     max_partitions: int | None = None
-    min_records_per_partition: int = _default("minRecordsPerPartition")
-    fail_on_data_loss: bool = _default("failOnDataLoss")
-    poll_timeout_ms: int = _default("kafkaConsumer.pollTimeoutMs")
-    fetch_offset_num_retries: int = _default("fetchOffset.numRetries")
-    fetch_offset_retry_interval_ms: int = _default("fetchOffset.retryIntervalMs")
-    max_records_per_batch: int = _default("maxRecordsPerBatch")
+    min_records_per_partition: int
+    fail_on_data_loss: bool
+    poll_timeout_ms: int
+    fetch_offset_num_retries: int
+    fetch_offset_retry_interval_ms: int
+    max_records_per_batch: int
     kafka_params: tuple[tuple[str, object], ...] = dataclasses.field(default_factory=KafkaParams)
     value_fields: ValueFields | None = None
     starting_timestamps: TimestampSpec | None = None
     ending_timestamps: TimestampSpec | None = None
-    timestamp_strategy: str = _default("startingOffsetsByTimestampStrategy")
+    timestamp_strategy: str
     min_offsets_per_trigger: int | None = None
-    max_trigger_delay_ms: int = _default("maxTriggerDelay")
-    include_headers: bool = _default("includeHeaders")
+    max_trigger_delay_ms: int
+    include_headers: bool
     max_records_per_partition: int | None = None
 
     def timestamp_option(self, starting: bool) -> str:

@@ -31,8 +31,8 @@ __all__ = [
 
 
 def field_values(opts: Mapping[str, str]) -> dict[str, object]:
-    """The options that fill a field on their own, given ones only, parsed, by field."""
-    return {s.field: s.parse(opts[s.key]) for s in WRITER_OPTIONS.specs if s.field and s.key in opts}
+    """The options that fill a field on their own, by field: parsed, or their declared default."""
+    return {s.field: s.read(opts) for s in WRITER_OPTIONS.specs if s.field}
 
 
 def required_url(opts: Mapping[str, str]) -> str:

@@ -39,11 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["WriterOptions"]
 
-#: The declared default of one option (:mod:`spark_datasource.writer_option_specs`).
-_default = WRITER_OPTIONS.default
 
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WriterOptions:
     """Every option of the ``clickhouse_tx`` writer, validated.
 
@@ -53,31 +50,31 @@ class WriterOptions:
 
     url: str
     table: str
-    database: str = _default("database")
-    user: str = _default("user")
-    password: str = dataclasses.field(default=_default("password"), repr=False)
-    mode: Mode = _default("mode")
+    database: str
+    user: str
+    password: str = dataclasses.field(repr=False)
+    mode: Mode
     transactional_id: str = ""
     streaming: bool = False
     checkpoint_location: str | None = None
     query_name: str | None = None
     decision_log: str = ""
-    batch_size: int = _default("batch_size")
-    batch_bytes: int = _default("batch_bytes")
-    connect_timeout_s: float = _default("connect_timeout")
-    request_timeout_s: float = _default("request_timeout")
-    session_timeout_s: int = _default("session_timeout")
-    create_table: bool = _default("create_table")
-    order_by: str | None = _default("order_by")
-    partition_by: str | None = _default("partition_by")
-    engine: str = _default("engine")
-    table_column: str | None = _default("table_column")
+    batch_size: int
+    batch_bytes: int
+    connect_timeout_s: float
+    request_timeout_s: float
+    session_timeout_s: int
+    create_table: bool
+    order_by: str | None
+    partition_by: str | None
+    engine: str
+    table_column: str | None
     #: Routing targets (``tables`` option) as ``(database, table)`` pairs, in given order.
     tables: tuple[tuple[str, str], ...] = ()
-    allow_nullable_into_non_nullable: bool = _default("allow_nullable_into_non_nullable")
+    allow_nullable_into_non_nullable: bool
     #: Sub-second digits a DateTime/DateTime64 column cannot hold fail the task
     #: instead of being truncated toward the past.
-    strict_precision: bool = _default("strict_precision")
+    strict_precision: bool
     #: ``bad_rows=dead_letter``: where rows holding a value that does not fit go,
     #: as ``(database, table)``, instead of failing the task (None: ``bad_rows=fail``).
     dead_letter_table: tuple[str, str] | None = None
@@ -85,12 +82,12 @@ class WriterOptions:
     #: (the whole batch appears at once, in one ClickHouse transaction: a streaming
     #: micro-batch in mode staging, or a whole batch job). ``auto``, the batch jobs'
     #: default: ``batch`` where the target takes it, else ``partition`` with a WARNING.
-    visibility: str = _default("visibility")
+    visibility: str
     #: A batch job's key (a scheduler's run id): a job whose key is already recorded
     #: for the table writes nothing (``docs/options.md``). Empty: none.
-    idempotence_key: str = _default("idempotence_key")
-    retry_attempts: int = _default("retry.attempts")
-    retry_max_seconds: float = _default("retry.max_seconds")
+    idempotence_key: str
+    retry_attempts: int
+    retry_max_seconds: float
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
     # Raw ``fault.*`` options for the test-only fault hooks; parsed by their owner.
     faults: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)

@@ -345,7 +345,7 @@ class SessionKeepAlive:
     (Spark ends a worker it does not reuse with its task: ``spark.python.use.daemon=false``);
     the driver renews every session again before it writes a decision
     (:meth:`TransactionMode.renew`). The writer refuses a ``session_timeout`` too short for
-    these touches to hold (``spark_datasource.writer_options.MIN_SESSION_TIMEOUT_S``).
+    these touches to hold (``spark_datasource.writer_option_specs.MIN_SESSION_TIMEOUT_S``).
     """
 
     def __init__(self) -> None:
