@@ -43,6 +43,7 @@ __all__ = [
     "int_at_least",
     "one_of",
     "matching",
+    "lower_keys",
 ]
 
 #: Longest part of a value shown in an error.

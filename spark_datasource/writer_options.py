@@ -2,7 +2,7 @@
 
 Spark hands a Python data source its options as a case-insensitive dict of strings
 (``pyspark.sql.datasource.CaseInsensitiveDict``; keys arrive lower-cased). What Spark
-itself adds, measured with pyspark 4.3 (see ``docs/options.md``):
+itself adds (``docs/options.md`` shows what pyspark passes):
 
 - batch ``save(path)`` adds ``path``; streaming adds ``checkpointLocation`` and
   ``queryName`` only when the user set them on the ``DataStreamWriter``
