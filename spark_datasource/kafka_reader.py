@@ -71,12 +71,8 @@ from pyspark.sql.types import (
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError
 from spark_datasource import worker_gc
 from spark_datasource.kafka_json import ValueFields, arrow_value_type, decode_values, spark_value_type
-from spark_datasource.kafka_options import (
-    EARLIEST,
-    LATEST,
-    KafkaOptions,
-    parse_kafka_options,
-)
+from spark_datasource.kafka_offset_parsers import EARLIEST, LATEST
+from spark_datasource.kafka_options import KafkaOptions, parse_kafka_options
 from spark_datasource.kafka_security import check_access, redact_secrets_in_logs
 
 log = logging.getLogger(__name__)

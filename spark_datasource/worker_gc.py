@@ -3,10 +3,9 @@
 pyspark's worker daemon runs a full ``gc.collect()`` after every task of a reused
 Python worker (``pyspark/daemon.py``), and Spark hands the worker its next task only
 after it. A worker that has imported pyarrow, kafka-python, pyspark and this package
-tracks about 10^5 objects, so that collection took 210 to 380 ms per task on the
-2-core machine, against 1 to 30 ms for the task's own work (a range read of a few
-records): most of a small micro-batch's ``addBatch``. ``docs/performance.md`` gives
-the measurement.
+tracks so many objects that this collection can cost more than a small task's own
+work (a range read of a few records), and so most of a small micro-batch's
+``addBatch``; ``docs/performance.md`` gives the measurement.
 
 :func:`before_task` freezes (:func:`gc.freeze`) what is alive when a task starts:
 imported modules, pooled consumers and clients. The daemon's collection then walks

@@ -117,7 +117,7 @@ def coordinator_for(opts: WriterOptions, txn_id: str, conversion: "ConversionPla
             visibility=opts.commit_visibility(),
         )
 
-    placement = opts.shard_layout()
+    placement = opts.shard_placement()
     if placement is None:
         coordinator = one(opts.target())
     else:
@@ -139,7 +139,7 @@ def _prepare_sharded(
     each prepared by the one-server coordinator of a replica of its shard that answers."""
     from clickhouse_tx.sharded_io import prepare_sharded
 
-    placement = opts.shard_layout()
+    placement = opts.shard_placement()
     assert placement is not None
 
     def on(shard: int, url: str) -> Coordinator:

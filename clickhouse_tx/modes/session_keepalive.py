@@ -43,7 +43,7 @@ class SessionKeepAlive:
     the driver renews every session again before it writes a decision
     (:meth:`~clickhouse_tx.modes.transaction.TransactionMode.renew`). The writer refuses a
     ``session_timeout`` too short for these touches to hold
-    (``spark_datasource.writer_options.MIN_SESSION_TIMEOUT_S``).
+    (``spark_datasource.writer_option_specs.MIN_SESSION_TIMEOUT_S``).
     """
 
     def __init__(self) -> None:

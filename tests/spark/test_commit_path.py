@@ -23,7 +23,7 @@ from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from server_patches import stack as stack_mod
-from spark_datasource.writer_options import MIN_SESSION_TIMEOUT_S
+from spark_datasource.writer_option_specs import MIN_SESSION_TIMEOUT_S
 from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,

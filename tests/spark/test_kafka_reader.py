@@ -90,7 +90,7 @@ def test_the_source_reads_read_committed_by_default() -> None:
     assert parse_kafka_options(BASE).consumer_config()["isolation_level"] == "read_committed"
     opted_out = parse_kafka_options({**BASE, "kafka.isolation.level": "read_uncommitted"})
     assert opted_out.consumer_config()["isolation_level"] == "read_uncommitted"
-    with pytest.raises(ConfigurationError, match="'kafka.isolation.level'.*read_committed"):
+    with pytest.raises(ConfigurationError, match="kafka.isolation.level='committed'.*read_committed"):
         parse_kafka_options({**BASE, "kafka.isolation.level": "committed"})
 
 
@@ -154,7 +154,7 @@ def test_bad_options_fail_with_an_error_naming_the_option(options: dict, option:
     options = {k: v for k, v in options.items() if v is not None}
     with pytest.raises(ConfigurationError) as e:
         parse_kafka_options(options)
-    assert repr(option) in str(e.value)
+    assert option in str(e.value)
     assert message in str(e.value)
 
 

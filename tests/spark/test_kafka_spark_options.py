@@ -113,7 +113,7 @@ def test_timestamps_take_precedence_over_offsets_as_in_spark() -> None:
         ({"includeHeaders": "yes please"}, None, "includeHeaders", "true or false"),
         ({"maxRecordsPerPartition": "0"}, None, "maxRecordsPerPartition", ">= 1"),
         ({"maxRecordsPerPartition": "10", "maxPartitions": "2"}, None, "maxRecordsPerPartition", "maxPartitions"),
-        ({"groupIdPrefix": " "}, None, "groupIdPrefix", "is empty"),
+        ({"groupIdPrefix": " "}, None, "groupIdPrefix", "a non-empty group id"),
     ],
 )
 def test_bad_values_of_the_new_options_fail_on_the_driver_naming_the_option(
@@ -121,7 +121,7 @@ def test_bad_values_of_the_new_options_fail_on_the_driver_naming_the_option(
 ) -> None:
     with pytest.raises(ConfigurationError) as e:
         parse_kafka_options({**BASE, **extra}, streaming=streaming)
-    assert repr(option) in str(e.value) and message in str(e.value)
+    assert option in str(e.value) and message in str(e.value)
 
 
 def test_max_trigger_delay_takes_sparks_time_strings_and_defaults_to_15_minutes() -> None:

@@ -322,9 +322,7 @@ MODULE_LINES_NOT_YET_SPLIT = {
     "server_patches.kafka_broker": 565,
     "server_patches.kafka_front": 503,
     "server_patches.stack": 874,
-    "spark_datasource.kafka_options": 601,
-    "spark_datasource.kafka_reader": 1108,
-    "spark_datasource.writer_options": 765,
+    "spark_datasource.kafka_reader": 1104,
 }
 
 

@@ -78,7 +78,7 @@ def test_writer_options_take_shards_and_refuse_them_with_url_or_credentials() ->
         streaming=False,
     )
     assert opts.url == "http://a:8123" and opts.shards == URLS
-    placement = opts.shard_layout()
+    placement = opts.shard_placement()
     assert placement is not None and placement.key == "id" and placement.weights == (1, 3)
     with pytest.raises(ConfigurationError, match="url and shards"):
         WriterOptions.parse({**base, "url": "http://a:8123", "shards": "http://c:8123"}, streaming=False)

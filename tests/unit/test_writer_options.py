@@ -12,7 +12,8 @@ import pytest
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Mode, Target
-from spark_datasource.writer_options import KNOWN_OPTIONS, MIN_SESSION_TIMEOUT_S, WriterOptions
+from spark_datasource.writer_option_specs import MIN_SESSION_TIMEOUT_S, WRITER_OPTIONS
+from spark_datasource.writer_options import WriterOptions
 
 SECRET = "s3cr3t-Pa55"
 BASE = {"url": "http://127.0.0.1:8123", "table": "db.events"}
@@ -405,7 +406,7 @@ def test_an_empty_table_part_is_refused():
 
 
 def test_the_known_options_list_is_lower_case_as_spark_delivers_keys():
-    assert all(k == k.lower() for k in KNOWN_OPTIONS)
+    assert all(k == k.lower() for k in WRITER_OPTIONS.known_keys())
 
 
 def test_txn_id_and_decision_log_uri_serve_the_writer():
