@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from server_patches.kafka_broker import delete_records
 from spark_datasource.kafka_arrow import arrow_schema
 from spark_datasource.kafka_consumers import ConsumerPool
 from spark_datasource.kafka_errors import KafkaDataLossError
@@ -21,7 +20,7 @@ from spark_datasource.kafka_fetch import read_range
 from spark_datasource.kafka_offsets import KafkaOffsetRange
 from spark_datasource.kafka_options import parse_kafka_options
 from spark_datasource.kafka_reader import SCHEMA
-from tests.helpers.kafka import new_topic, produce, rows_of
+from tests.helpers.kafka import new_topic, produce, produce_then_delete_head, rows_of
 
 
 def _opts(bootstrap: str, topic: str, **extra: str):  # type: ignore[no-untyped-def]
@@ -109,13 +108,7 @@ def test_a_pooled_consumer_whose_broker_connection_died_is_replaced_and_still_re
 def test_a_read_that_fails_closes_its_consumer_instead_of_pooling_it(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
     topic = new_topic(control, 1)
-    from kafka import KafkaProducer
-
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
-    for i in range(20):
-        p.send(topic, value=b"%d" % i, partition=0).get(timeout=10)
-    p.close()
-    delete_records(control, topic, 0, 8)
+    produce_then_delete_head(bootstrap, control, topic, 20, deleted=8)
     opts, pool = _opts(bootstrap, topic), ConsumerPool()
     with pytest.raises(KafkaDataLossError):
         _read(opts, KafkaOffsetRange(topic, 0, 2, 20), pool)

@@ -21,14 +21,14 @@ from kafka import KafkaProducer
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
-from server_patches.kafka_broker import create_topic, delete_records
+from server_patches.kafka_broker import create_topic
 from spark_datasource.kafka_consumers import new_consumer
 from spark_datasource.kafka_errors import KafkaDataLossError, KafkaUnavailableError
 from spark_datasource.kafka_fetch import read_range
 from spark_datasource.kafka_offsets import KafkaOffsetRange
 from spark_datasource.kafka_options import parse_kafka_options
 from spark_datasource.kafka_reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
-from tests.helpers.kafka import new_topic, produce, rows_of
+from tests.helpers.kafka import new_topic, produce, produce_then_delete_head, rows_of
 
 # ------------------------------------------------------------------ options
 
@@ -155,11 +155,7 @@ def test_records_deleted_before_they_are_read_fail_the_read_unless_failondatalos
 ) -> None:
     bootstrap, control = broker
     topic = new_topic(control, 1)
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
-    for i in range(20):
-        p.send(topic, value=b"%d" % i, partition=0).get(timeout=10)  # one batch each
-    p.close()
-    delete_records(control, topic, 0, 8)
+    produce_then_delete_head(bootstrap, control, topic, 20, deleted=8)
     rng = KafkaOffsetRange(topic, 0, 2, 20)
     strict = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic})
     with pytest.raises(KafkaDataLossError, match=rf"\[2, 8\) of {topic}\[0\].*failOnDataLoss"):
