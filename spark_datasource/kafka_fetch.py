@@ -32,9 +32,10 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange, pool: ConsumerPool | N
 
     Called once per range per (re)try of a task. Stops at ``rng.end`` even if the
     partition has grown since, so every attempt returns the same records. The consumer
-    comes from ``pool`` (default: this worker's :data:`POOL`) and goes back to it after
-    a read that did not raise; one that raised is closed. Logs, at DEBUG on this
-    module's logger, where the read's time went (checkout, first records, Arrow, total).
+    comes from ``pool`` (default: this worker's
+    :data:`~spark_datasource.kafka_consumers.POOL`) and goes back to it after a read
+    that did not raise; one that raised is closed. Logs, at DEBUG on this module's
+    logger, where the read's time went (checkout, first records, Arrow, total).
 
     Raises
     ------
