@@ -3,8 +3,8 @@
 With ``value.format=json`` and ``value.schema`` (flat DDL: ``name TYPE, ...``), the
 source's ``value`` column is a struct of those fields instead of the raw bytes, as
 ``from_json(col("value").cast("string"), schema)`` would give, but decoded on the
-executor by Arrow's C++ JSON reader: one call per fetch, about 0.4-0.5 µs a record
-here against about 8 µs of CPU for Spark's ``from_json`` (docs/performance.md).
+executor by Arrow's C++ JSON reader: one call per fetch, a fraction of the CPU Spark's
+``from_json`` spends (docs/performance.md gives the measurement).
 
 Decoding is strict, so no value is silently changed: a record whose value is not one
 JSON object whose fields fit their types (``1.5`` or ``"5"`` for a ``BIGINT``,
@@ -18,7 +18,7 @@ Where things run
 - :func:`parse_value_schema`: the driver, when the DataFrame is defined (errors name
   the option).
 - :func:`decode_values`: executors, once per fetch of a range (up to
-  ``maxRecordsPerBatch`` records), in :func:`spark_datasource.kafka_reader._to_batch`.
+  ``maxRecordsPerBatch`` records), in :func:`spark_datasource.kafka_arrow.records_to_batch`.
   A pure function of the bytes, so a replayed range decodes to the same rows.
 """
 
@@ -29,19 +29,20 @@ from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.json as pa_json
-from pyspark.sql import types as T
 
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError
 
-#: DDL type names ``value.schema`` accepts (upper case) → canonical name.
+#: DDL type names ``value.schema`` accepts (upper case) → canonical name: Spark's own
+#: JSON name of the type, from which ``spark_datasource.kafka_reader`` builds the
+#: Spark type (this module imports no pyspark).
 _ALIASES = {
     "BOOLEAN": "boolean",
     "TINYINT": "byte",
     "BYTE": "byte",
     "SMALLINT": "short",
     "SHORT": "short",
-    "INT": "int",
-    "INTEGER": "int",
+    "INT": "integer",
+    "INTEGER": "integer",
     "BIGINT": "long",
     "LONG": "long",
     "FLOAT": "float",
@@ -50,18 +51,18 @@ _ALIASES = {
     "STRING": "string",
 }
 
-#: Canonical name → (Spark type, the Arrow type Spark expects for it). Spelled out
-#: rather than derived with pyspark's Arrow converter, whose import pulls in pandas
-#: (a test checks the two agree).
-_TYPES: dict[str, tuple[T.DataType, pa.DataType]] = {
-    "boolean": (T.BooleanType(), pa.bool_()),
-    "byte": (T.ByteType(), pa.int8()),
-    "short": (T.ShortType(), pa.int16()),
-    "int": (T.IntegerType(), pa.int32()),
-    "long": (T.LongType(), pa.int64()),
-    "float": (T.FloatType(), pa.float32()),
-    "double": (T.DoubleType(), pa.float64()),
-    "string": (T.StringType(), pa.string()),
+#: Canonical name → the Arrow type Spark expects for it. Spelled out rather than
+#: derived with pyspark's Arrow converter, whose import pulls in pandas (a test checks
+#: the two agree).
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "boolean": pa.bool_(),
+    "byte": pa.int8(),
+    "short": pa.int16(),
+    "integer": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "string": pa.string(),
 }
 
 _FIELD = re.compile(r"\s*(?:`((?:[^`]|``)+)`|([A-Za-z_][A-Za-z0-9_]*))\s*:?\s*([A-Za-z]+)\s*")
@@ -116,14 +117,10 @@ def _schema_error(problem: str) -> ConfigurationError:
     return ConfigurationError(f"kafka_py option 'value.schema': {problem}")
 
 
-def spark_value_type(fields: ValueFields) -> T.StructType:
-    """The Spark type of the decoded ``value`` column."""
-    return T.StructType([T.StructField(name, _TYPES[t][0], True) for name, t in fields])
-
-
 def arrow_value_type(fields: ValueFields) -> pa.StructType:
-    """The Arrow type Spark expects for :func:`spark_value_type`."""
-    return pa.struct([pa.field(name, _TYPES[t][1]) for name, t in fields])
+    """The Arrow type Spark expects for the decoded ``value`` column
+    (:func:`spark_datasource.kafka_reader.spark_value_type` is its Spark type)."""
+    return pa.struct([pa.field(name, _ARROW_TYPES[t]) for name, t in fields])
 
 
 def decode_values(

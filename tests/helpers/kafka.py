@@ -8,8 +8,8 @@ from typing import Any, Mapping
 import pyarrow as pa
 from kafka import KafkaProducer
 
-from server_patches.kafka_broker import create_topic
-from spark_datasource.kafka_reader import arrow_schema
+from server_patches.kafka_broker import create_topic, delete_records
+from spark_datasource.kafka_arrow import arrow_schema
 
 
 def produce(
@@ -29,6 +29,16 @@ def produce(
     p.flush()
     p.close()
     return sent
+
+
+def produce_then_delete_head(bootstrap: str, control: str, topic: str, n: int, deleted: int) -> None:
+    """Produce ``n`` records to partition 0, one producer batch each, then delete the
+    first ``deleted`` of them (as retention does) through the broker's control address."""
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+    for i in range(n):
+        p.send(topic, value=b"%d" % i, partition=0).get(timeout=10)  # one batch each
+    p.close()
+    delete_records(control, topic, 0, deleted)
 
 
 def new_topic(control: str, partitions: int) -> str:

@@ -13,18 +13,14 @@ import time
 
 import pytest
 
-from server_patches.kafka_broker import delete_records
+from spark_datasource.kafka_arrow import arrow_schema
+from spark_datasource.kafka_consumers import ConsumerPool
+from spark_datasource.kafka_errors import KafkaDataLossError
+from spark_datasource.kafka_fetch import read_range
+from spark_datasource.kafka_offsets import KafkaOffsetRange
 from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import (
-    SCHEMA,
-    ConsumerPool,
-    KafkaDataLossError,
-    KafkaOffsetRange,
-    _settings_key,
-    arrow_schema,
-    read_range,
-)
-from tests.helpers.kafka import new_topic, produce, rows_of
+from spark_datasource.kafka_reader import SCHEMA
+from tests.helpers.kafka import new_topic, produce, produce_then_delete_head, rows_of
 
 
 def _opts(bootstrap: str, topic: str, **extra: str):  # type: ignore[no-untyped-def]
@@ -112,13 +108,7 @@ def test_a_pooled_consumer_whose_broker_connection_died_is_replaced_and_still_re
 def test_a_read_that_fails_closes_its_consumer_instead_of_pooling_it(broker: tuple[str, str]) -> None:
     bootstrap, control = broker
     topic = new_topic(control, 1)
-    from kafka import KafkaProducer
-
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
-    for i in range(20):
-        p.send(topic, value=b"%d" % i, partition=0).get(timeout=10)
-    p.close()
-    delete_records(control, topic, 0, 8)
+    produce_then_delete_head(bootstrap, control, topic, 20, deleted=8)
     opts, pool = _opts(bootstrap, topic), ConsumerPool()
     with pytest.raises(KafkaDataLossError):
         _read(opts, KafkaOffsetRange(topic, 0, 2, 20), pool)
@@ -144,26 +134,6 @@ def test_a_reader_that_stops_early_returns_its_consumer_and_the_next_range_is_st
         pool.close_all()
     assert [o for _, o, _ in rows] == list(range(120, 300))
     assert pool.stats.reused == 1
-
-
-def test_consumers_of_different_settings_are_never_shared_and_the_key_holds_no_secret() -> None:
-    base = {
-        "bootstrap.servers": "127.0.0.1:9092",
-        "subscribe": "a",
-        "kafka.security.protocol": "SASL_PLAINTEXT",
-        "kafka.sasl.mechanism": "PLAIN",
-        "kafka.sasl.plain.username": "u",
-    }
-    one = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter2"})
-    other = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter3"})
-    same = parse_kafka_options({**base, "kafka.sasl.plain.password": "hunter2"})
-    assert _settings_key(one) != _settings_key(other)
-    assert _settings_key(one) == _settings_key(same)
-    assert "hunter2" not in _settings_key(one)
-    elsewhere = parse_kafka_options(
-        {**base, "bootstrap.servers": "127.0.0.1:9093", "kafka.sasl.plain.password": "hunter2"}
-    )
-    assert _settings_key(one) != _settings_key(elsewhere)
 
 
 def test_the_spelled_out_arrow_schema_is_the_one_pyspark_derives_from_the_spark_schema() -> None:

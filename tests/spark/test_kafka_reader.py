@@ -1,8 +1,8 @@
-"""The ``kafka_py`` source: offset planning, options, and real reads through Spark.
+"""The ``kafka_py`` source: options, and real reads through the dev broker and Spark.
 
-Planning functions are pure and tested with plain dicts. Everything else runs
-against the dev broker (librdkafka's mock cluster in its own process) and, where
-Spark's behaviour is the point, a local SparkSession.
+Everything here runs against the dev broker (librdkafka's mock cluster in its own
+process) and, where Spark's behaviour is the point, a local SparkSession. The pure
+offset planning is tested with plain dicts in ``tests/unit/test_kafka_offsets.py``.
 """
 
 from __future__ import annotations
@@ -21,69 +21,19 @@ from kafka import KafkaProducer
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
-from server_patches.kafka_broker import create_topic, delete_records
-from spark_datasource.kafka_options import KafkaOptions, parse_kafka_options
-from spark_datasource.kafka_reader import (
-    KafkaBatchReader,
-    KafkaDataLossError,
-    KafkaDataSource,
-    KafkaOffsetRange,
-    KafkaStreamReader,
-    KafkaUnavailableError,
-    _new_consumer,
-    arrow_schema,
-    limit_offsets,
-    plan_end_offsets,
-    plan_ranges,
-    read_range,
-    to_json_offsets,
-)
-from tests.helpers.kafka import new_topic, produce, rows_of
+from server_patches.kafka_broker import create_topic
+from spark_datasource.kafka_consumers import new_consumer
+from spark_datasource.kafka_errors import KafkaDataLossError, KafkaUnavailableError
+from spark_datasource.kafka_fetch import read_range
+from spark_datasource.kafka_offsets import KafkaOffsetRange
+from spark_datasource.kafka_options import parse_kafka_options
+from spark_datasource.kafka_reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
+from tests.helpers.kafka import new_topic, produce, produce_then_delete_head, rows_of
 
-# ------------------------------------------------------------------ pure planning
+# ------------------------------------------------------------------ options
 
 
-def test_offsets_serialise_in_a_fixed_order_whatever_the_insertion_order() -> None:
-    a = to_json_offsets({("b", 10): 1, ("a", 2): 5, ("b", 2): 3})
-    b = to_json_offsets({("b", 2): 3, ("a", 2): 5, ("b", 10): 1})
-    assert json.dumps(a) == json.dumps(b) == '{"a": {"2": 5}, "b": {"2": 3, "10": 1}}'
-
-
-def test_the_trigger_limit_caps_the_total_and_shares_it_by_backlog() -> None:
-    start = {("t", 0): 0, ("t", 1): 100, ("t", 2): 7}
-    latest = {("t", 0): 900, ("t", 1): 200, ("t", 2): 7}
-    end = limit_offsets(start, latest, 100)
-    advance = {tp: end[tp] - start[tp] for tp in start}
-    assert sum(advance.values()) == 100
-    assert advance == {("t", 0): 90, ("t", 1): 10, ("t", 2): 0}
-    assert all(start[tp] <= end[tp] <= latest[tp] for tp in start)
-    assert limit_offsets(start, latest, 10_000) == latest
-
-
-def test_a_tiny_limit_still_makes_progress_and_never_overshoots() -> None:
-    start = {("t", p): 0 for p in range(5)}
-    latest = {("t", p): 3 for p in range(5)}
-    end = limit_offsets(start, latest, 1)
-    assert sum(end.values()) == 1
-
-
-def test_a_new_partition_enters_at_its_earliest_offset_with_an_empty_first_range() -> None:
-    start = {("t", 0): 5}
-    latest = {("t", 0): 9, ("t", 1): 4}
-    end = plan_end_offsets(start, latest, {("t", 1): 0}, None, True)
-    assert end == {("t", 0): 9, ("t", 1): 0}
-    assert plan_ranges(start, end, None, True) == [KafkaOffsetRange("t", 0, 5, 9)]
-    # Next trigger: the new partition is read from its earliest offset.
-    end2 = plan_end_offsets(end, latest, {}, None, True)
-    assert plan_ranges(end, end2, None, True) == [KafkaOffsetRange("t", 1, 0, 4)]
-
-
-def test_an_added_partition_whose_first_records_were_deleted_is_data_loss_like_spark() -> None:
-    start = {("t", 0): 5}
-    latest = {("t", 0): 9, ("t", 1): 40}
-    with pytest.raises(KafkaDataLossError, match=r"t\[1\] starts at 12.*failOnDataLoss"):
-        plan_end_offsets(start, latest, {("t", 1): 12}, None, True)
-    assert plan_end_offsets(start, latest, {("t", 1): 12}, None, False) == {("t", 0): 9, ("t", 1): 12}
+BASE = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "a"}
 
 
 def test_the_source_reads_read_committed_by_default() -> None:
@@ -92,43 +42,6 @@ def test_the_source_reads_read_committed_by_default() -> None:
     assert opted_out.consumer_config()["isolation_level"] == "read_uncommitted"
     with pytest.raises(ConfigurationError, match="kafka.isolation.level='committed'.*read_committed"):
         parse_kafka_options({**BASE, "kafka.isolation.level": "committed"})
-
-
-def test_a_vanished_partition_is_data_loss_unless_failondataloss_is_false() -> None:
-    start = {("t", 0): 5, ("gone", 0): 3}
-    latest = {("t", 0): 6}
-    with pytest.raises(KafkaDataLossError, match=r"gone\[0\].*failOnDataLoss"):
-        plan_end_offsets(start, latest, {}, None, True)
-    assert plan_end_offsets(start, latest, {}, None, False) == {("t", 0): 6}
-
-
-def test_an_end_below_the_start_is_data_loss_unless_failondataloss_is_false() -> None:
-    with pytest.raises(KafkaDataLossError, match="below the checkpointed offset"):
-        plan_ranges({("t", 0): 10}, {("t", 0): 4}, None, True)
-    assert plan_ranges({("t", 0): 10}, {("t", 0): 4}, None, False) == []
-
-
-def test_min_partitions_splits_ranges_into_contiguous_pieces_covering_them_exactly() -> None:
-    start = {("t", 0): 0, ("t", 1): 10}
-    end = {("t", 0): 300, ("t", 1): 110}
-    ranges = plan_ranges(start, end, 8, True)
-    assert len(ranges) >= 8
-    for tp in start:
-        pieces = [r for r in ranges if (r.topic, r.partition) == tp]
-        assert pieces[0].start == start[tp] and pieces[-1].end == end[tp]
-        assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
-    assert plan_ranges(start, end, 8, True) == ranges  # deterministic
-    assert len(plan_ranges(start, end, 2, True)) == 2  # enough partitions already
-
-
-def test_an_empty_batch_plans_no_partitions() -> None:
-    assert plan_ranges({("t", 0): 4}, {("t", 0): 4}, None, True) == []
-
-
-# ------------------------------------------------------------------ options
-
-
-BASE = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "a"}
 
 
 @pytest.mark.parametrize(
@@ -242,11 +155,7 @@ def test_records_deleted_before_they_are_read_fail_the_read_unless_failondatalos
 ) -> None:
     bootstrap, control = broker
     topic = new_topic(control, 1)
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
-    for i in range(20):
-        p.send(topic, value=b"%d" % i, partition=0).get(timeout=10)  # one batch each
-    p.close()
-    delete_records(control, topic, 0, 8)
+    produce_then_delete_head(bootstrap, control, topic, 20, deleted=8)
     rng = KafkaOffsetRange(topic, 0, 2, 20)
     strict = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic})
     with pytest.raises(KafkaDataLossError, match=rf"\[2, 8\) of {topic}\[0\].*failOnDataLoss"):
@@ -282,7 +191,7 @@ def test_a_default_read_is_read_committed_at_the_broker_and_reads_past_transacti
     committed = _produce_transactions(bootstrap, topic, [True, True, True])
     # The mock broker writes transaction markers with CRC 0, which a real broker never does.
     opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic, "kafka.check.crcs": "false"})
-    consumer = _new_consumer(opts)
+    consumer = new_consumer(opts)
     try:
         assert consumer.config["isolation_level"] == "read_committed"
         tp = __import__("kafka").TopicPartition(topic, 0)
@@ -519,42 +428,6 @@ def test_a_restarted_stream_replays_the_failed_batch_identically_and_continues(k
         assert sorted(o for p, o, _ in rows if p == part) == list(range(n))
 
 
-def test_fetched_records_become_one_arrow_batch_with_the_spark_schema() -> None:
-    from collections import namedtuple
-
-    from spark_datasource.kafka_reader import _to_batch
-
-    Rec = namedtuple("Rec", "key value offset timestamp timestamp_type headers")
-    recs = [
-        Rec(None, b"a", 5, 1_700_000_000_123, 0, []),
-        Rec(b"k", None, 7, 1_700_000_000_124, 1, [("x", b"1"), ("y", None)]),
-        Rec(b"", b"", 8, 0, 0, None),
-    ]
-    batch = _to_batch(recs, "t", 3, arrow_schema())
-    assert batch.schema.equals(arrow_schema())
-    d = batch.to_pydict()
-    assert d["key"] == [None, b"k", b""] and d["value"] == [b"a", None, b""]
-    assert d["topic"] == ["t"] * 3 and d["partition"] == [3] * 3 and d["offset"] == [5, 7, 8]
-    assert [ts.timestamp() for ts in d["timestamp"]] == [1_700_000_000.123, 1_700_000_000.124, 0]
-    assert d["timestampType"] == [0, 1, 0]
-    assert d["headers"] == [[], [{"key": "x", "value": b"1"}, {"key": "y", "value": None}], []]
-
-
-def test_explicit_starting_offsets_must_cover_exactly_the_partitions_read() -> None:
-    from spark_datasource.kafka_reader import resolve_offsets
-
-    tps = [("a", 0), ("a", 1)]
-    earliest, latest = {("a", 0): 2, ("a", 1): 0}, {("a", 0): 9, ("a", 1): 5}
-    assert resolve_offsets(((("a", 0), -2), (("a", 1), -1)), tps, earliest, latest, "startingOffsets") == {
-        ("a", 0): 2,
-        ("a", 1): 5,
-    }
-    with pytest.raises(ConfigurationError, match=r"'startingOffsets' leaves out a\[1\]"):
-        resolve_offsets(((("a", 0), 3),), tps, earliest, latest, "startingOffsets")
-    with pytest.raises(ConfigurationError, match=r"'endingOffsets' names b\[0\]"):
-        resolve_offsets(((("a", 0), 3), (("a", 1), 3), (("b", 0), 1)), tps, earliest, latest, "endingOffsets")
-
-
 def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None:
     bootstrap, control = broker
     prefix = f"pat_{uuid.uuid4().hex[:6]}"
@@ -566,7 +439,7 @@ def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None
         {"bootstrap.servers": bootstrap, "subscribePattern": f"{prefix}_.*", "minRecordsPerPartition": "1"},
         streaming=False,
     )
-    assert KafkaBatchReader(opts).partitions() == [
+    assert [p.planned for p in KafkaBatchReader(opts).partitions()] == [
         KafkaOffsetRange(f"{prefix}_x", 0, 0, 3),
         KafkaOffsetRange(f"{prefix}_x", 1, 0, 4),
         KafkaOffsetRange(f"{prefix}_y", 0, 0, 5),
@@ -574,22 +447,6 @@ def test_subscribe_pattern_plans_ranges_for_every_matching_topic(broker) -> None
 
 
 # ------------------------------------------------------------------ maxPartitions
-
-
-def test_max_partitions_packs_whole_ranges_into_that_many_partitions_the_same_way_every_time() -> None:
-    from spark_datasource.kafka_reader import KafkaRangeGroup, group_ranges
-
-    start = {("t", p): 0 for p in range(8)}
-    end = {("t", p): 100 + 10 * p for p in range(8)}
-    ranges = plan_ranges(start, end, None, True)
-    groups = group_ranges(ranges, 3)
-    assert len(groups) == 3 and all(isinstance(g, KafkaRangeGroup) for g in groups)
-    packed = [r for g in groups for r in g.ranges]
-    assert sorted(packed, key=lambda r: r.partition) == ranges  # each range once, never split
-    loads = [sum(r.size for r in g.ranges) for g in groups]
-    assert max(loads) - min(loads) <= max(r.size for r in ranges)
-    assert group_ranges(list(reversed(ranges)), 3) == groups  # a pure function of the ranges
-    assert group_ranges(ranges, 8) == ranges and group_ranges(ranges, None) == ranges
 
 
 def test_max_partitions_below_min_partitions_is_refused_naming_both() -> None:
@@ -618,72 +475,6 @@ def test_a_read_with_max_partitions_returns_every_record_once_in_fewer_spark_par
 
 
 # ------------------------------------------------------------------ minRecordsPerPartition
-
-
-def _opts(**options: str) -> KafkaOptions:
-    return parse_kafka_options({**BASE, **options})
-
-
-def test_a_small_batch_is_packed_into_fewer_spark_partitions_of_about_min_records_each() -> None:
-    from spark_datasource.kafka_reader import partition_count, plan_partitions
-
-    start = {("t", p): 0 for p in range(8)}
-    small = {("t", p): 4 for p in range(8)}  # 32 records
-    assert partition_count(plan_ranges(start, small, None, True), _opts()) == 1
-    assert len(plan_partitions(start, small, _opts())) == 1
-    medium = {("t", p): 700 for p in range(8)}  # 5,600 records, 3 ranges (2,100) per partition
-    assert len(plan_partitions(start, medium, _opts(minRecordsPerPartition="2000"))) == 3
-    batch = {("t", p): 6_250 for p in range(8)}  # 50,000 records: 4 ranges per partition
-    assert len(plan_partitions(start, batch, _opts())) == 2
-    large = {("t", p): 20_000 for p in range(8)}  # one partition per range
-    assert plan_partitions(start, large, _opts()) == plan_ranges(start, large, None, True)
-
-
-def test_equal_ranges_are_packed_into_partitions_of_equal_size_not_into_a_count_that_leaves_some_double() -> None:
-    from spark_datasource.kafka_reader import KafkaRangeGroup, plan_partitions
-
-    start = {("t", p): 0 for p in range(8)}
-    end = {("t", p): 18_750 for p in range(8)}  # 150,000 records; 150,000 / 25,000 would be 6 groups
-    groups = plan_partitions(start, end, _opts(minRecordsPerPartition="25000"))
-    sizes = [sum(r.size for r in g.ranges) for g in groups if isinstance(g, KafkaRangeGroup)]
-    assert len(groups) == 4 and sizes == [37_500] * 4
-
-
-def test_max_partitions_with_min_records_of_one_plans_a_batch_exactly_as_the_rule_before_2026_11_25() -> None:
-    from spark_datasource.kafka_reader import group_ranges, plan_partitions
-
-    for sizes in ([700] * 8, [6_250] * 8, [18_750] * 8, [40_000, 30, 20, 10], [1] * 3, [2_500, 900, 1_700]):
-        start = {("t", p): 0 for p in range(len(sizes))}
-        end = {("t", p): n for p, n in enumerate(sizes)}
-        ranges = plan_ranges(start, end, None, True)
-        old_count = min(len(ranges), max(1, -(-sum(sizes) // 2_000)))  # the old default and rule
-        old = group_ranges(ranges, old_count)
-        assert plan_partitions(start, end, _opts(maxPartitions=str(old_count), minRecordsPerPartition="1")) == old
-
-
-def test_packing_is_a_function_of_the_offsets_and_options_so_a_replay_is_cut_the_same_way() -> None:
-    from spark_datasource.kafka_reader import KafkaRangeGroup, plan_partitions
-
-    start = {("t", p): 10 * p for p in range(5)}
-    end = {("t", p): 10 * p + 3 + p for p in range(5)}
-    opts = _opts(minRecordsPerPartition="8")
-    first = plan_partitions(start, end, opts)
-    assert first == plan_partitions(dict(reversed(start.items())), dict(reversed(end.items())), opts)
-    # 25 records in 5 ranges: 2 ranges (10 records) per partition on average, so 3 partitions
-    assert len(first) == 3 and all(isinstance(g, KafkaRangeGroup) for g in first)
-    # every range once, whole, in one group
-    ranges = sorted((r.partition, r.start, r.end) for g in first for r in g.ranges)  # type: ignore[attr-defined]
-    assert ranges == [(p, 10 * p, 10 * p + 3 + p) for p in range(5)]
-
-
-def test_min_records_per_partition_of_one_or_min_partitions_keeps_one_spark_partition_per_range_or_more() -> None:
-    from spark_datasource.kafka_reader import plan_partitions
-
-    start = {("t", p): 0 for p in range(4)}
-    end = {("t", p): 5 for p in range(4)}
-    assert plan_partitions(start, end, _opts(minRecordsPerPartition="1")) == plan_ranges(start, end, None, True)
-    assert len(plan_partitions(start, end, _opts(minPartitions="8"))) == 8
-    assert len(plan_partitions(start, end, _opts(maxPartitions="2", minRecordsPerPartition="1"))) == 2
 
 
 def test_min_records_per_partition_below_one_is_refused() -> None:

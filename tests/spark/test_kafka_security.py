@@ -18,8 +18,9 @@ import pytest
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import start_broker, stop_broker
+from spark_datasource.kafka_fetch import read_partition
 from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader, read_partition
+from spark_datasource.kafka_reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
 from spark_datasource.kafka_security import KafkaAuthenticationError
 from tests.helpers.kafka import new_topic, produce
 from tests.helpers.tls import TlsFiles, make_tls_files
@@ -246,7 +247,7 @@ def test_no_password_reaches_a_log_line_an_error_or_a_repr(brokers, caplog: pyte
     with caplog.at_level(logging.DEBUG):
         good = parse_kafka_options({**b.options("PLAIN"), "subscribe": topic}, streaming=False)
         reader = KafkaBatchReader(good)
-        rows = sum(batch.num_rows for p in reader.partitions() for batch in read_partition(good, p))
+        rows = sum(batch.num_rows for p in reader.partitions() for batch in read_partition(good, p.planned))
         bad = parse_kafka_options(
             {**b.options("PLAIN", **{"kafka.sasl.plain.password": wrong}), "subscribe": topic}, streaming=False
         )
@@ -282,7 +283,7 @@ def test_passwords_can_come_from_the_driver_environment_instead_of_options(
     monkeypatch.delenv("KAFKA_PY_SASL_PASSWORD")
     monkeypatch.delenv("KAFKA_PY_SSL_PASSWORD")
     parts = KafkaBatchReader(shipped).partitions()
-    assert sum(batch.num_rows for p in parts for batch in read_partition(shipped, p)) == 7
+    assert sum(batch.num_rows for p in parts for batch in read_partition(shipped, p.planned)) == 7
 
 
 # ------------------------------------------------------------------ option checks

@@ -24,17 +24,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import start_broker, stop_broker
+from spark_datasource.kafka_offsets import START_KEY, KafkaOffsetRange
 from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import (
-    START_KEY,
-    KafkaBatchReader,
-    KafkaDataSource,
-    KafkaOffsetRange,
-    KafkaStreamReader,
-    place_timestamps,
-    plan_partitions,
-    plan_ranges,
-)
+from spark_datasource.kafka_reader import KafkaBatchReader, KafkaDataSource, KafkaInputPartition, KafkaStreamReader
 from tests.helpers.kafka import new_topic, produce
 from tests.helpers.torture import kill_session, start_child
 
@@ -147,17 +139,6 @@ def test_group_id_options_are_accepted_and_never_reach_kafka() -> None:
 
 
 # ------------------------------------------------------------------ timestamps, pure
-
-
-def test_a_starting_timestamp_with_no_match_fails_or_starts_at_latest_and_an_ending_one_ends_at_latest() -> None:
-    found = {("t", 0): 4, ("t", 1): None}
-    latest = {("t", 0): 9, ("t", 1): 12}
-    strict = parse_kafka_options({**BASE, "startingTimestamp": "100"})
-    with pytest.raises(ConfigurationError, match=r"'startingTimestamp': no record of t\[1\].*Strategy=latest"):
-        place_timestamps(found, latest, strict, starting=True)
-    lenient = parse_kafka_options({**BASE, "startingTimestamp": "100", "startingOffsetsByTimestampStrategy": "LATEST"})
-    assert place_timestamps(found, latest, lenient, starting=True) == {("t", 0): 4, ("t", 1): 12}
-    assert place_timestamps(found, latest, strict, starting=False) == {("t", 0): 4, ("t", 1): 12}
 
 
 # ------------------------------------------------------------------ timestamps, through Spark
@@ -274,22 +255,6 @@ def test_headers_are_left_out_by_default_as_in_spark_and_included_with_include_h
         [("i", b"1")],
         [("i", b"2")],
     ]
-
-
-def test_max_records_per_partition_cuts_ranges_into_pieces_of_at_most_that_many_records() -> None:
-    start, end = {("t", 0): 0, ("t", 1): 100}, {("t", 0): 25, ("t", 1): 107}
-    ranges = plan_ranges(start, end, None, True, max_records=10)
-    assert [(r.partition, r.start, r.end) for r in ranges] == [
-        (0, 0, 8),
-        (0, 8, 16),
-        (0, 16, 25),
-        (1, 100, 107),
-    ]
-    # With minPartitions, Spark's rule: split by maxRecordsPerPartition, then more if still too few.
-    assert len(plan_ranges(start, end, 8, True, max_records=10)) >= 8
-    opts = parse_kafka_options({**BASE, "maxRecordsPerPartition": "10"})
-    assert plan_partitions(start, end, opts) == ranges  # not packed by minRecordsPerPartition
-    assert all(isinstance(r, KafkaOffsetRange) and r.size <= 10 for r in plan_partitions(start, end, opts))
 
 
 def test_a_read_with_max_records_per_partition_and_group_options_returns_every_record(kspark, broker) -> None:
@@ -413,8 +378,8 @@ def test_a_replayed_first_batch_plans_from_its_logged_start_whatever_start_spark
     reader = KafkaStreamReader(parse_kafka_options(BASE, streaming=True))
     end = {"t": {"0": 10, "1": 10}, START_KEY: {"t": {"0": 10, "1": 5}}}
     fresh_initial = {"t": {"0": 14, "1": 5}}  # what initialOffset() resolves to on the replay
-    assert reader.partitions(fresh_initial, end) == [KafkaOffsetRange("t", 1, 5, 10)]
-    assert reader.partitions(end, {"t": {"0": 14, "1": 10}}) == [KafkaOffsetRange("t", 0, 10, 14)]
+    assert reader.partitions(fresh_initial, end) == [KafkaInputPartition(KafkaOffsetRange("t", 1, 5, 10))]
+    assert reader.partitions(end, {"t": {"0": 14, "1": 10}}) == [KafkaInputPartition(KafkaOffsetRange("t", 0, 10, 14))]
 
 
 def test_a_batch_reader_resolves_timestamps_on_the_driver_before_any_task(ts_broker) -> None:
@@ -424,7 +389,7 @@ def test_a_batch_reader_resolves_timestamps_on_the_driver_before_any_task(ts_bro
     opts = parse_kafka_options(
         {"bootstrap.servers": bootstrap, "subscribe": topic, "startingTimestamp": str(T0 + 1500)}, streaming=False
     )
-    assert KafkaBatchReader(opts).partitions() == [KafkaOffsetRange(topic, 0, 2, 6)]
+    assert KafkaBatchReader(opts).partitions() == [KafkaInputPartition(KafkaOffsetRange(topic, 0, 2, 6))]
 
 
 def test_after_a_first_batch_that_logged_its_start_a_stream_with_nothing_new_runs_no_batch(broker) -> None:

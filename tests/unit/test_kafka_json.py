@@ -13,15 +13,15 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx.errors import ConfigurationError
+from spark_datasource.kafka_arrow import arrow_schema, records_to_batch
 from spark_datasource.kafka_json import (
     KafkaValueFormatError,
     arrow_value_type,
     decode_values,
     parse_value_schema,
-    spark_value_type,
 )
 from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import SCHEMA, _to_batch, arrow_schema, source_schema
+from spark_datasource.kafka_reader import SCHEMA, source_schema, spark_value_type
 
 FIELDS = parse_value_schema("event_id BIGINT, user_id LONG, amount DOUBLE, label STRING, ok BOOLEAN")
 VT = arrow_value_type(FIELDS)
@@ -101,7 +101,7 @@ def test_a_narrow_integer_out_of_range_is_refused_not_wrapped() -> None:
 
 def test_the_schema_takes_flat_ddl_with_sparks_type_names_and_quoted_names() -> None:
     fields = parse_value_schema(" a TINYINT, b: smallint, `we``ird name` Int, d real, e STRING ")
-    assert fields == (("a", "byte"), ("b", "short"), ("we`ird name", "int"), ("d", "float"), ("e", "string"))
+    assert fields == (("a", "byte"), ("b", "short"), ("we`ird name", "integer"), ("d", "float"), ("e", "string"))
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ def test_every_type_the_source_decodes_is_spelled_in_arrow_as_pyspark_converts_i
 def test_a_fetch_with_value_format_json_becomes_one_batch_with_the_decoded_value() -> None:
     Rec = namedtuple("Rec", "key value offset timestamp timestamp_type headers")
     recs = [Rec(None, b'{"event_id": %d}' % i, 40 + i, 1_700_000_000_000, 0, []) for i in range(3)]
-    batch = _to_batch(recs, "events", 1, arrow_schema(FIELDS))
+    batch = records_to_batch(recs, "events", 1, arrow_schema(FIELDS))
     assert batch.schema.equals(arrow_schema(FIELDS))
     assert [v["event_id"] for v in batch.column("value").to_pylist()] == [0, 1, 2]
     assert batch.column("offset").to_pylist() == [40, 41, 42]
