@@ -225,9 +225,10 @@ def gc_stale(
         ops, registry, log_for, cache, txn_ids, older_than_s, clock, errors, untouched if not_running else None
     )
     _forget(registry, rolled, errors)
-    dropped = _drop_leftover_stages(target, mode_io, registry, txn_ids, older_than_s, errors)
+    sweep = _Sweep(txn_ids, older_than_s)
+    dropped = _drop_leftover_stages(ops, sweep, errors)
     if overwrite_stages:
-        dropped += _drop_job_stages(ops, target, registry, txn_ids, older_than_s, errors)
+        dropped += _drop_job_stages(ops, sweep, errors)
     return RecoveryReport(
         rolled_back=tuple(rolled),
         skipped=tuple(skipped),
@@ -308,15 +309,19 @@ def _forget_finished(
     return out
 
 
-def _drop_leftover_stages(
-    target: Target,
-    mode_io: CommitModeIO,
-    registry: RegistryIO,
-    txn_ids: Collection[str] | None,
-    older_than_s: float,
-    errors: dict[str, str],
-) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class _Sweep:
+    """Which stage tables gc's passes 3 and 4 may drop: those of ``txn_ids`` (None: any
+    query's) at least ``older_than_s`` old."""
+
+    txn_ids: Collection[str] | None
+    older_than_s: float
+
+
+def _drop_leftover_stages(ops: TxOps, sweep: _Sweep, errors: dict[str, str]) -> list[str]:
     """Pass 3 of :func:`gc_stale`: stage tables of the given queries that no live xid owns."""
+    target, mode_io, registry = ops.target, ops.mode_io, ops.registry
+    txn_ids, older_than_s = sweep.txn_ids, sweep.older_than_s
     if not mode_io.mode.capabilities.stage_tables:
         return []
     owners = None if txn_ids is None else {sanitize_txn(t) for t in txn_ids}
@@ -344,14 +349,7 @@ def _drop_leftover_stages(
     return dropped
 
 
-def _drop_job_stages(
-    ops: TxOps,
-    target: Target,
-    registry: RegistryIO,
-    txn_ids: Collection[str] | None,
-    older_than_s: float,
-    errors: dict[str, str],
-) -> list[str]:
+def _drop_job_stages(ops: TxOps, sweep: _Sweep, errors: dict[str, str]) -> list[str]:
     """Pass 4 of :func:`gc_stale`: the stage tables of batch jobs (appends and overwrites) of the given queries.
 
     A job whose driver died before it published its stage (or swapped it in) leaves
@@ -361,6 +359,7 @@ def _drop_job_stages(
     session expires), then the stage is dropped. A stage with an open xid of another
     mode than this pass's is left (``gc --mode`` of that mode drops it).
     """
+    target, registry, txn_ids = ops.target, ops.registry, sweep.txn_ids
     if not txn_ids:
         return []
     open_by_table: dict[str, list[RegistryEntry]] = collections.defaultdict(list)
@@ -368,7 +367,7 @@ def _drop_job_stages(
         open_by_table[e.table].append(e)
     dropped = []
     for name, age_s in tables_named(target, OVERWRITE_STAGE_PREFIX):
-        if age_s < older_than_s or not any(is_overwrite_stage_of(name, t) for t in txn_ids):
+        if age_s < sweep.older_than_s or not any(is_overwrite_stage_of(name, t) for t in txn_ids):
             continue
         try:
             entries = open_by_table.get(f"{target.database}.{name}", [])
