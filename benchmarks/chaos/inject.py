@@ -22,6 +22,7 @@ from typing import Callable
 from benchmarks.chaos.proxy import FaultProxy
 from benchmarks.chaos.schedule import FaultPlan
 from benchmarks.pipeline_run import JobRun, group_members
+from server_patches import crashes, stack_files
 from server_patches import stack as stack_mod
 
 WORKER_MARKERS = ("pyspark.daemon", "pyspark.worker", "pyspark/daemon.py", "pyspark/worker.py")
@@ -69,27 +70,27 @@ class ChaosStack:
         return ",".join([self.proxy_url, *self.shard_urls[1:shards]])
 
     def restart_clickhouse_after(self, seconds: float, shard: int = 0) -> None:
-        stack_mod.kill_clickhouse(self.dir, shard=shard)
+        crashes.kill_clickhouse(self.dir, shard=shard)
         time.sleep(seconds)
-        stack_mod.start_clickhouse(self.dir, shard=shard, zookeeper_address_for_clickhouse=self.zk_via_proxy)
+        crashes.start_clickhouse(self.dir, shard=shard, zookeeper_address_for_clickhouse=self.zk_via_proxy)
 
     def restart_zookeeper_after(self, seconds: float) -> None:
-        stack_mod.kill_zookeeper(self.dir)
+        crashes.kill_zookeeper(self.dir)
         time.sleep(seconds)
-        stack_mod.start_zookeeper(self.dir)
+        crashes.start_zookeeper(self.dir)
 
     def heal(self) -> None:
         """Every component up, no proxy fault in force (between schedules)."""
         self.ch_proxy.clear()
         self.zk_proxy.clear()
-        info = stack_mod.read_stack(self.dir)
+        info = stack_files.read_stack(self.dir)
         assert info is not None
         alive = info.alive()
         if not alive.get("zookeeper"):
-            stack_mod.start_zookeeper(self.dir)
+            crashes.start_zookeeper(self.dir)
         for shard, replica, name in info.members:
             if not alive.get(name):
-                stack_mod.start_clickhouse(
+                crashes.start_clickhouse(
                     self.dir, shard=shard, replica=replica, zookeeper_address_for_clickhouse=self.zk_via_proxy
                 )
 

@@ -16,8 +16,8 @@ import pytest
 from benchmarks.chaos.proxy import FaultProxy
 from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
 from clickhouse_tx.interfaces import Target
-from server_patches import stack as stack_mod
-from server_patches.stack import StackInfo
+from server_patches import crashes
+from server_patches.stack_files import StackInfo
 
 
 def _free_port() -> int:
@@ -66,8 +66,8 @@ def test_clickhouse_reaches_zookeeper_through_the_proxy_and_keeps_it_across_a_re
         assert zk_proxy.stats["connections"] >= 1, "ClickHouse did not use the proxy as its Keeper"
         before = zk_proxy.stats["connections"]
         c.close()
-        stack_mod.kill_clickhouse(Path(own.dir))
-        stack_mod.start_clickhouse(Path(own.dir), zookeeper_address_for_clickhouse=via)
+        crashes.kill_clickhouse(Path(own.dir))
+        crashes.start_clickhouse(Path(own.dir), zookeeper_address_for_clickhouse=via)
         c = _client(own.clickhouse_url)
         deadline = time.monotonic() + 60
         while True:  # the restarted server connects to its Keeper in the background

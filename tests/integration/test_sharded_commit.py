@@ -15,7 +15,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
 from clickhouse_tx.sharded import build_sharded_coordinator, prepare_sharded
 from clickhouse_tx.shards import ShardLayout, stable_hash
-from server_patches.stack import StackInfo
+from server_patches.stack_files import StackInfo
 from tests.helpers.shards import counts, drop_everywhere, ids_per_shard, sharded_table
 from tests.helpers.tables import TXN, batches, rows
 
@@ -135,18 +135,18 @@ def test_a_decision_logged_before_the_driver_died_is_rolled_forward_on_every_sha
 def test_a_dead_replica_is_skipped_and_the_xid_commits_on_the_replica_that_prepared_it(
     stack_factory, tmp_path: Path, mode: str
 ) -> None:
-    from server_patches import stack as stack_mod
+    from server_patches import crashes
 
     info: StackInfo = stack_factory(shards=1, replicas=2)
     target = sharded_table(info)
     ((r0, r1),) = info.clickhouse_urls
-    stack_mod.kill_clickhouse(info.dir, shard=0, replica=0)
+    crashes.kill_clickhouse(info.dir, shard=0, replica=0)
     layout = ShardLayout(((r0, r1),))
     msgs = _prepare(layout, target, mode, tmp_path, rows(600), parts=3)
     assert {m.server for m in msgs} == {r1}
     report = build_sharded_coordinator(target, layout, _one(mode, tmp_path)).commit_batch(0, msgs)
     assert report.rows == 600
-    stack_mod.start_clickhouse(info.dir, shard=0, replica=0)
+    crashes.start_clickhouse(info.dir, shard=0, replica=0)
     from clickhouse_tx.http_client import ClickHouseHTTP
 
     def count(url: str) -> int:

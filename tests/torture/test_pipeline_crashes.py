@@ -18,7 +18,7 @@ import os
 import pytest
 
 from benchmarks.pipeline_run import FAULT_STEPS, PipelineConfig, run_pipeline, summary_table
-from server_patches.stack import StackInfo
+from server_patches.stack_files import StackInfo
 
 EXACTLY_ONCE_MODES = ("transaction", "staging", "dedup")
 

@@ -18,8 +18,8 @@ from typing import Callable
 
 import pytest
 
-from server_patches import stack as stack_mod
-from server_patches.stack import StackInfo
+from server_patches import crashes
+from server_patches.stack_files import StackInfo
 from tests.helpers.shards import create_everywhere
 from tests.helpers.spark_streams import make_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed
@@ -112,7 +112,7 @@ def test_a_shard_server_killed_and_restarted_mid_run_loses_and_duplicates_nothin
             if any(read_committed(u, f"SELECT 1 FROM `{args['database']}`.events LIMIT 1") for (u,) in urls):
                 break
             time.sleep(0.2)
-        stack_mod.restart_clickhouse(info.dir, shard=1)
+        crashes.restart_clickhouse(info.dir, shard=1)
         restarted.append(time.monotonic())
 
     codes = [_run_child(args, during=crash_shard_1)]
