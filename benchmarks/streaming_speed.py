@@ -34,10 +34,10 @@
    session costs before a source or sink adds anything (``--spark-conf
    spark.sql.streaming.checkpointFileManagerClass=...`` measures it, and everything
    else, with another checkpoint file manager: ``docs/performance.md``).
-3. **Triggers and latency**: :func:`benchmarks.pipeline_run.run_pipeline` (the streaming job
+3. **Triggers and latency**: :func:`spark_datasource.testing.pipeline.run_pipeline` (the streaming job
    in its own process, a producer offering a steady ``--rate``) per mode and trigger
    interval: processing rate and end-to-end latency p50/p99, Kafka timestamp → visible
-   to a read-committed reader (the pipeline's :class:`~benchmarks.pipeline_run.VisibilityPoller`),
+   to a read-committed reader (the pipeline's :class:`~spark_datasource.testing.visibility.VisibilityPoller`),
    over what is produced after a warm-up of :data:`WARMUP_S` (the first batches with
    data start the Python workers; the whole run's figures are kept beside).
 4. **Ramp**: per mode at a 1 s trigger, offered rates doubling from ``--ramp-start``
@@ -70,8 +70,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_file import machine, write_result
-from benchmarks.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
 from spark_datasource import RECOMMENDED_SPARK_CONF
+from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
 
 MODES = ("none", "transaction", "staging", "dedup")
 TRIGGERS = (0.5, 1.0, 5.0, 10.0)
@@ -269,8 +269,8 @@ def _run_stream(
 ) -> dict[str, Any]:
     """One availableNow query from the earliest offset (``source_options`` added to
     ``kafka_py``'s); its progress and wall time."""
-    from benchmarks.pipeline_run import create_target
-    from benchmarks.streaming_job import clickhouse_tx_writer, parse_events
+    from spark_datasource.testing.source_and_target import create_target
+    from spark_datasource.testing.streaming_job import clickhouse_tx_writer, parse_events
 
     raw = (
         spark.readStream.format("kafka_py")
@@ -374,8 +374,8 @@ def _batch_sink_seconds(
 ) -> float:
     """One batch job of the pipeline's events: the whole topic, its JSON decoded in the
     source, into a new ``clickhouse_tx`` target in ``mode``; its wall time (driver)."""
-    from benchmarks.pipeline_run import create_target
-    from benchmarks.streaming_job import parse_events, target_options
+    from spark_datasource.testing.source_and_target import create_target
+    from spark_datasource.testing.streaming_job import parse_events, target_options
 
     table = f"speed.batch_{mode}_{uuid.uuid4().hex[:8]}"
     create_target(url, table, mode)
@@ -399,7 +399,7 @@ def paced_batch(rate: float, partitions: int) -> int:
 
 def _topics(bootstrap: str, control: str | None, a: argparse.Namespace, say: Callable[[str], None]) -> dict[str, str]:
     """The section's topics: bulk-produced, a few records per batch, and paced at ``--rate``."""
-    from benchmarks.pipeline_run import create_topic, end_offsets, produce
+    from spark_datasource.testing.source_and_target import create_topic, end_offsets, produce
 
     names = {kind: f"speed_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("bulk", "small", "paced")}
     for name in names.values():
@@ -536,7 +536,7 @@ def in_process(
 ) -> dict[str, Any]:
     """Sections 1 and 2: ceiling, availableNow per sink (bulk and paced), the fixed cost per batch."""
     from benchmarks.batch_overhead import NoopStreamSource
-    from benchmarks.streaming_job import build_session
+    from spark_datasource.testing.streaming_job import build_session
 
     topics = _topics(bootstrap, control, a, say)
     per_batch, paced_per = 4 * a.partitions, paced_batch(a.rate, a.partitions)
@@ -596,7 +596,8 @@ def _pipeline_run(
     info: Any, work: Path, mode: str, trigger: float, rate: float, duration: float, seed: int, decode: str
 ) -> dict[str, Any]:
     from benchmarks.checkpoint_sweep import run_duration
-    from benchmarks.pipeline_run import PipelineConfig, run_pipeline
+    from spark_datasource.testing.pipeline import run_pipeline
+    from spark_datasource.testing.pipeline_config import PipelineConfig
 
     dur = run_duration(trigger, duration) + WARMUP_S
     cfg = PipelineConfig(

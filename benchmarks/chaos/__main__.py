@@ -29,8 +29,8 @@ from typing import Sequence
 from benchmarks.chaos.inject import ChaosStack
 from benchmarks.chaos.runner import run_schedule, stop_all_jobs
 from benchmarks.chaos.schedule import KINDS, plan
-from benchmarks.pipeline_run import ROOT
 from benchmarks.results_file import write_result
+from spark_datasource.testing.job_launcher import ROOT
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:

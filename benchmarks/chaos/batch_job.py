@@ -2,7 +2,7 @@
 
 A Spark driver program (``python -m benchmarks.chaos.batch_job``), started, killed and
 restarted by :mod:`benchmarks.chaos.runner` through
-:class:`benchmarks.pipeline_run.JobLauncher`; it speaks the streaming job's stdout
+:class:`spark_datasource.testing.job_launcher.JobLauncher`; it speaks the streaming job's stdout
 protocol (``READY``, ``DONE``). Event ``i`` (``0 <= i < events``) is written as topic
 ``batch``, partition ``i % partitions``, offset ``i // partitions``, so the same
 checks as for the Kafka jobs apply. The write is resumable: the same
@@ -69,7 +69,7 @@ def _options(a: argparse.Namespace) -> dict[str, str]:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Write the events once (driver, once per run); 0 when the write committed."""
-    from benchmarks.streaming_job import build_session
+    from spark_datasource.testing.streaming_job import build_session
 
     a = _args(argv)
     started = time.monotonic()

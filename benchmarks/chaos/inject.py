@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.chaos.proxy import FaultProxy
-from benchmarks.chaos.schedule import FaultPlan
-from benchmarks.pipeline_run import JobRun, group_members
+from benchmarks.chaos.schedule import ScheduledFault
 from server_patches import crashes, stack_files
 from server_patches import stack as stack_mod
+from spark_datasource.testing.job_launcher import JobRun, group_members
 
 WORKER_MARKERS = ("pyspark.daemon", "pyspark.worker", "pyspark/daemon.py", "pyspark/worker.py")
 #: An executor JVM (``local-cluster``: a child of the driver's JVM, in the job's process group).
@@ -140,7 +140,7 @@ class Injector:
     def __init__(
         self,
         stack: ChaosStack,
-        faults: list[FaultPlan],
+        faults: list[ScheduledFault],
         current: Callable[[], JobRun | None],
         kill_driver: Callable[[JobRun], None],
         rng: random.Random,
@@ -187,7 +187,7 @@ class Injector:
             time.sleep(0.1)
         return []
 
-    def _fire(self, f: FaultPlan) -> str:
+    def _fire(self, f: ScheduledFault) -> str:
         proxies = {"ch": self.stack.ch_proxy, "zk": self.stack.zk_proxy}
         link, _, what = f.kind.partition("_")
         if link in proxies:

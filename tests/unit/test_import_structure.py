@@ -285,3 +285,38 @@ def test_the_cycle_finder_reports_a_cycle_through_a_function_level_import() -> N
     assert ("spark_datasource.writer.ClickHouseTxBatchWriter", 2) in imports_of("spark_datasource.overwrite", tree)
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _imported_modules(name: str) -> set[str]:
+    """The project modules ``name`` imports anywhere (top level, in a function, for typing)."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    out: set[str] = set()
+    for target, _ in imports_of(name, tree):
+        parts = target.split(".")
+        out |= {".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in MODULES}
+    return out
+
+
+def test_no_runtime_module_of_spark_datasource_imports_its_testing_harness() -> None:
+    runtime = [n for n in MODULES if n.startswith("spark_datasource.") and not n.startswith("spark_datasource.testing")]
+    offenders = {
+        n: sorted(m for m in _imported_modules(n) if m.startswith("spark_datasource.testing")) for n in runtime
+    }
+    assert {n: ms for n, ms in offenders.items() if ms} == {}
+    assert "spark_datasource.writer" in runtime and "spark_datasource.testing.pipeline" in MODULES
+
+
+def test_only_the_testing_harness_of_spark_datasource_imports_server_patches() -> None:
+    importers = {
+        n
+        for n in MODULES
+        if n.split(".")[0] in ("clickhouse_tx", "spark_datasource")
+        and any(m.startswith("server_patches") for m in _imported_modules(n))
+    }
+    assert importers and all(n.startswith("spark_datasource.testing.") for n in importers)
+
+
+def test_no_module_of_server_patches_imports_one_that_imports_it_even_for_typing() -> None:
+    names = [n for n in MODULES if n.startswith("server_patches.")]
+    graph = {n: {m for m in _imported_modules(n) if m.startswith("server_patches.") and m != n} for n in names}
+    assert find_cycle(graph) is None
