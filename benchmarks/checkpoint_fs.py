@@ -82,7 +82,7 @@ def use_variant(spark: Any, variant: str) -> None:
 
 def _one(spark: Any, variant: str, batches: int, work: Path) -> dict[str, Any]:
     """One floor query under ``variant``, on a checkpoint of its own under ``work``."""
-    from benchmarks.streaming_speed import spark_floor
+    from benchmarks.streaming_speed_batch import spark_floor
 
     use_variant(spark, variant)
     chk = Path(tempfile.mkdtemp(prefix=f"{variant}_", dir=work))
