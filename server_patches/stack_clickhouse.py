@@ -55,7 +55,7 @@ def start_clickhouse_server(
             "is not in this checkout; the stack cannot serve ClickHouse without it"
         )
     if importlib.util.find_spec("chdb") is None:
-        # the base install of clickhouse-tx leaves the embedded server out (534 MB)
+        # the base install of clickhouse-tx leaves the embedded server out (it is large)
         raise StackError("the embedded stack needs chdb: pip install 'clickhouse-tx[devstack]'")
     if password_env and password_env not in os.environ:
         raise StackError(f"--password-env names the environment variable {password_env!r}, which is not set")

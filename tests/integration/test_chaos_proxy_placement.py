@@ -1,7 +1,7 @@
 """The chaos proxy in its two places: between a client and ClickHouse, between ClickHouse and ZooKeeper.
 
 Real parts: the embedded stack's ClickHouse (chdb behind the HTTP server) and ZooKeeper,
-the transport's own client, and :class:`benchmarks.chaos.proxy.FaultProxy` in front.
+the transport's own client, and :class:`spark_datasource.testing.chaos.proxy.FaultProxy` in front.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos.proxy import FaultProxy
 from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
 from clickhouse_tx.interfaces import Target
 from server_patches import crashes
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing.chaos.proxy import FaultProxy
 
 
 def _free_port() -> int:

@@ -7,7 +7,7 @@ registry's ``CREATE TABLE IF NOT EXISTS``) or of the driver's ``SELECT 1`` probe
 Spark does not retry a task, so each failed the whole job.
 
 Real parts: the embedded stack's ClickHouse behind the chaos proxy
-(:class:`benchmarks.chaos.proxy.FaultProxy`) dropping replies after the server ran
+(:class:`spark_datasource.testing.chaos.proxy.FaultProxy`) dropping replies after the server ran
 the request, and a ZooKeeper stopped under a KeeperMap read.
 """
 
@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from benchmarks.chaos.proxy import FaultProxy
 from clickhouse_tx.http_client import ClickHouseHTTP, ReplyLostError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.retry import NO_RETRY, RetryPolicy
 from server_patches import crashes
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing.chaos.proxy import FaultProxy
 
 RIDE = RetryPolicy(max_attempts=40, max_total_s=30.0, base_delay_s=0.1, max_delay_s=0.5)
 

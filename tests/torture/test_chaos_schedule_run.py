@@ -2,7 +2,7 @@
 a ClickHouse SIGKILL, then the restarted job delivers every event once and leaves nothing.
 
 Real parts: the embedded stack behind the chaos proxies, the dev Kafka broker, a Spark
-driver child process per run (:func:`benchmarks.chaos.runner.run_schedule`).
+driver child process per run (:func:`spark_datasource.testing.chaos.runner.run_schedule`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos.inject import ChaosStack
-from benchmarks.chaos.runner import run_schedule
-from benchmarks.chaos.schedule import Schedule, ScheduledFault
+from spark_datasource.testing.chaos.inject import ChaosStack
+from spark_datasource.testing.chaos.runner import run_schedule
+from spark_datasource.testing.chaos.schedule import Schedule, ScheduledFault
 
 
 @pytest.mark.slow

@@ -6,8 +6,16 @@ import collections
 
 import pytest
 
-from benchmarks.chaos.schedule import CLUSTER_MASTER, JOBS, KINDS, LOCAL_MASTER, MODES, first_fault_index, plan
 from clickhouse_tx.faults import STREAMING_STEPS
+from spark_datasource.testing.chaos.schedule import (
+    CLUSTER_MASTER,
+    JOBS,
+    KINDS,
+    LOCAL_MASTER,
+    MODES,
+    first_fault_index,
+    plan,
+)
 
 
 def test_the_same_seed_always_gives_the_same_schedule() -> None:

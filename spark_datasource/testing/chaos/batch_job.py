@@ -1,7 +1,7 @@
 """The chaos runs' batch job: a resumable ``clickhouse_tx`` batch write of generated events.
 
-A Spark driver program (``python -m benchmarks.chaos.batch_job``), started, killed and
-restarted by :mod:`benchmarks.chaos.runner` through
+A Spark driver program (``python -m spark_datasource.testing.chaos.batch_job``), started, killed and
+restarted by :mod:`spark_datasource.testing.chaos.runner` through
 :class:`spark_datasource.testing.job_launcher.JobLauncher`; it speaks the streaming job's stdout
 protocol (``READY``, ``DONE``). Event ``i`` (``0 <= i < events``) is written as topic
 ``batch``, partition ``i % partitions``, offset ``i // partitions``, so the same
@@ -23,7 +23,9 @@ BATCH_TOPIC = "batch"
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.chaos.batch_job", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m spark_datasource.testing.chaos.batch_job", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--url", required=True, help="ClickHouse HTTP url (unused when --writer-option gives shards)")
     ap.add_argument("--table", required=True)
     ap.add_argument("--mode", required=True)

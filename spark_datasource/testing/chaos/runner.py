@@ -1,7 +1,7 @@
 """One chaos schedule end to end: job, faults, restarts until done, then every check.
 
 :func:`run_schedule` runs in the chaos runner's process, once per schedule, on the
-shared :class:`~benchmarks.chaos.inject.ChaosStack` (a fresh database, topic and
+shared :class:`~spark_datasource.testing.chaos.inject.ChaosStack` (a fresh database, topic and
 checkpoint each time). The job is a child driver process per run
 (:class:`~spark_datasource.testing.job_launcher.JobLauncher`); after the faults it is restarted on
 the same checkpoint (or ``transactional_id``) until it finishes. Then: every record is
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import requests
 
-from benchmarks.chaos.batch_job import BATCH_TOPIC
-from benchmarks.chaos.inject import ChaosStack, Injector
-from benchmarks.chaos.schedule import Schedule
 from clickhouse_tx.modes.staging import STAGE_PREFIX
 from clickhouse_tx.sql import quote_identifier
 from clickhouse_tx.verify import ClickHouseReader
+from spark_datasource.testing.chaos.batch_job import BATCH_TOPIC
+from spark_datasource.testing.chaos.inject import ChaosStack, Injector
+from spark_datasource.testing.chaos.schedule import Schedule
 from spark_datasource.testing.job_launcher import ROOT, JobLauncher, JobRun, group_members
 from spark_datasource.testing.source_and_target import create_target, create_topic, produce
 
@@ -86,7 +86,7 @@ def _job_argv(s: _Sched) -> tuple[str, list[str]]:
     common = ["--url", s.stack.proxy_url, "--table", s.table, "--mode", sch.mode, "--master", sch.master, *opts]
     if sch.job == "batch":
         extra = ["--events", str(sch.events), "--partitions", str(sch.partitions), "--txn-id", f"chaos-{s.database}"]
-        return "benchmarks.chaos.batch_job", [*common, *extra, "--decision-log", str(s.checkpoint)]
+        return "spark_datasource.testing.chaos.batch_job", [*common, *extra, "--decision-log", str(s.checkpoint)]
     ends = {s.topic: {str(p): len(range(p, sch.events, sch.partitions)) for p in range(sch.partitions)}}
     trigger = "0" if sch.job == "stream_available_now" else "0.5"
     return "spark_datasource.testing.streaming_job", [

@@ -1,7 +1,7 @@
 """Carrying out the faults of a chaos schedule on the live stack (runner process).
 
 :class:`ChaosStack` is the one embedded stack the chaos run reuses across schedules,
-with a :class:`~benchmarks.chaos.proxy.FaultProxy` in front of ClickHouse (the
+with a :class:`~spark_datasource.testing.chaos.proxy.FaultProxy` in front of ClickHouse (the
 writer's ``url``) and one in front of ZooKeeper (ClickHouse's Keeper address).
 :class:`Injector` fires one schedule's faults in a thread, timed from the job's first
 sign of life, against whichever job run is current.
@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.chaos.proxy import FaultProxy
-from benchmarks.chaos.schedule import ScheduledFault
 from server_patches import crashes, stack_files
 from server_patches import stack as stack_mod
+from spark_datasource.testing.chaos.proxy import FaultProxy
+from spark_datasource.testing.chaos.schedule import ScheduledFault
 from spark_datasource.testing.job_launcher import JobRun, group_members
 
 WORKER_MARKERS = ("pyspark.daemon", "pyspark.worker", "pyspark/daemon.py", "pyspark/worker.py")
