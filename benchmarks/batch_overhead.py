@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.spark_session import local_session
+from spark_datasource.testing.session import local_session
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 

@@ -82,7 +82,7 @@ def use_variant(spark: Any, variant: str) -> None:
 
 def _one(spark: Any, variant: str, batches: int, work: Path) -> dict[str, Any]:
     """One floor query under ``variant``, on a checkpoint of its own under ``work``."""
-    from benchmarks.streaming_speed import spark_floor
+    from benchmarks.streaming_speed_batch import spark_floor
 
     use_variant(spark, variant)
     chk = Path(tempfile.mkdtemp(prefix=f"{variant}_", dir=work))
@@ -93,7 +93,7 @@ def _one(spark: Any, variant: str, batches: int, work: Path) -> dict[str, Any]:
 def run(rounds: int, batches: int) -> dict[str, Any]:
     """Driver: ``rounds`` interleaved rounds of every variant; the result document."""
     from benchmarks.batch_overhead import PARTITIONS
-    from benchmarks.spark_session import local_session
+    from spark_datasource.testing.session import local_session
 
     spark = local_session("clickhouse-tx-checkpoint-fs", {"spark.sql.shuffle.partitions": "2"})
     work = Path(tempfile.mkdtemp(prefix="bench_checkpoint_fs_"))

@@ -3,7 +3,7 @@
 ``python -m benchmarks.checkpoint_sweep [--quick]`` (Alibaba EMR's Figure 8, Kafka
 Streams' Figure 5): for every trigger interval (1, 5, 10, 30, 60 s) and every mode
 (``none`` = at-least-once baseline, ``transaction``, ``staging``, ``dedup``) it runs
-:func:`benchmarks.pipeline_run.run_pipeline` without crashes while a producer offers a
+:func:`spark_datasource.testing.pipeline.run_pipeline` without crashes while a producer offers a
 steady ``--rate`` of events, and records:
 
 - ``processing_rps``: rows / time spent in micro-batches (Spark's
@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.pipeline_run import PipelineConfig, run_pipeline
 from benchmarks.results_file import write_result
+from spark_datasource.testing.pipeline import run_pipeline
+from spark_datasource.testing.pipeline_config import PipelineConfig
 
 INTERVALS = (1.0, 5.0, 10.0, 30.0, 60.0)
 QUICK_INTERVALS = (1.0, 10.0)

@@ -31,6 +31,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches.stack import running_stack
+from spark_datasource.testing.visibility import percentile
 
 #: ``staging+batch``: mode staging with ``visibility=batch`` (the batch in one transaction).
 MODES = ("none", "transaction", "staging", "staging+batch", "dedup")
@@ -54,11 +55,6 @@ def make_partition(first: int, rows: int) -> pa.Table:
 
 def _table(mode: str) -> str:
     return "t_" + mode.replace("+", "_")
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
 def run_batch(
@@ -136,14 +132,10 @@ def bench(url: str, rows: int, repeat: int, commits: int) -> dict[str, Any]:
                     small = [make_partition(first + 1000 * i, 1000) for i in range(n)]
                     _, com = run_batch(target, mode, f"lat-{mode}-{n}", logroot, 1000 + b, small)
                     lat.append(com * 1000)
-                out["commit_latency_ms"][mode][str(n)] = {
-                    "p50": round(percentile(lat, 0.5), 1),
-                    "p99": round(percentile(lat, 0.99), 1),
-                }
+                p50, p99 = percentile(lat, 50) or 0.0, percentile(lat, 99) or 0.0  # lat has `commits` entries
+                out["commit_latency_ms"][mode][str(n)] = {"p50": round(p50, 1), "p99": round(p99, 1)}
                 print(
-                    f"  commit latency {mode:13s} {n:2d} partitions: p50 {percentile(lat, 0.5):6.1f} ms, "
-                    f"p99 {percentile(lat, 0.99):6.1f} ms",
-                    flush=True,
+                    f"  commit latency {mode:13s} {n:2d} partitions: p50 {p50:6.1f} ms, p99 {p99:6.1f} ms", flush=True
                 )
     finally:
         admin.command(f"DROP DATABASE IF EXISTS {db} SYNC")

@@ -1,8 +1,8 @@
 """The end-to-end demo: Kafka → Spark → ClickHouse exactly once, through driver crashes.
 
 ``python -m benchmarks.pipeline`` (what ``make demo`` runs) parses its options into a
-:class:`~benchmarks.pipeline_run.PipelineConfig` and runs
-:func:`benchmarks.pipeline_run.run_pipeline` once: the embedded stack (or
+:class:`~spark_datasource.testing.pipeline_config.PipelineConfig` and runs
+:func:`spark_datasource.testing.pipeline.run_pipeline` once: the embedded stack (or
 ``--url``/``--bootstrap`` servers), a topic and a target table, the events, the
 streaming job SIGKILLed ``--crash`` times (at a protocol step or at a random moment)
 and restarted on the same checkpoint, then the check of every record. It prints a
@@ -10,7 +10,7 @@ summary table, writes ``--json``, and exits 1 on duplicates or losses (``none`` 
 being at-least-once, fails on losses only).
 
 Everything it starts (stack, jobs) is stopped on exit, Ctrl-C and errors included.
-The torture tests and the checkpoint sweep use :mod:`benchmarks.pipeline_run`, not
+The torture tests and the checkpoint sweep use :mod:`spark_datasource.testing.pipeline`, not
 this command.
 """
 
@@ -22,9 +22,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.pipeline_run import FAULT_STEPS, MODES, PipelineConfig, run_pipeline, summary_table
 from benchmarks.results_file import write_result
-from benchmarks.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
+from clickhouse_tx.faults import STREAMING_STEPS
+from spark_datasource.testing.pipeline import run_pipeline
+from spark_datasource.testing.pipeline_config import MODES, PipelineConfig
+from spark_datasource.testing.pipeline_report import summary_table
+from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespace]:
@@ -37,7 +40,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
     ap.add_argument(
         "--crash-points",
         default="mixed",
-        help="random | steps | mixed | comma-separated steps of: " + ", ".join(FAULT_STEPS),
+        help="random | steps | mixed | comma-separated steps of: " + ", ".join(STREAMING_STEPS),
     )
     ap.add_argument(
         "--max-offsets-per-trigger",

@@ -49,7 +49,7 @@ import requests
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from benchmarks.results_file import machine, write_result
-from benchmarks.spark_session import local_session
+from spark_datasource.testing.session import local_session
 
 # Read when the SparkSession starts its Python workers, not at import.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -32,7 +32,7 @@ on the driver when the writer's options are parsed, and again wherever a plan is
 parsed) unless the process runs with ``CLICKHOUSE_TX_TEST_FAULTS=1``. The test suite
 sets it in ``tests/conftest.py`` before any Spark or subprocess starts, so the JVM,
 its Python workers and the jobs the torture tests launch all inherit it; so does the
-demo's job (``benchmarks/pipeline_run.py``), whose crashes are these hooks.
+demo's job (``spark_datasource/testing/job_launcher.py``), whose crashes are these hooks.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ STEPS = (
     "in_publish",
     "after_publish",
 )
+#: The steps of a streaming commit where the kill tests, the pipeline harness and chaos
+#: runs crash a job, in protocol order (``after_commit:1``: after the first part commits).
+STREAMING_STEPS = ("after_prepare", "before_decision", "after_decision", "after_commit:1", "before_mark_done")
 ACTIONS = ("kill", "exit", "raise", "error")
 
 

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Sequence
 
-from server_patches import stack
+from server_patches import crashes, stack, stack_files
 from server_patches.zookeeper import ZooKeeperError
 
 
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--timeout",
         type=float,
-        default=stack.DEFAULT_START_TIMEOUT_S,
+        default=stack_files.DEFAULT_START_TIMEOUT_S,
         help="seconds to wait for each component to answer",
     )
     up.add_argument("--shards", type=int, help="ClickHouse shards (default: as before, else 1)")
@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     down.add_argument("--dir", required=True)
     down.add_argument("--purge", action="store_true", help="also delete data, logs and stack.json")
     down.add_argument(
-        "--timeout", type=float, default=stack.DEFAULT_STOP_TIMEOUT_S, help="seconds between SIGTERM and SIGKILL"
+        "--timeout", type=float, default=stack_files.DEFAULT_STOP_TIMEOUT_S, help="seconds between SIGTERM and SIGKILL"
     )
     status = sub.add_parser("status", help="print which components are alive")
     status.add_argument("--dir", required=True)
@@ -93,14 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"dir": args.dir, "stopped": stopped, "purged": args.purge}), flush=True)
             return 0
         if args.command in ("kill", "restart"):
-            action = stack.kill_clickhouse if args.command == "kill" else stack.restart_clickhouse
+            action = crashes.kill_clickhouse if args.command == "kill" else crashes.restart_clickhouse
             action(args.dir, shard=args.shard, replica=args.replica)
-            print(json.dumps({"dir": args.dir, args.command: stack.member_name(args.shard, args.replica)}), flush=True)
+            member = stack_files.member_name(args.shard, args.replica)
+            print(json.dumps({"dir": args.dir, args.command: member}), flush=True)
             return 0
         st = stack.stack_status(args.dir)
         print(json.dumps(st, sort_keys=True), flush=True)
         return 0 if st["running"] else 3
-    except (stack.StackError, ZooKeeperError) as e:
+    except (stack_files.StackError, ZooKeeperError) as e:
         print(f"server_patches {args.command}: {e}", file=sys.stderr)
         return 1
 

@@ -1,4 +1,4 @@
-"""The chdb engine behind the HTTP front: connections, the pool, and the sessions.
+"""The chdb engine behind the HTTP front: the connection pool and the sessions.
 
 Each chdb connection is its own ClickHouse session with its own transaction, so
 ``BEGIN TRANSACTION`` / ``COMMIT`` / ``ROLLBACK`` behave as on a server. Requests
@@ -12,166 +12,15 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import threading
-from typing import TYPE_CHECKING, Any, Generator, Iterable, Sequence
 
-from server_patches import chdb_import
-from server_patches.errors import UNKNOWN_FORMAT, UNKNOWN_SETTING, HTTPError, load_error_table, undecodable_error
+from server_patches.chdb_connection import EngineConnection
+from server_patches.errors import load_error_table
 from server_patches.sessions import SessionStore
-from server_patches.statements import first_keyword, quote_identifier, quote_literal, set_assignments, wire
-
-if TYPE_CHECKING:
-    from server_patches.http_params import ExternalTable
-
-# Not a plain `import chdb`: its import probe would break streaming tables (chdb_import).
-chdb = chdb_import.load()
 
 PoolKey = tuple[str, tuple[tuple[str, str], ...]]
 _MAX_IDLE_PER_KEY = 8
 _MAX_IDLE = 64
-
-
-class EngineConnection:
-    """One chdb connection (one ClickHouse session) and the URL settings applied to it.
-
-    Pooled (session-less) connections are configured once, at creation, with the
-    database and settings of their pool key and are never reset: ``implicit_transaction=1``
-    cannot be undone on a connection (every later statement, even ``SET``, then starts a
-    transaction that ``SET``/``USE`` do not support), so it is applied last, for good.
-    Session connections apply URL settings per query and restore them afterwards.
-    """
-
-    def __init__(self, dsn: str) -> None:
-        self.conn = chdb.connect(dsn)
-        self.applied: dict[str, str] = {}
-        # Values the session's own SET statements gave; restored instead of DEFAULT.
-        self.session_values: dict[str, str] = {}
-        self.database = "default"
-        self.dirty = False  # a user's SET/USE changed a pooled connection: do not reuse it
-
-    def run(self, sql: str, fmt: str = "TabSeparated", params: dict[str, str] | None = None) -> Any:
-        """Run one statement to completion; the engine's errors become :class:`HTTPError`."""
-        try:
-            return self.conn._conn.query(wire(sql), fmt, params=params or {})
-        except UnicodeDecodeError:
-            raise undecodable_error() from None
-        except Exception as exc:  # chdb raises RuntimeError subclasses with ClickHouse text
-            raise HTTPError.from_engine(exc) from None
-
-    def stream(self, sql: str, fmt: str, params: dict[str, str]) -> Generator[Any, None, None]:
-        """Run a SELECT block by block (chdb's streaming query); yields result chunks.
-
-        Started at the first ``next``; closing the generator early cancels the query.
-        """
-        try:
-            result = self.conn.send_query(wire(sql), fmt, params)
-        except Exception as exc:
-            raise HTTPError.from_engine(exc) from None
-        try:
-            yield from result
-        except UnicodeDecodeError:
-            raise undecodable_error() from None
-        except Exception as exc:
-            raise HTTPError.from_engine(exc) from None
-        finally:
-            try:
-                result.cancel()  # a no-op once the stream is exhausted
-            except Exception:  # the query already failed; nothing is left to cancel
-                pass
-
-    def insert(self, sql: str, fmt: str, data: Iterable[bytes]) -> Any:
-        """Stream ``data`` into ``INSERT ... FORMAT fmt``; returns chdb's insert result."""
-        try:
-            inserter = self.conn.send_insert(wire(sql), fmt)
-        except Exception as exc:
-            raise HTTPError.from_engine(exc) from None
-        try:
-            for chunk in data:
-                inserter.append(chunk)
-            return inserter.finish()
-        except BaseException as exc:
-            try:
-                inserter.cancel()
-            except Exception:  # the insert already failed; nothing is left to cancel
-                pass
-            if isinstance(exc, HTTPError):
-                raise
-            if isinstance(exc, UnicodeDecodeError):
-                raise undecodable_error() from None
-            if isinstance(exc, Exception):
-                raise HTTPError.from_engine(exc) from None
-            raise
-
-    def load_external(self, tables: "Sequence[ExternalTable]") -> None:
-        """Create each external data file as a temporary table of this connection."""
-        for t in tables:
-            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", t.fmt):
-                raise HTTPError(UNKNOWN_FORMAT, f"Unknown format {t.fmt}", "UNKNOWN_FORMAT")
-            self.run(f"CREATE TEMPORARY TABLE {quote_identifier(t.name)} ({t.columns}) ENGINE = Memory")
-            self.dirty = True  # a pooled connection that held temporary tables is not reused
-            self.insert(f"INSERT INTO {quote_identifier(t.name)}", t.fmt, [t.data])
-
-    def drop_external(self, tables: "Sequence[ExternalTable]") -> None:
-        """Drop what :meth:`load_external` created: external data lives for one query."""
-        for t in tables:
-            self.run(f"DROP TEMPORARY TABLE IF EXISTS {quote_identifier(t.name)}")
-
-    def text(self, sql: str) -> str:
-        """The TabSeparated result of ``sql``, stripped (for one-value queries)."""
-        return str(self.run(sql).bytes().decode()).strip()
-
-    def configure(self, settings: dict[str, str], database: str | None) -> None:
-        """Pooled connection, once: USE, then every setting, ``implicit_transaction`` last."""
-        self.use(database)
-        last = {k: v for k, v in settings.items() if k == "implicit_transaction"}
-        for name, value in settings.items():
-            if name not in last:
-                self._set(name, value)
-        for name, value in last.items():
-            self._set(name, value)
-
-    def use(self, database: str | None) -> None:
-        want = database or "default"
-        if want != self.database:
-            self.run(f"USE {quote_identifier(want)}")
-            self.database = want
-
-    def apply(self, settings: dict[str, str], database: str | None) -> None:
-        """Session connection: make exactly ``settings`` current for the next query."""
-        self.use(database)
-        for name in list(self.applied):
-            if name not in settings:
-                self._set(name, self.session_values.get(name))
-                del self.applied[name]
-        for name, value in settings.items():
-            if self.applied.get(name) != value:
-                self._set(name, value)
-                self.applied[name] = value
-
-    def remember_user_statement(self, sql: str) -> None:
-        """After the user's own ``SET``/``USE``, keep what it changed as the session's."""
-        word = first_keyword(sql)
-        if word == "USE":
-            self.database = self.text("SELECT currentDatabase()") or "default"
-        elif word == "SET":
-            for name, literal in set_assignments(sql):
-                self.session_values[name] = literal
-                self.applied.pop(name, None)
-        self.dirty = True
-
-    def _set(self, name: str, value: str | None) -> None:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise HTTPError(UNKNOWN_SETTING, f"Unknown setting '{name}'", "UNKNOWN_SETTING")
-        # The name is checked above and the value goes in as a quoted literal, so no
-        # request text reaches the SQL raw; ClickHouse converts the string to the type.
-        self.run(f"SET {name} = " + ("DEFAULT" if value is None else quote_literal(value)))
-
-    def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:  # closing twice or after an engine error is harmless
-            pass
 
 
 class ConnectionPool:

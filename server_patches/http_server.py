@@ -22,7 +22,8 @@ import threading
 from http.server import ThreadingHTTPServer
 from types import FrameType
 
-from server_patches.engine import Engine, EngineConnection
+from server_patches.chdb_connection import EngineConnection
+from server_patches.engine import Engine
 from server_patches.errors import HTTPError
 from server_patches.http_handler import Handler
 from server_patches.sessions import Session

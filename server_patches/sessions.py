@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 from server_patches.errors import INVALID_SESSION_TIMEOUT, SESSION_IS_LOCKED, SESSION_NOT_FOUND, HTTPError
 
 if TYPE_CHECKING:
-    from server_patches.engine import EngineConnection
+    from server_patches.chdb_connection import EngineConnection
 
 log = logging.getLogger("server_patches.sessions")
 

@@ -17,7 +17,8 @@ from typing import Callable, Iterator
 import pytest
 
 from server_patches import stack as stack_mod
-from server_patches.stack import StackInfo
+from server_patches import stack_files, stack_kafka
+from server_patches.stack_files import StackInfo
 
 # Spark's Python workers must run this interpreter (the venv with pyarrow), not
 # whatever `python3` is on PATH. Set before any test module creates a SparkSession.
@@ -44,12 +45,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     d = tmp_path_factory.mktemp("stack")
     try:
         info = stack_mod.start_stack(d)
-        if not stack_mod.kafka_available():
+        if not stack_kafka.kafka_available():
             _kafka_missing_reason.append("server_patches/kafka_broker.py is not in this checkout")
         else:
             try:
                 info = stack_mod.start_stack(d, kafka=True)
-            except stack_mod.StackError as e:
+            except stack_files.StackError as e:
                 _kafka_missing_reason.append(f"the dev Kafka broker did not start: {e}")
         yield info
     finally:

@@ -2,7 +2,7 @@
 
 Environment (or the options of the same name): ``CHAOS_SCHEDULES`` (default 100)
 schedules, seeds ``CHAOS_SEED`` (default 1) upwards; schedule ``s`` is
-:func:`benchmarks.chaos.schedule.plan` of ``s``, so ``CHAOS_SEED=s CHAOS_SCHEDULES=1``
+:func:`spark_datasource.testing.chaos.schedule.plan` of ``s``, so ``CHAOS_SEED=s CHAOS_SCHEDULES=1``
 replays it. ``CHAOS_LANES`` (default 2) lanes run schedules side by side, each lane on
 its own embedded stack (ZooKeeper, ClickHouse on chdb, the dev Kafka broker) with
 fault-injecting proxies in front of ClickHouse and ZooKeeper, so a fault of one
@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.chaos.inject import ChaosStack
-from benchmarks.chaos.runner import run_schedule, stop_all_jobs
-from benchmarks.chaos.schedule import KINDS, plan
-from benchmarks.pipeline_run import ROOT
 from benchmarks.results_file import write_result
+from spark_datasource.testing.chaos.inject import ChaosStack
+from spark_datasource.testing.chaos.runner import run_schedule, stop_all_jobs
+from spark_datasource.testing.chaos.schedule import KINDS, plan
+from spark_datasource.testing.job_launcher import ROOT
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 from clickhouse_tx import sql as q
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
-from server_patches.stack import StackInfo
+from server_patches.stack_files import StackInfo
 from tests.helpers.tables import PARTITIONS
 
 

@@ -1,7 +1,7 @@
 """The chaos proxy in its two places: between a client and ClickHouse, between ClickHouse and ZooKeeper.
 
 Real parts: the embedded stack's ClickHouse (chdb behind the HTTP server) and ZooKeeper,
-the transport's own client, and :class:`benchmarks.chaos.proxy.FaultProxy` in front.
+the transport's own client, and :class:`spark_datasource.testing.chaos.proxy.FaultProxy` in front.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos.proxy import FaultProxy
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import Target
-from server_patches import stack as stack_mod
-from server_patches.stack import StackInfo
+from server_patches import crashes
+from server_patches.stack_files import StackInfo
+from spark_datasource.testing.chaos.proxy import FaultProxy
 
 
 def _free_port() -> int:
@@ -67,8 +67,8 @@ def test_clickhouse_reaches_zookeeper_through_the_proxy_and_keeps_it_across_a_re
         assert zk_proxy.stats["connections"] >= 1, "ClickHouse did not use the proxy as its Keeper"
         before = zk_proxy.stats["connections"]
         c.close()
-        stack_mod.kill_clickhouse(Path(own.dir))
-        stack_mod.start_clickhouse(Path(own.dir), zookeeper_address_for_clickhouse=via)
+        crashes.kill_clickhouse(Path(own.dir))
+        crashes.start_clickhouse(Path(own.dir), zookeeper_address_for_clickhouse=via)
         c = _client(own.clickhouse_url)
         deadline = time.monotonic() + 60
         while True:  # the restarted server connects to its Keeper in the background

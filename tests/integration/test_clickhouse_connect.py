@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from server_patches.stack import StackInfo
+from server_patches.stack_files import StackInfo
 from tests.conftest import quote_ident
 
 

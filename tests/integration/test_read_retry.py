@@ -7,7 +7,7 @@ registry's ``CREATE TABLE IF NOT EXISTS``) or of the driver's ``SELECT 1`` probe
 Spark does not retry a task, so each failed the whole job.
 
 Real parts: the embedded stack's ClickHouse behind the chaos proxy
-(:class:`benchmarks.chaos.proxy.FaultProxy`) dropping replies after the server ran
+(:class:`spark_datasource.testing.chaos.proxy.FaultProxy`) dropping replies after the server ran
 the request, and a ZooKeeper stopped under a KeeperMap read.
 """
 
@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from benchmarks.chaos.proxy import FaultProxy
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.retry import NO_RETRY, RetryPolicy
-from server_patches import stack as stack_mod
-from server_patches.stack import StackInfo
+from server_patches import crashes
+from server_patches.stack_files import StackInfo
+from spark_datasource.testing.chaos.proxy import FaultProxy
 
 RIDE = RetryPolicy(max_attempts=40, max_total_s=30.0, base_delay_s=0.1, max_delay_s=0.5)
 
@@ -117,8 +117,8 @@ def test_a_keepermap_read_rides_through_a_2_s_zookeeper_outage(stack_factory: Ca
     c = ClickHouseHTTP(Target(url=own.clickhouse_url, database="default", table="k", read_retry=RIDE))
     c.command("CREATE TABLE k (key UInt64, v String) ENGINE = KeeperMap('/read_retry_k') PRIMARY KEY key")
     c.command("INSERT INTO k VALUES (1, 'a')")
-    stack_mod.kill_zookeeper(own.dir)
-    starter = _after(2.0, lambda: stack_mod.start_zookeeper(own.dir))
+    crashes.kill_zookeeper(own.dir)
+    starter = _after(2.0, lambda: crashes.start_zookeeper(own.dir))
     started = time.monotonic()
     rows = c.query_json("SELECT key, v FROM k ORDER BY key")
     starter.join()

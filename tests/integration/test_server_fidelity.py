@@ -14,10 +14,9 @@ from typing import Callable
 import requests
 from kafka import KafkaProducer
 
-from server_patches import chdb_config
-from server_patches import stack as stack_mod
+from server_patches import chdb_config, crashes
 from server_patches.kafka_broker import create_topic
-from server_patches.stack import StackInfo
+from server_patches.stack_files import StackInfo
 
 
 def _q(url: str, sql: str, **params: str) -> str:
@@ -123,7 +122,7 @@ def test_a_kafka_table_is_created_with_a_success_reply_and_after_a_crash_the_ser
     _q(url, "CREATE TABLE default.rows (k String, v Int64) ENGINE = MergeTree ORDER BY k")
     _q(url, "CREATE MATERIALIZED VIEW default.consume TO default.rows AS SELECT k, v FROM default.queue")
 
-    stack_mod.restart_clickhouse(info.dir)  # SIGKILL, then start on the same data
+    crashes.restart_clickhouse(info.dir)  # SIGKILL, then start on the same data
 
     tables = _q(url, "SELECT arraySort(groupArray(name)) FROM system.tables WHERE database = 'default'")
     assert tables == "['consume','queue','rows']"

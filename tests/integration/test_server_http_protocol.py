@@ -17,7 +17,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError, StreamFailureErr
 from clickhouse_connect.driver.external import ExternalData
 from clickhouse_connect.driver.summary import QuerySummary
 
-from server_patches.stack import StackInfo
+from server_patches.stack_files import StackInfo
 
 # 100 one-row blocks arrive (about a second) before row 100 raises.
 FAILS_MID_STREAM = "SELECT sleepEachRow(0.01), throwIf(number = 100) FROM numbers(200)"

@@ -11,7 +11,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Target, WriteContext
 from clickhouse_tx.shard_placement import ShardPlacement
 from clickhouse_tx.sharded_io import prepare_sharded
-from server_patches.stack import StackInfo
+from server_patches.stack_files import StackInfo
 from tests.helpers.cli import run_cli
 from tests.helpers.shards import create_everywhere, drop_everywhere, sharded_table
 from tests.helpers.tables import TXN, batches, rows

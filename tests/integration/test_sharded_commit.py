@@ -15,7 +15,8 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
 from clickhouse_tx.shard_placement import ShardPlacement, stable_hash
 from clickhouse_tx.sharded_io import build_sharded_coordinator, prepare_sharded
-from server_patches.stack import StackInfo
+from server_patches import crashes
+from server_patches.stack_files import StackInfo
 from tests.helpers.shards import counts, drop_everywhere, ids_per_shard, sharded_table
 from tests.helpers.tables import TXN, batches, rows
 
@@ -137,18 +138,17 @@ def test_a_decision_logged_before_the_driver_died_is_rolled_forward_on_every_sha
 def test_a_dead_replica_is_skipped_and_the_xid_commits_on_the_replica_that_prepared_it(
     stack_factory, tmp_path: Path, mode: str
 ) -> None:
-    from server_patches import stack as stack_mod
 
     info: StackInfo = stack_factory(shards=1, replicas=2)
     target = sharded_table(info)
     ((r0, r1),) = info.clickhouse_urls
-    stack_mod.kill_clickhouse(info.dir, shard=0, replica=0)
+    crashes.kill_clickhouse(info.dir, shard=0, replica=0)
     placement = ShardPlacement(((r0, r1),))
     msgs = _prepare(placement, target, mode, tmp_path, rows(600), parts=3)
     assert {m.server for m in msgs} == {r1}
     report = build_sharded_coordinator(target, placement, _one(mode, tmp_path)).commit_batch(0, msgs)
     assert report.rows == 600
-    stack_mod.start_clickhouse(info.dir, shard=0, replica=0)
+    crashes.start_clickhouse(info.dir, shard=0, replica=0)
     from clickhouse_tx.http_client import ClickHouseHTTP
 
     def count(url: str) -> int:

@@ -17,9 +17,9 @@ import pytest
 import requests
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from server_patches import chdb_config, zookeeper
+from server_patches import chdb_config, crashes, zookeeper
 from server_patches import stack as stack_mod
-from server_patches.stack import StackError, StackInfo
+from server_patches.stack_files import StackError, StackInfo
 from tests.conftest import quote_ident
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,7 +181,7 @@ def test_restart_clickhouse_keeps_committed_rows_and_drops_the_open_transaction(
     client.command("INSERT INTO t VALUES (3)")
     old_pid = info.pids["clickhouse"]
 
-    after = stack_mod.restart_clickhouse(info.dir)
+    after = crashes.restart_clickhouse(info.dir)
 
     assert _pid_gone(old_pid)
     assert after.clickhouse_url == info.clickhouse_url
@@ -342,7 +342,7 @@ def test_restart_zookeeper_keeps_keeper_map_entries_and_clickhouse_reconnects(
     )
     assert _sql(url, "INSERT INTO default.reg VALUES ('x1', 'INITIALIZED')").status_code == 200
 
-    after = stack_mod.restart_zookeeper(info.dir)
+    after = crashes.restart_zookeeper(info.dir)
 
     assert after.zookeeper == info.zookeeper
     assert after.pids["zookeeper"] != info.pids["zookeeper"]

@@ -10,8 +10,8 @@ from typing import Callable
 
 import requests
 
-from server_patches import chdb_config, stack
-from server_patches.stack import StackInfo
+from server_patches import chdb_config, stack, stack_clickhouse, stack_files
+from server_patches.stack_files import StackInfo
 
 
 def _q(url: str, sql: str) -> str:
@@ -21,7 +21,7 @@ def _q(url: str, sql: str) -> str:
 
 
 def test_rendered_cluster_config_has_macros_the_cluster_and_per_shard_keeper_paths() -> None:
-    servers = (((stack.HOST, 1), (stack.HOST, 2)), ((stack.HOST, 3), (stack.HOST, 4)))
+    servers = (((stack_files.HOST, 1), (stack_files.HOST, 2)), ((stack_files.HOST, 3), (stack_files.HOST, 4)))
     text = chdb_config.render(
         zookeeper=[("127.0.0.1", 2181)], name="st", member=chdb_config.ClusterMember(1, 0, servers)
     )
@@ -65,14 +65,14 @@ def test_cli_up_with_shards_and_replicas_prints_the_urls_and_kill_restart_one_se
         urls = up["clickhouse_urls"]
         assert isinstance(urls, list) and [len(r) for r in urls] == [2, 2]
         assert up["shards_option"] == ",".join("|".join(r) for r in urls)
-        assert all(stack.ping(u) for r in urls for u in r)
+        assert all(stack_clickhouse.ping(u) for r in urls for u in r)
         cli("kill", "--shard", "1", "--replica", "1")
-        assert not stack.ping(urls[1][1]) and stack.ping(urls[1][0])
+        assert not stack_clickhouse.ping(urls[1][1]) and stack_clickhouse.ping(urls[1][0])
         status = cli("status")
         assert status["running"] is False
         assert status["components"]["clickhouse-s1r1"]["alive"] is False  # type: ignore[index]
         cli("restart", "--shard", "1", "--replica", "1")
-        assert stack.ping(urls[1][1])
+        assert stack_clickhouse.ping(urls[1][1])
         assert cli("status")["running"] is True
     finally:
         down = cli("down")

@@ -26,8 +26,8 @@ from clickhouse_tx.registry import KeeperMapRegistry
 from clickhouse_tx.retry import RetryPolicy, is_transient
 from clickhouse_tx.state import TxState
 from clickhouse_tx.tx_ops import TxOps
-from server_patches import stack as stack_mod
-from server_patches.stack import StackInfo
+from server_patches import crashes
+from server_patches.stack_files import StackInfo
 
 #: Enough for a 3 s outage plus a server start (the retry.* options of a real query).
 RIDE = RetryPolicy(max_attempts=60, max_total_s=60.0, base_delay_s=0.2, max_delay_s=1.0)
@@ -128,10 +128,10 @@ def test_registry_and_marker_reads_ride_through_a_3_s_clickhouse_restart_and_log
     markers = CommitMarkers(target)
     markers.ensure_table()
     markers.insert(p)
-    stack_mod.kill_clickhouse(own.dir)
+    crashes.kill_clickhouse(own.dir)
     with pytest.raises(RequestNotSentError):  # nothing listens: a refused connection is "not sent"
         ClickHouseHTTP(target).command("SELECT 1")
-    starter = _after(3.0, lambda: stack_mod.start_clickhouse(own.dir))
+    starter = _after(3.0, lambda: crashes.start_clickhouse(own.dir))
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"):
         state = ops.state("x-restart")
@@ -149,8 +149,8 @@ def test_registry_reads_and_a_compare_and_set_ride_through_a_3_s_zookeeper_outag
     ops = _ops(target)
     xid = f"x-zk-{uuid.uuid4().hex[:6]}"
     ops.registry.register(_entry(xid))
-    stack_mod.kill_zookeeper(own.dir)
-    starter = _after(3.0, lambda: stack_mod.start_zookeeper(own.dir))
+    crashes.kill_zookeeper(own.dir)
+    starter = _after(3.0, lambda: crashes.start_zookeeper(own.dir))
     started = time.monotonic()
     assert ops.state(xid) is TxState.INITIALIZED
     ops.move(xid, TxState.COMMITTING)

@@ -53,7 +53,7 @@ from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState
 from tests.model.explorer import AtBoundary, Chooser, Violation
-from tests.unit.fakes import TARGET, Crash, FakeDecisionLog, FaultPlan, World, _Tx
+from tests.unit.fakes import TARGET, Crash, FakeCallFaults, FakeDecisionLog, World, _Tx
 
 BATCH = 1
 SCHEMA = pa.schema([("id", pa.int64()), ("tag", pa.int64())])
@@ -118,7 +118,7 @@ def checkpoint_identity(root: Path, resolve: Callable[[str, str], str] | None = 
 
 
 @dataclasses.dataclass
-class _HookedFaults(FaultPlan):
+class _HookedFaults(FakeCallFaults):
     """The fakes' fault plan, handing every before/after point to the schedule."""
 
     hook: Callable[[str, str], None] | None = None

@@ -22,7 +22,7 @@ import pytest
 from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
-from server_patches import stack as stack_mod
+from server_patches import crashes
 from spark_datasource.writer_option_specs import MIN_SESSION_TIMEOUT_S
 from tests.helpers.spark_writes import (
     actual_totals,
@@ -77,7 +77,7 @@ def _decided_then_clickhouse_restarted(sp, own, tmp_path: Path, commit_first: bo
         ClickHouseHTTP(
             Target(url=url, database=database, table="events"), session_id=p0.xid, session_timeout=3600
         ).command("COMMIT", session_check=True)
-    info = stack_mod.restart_clickhouse(own.dir)  # every other prepared transaction is lost
+    info = crashes.restart_clickhouse(own.dir)  # every other prepared transaction is lost
     return info.clickhouse_url, database, txn, log_dir
 
 

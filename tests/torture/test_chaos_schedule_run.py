@@ -2,7 +2,7 @@
 a ClickHouse SIGKILL, then the restarted job delivers every event once and leaves nothing.
 
 Real parts: the embedded stack behind the chaos proxies, the dev Kafka broker, a Spark
-driver child process per run (:func:`benchmarks.chaos.runner.run_schedule`).
+driver child process per run (:func:`spark_datasource.testing.chaos.runner.run_schedule`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos.inject import ChaosStack
-from benchmarks.chaos.runner import run_schedule
-from benchmarks.chaos.schedule import FaultPlan, Schedule
+from spark_datasource.testing.chaos.inject import ChaosStack
+from spark_datasource.testing.chaos.runner import run_schedule
+from spark_datasource.testing.chaos.schedule import Schedule, ScheduledFault
 
 
 @pytest.mark.slow
@@ -28,8 +28,8 @@ def test_a_streaming_job_killed_after_its_decision_and_cut_off_from_clickhouse_r
         events=1500,
         partitions=3,
         faults=(
-            FaultPlan("kill_driver", 0.0, step="after_decision"),
-            FaultPlan("ch_reset", 1.0, seconds=1.0),
+            ScheduledFault("kill_driver", 0.0, step="after_decision"),
+            ScheduledFault("ch_reset", 1.0, seconds=1.0),
         ),
     )
     stack = ChaosStack(tmp_path / "stack")
@@ -56,7 +56,7 @@ def test_a_batch_job_over_two_shards_rides_through_an_executor_jvm_and_a_shard_k
         mode="staging",
         events=1500,
         partitions=3,
-        faults=(FaultPlan("kill_executor", 0.5), FaultPlan("kill_shard", 1.0, seconds=2.0)),
+        faults=(ScheduledFault("kill_executor", 0.5), ScheduledFault("kill_shard", 1.0, seconds=2.0)),
     )
     assert (sch.master, sch.shards, sch.sharding_key) == ("local-cluster[2,1,1024]", 2, "event_id")
     stack = ChaosStack(tmp_path / "stack")

@@ -23,6 +23,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
+from clickhouse_tx.faults import STREAMING_STEPS
 from tests.helpers import s3
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries
@@ -57,11 +58,8 @@ def _kill_and_recover(
     return codes
 
 
-STEPS = ["after_prepare", "before_decision", "after_decision", "after_commit:1", "before_mark_done"]
-
-
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("step", slow_except(STEPS, fast="after_commit:1"))
+@pytest.mark.parametrize("step", slow_except(STREAMING_STEPS, fast="after_commit:1"))
 def test_a_driver_killed_at_a_protocol_step_and_restarted_loses_and_duplicates_nothing(
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
 ) -> None:
@@ -82,7 +80,7 @@ def test_a_driver_killed_at_a_random_time_and_restarted_loses_and_duplicates_not
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", STREAMING_STEPS)
 def test_a_driver_killed_at_a_protocol_step_with_the_decision_log_on_s3_loses_and_duplicates_nothing(
     stack,
     kafka_bootstrap: str,

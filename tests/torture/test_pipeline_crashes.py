@@ -1,6 +1,6 @@
 """The end-to-end pipeline survives SIGKILLs of the whole Spark job at every protocol step.
 
-Each test runs :func:`benchmarks.pipeline_run.run_pipeline` against the shared stack: a
+Each test runs :func:`spark_datasource.testing.pipeline.run_pipeline` against the shared stack: a
 real Kafka-protocol broker, a real local Spark job in its own process group, ClickHouse
 on chdb with ZooKeeper. The job is killed (SIGKILL of its process group: driver JVM,
 Python workers) either by the writer's fault injection at a named step of the
@@ -17,8 +17,11 @@ import os
 
 import pytest
 
-from benchmarks.pipeline_run import FAULT_STEPS, PipelineConfig, run_pipeline, summary_table
-from server_patches.stack import StackInfo
+from clickhouse_tx.faults import STREAMING_STEPS
+from server_patches.stack_files import StackInfo
+from spark_datasource.testing.pipeline import run_pipeline
+from spark_datasource.testing.pipeline_config import PipelineConfig
+from spark_datasource.testing.pipeline_report import summary_table
 
 EXACTLY_ONCE_MODES = ("transaction", "staging", "dedup")
 
@@ -68,7 +71,7 @@ def _assert_no_stray_job_processes(tmp_path) -> None:
                 cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "benchmarks.streaming_job" in cmd and str(tmp_path) in cmd:
+        if "spark_datasource.testing.streaming_job" in cmd and str(tmp_path) in cmd:
             mine.append((pid, cmd[:200]))
     assert mine == []
 
@@ -83,7 +86,7 @@ def test_a_job_killed_after_its_first_commit_restarts_and_delivers_every_event_o
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", EXACTLY_ONCE_MODES)
-@pytest.mark.parametrize("step", FAULT_STEPS)
+@pytest.mark.parametrize("step", STREAMING_STEPS)
 def test_a_kill_at_each_protocol_step_leaves_no_duplicates_and_no_losses(
     stack: StackInfo, tmp_path, mode: str, step: str
 ) -> None:

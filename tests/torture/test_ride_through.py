@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from server_patches import stack as stack_mod
+from server_patches import crashes
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries, run_sql, scalar
 from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_session, start_child
@@ -107,14 +107,14 @@ def test_a_staging_query_rides_through_a_3_s_zookeeper_outage_and_a_3_s_clickhou
             kill_session(proc)
             proc = _start_child(args, tmp_path / "child.log")
         before_zk = _wait_rows(proc, url, database, MAX_OFFSETS)
-        stack_mod.kill_zookeeper(own.dir)
+        crashes.kill_zookeeper(own.dir)
         time.sleep(OUTAGE_S)
-        stack_mod.start_zookeeper(own.dir)
+        crashes.start_zookeeper(own.dir)
         before_ch = _wait_rows(proc, url, database, before_zk + MAX_OFFSETS)
         assert proc.poll() is None, "the query finished before ClickHouse could be restarted"
-        stack_mod.kill_clickhouse(own.dir)
+        crashes.kill_clickhouse(own.dir)
         time.sleep(OUTAGE_S)
-        stack_mod.start_clickhouse(own.dir)
+        crashes.start_clickhouse(own.dir)
         code = proc.wait(1200)
     finally:
         kill_session(proc)

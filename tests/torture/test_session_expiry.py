@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from server_patches import stack as stack_mod
+from server_patches import crashes
 from spark_datasource.writer_option_specs import MIN_SESSION_TIMEOUT_S
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries, run_sql
@@ -59,7 +59,7 @@ def test_a_query_restarted_after_a_clickhouse_restart_with_another_partitioning_
     database = f"d_{uuid.uuid4().hex[:8]}"
     run_sql(own.clickhouse_url, f"CREATE DATABASE `{database}`")
     args, expected = _killed_after_the_decision(own, own.clickhouse_url, database, tmp_path, repartition=3)
-    own = stack_mod.restart_clickhouse(own.dir)  # the decided, prepared transactions are lost
+    own = crashes.restart_clickhouse(own.dir)  # the decided, prepared transactions are lost
     assert run_child({**args, "url": own.clickhouse_url, "repartition": parts}) == 0
     assert_exactly(own.clickhouse_url, database, expected)
     assert open_registry_entries(own.clickhouse_url, database) == 0

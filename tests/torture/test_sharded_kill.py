@@ -18,8 +18,9 @@ from typing import Callable
 
 import pytest
 
-from server_patches import stack as stack_mod
-from server_patches.stack import StackInfo
+from clickhouse_tx.faults import STREAMING_STEPS
+from server_patches import crashes
+from server_patches.stack_files import StackInfo
 from tests.helpers.shards import create_everywhere
 from tests.helpers.spark_streams import make_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed
@@ -28,7 +29,6 @@ from tests.helpers.torture import job_args, run_child
 PARTITIONS = 3
 PER_PARTITION = 1000
 MAX_OFFSETS = 900  # 300 per partition: 4 micro-batches
-STEPS = ["after_prepare", "before_decision", "after_decision", "after_commit:1", "before_mark_done"]
 
 
 def _run_child(args: dict, during: Callable[[], None] | None = None) -> int:
@@ -79,7 +79,7 @@ def test_a_driver_killed_at_each_protocol_step_on_two_shards_loses_and_duplicate
     stack_factory: Callable[..., StackInfo], tmp_path: Path
 ) -> None:
     info = stack_factory(shards=2, kafka=True)
-    for step in STEPS:
+    for step in STREAMING_STEPS:
         args, expected = _setup(info, tmp_path / step, "transaction")
         once = tmp_path / f"{step}.once"
         fault = {"fault.step": step, "fault.action": "kill", "fault.batch": "1", "fault.once_file": str(once)}
@@ -112,7 +112,7 @@ def test_a_shard_server_killed_and_restarted_mid_run_loses_and_duplicates_nothin
             if any(read_committed(u, f"SELECT 1 FROM `{args['database']}`.events LIMIT 1") for (u,) in urls):
                 break
             time.sleep(0.2)
-        stack_mod.restart_clickhouse(info.dir, shard=1)
+        crashes.restart_clickhouse(info.dir, shard=1)
         restarted.append(time.monotonic())
 
     codes = [_run_child(args, during=crash_shard_1)]

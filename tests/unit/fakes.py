@@ -1,7 +1,7 @@
 """In-memory fakes of the three I/O protocols, with a fault injectable at any step.
 
 Only for unit tests of the pure protocol logic. Every fake calls
-:meth:`FaultPlan.hit` before and after each effect; the plan numbers those points
+:meth:`FakeCallFaults.hit` before and after each effect; the plan numbers those points
 (steps) in call order, so a test can run a scenario once to count its steps and
 then again with a fault at each one:
 
@@ -55,7 +55,7 @@ class Crash(BaseException):
 
 
 @dataclasses.dataclass
-class FaultPlan:
+class FakeCallFaults:
     """Numbers every before/after point of every fake call; faults one of them."""
 
     at: int | None = None
@@ -116,8 +116,8 @@ class FakeClickHouse:
 
     mode = Mode.TRANSACTION
 
-    def __init__(self, faults: FaultPlan | None = None, *, whole_batch: bool = False) -> None:
-        self.faults = faults or FaultPlan()
+    def __init__(self, faults: FakeCallFaults | None = None, *, whole_batch: bool = False) -> None:
+        self.faults = faults or FakeCallFaults()
         self.tx: dict[str, _Tx] = {}
         self.rollbacks_of_committed: list[str] = []
         self.commit_calls: list[str] = []
@@ -228,8 +228,8 @@ class FakeClickHouse:
 class FakeRegistry:
     """A linearizable xid -> state map; every transition is checked against the state table."""
 
-    def __init__(self, faults: FaultPlan | None = None, clock: Callable[[], float] = lambda: 0.0) -> None:
-        self.faults = faults or FaultPlan()
+    def __init__(self, faults: FakeCallFaults | None = None, clock: Callable[[], float] = lambda: 0.0) -> None:
+        self.faults = faults or FakeCallFaults()
         self.clock = clock
         self.entries: dict[str, RegistryEntry] = {}
         self.forgotten: dict[str, RegistryEntry] = {}
@@ -324,10 +324,10 @@ class FakeRegistry:
 class FakeDecisionLog:
     """Decision versions held as bytes (so they round-trip like the file log)."""
 
-    def __init__(self, txn_id: str, faults: FaultPlan | None = None) -> None:
+    def __init__(self, txn_id: str, faults: FakeCallFaults | None = None) -> None:
         self.txn_id = txn_id
         self.root_uri = f"memory://decisions/{txn_id}"
-        self.faults = faults or FaultPlan()
+        self.faults = faults or FakeCallFaults()
         self.versions: dict[int, dict[int, bytes]] = {}
         self.done: set[int] = set()
 
@@ -366,10 +366,10 @@ def arrow_batches(rows: int, tag: int = 0) -> Iterator[pa.RecordBatch]:
 
 @dataclasses.dataclass
 class World:
-    """One simulated deployment: ClickHouse, registry and decision log sharing a FaultPlan."""
+    """One simulated deployment: ClickHouse, registry and decision log sharing a FakeCallFaults."""
 
     txn_id: str = "q1"
-    faults: FaultPlan = dataclasses.field(default_factory=FaultPlan)
+    faults: FakeCallFaults = dataclasses.field(default_factory=FakeCallFaults)
     now: list[float] = dataclasses.field(default_factory=lambda: [1000.0])
     whole_batch: bool = False
 

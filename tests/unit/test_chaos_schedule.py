@@ -6,7 +6,16 @@ import collections
 
 import pytest
 
-from benchmarks.chaos.schedule import CLUSTER_MASTER, JOBS, KINDS, LOCAL_MASTER, MODES, STEPS, first_fault_index, plan
+from clickhouse_tx.faults import STREAMING_STEPS
+from spark_datasource.testing.chaos.schedule import (
+    CLUSTER_MASTER,
+    JOBS,
+    KINDS,
+    LOCAL_MASTER,
+    MODES,
+    first_fault_index,
+    plan,
+)
 
 
 def test_the_same_seed_always_gives_the_same_schedule() -> None:
@@ -34,7 +43,7 @@ def test_100_consecutive_seeds_cover_every_job_mode_and_driver_kill_step(start: 
     assert {s.job for s in schedules} == set(JOBS)
     assert {s.mode for s in schedules} == set(MODES)
     steps = {f.step for s in schedules for f in s.faults if f.step}
-    assert steps == set(STEPS)
+    assert steps == set(STREAMING_STEPS)
 
 
 def test_each_schedule_has_one_to_three_faults_in_time_order_with_sane_windows() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.chaos.__main__ import replay_command, summarize, table
-from benchmarks.chaos.schedule import KINDS
+from spark_datasource.testing.chaos.schedule import KINDS
 
 
 def _rec(seed: int, injected: list[str], ok: bool = True, **counts: int) -> dict:

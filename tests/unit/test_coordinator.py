@@ -36,7 +36,7 @@ from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.registry import KeeperMapRegistry
 from clickhouse_tx.retry import RetryPolicy
 from clickhouse_tx.state import TxState
-from tests.unit.fakes import TARGET, Crash, FaultPlan, World, arrow_batches
+from tests.unit.fakes import TARGET, Crash, FakeCallFaults, World, arrow_batches
 
 ROWS = 5
 PARTS = 3
@@ -512,7 +512,7 @@ def test_a_fault_at_every_step_then_a_replay_leaves_every_partition_visible_exac
     assert steps > 50  # registry, ClickHouse and log calls of prepares and the commit
     outcomes: dict[str, int] = {}
     for at in range(steps):
-        w = World(faults=FaultPlan(at=at, kind=kind), whole_batch=whole_batch)
+        w = World(faults=FakeCallFaults(at=at, kind=kind), whole_batch=whole_batch)
         outcome = _first_run(w)
         assert w.faults.fired, f"step {at} was never reached"
         outcomes[outcome] = outcomes.get(outcome, 0) + 1

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from benchmarks.chaos.proxy import FaultProxy, write_control
+from spark_datasource.testing.chaos.proxy import FaultProxy, write_control
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,7 +160,7 @@ def test_a_proxy_in_another_process_obeys_its_control_file(echo: EchoServer, tmp
         [
             sys.executable,
             "-m",
-            "benchmarks.chaos.proxy",
+            "spark_datasource.testing.chaos.proxy",
             "--target",
             f"127.0.0.1:{echo.port}",
             "--control",

@@ -1,8 +1,9 @@
-"""The pure pieces of ``benchmarks.streaming_speed``: batch split, ratios, the ramp."""
+"""The pure pieces of ``benchmarks.streaming_speed`` (its figures and its batch side): split, ratios, ramp."""
 
 from __future__ import annotations
 
-from benchmarks.streaming_speed import batch_split, kept_up, paced_batch, ramp, ratios
+from benchmarks.streaming_speed_batch import paced_batch
+from benchmarks.streaming_speed_figures import batch_split, kept_up, ramp, ratios
 
 
 def _progress(rows: int, trigger_ms: float, add_ms: float) -> dict:

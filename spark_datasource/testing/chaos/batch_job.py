@@ -1,8 +1,8 @@
 """The chaos runs' batch job: a resumable ``clickhouse_tx`` batch write of generated events.
 
-A Spark driver program (``python -m benchmarks.chaos.batch_job``), started, killed and
-restarted by :mod:`benchmarks.chaos.runner` through
-:class:`benchmarks.pipeline_run.JobLauncher`; it speaks the streaming job's stdout
+A Spark driver program (``python -m spark_datasource.testing.chaos.batch_job``), started, killed and
+restarted by :mod:`spark_datasource.testing.chaos.runner` through
+:class:`spark_datasource.testing.job_launcher.JobLauncher`; it speaks the streaming job's stdout
 protocol (``READY``, ``DONE``). Event ``i`` (``0 <= i < events``) is written as topic
 ``batch``, partition ``i % partitions``, offset ``i // partitions``, so the same
 checks as for the Kafka jobs apply. The write is resumable: the same
@@ -23,7 +23,9 @@ BATCH_TOPIC = "batch"
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.chaos.batch_job", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m spark_datasource.testing.chaos.batch_job", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--url", required=True, help="ClickHouse HTTP url (unused when --writer-option gives shards)")
     ap.add_argument("--table", required=True)
     ap.add_argument("--mode", required=True)
@@ -69,7 +71,7 @@ def _options(a: argparse.Namespace) -> dict[str, str]:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Write the events once (driver, once per run); 0 when the write committed."""
-    from benchmarks.streaming_job import build_session
+    from spark_datasource.testing.streaming_job import build_session
 
     a = _args(argv)
     started = time.monotonic()

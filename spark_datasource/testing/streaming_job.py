@@ -1,7 +1,7 @@
 """The streaming job: Kafka (``kafka_py``) → parse JSON → ClickHouse (``clickhouse_tx``).
 
-A Spark driver program, run as its own process (``python -m benchmarks.streaming_job``),
-usually by :mod:`benchmarks.pipeline_run`, which kills and restarts it. It stops by itself
+A Spark driver program, run as its own process (``python -m spark_datasource.testing.streaming_job``),
+usually by :mod:`spark_datasource.testing.pipeline`, which kills and restarts it. It stops by itself
 once the query has committed everything up to ``--end-offsets`` (or, with
 ``--trigger 0``, when ``Trigger.AvailableNow`` has drained the topic).
 
@@ -25,9 +25,9 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-from benchmarks.spark_session import local_session
+from spark_datasource.testing.session import local_session
 
-#: The JSON each event carries (see :func:`benchmarks.pipeline_run.event_json`).
+#: The JSON each event carries (see :func:`spark_datasource.testing.source_and_target.event_json`).
 EVENT_SCHEMA = "event_id LONG, user_id LONG, amount DOUBLE, ts LONG"
 
 #: ``--decode``: where the events' JSON is decoded. ``source``: by ``kafka_py``
@@ -53,7 +53,9 @@ TABLE_COLUMNS = (
 
 
 def _args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.streaming_job", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m spark_datasource.testing.streaming_job", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
     ap.add_argument("--topic", required=True)
     ap.add_argument("--url", required=True, help="ClickHouse HTTP url (unused when --writer-option gives shards)")

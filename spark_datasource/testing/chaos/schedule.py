@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from clickhouse_tx.faults import STREAMING_STEPS
+
 #: Every fault kind: SIGKILLs of a process, then proxy faults on the writer <-> ClickHouse
 #: link (``ch_*``) and on the ClickHouse <-> ZooKeeper link (``zk_*``). ``kill_executor``
 #: SIGKILLs an executor JVM: its schedule runs on :data:`CLUSTER_MASTER`; ``kill_shard``
@@ -46,12 +48,10 @@ MODES = ("transaction", "staging", "dedup")
 #: when it dies.
 LOCAL_MASTER = "local[2,4]"
 CLUSTER_MASTER = "local-cluster[2,1,1024]"
-#: Protocol steps a driver SIGKILL can be armed at (``fault.step`` of the writer).
-STEPS = ("after_prepare", "before_decision", "after_decision", "after_commit:1", "before_mark_done")
 
 
 @dataclasses.dataclass(frozen=True)
-class FaultPlan:
+class ScheduledFault:
     """One fault: ``kind`` at ``at_s`` seconds after the job's first sign of life.
 
     ``step`` (``kill_driver`` only) arms the kill at a protocol step instead of a time;
@@ -77,7 +77,7 @@ class Schedule:
     mode: str
     events: int
     partitions: int
-    faults: tuple[FaultPlan, ...]
+    faults: tuple[ScheduledFault, ...]
 
     @property
     def master(self) -> str:
@@ -134,14 +134,18 @@ def kind_of(index: int) -> str:
     return KINDS[random.Random(block).sample(range(len(KINDS)), len(KINDS))[pos]]
 
 
-def _fault(index: int, rng: random.Random) -> FaultPlan:
+def _fault(index: int, rng: random.Random) -> ScheduledFault:
     """Fault number ``index`` of the endless sequence; its times from ``rng``."""
     kind = kind_of(index)
     seconds, rate = _window(kind, rng)
     # every other driver kill is armed at a protocol step, the steps in turn
     occurrence = index // len(KINDS)
-    step = STEPS[(occurrence // 2) % len(STEPS)] if kind == "kill_driver" and occurrence % 2 == 0 else None
-    return FaultPlan(kind, round(rng.uniform(0.0, 6.0), 2), step, round(seconds, 2), rate)
+    step = (
+        STREAMING_STEPS[(occurrence // 2) % len(STREAMING_STEPS)]
+        if kind == "kill_driver" and occurrence % 2 == 0
+        else None
+    )
+    return ScheduledFault(kind, round(rng.uniform(0.0, 6.0), 2), step, round(seconds, 2), rate)
 
 
 def plan(seed: int, *, events: int = 3000, partitions: int = 3) -> Schedule:

@@ -1,7 +1,7 @@
 """Carrying out the faults of a chaos schedule on the live stack (runner process).
 
 :class:`ChaosStack` is the one embedded stack the chaos run reuses across schedules,
-with a :class:`~benchmarks.chaos.proxy.FaultProxy` in front of ClickHouse (the
+with a :class:`~spark_datasource.testing.chaos.proxy.FaultProxy` in front of ClickHouse (the
 writer's ``url``) and one in front of ZooKeeper (ClickHouse's Keeper address).
 :class:`Injector` fires one schedule's faults in a thread, timed from the job's first
 sign of life, against whichever job run is current.
@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.chaos.proxy import FaultProxy
-from benchmarks.chaos.schedule import FaultPlan
-from benchmarks.pipeline_run import JobRun, group_members
+from server_patches import crashes, stack_files
 from server_patches import stack as stack_mod
+from spark_datasource.testing.chaos.proxy import FaultProxy
+from spark_datasource.testing.chaos.schedule import ScheduledFault
+from spark_datasource.testing.job_launcher import JobRun, group_members
 
 WORKER_MARKERS = ("pyspark.daemon", "pyspark.worker", "pyspark/daemon.py", "pyspark/worker.py")
 #: An executor JVM (``local-cluster``: a child of the driver's JVM, in the job's process group).
@@ -69,27 +70,27 @@ class ChaosStack:
         return ",".join([self.proxy_url, *self.shard_urls[1:shards]])
 
     def restart_clickhouse_after(self, seconds: float, shard: int = 0) -> None:
-        stack_mod.kill_clickhouse(self.dir, shard=shard)
+        crashes.kill_clickhouse(self.dir, shard=shard)
         time.sleep(seconds)
-        stack_mod.start_clickhouse(self.dir, shard=shard, zookeeper_address_for_clickhouse=self.zk_via_proxy)
+        crashes.start_clickhouse(self.dir, shard=shard, zookeeper_address_for_clickhouse=self.zk_via_proxy)
 
     def restart_zookeeper_after(self, seconds: float) -> None:
-        stack_mod.kill_zookeeper(self.dir)
+        crashes.kill_zookeeper(self.dir)
         time.sleep(seconds)
-        stack_mod.start_zookeeper(self.dir)
+        crashes.start_zookeeper(self.dir)
 
     def heal(self) -> None:
         """Every component up, no proxy fault in force (between schedules)."""
         self.ch_proxy.clear()
         self.zk_proxy.clear()
-        info = stack_mod.read_stack(self.dir)
+        info = stack_files.read_stack(self.dir)
         assert info is not None
         alive = info.alive()
         if not alive.get("zookeeper"):
-            stack_mod.start_zookeeper(self.dir)
+            crashes.start_zookeeper(self.dir)
         for shard, replica, name in info.members:
             if not alive.get(name):
-                stack_mod.start_clickhouse(
+                crashes.start_clickhouse(
                     self.dir, shard=shard, replica=replica, zookeeper_address_for_clickhouse=self.zk_via_proxy
                 )
 
@@ -139,7 +140,7 @@ class Injector:
     def __init__(
         self,
         stack: ChaosStack,
-        faults: list[FaultPlan],
+        faults: list[ScheduledFault],
         current: Callable[[], JobRun | None],
         kill_driver: Callable[[JobRun], None],
         rng: random.Random,
@@ -186,7 +187,7 @@ class Injector:
             time.sleep(0.1)
         return []
 
-    def _fire(self, f: FaultPlan) -> str:
+    def _fire(self, f: ScheduledFault) -> str:
         proxies = {"ch": self.stack.ch_proxy, "zk": self.stack.zk_proxy}
         link, _, what = f.kind.partition("_")
         if link in proxies:

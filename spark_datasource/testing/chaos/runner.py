@@ -1,9 +1,9 @@
 """One chaos schedule end to end: job, faults, restarts until done, then every check.
 
 :func:`run_schedule` runs in the chaos runner's process, once per schedule, on the
-shared :class:`~benchmarks.chaos.inject.ChaosStack` (a fresh database, topic and
+shared :class:`~spark_datasource.testing.chaos.inject.ChaosStack` (a fresh database, topic and
 checkpoint each time). The job is a child driver process per run
-(:class:`~benchmarks.pipeline_run.JobLauncher`); after the faults it is restarted on
+(:class:`~spark_datasource.testing.job_launcher.JobLauncher`); after the faults it is restarted on
 the same checkpoint (or ``transactional_id``) until it finishes. Then: every record is
 checked (Kafka offsets and event ids against what a read-committed reader sees),
 ``python -m clickhouse_tx verify`` must pass, ``python -m clickhouse_tx gc`` runs,
@@ -24,13 +24,14 @@ from pathlib import Path
 
 import requests
 
-from benchmarks.chaos.batch_job import BATCH_TOPIC
-from benchmarks.chaos.inject import ChaosStack, Injector
-from benchmarks.chaos.schedule import Schedule
-from benchmarks.pipeline_run import ROOT, JobLauncher, JobRun, create_target, create_topic, group_members, produce
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
 from clickhouse_tx.sql import quote_identifier
 from clickhouse_tx.verify import ClickHouseReader
+from spark_datasource.testing.chaos.batch_job import BATCH_TOPIC
+from spark_datasource.testing.chaos.inject import ChaosStack, Injector
+from spark_datasource.testing.chaos.schedule import Schedule
+from spark_datasource.testing.job_launcher import ROOT, JobLauncher, JobRun, group_members
+from spark_datasource.testing.source_and_target import create_target, create_topic, produce
 
 MAX_RUNS = 12
 JOB_TIMEOUT_S = 300.0
@@ -85,10 +86,10 @@ def _job_argv(s: _Sched) -> tuple[str, list[str]]:
     common = ["--url", s.stack.proxy_url, "--table", s.table, "--mode", sch.mode, "--master", sch.master, *opts]
     if sch.job == "batch":
         extra = ["--events", str(sch.events), "--partitions", str(sch.partitions), "--txn-id", f"chaos-{s.database}"]
-        return "benchmarks.chaos.batch_job", [*common, *extra, "--decision-log", str(s.checkpoint)]
+        return "spark_datasource.testing.chaos.batch_job", [*common, *extra, "--decision-log", str(s.checkpoint)]
     ends = {s.topic: {str(p): len(range(p, sch.events, sch.partitions)) for p in range(sch.partitions)}}
     trigger = "0" if sch.job == "stream_available_now" else "0.5"
-    return "benchmarks.streaming_job", [
+    return "spark_datasource.testing.streaming_job", [
         *common,
         "--bootstrap",
         str(s.stack.info.kafka_bootstrap),

@@ -22,7 +22,7 @@ Faults, each for a window of ``seconds`` (:meth:`FaultProxy.inject`):
     Bytes move at ``rate`` bytes per second per direction and connection.
 
 Control from the same process: :meth:`FaultProxy.inject`, :meth:`FaultProxy.clear`.
-From another process: run ``python -m benchmarks.chaos.proxy --listen-port P
+From another process: run ``python -m spark_datasource.testing.chaos.proxy --listen-port P
 --target HOST:PORT --control FILE`` and call :func:`write_control` on ``FILE``; the
 proxy polls the file every 50 ms.
 """
@@ -256,7 +256,9 @@ def write_control(path: str | Path, kind: str, seconds: float = 1.0, *, rate: in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.chaos.proxy", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m spark_datasource.testing.chaos.proxy", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--listen-port", type=int, default=0)
     ap.add_argument("--target", required=True, metavar="HOST:PORT")
     ap.add_argument("--control", required=True, metavar="FILE", help="JSON control file (see write_control)")
