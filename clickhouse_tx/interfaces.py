@@ -87,6 +87,10 @@ class TlsSettings:
     client_cert_key: str | None = None
 
 
+#: Verify against the operating system's CAs, no client certificate: clickhouse-connect's defaults.
+DEFAULT_TLS = TlsSettings()
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     """Where rows go: a ClickHouse server and one table.
@@ -118,7 +122,7 @@ class Target:
     route_column: str | None = None
     route_tables: tuple[tuple[str, str], ...] = ()
     read_retry: RetryPolicy = NO_RETRY
-    tls: TlsSettings = TlsSettings()
+    tls: TlsSettings = DEFAULT_TLS
 
 
 @dataclasses.dataclass(frozen=True)

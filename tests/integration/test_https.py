@@ -8,6 +8,7 @@ is trusted.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Iterator
@@ -21,6 +22,7 @@ from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, TlsSettings
 from clickhouse_tx.sql import qualified
 from clickhouse_tx.tls import check_tls
+from tests.helpers.cli import run_cli
 from tests.helpers.https import HttpsFront, https_front
 
 PASSWORD = "never-shown-5d81"
@@ -136,3 +138,27 @@ def _http_check(front: HttpsFront, **tls: object) -> str:
     with pytest.raises(ConfigurationError) as err:
         check_tls(Target(url="http://127.0.0.1:1", database="d", table="t", tls=TlsSettings(**tls)))  # type: ignore[arg-type]
     return str(err.value)
+
+
+def test_the_cli_takes_the_same_tls_flags_and_refuses_an_untrusted_server_naming_ca_cert(
+    mtls_front: HttpsFront, database: str
+) -> None:
+    files = mtls_front.files
+    client = ["--client-cert", files.client_cert, "--client-cert-key", files.client_key]
+    where = ["--url", mtls_front.url, "--table", f"{database}.events"]
+
+    status = run_cli("status", *where, "--ca-cert", files.ca, *client, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["in_doubt"] == []
+
+    untrusted = run_cli("status", *where, "--ca-cert", files.other_ca, *client)
+    assert untrusted.returncode == 2 and "option ca_cert" in untrusted.stderr
+
+    tls = TlsSettings(ca_cert=files.ca, client_cert=files.client_cert, client_cert_key=files.client_key)
+    with _client(mtls_front.url, database, tls) as admin:
+        admin.command("CREATE TABLE events (partition Int32, offset Int64) ENGINE = MergeTree ORDER BY offset")
+        admin.command("INSERT INTO events SELECT 0, number FROM numbers(100)")
+    verified = run_cli("verify", *where, "--ca-cert", files.ca, *client, "--no-markers", "--topic-col", "")
+    assert verified.returncode == 0, verified.stderr + verified.stdout
+    without_cert = run_cli("verify", *where, "--ca-cert", files.ca, "--no-markers", "--topic-col", "")
+    assert without_cert.returncode == 2 and "client_cert" in without_cert.stderr
