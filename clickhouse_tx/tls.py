@@ -126,6 +126,10 @@ class _ContextAdapter(requests.adapters.HTTPAdapter):
     def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
         super().init_poolmanager(connections, maxsize, block, ssl_context=self._context, **pool_kwargs)
 
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        # Through an HTTPS_PROXY tunnel the server's TLS is the same as without one.
+        return super().proxy_manager_for(proxy, ssl_context=self._context, **proxy_kwargs)
+
     def cert_verify(self, conn: Any, url: str, verify: Any, cert: Any) -> None:
         conn.cert_reqs = "CERT_REQUIRED" if self._context.verify_mode == ssl.CERT_REQUIRED else "CERT_NONE"
         conn.ca_certs = None

@@ -23,7 +23,7 @@ from clickhouse_tx.interfaces import Target, TlsSettings
 from clickhouse_tx.sql import qualified
 from clickhouse_tx.tls import check_tls
 from tests.helpers.cli import run_cli
-from tests.helpers.https import HttpsFront, https_front
+from tests.helpers.https import HttpsFront, connect_proxy, https_front
 
 PASSWORD = "never-shown-5d81"
 
@@ -70,6 +70,23 @@ def test_a_client_not_trusting_the_servers_ca_is_refused_with_an_error_naming_ca
     message = str(err.value)
     assert "not trusted" in message and "option ca_cert" in message and "verify=false" in message
     assert PASSWORD not in message and PASSWORD not in repr(err.value)
+
+
+def test_through_an_https_proxy_tunnel_the_client_trusts_ca_cert_and_presents_client_cert(
+    mtls_front: HttpsFront, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = mtls_front.files
+    tls = TlsSettings(ca_cert=files.ca, client_cert=files.client_cert, client_cert_key=files.client_key)
+    with connect_proxy() as (proxy, tunnels):
+        monkeypatch.setenv("HTTPS_PROXY", proxy)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with _client(mtls_front.url, database, tls) as client:
+            assert client.query_json("SELECT 41 + 1 AS n") == [{"n": 42}]
+        with _client(mtls_front.url, database, TlsSettings(ca_cert=files.other_ca)) as client:
+            with pytest.raises(ConfigurationError, match="option ca_cert"):
+                client.query_json("SELECT 1")
+    assert tunnels and set(tunnels) == {mtls_front.url.removeprefix("https://")}
 
 
 def test_verify_false_accepts_the_untrusted_certificate_and_the_driver_check_logs_a_warning(
