@@ -83,9 +83,9 @@ def test_through_an_https_proxy_tunnel_the_client_trusts_ca_cert_and_presents_cl
         monkeypatch.delenv("no_proxy", raising=False)
         with _client(mtls_front.url, database, tls) as client:
             assert client.query_json("SELECT 41 + 1 AS n") == [{"n": 42}]
-        with _client(mtls_front.url, database, TlsSettings(ca_cert=files.other_ca)) as client:
-            with pytest.raises(ConfigurationError, match="option ca_cert"):
-                client.query_json("SELECT 1")
+        untrusting = _client(mtls_front.url, database, TlsSettings(ca_cert=files.other_ca))
+        with untrusting, pytest.raises(ConfigurationError, match="option ca_cert"):
+            untrusting.query_json("SELECT 1")
     assert tunnels and set(tunnels) == {mtls_front.url.removeprefix("https://")}
 
 
