@@ -41,19 +41,35 @@ CERTIFI = "certifi"
 def ssl_context(tls: TlsSettings) -> ssl.SSLContext:
     """The client context of ``tls``: trusted CAs, host name check, client certificate.
 
-    Built once per distinct settings in a process (driver or executor Python worker) and
-    shared by its clients; reading the files again per client would only repeat the work.
+    Built once per distinct settings and file versions in a process (driver or executor
+    Python worker) and shared by its clients: a certificate renewed in place (a new
+    modification time) is read by the next client, an unchanged one is not read again.
 
     Raises
     ------
     ConfigurationError
         A file that cannot be read or is not PEM of the expected kind, naming its option.
     """
-    return _context(tls.verify, tls.ca_cert, tls.client_cert, tls.client_cert_key)
+    files = (tls.ca_cert, tls.client_cert, tls.client_cert_key)
+    return _context(tls.verify, *files, versions=tuple(_mtime(f) for f in files))
+
+
+def _mtime(path: str | None) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns if path and path != CERTIFI else None
+    except OSError:
+        return None  # reported by _readable, naming the option
 
 
 @functools.lru_cache(maxsize=16)
-def _context(verify: bool, ca_cert: str | None, client_cert: str | None, client_key: str | None) -> ssl.SSLContext:
+def _context(
+    verify: bool,
+    ca_cert: str | None,
+    client_cert: str | None,
+    client_key: str | None,
+    *,
+    versions: tuple[int | None, ...],  # the cache key's part that changes when a file is rewritten
+) -> ssl.SSLContext:
     if verify:
         ctx = _trusting(ca_cert)
     else:

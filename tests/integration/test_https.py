@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -87,6 +89,20 @@ def test_through_an_https_proxy_tunnel_the_client_trusts_ca_cert_and_presents_cl
         with untrusting, pytest.raises(ConfigurationError, match="option ca_cert"):
             untrusting.query_json("SELECT 1")
     assert tunnels and set(tunnels) == {mtls_front.url.removeprefix("https://")}
+
+
+def test_a_ca_file_rewritten_in_place_is_read_again_by_the_next_client(
+    front: HttpsFront, database: str, tmp_path: Path
+) -> None:
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(Path(front.files.other_ca).read_bytes())
+    stale = _client(front.url, database, TlsSettings(ca_cert=str(bundle)))
+    with stale, pytest.raises(ConfigurationError, match="not trusted"):
+        stale.query_json("SELECT 1")
+    bundle.write_bytes(Path(front.files.ca).read_bytes())
+    os.utime(bundle, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))  # a new version, whatever the clock's grain
+    with _client(front.url, database, TlsSettings(ca_cert=str(bundle))) as renewed:
+        assert renewed.query_json("SELECT 1 AS one") == [{"one": 1}]
 
 
 def test_verify_false_accepts_the_untrusted_certificate_and_the_driver_check_logs_a_warning(
