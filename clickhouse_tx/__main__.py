@@ -39,7 +39,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
-from clickhouse_tx.cli_args import build_parser, password
+from clickhouse_tx.cli_args import build_parser, password, tls_settings
 from clickhouse_tx.errors import ClickHouseTxError
 from clickhouse_tx.interfaces import Mode
 
@@ -72,6 +72,7 @@ def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, T
     from clickhouse_tx.interfaces import Target
     from clickhouse_tx.retry import RetryPolicy
     from clickhouse_tx.sql import split_table
+    from clickhouse_tx.tls import check_tls
 
     db, t = split_table(args.table)
     # An operator's command rides through a dropped connection the way the writer does:
@@ -83,7 +84,9 @@ def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, T
         user=args.user,
         password=password(args),
         read_retry=RetryPolicy(),
+        tls=tls_settings(args),
     )
+    check_tls(target)
     kwargs = {"table": args.registry_table} if args.registry_table else {}
     return build_registry(target, **kwargs), target
 
@@ -231,6 +234,7 @@ def _offset_checks(args: argparse.Namespace) -> dict[str, Any]:
         "expected": parse_expected(args.expected),
         "user": args.user,
         "password": password(args),
+        "tls": tls_settings(args),
     }
 
 
@@ -253,7 +257,9 @@ def _shard_urls(args: argparse.Namespace) -> list[str]:
     from clickhouse_tx.shard_placement import parse_shard_urls
     from clickhouse_tx.sharded_io import answers
 
-    probe = Target(url="", database="default", table="", user=args.user, password=password(args))
+    probe = Target(
+        url="", database="default", table="", user=args.user, password=password(args), tls=tls_settings(args)
+    )
     out = []
     for replicas in parse_shard_urls(args.shards):
         out.append(next((u for u in replicas if len(replicas) == 1 or answers(probe, u)), replicas[0]))

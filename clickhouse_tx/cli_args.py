@@ -10,7 +10,7 @@ import argparse
 import os
 
 from clickhouse_tx.errors import ClickHouseTxError
-from clickhouse_tx.interfaces import Mode
+from clickhouse_tx.interfaces import Mode, TlsSettings
 
 
 def add_connection(p: argparse.ArgumentParser) -> None:
@@ -28,6 +28,17 @@ def add_connection(p: argparse.ArgumentParser) -> None:
         metavar="VAR",
         help="name of the environment variable holding the password (never pass it on the command line)",
     )
+    tls = p.add_argument_group("HTTPS (an https:// url; the writer's options of the same names)")
+    tls.add_argument(
+        "--ca-cert",
+        metavar="PEM",
+        help="CAs trusted to sign the server's certificate instead of the system's ('certifi': the certifi bundle)",
+    )
+    tls.add_argument("--client-cert", metavar="PEM", help="client certificate, for a server that requires one")
+    tls.add_argument("--client-cert-key", metavar="PEM", help="its unencrypted key, unless --client-cert holds it")
+    tls.add_argument(
+        "--no-verify", dest="verify", action="store_false", help="accept any server certificate (verify=false)"
+    )
 
 
 def password(args: argparse.Namespace) -> str:
@@ -37,6 +48,11 @@ def password(args: argparse.Namespace) -> str:
     if args.password_env not in os.environ:
         raise ClickHouseTxError(f"--password-env names {args.password_env!r}, which is not set")
     return os.environ[args.password_env]
+
+
+def tls_settings(args: argparse.Namespace) -> TlsSettings:
+    """The HTTPS settings of ``--ca-cert``, ``--client-cert``, ``--client-cert-key``, ``--no-verify``."""
+    return TlsSettings(args.verify, args.ca_cert, args.client_cert, args.client_cert_key)
 
 
 def mode_arg(value: str) -> Mode:
@@ -128,4 +144,4 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-__all__ = ["add_connection", "build_parser", "mode_arg", "password"]
+__all__ = ["add_connection", "build_parser", "mode_arg", "password", "tls_settings"]

@@ -51,6 +51,7 @@ import pyarrow as pa
 import requests
 
 from clickhouse_tx import sql as q
+from clickhouse_tx import tls
 from clickhouse_tx._transport.reply_mapping import error_from_connection, error_from_reply
 from clickhouse_tx._transport.wire import (
     END_OF_STREAM,
@@ -129,6 +130,9 @@ class ClickHouseHTTP:
         )
         if parts.username is not None and not target.user:
             self._http.auth = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
+        if parts.scheme == "https":  # the trusted CAs and client certificate of target.tls
+            self._http.mount("https://", tls.https_adapter(target.tls))
+            self._http.verify = target.tls.verify
         self.server = safe_url(target.url)
 
     def __repr__(self) -> str:

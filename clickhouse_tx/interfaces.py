@@ -63,6 +63,35 @@ _CAPABILITIES: Mapping[Mode, ModeCapabilities] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class TlsSettings:
+    """How an ``https://`` server is trusted and how this client proves itself: the options of
+    clickhouse-connect's ``get_client``, with their meaning (:mod:`clickhouse_tx.tls` builds the
+    ``ssl.SSLContext`` from them; ``docs/options.md``, "HTTPS").
+
+    Attributes
+    ----------
+    verify
+        Check the server's certificate and host name. False: any certificate is accepted.
+    ca_cert
+        A PEM file (or a directory of hashed PEM files) of the CAs trusted instead of the
+        operating system's; ``"certifi"``: the ``certifi`` package's bundle of public CAs.
+        None: the operating system's trust store.
+    client_cert, client_cert_key
+        A client certificate (PEM, with any intermediates) and its unencrypted key, for a
+        server that requires one; the key may be inside ``client_cert``.
+    """
+
+    verify: bool = True
+    ca_cert: str | None = None
+    client_cert: str | None = None
+    client_cert_key: str | None = None
+
+
+#: Verify against the operating system's CAs, no client certificate: clickhouse-connect's defaults.
+DEFAULT_TLS = TlsSettings()
+
+
+@dataclasses.dataclass(frozen=True)
 class Target:
     """Where rows go: a ClickHouse server and one table.
 
@@ -77,6 +106,8 @@ class Target:
     row goes to the table its ``route_column`` value names, which must be one of
     ``route_tables`` (``(database, table)`` pairs); ``database``/``table`` then only
     say where the registry and markers live and what ``Prepared.table`` shows.
+
+    ``tls`` is how an ``https://`` server is trusted (:class:`TlsSettings`); unused over ``http://``.
     """
 
     url: str
@@ -91,6 +122,7 @@ class Target:
     route_column: str | None = None
     route_tables: tuple[tuple[str, str], ...] = ()
     read_retry: RetryPolicy = NO_RETRY
+    tls: TlsSettings = DEFAULT_TLS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ from typing import Mapping
 
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError
 from clickhouse_tx.http_client import safe_url
-from clickhouse_tx.interfaces import Target
+from clickhouse_tx.interfaces import DEFAULT_TLS, Target, TlsSettings
 from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.sql import quote_option_identifier as quote_ident  # names come from the CLI
 from clickhouse_tx.sql import split_table
@@ -74,6 +74,7 @@ def verify(
     user: str = "default",
     password: str = "",
     sample_limit: int = DEFAULT_SAMPLE_LIMIT,
+    tls: TlsSettings = DEFAULT_TLS,
 ) -> VerifyReport:
     """Check ``table`` for exactly-once anomalies (see the module docstring).
 
@@ -93,6 +94,8 @@ def verify(
         The query's ``checkpointLocation``: check its decision logs against the markers.
     markers:
         Check the markers table: None = when it exists, True = it must exist.
+    tls:
+        How an ``https://`` server is trusted (:class:`~clickhouse_tx.interfaces.TlsSettings`).
 
     Raises
     ------
@@ -102,7 +105,7 @@ def verify(
         ClickHouse refused a query or could not be reached.
     """
     db, t = split_table(table)
-    ch = ClickHouseReader(url, user=user, password=password)
+    ch = ClickHouseReader(url, user=user, password=password, tls=tls)
     try:
         scan = _open_scan(
             ch, db, t, url, (topic_col, partition_col, offset_col), segment_col=segment_col, sample_limit=sample_limit
@@ -113,7 +116,7 @@ def verify(
         found = summaries(scan, expected or {})
         total = sum(s.rows for s in found.values())
         checks, anomalies = offset_checks(scan, found, expected, segment_col)
-        target = Target(url=url, database=db, table=t, user=user, password=password)
+        target = Target(url=url, database=db, table=t, user=user, password=password, tls=tls)
         marker_info = audit(
             ch,
             CommitMarkers(target, ch.client),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
-from clickhouse_tx.interfaces import Target
+from clickhouse_tx.interfaces import DEFAULT_TLS, Target, TlsSettings
 from clickhouse_tx.markers import CommittedReader
 
 
@@ -22,11 +22,19 @@ class ClickHouseReader:
     The password is sent as a header and never appears in ``repr`` or errors.
     """
 
-    def __init__(self, url: str, *, user: str = "default", password: str = "", timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        user: str = "default",
+        password: str = "",
+        timeout_s: float = 300.0,
+        tls: TlsSettings = DEFAULT_TLS,
+    ) -> None:
         self.url = safe_url(url.rstrip("/"))
         self.user = user
         self.client = ClickHouseHTTP(
-            Target(url=url, database="", table="", user=user, password=password, request_timeout_s=timeout_s)
+            Target(url=url, database="", table="", user=user, password=password, request_timeout_s=timeout_s, tls=tls)
         )
         self._committed = CommittedReader(self.client)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from clickhouse_tx.http_client import safe_url
+from clickhouse_tx.interfaces import DEFAULT_TLS, TlsSettings
 from clickhouse_tx.sql import quote_option_identifier as quote_ident
 from clickhouse_tx.sql import split_table
 from clickhouse_tx.verify_offsets import check_expected, runs
@@ -27,13 +28,13 @@ from clickhouse_tx.verify_report import TP, Anomaly, PartitionSummary, VerifyRep
 
 
 def _read_shard(
-    url: str, table: str, cols: tuple[str | None, str, str], user: str, password: str
+    url: str, table: str, cols: tuple[str | None, str, str], user: str, password: str, tls: TlsSettings
 ) -> list[tuple[TP, int]]:
     db, t = split_table(table)
     topic, partition, offset = cols
     topic_sql = quote_ident(topic) if topic else "''"
     key = f"{topic_sql} AS topic, {quote_ident(partition)} AS p, {quote_ident(offset)} AS o"
-    reader = ClickHouseReader(url, user=user, password=password)
+    reader = ClickHouseReader(url, user=user, password=password, tls=tls)
     try:
         rows = reader.rows(f"SELECT {key} FROM {quote_ident(db)}.{quote_ident(t)}")
     finally:
@@ -67,11 +68,12 @@ def verify_shards(
     expected: Mapping[TP, tuple[int, int]] | None = None,
     user: str = "default",
     password: str = "",
+    tls: TlsSettings = DEFAULT_TLS,
 ) -> VerifyReport:
     """Check ``table`` across the shards at ``urls`` (one server per shard) for duplicates and gaps."""
     holders: dict[TP, dict[int, list[int]]] = {}
     for shard, url in enumerate(urls):
-        for tp, o in _read_shard(url, table, (topic_col, partition_col, offset_col), user, password):
+        for tp, o in _read_shard(url, table, (topic_col, partition_col, offset_col), user, password, tls):
             holders.setdefault(tp, {}).setdefault(o, []).append(shard)
     anomalies: list[Anomaly] = []
     summaries: dict[TP, PartitionSummary] = {}

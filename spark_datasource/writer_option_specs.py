@@ -15,6 +15,7 @@ from typing import Any
 
 from clickhouse_tx.interfaces import Mode, Target
 from clickhouse_tx.retry import RetryPolicy
+from spark_datasource.https_option_specs import HTTPS_OPTIONS
 from spark_datasource.option_spec import (
     BOOL,
     HTTP_URL,
@@ -100,6 +101,7 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         secret=True,
         shown_default="empty",
     ),
+    *HTTPS_OPTIONS,
     OptionSpec(
         "table",
         None,

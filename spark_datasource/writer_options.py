@@ -28,7 +28,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Mapping
 
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx.interfaces import Mode, Target
+from clickhouse_tx.interfaces import Mode, Target, TlsSettings
 from spark_datasource import writer_identity, writer_option_rules
 from spark_datasource.option_spec import lower_keys
 from spark_datasource.writer_option_specs import WRITER_OPTIONS
@@ -53,6 +53,11 @@ class WriterOptions:
     database: str
     user: str
     password: str = dataclasses.field(repr=False)
+    #: HTTPS: the options of :class:`clickhouse_tx.interfaces.TlsSettings`, by name.
+    verify: bool
+    ca_cert: str | None
+    client_cert: str | None
+    client_cert_key: str | None
     mode: Mode
     transactional_id: str = ""
     streaming: bool = False
@@ -187,6 +192,7 @@ class WriterOptions:
             route_column=self.table_column,
             route_tables=self.tables,
             read_retry=self.retry_policy(),
+            tls=TlsSettings(self.verify, self.ca_cert, self.client_cert, self.client_cert_key),
         )
 
     def shard_placement(self) -> "ShardPlacement | None":

@@ -18,6 +18,7 @@ from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, ServerEr
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Mode, Target
 from clickhouse_tx.schema import TableInfo, check_schema, conversion_columns, describe_table
+from clickhouse_tx.tls import check_tls
 
 from .table_ddl import create_table_sql
 from .type_mapping import spark_schema_to_arrow
@@ -42,6 +43,7 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
         The column types every executor converts the data to (for routing: the
         types all routed tables share; for shards: the types every server's table shares).
     """
+    check_tls(opts.target())  # files readable and parsed, each error naming its option
     if opts.shards:
         return _prepare_shards(opts, schema)
     target = opts.target()
@@ -57,6 +59,8 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
         raise ConfigurationError(
             f"{where} refused a trivial query: {exc.message}", code=exc.code, name=exc.name
         ) from None
+    except ConfigurationError:
+        raise  # a certificate refused: the error names ca_cert/verify or client_cert
     except ClickHouseTxError as exc:
         raise ConfigurationError(f"cannot reach {where} (option url): {exc.message}") from None
 

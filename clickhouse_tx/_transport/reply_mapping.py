@@ -26,12 +26,15 @@ Outcome certainty
 from __future__ import annotations
 
 import re
+import ssl
+from typing import Iterator
 
 import requests
 import urllib3.exceptions as u3
 
 from clickhouse_tx.errors import (
     ClickHouseTxError,
+    ConfigurationError,
     ServerBusyError,
     ServerError,
     ServerOutcomeUnknownError,
@@ -134,6 +137,9 @@ def error_from_connection(
     it, so one closed by a restarted server is replaced by a new (refused) connection
     rather than failing after the request was written. ``server`` is the safe URL.
     """
+    refused = _tls_refusal(exc, what=what, server=server)
+    if refused is not None:
+        return refused
     if isinstance(exc, requests.exceptions.ConnectTimeout):
         return RequestNotSentError(f"{what}: connect timeout to {server}", xid=xid)
     if isinstance(exc, requests.exceptions.ConnectionError):
@@ -145,8 +151,41 @@ def error_from_connection(
     return ReplyLostError(f"{what}: reply from {server} cut off ({_reason(exc)})", xid=xid)
 
 
-def _never_connected(exc: BaseException) -> bool:
-    """True when a ``requests`` ConnectionError happened while connecting."""
+#: TLS alerts a server sends when it does not accept this client's certificate (or its absence).
+_CLIENT_CERT_ALERTS = frozenset(
+    {
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "TLSV1_ALERT_UNKNOWN_CA",
+    }
+)
+
+
+def _tls_refusal(exc: BaseException, *, what: str, server: str) -> ConfigurationError | None:
+    """The error of a TLS handshake refused for its certificates (None for anything else).
+
+    Retrying cannot change a certificate, so it is a :class:`ConfigurationError`
+    naming the options that decide it; other TLS failures (a handshake cut off by a
+    restarting server) keep the connection mapping below.
+    """
+    for e in _causes(exc):
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return ConfigurationError(
+                f"{what}: the TLS certificate of {server} is not trusted ({e.verify_message or e.reason}): give the CA "
+                "that signed it with option ca_cert (a PEM file; ca_cert=certifi for the public CAs), or set "
+                "verify=false to skip the check"
+            )
+        if isinstance(e, ssl.SSLError) and e.reason in _CLIENT_CERT_ALERTS:
+            return ConfigurationError(
+                f"{what}: {server} refused the TLS connection ({e.reason}): it requires a client certificate it "
+                "trusts; give it with options client_cert and client_cert_key"
+            )
+    return None
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it wraps (urllib3's reasons, args, causes), each once."""
     seen: set[int] = set()
     stack: list[BaseException | None] = [exc]
     while stack:
@@ -154,14 +193,18 @@ def _never_connected(exc: BaseException) -> bool:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, (u3.NewConnectionError, u3.ConnectTimeoutError, ConnectionRefusedError)):
-            return True
+        yield e
         if isinstance(e, u3.MaxRetryError):
             stack.append(e.reason)
         stack.extend(a for a in getattr(e, "args", ()) if isinstance(a, BaseException))
         stack.append(e.__cause__)
         stack.append(e.__context__)
-    return False
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """True when a ``requests`` ConnectionError happened while connecting."""
+    never = (u3.NewConnectionError, u3.ConnectTimeoutError, ConnectionRefusedError)
+    return any(isinstance(e, never) for e in _causes(exc))
 
 
 def _reason(exc: BaseException) -> str:
