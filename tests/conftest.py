@@ -12,7 +12,7 @@ import re
 import sys
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
@@ -30,6 +30,9 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["CLICKHOUSE_TX_TEST_FAULTS"] = "1"
 
 from clickhouse_tx.sql import quote_identifier as quote_ident  # noqa: E402,F401 - for the tests
+
+if TYPE_CHECKING:
+    from tests.helpers.https import HttpsFront
 
 #: Why the shared stack has no Kafka, for the ``kafka_bootstrap`` fixture to report.
 _kafka_missing_reason: list[str] = []
@@ -166,3 +169,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.spark)
         if top == "integration" or {"stack", "stack_factory", "sharded_stack"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="module")
+def front(clickhouse_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator["HttpsFront"]:
+    """The shared server behind a TLS front with certificates made for the test module."""
+    from tests.helpers.https import https_front
+
+    with https_front(clickhouse_url, tmp_path_factory.mktemp("https")) as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def mtls_front(clickhouse_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator["HttpsFront"]:
+    """As ``front``, and the front requires a client certificate on every connection."""
+    from tests.helpers.https import https_front
+
+    with https_front(clickhouse_url, tmp_path_factory.mktemp("mtls"), require_client_cert=True) as f:
+        yield f

@@ -13,7 +13,6 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Iterator
 
 import clickhouse_connect
 import pyarrow as pa
@@ -25,21 +24,9 @@ from clickhouse_tx.interfaces import Target, TlsSettings
 from clickhouse_tx.sql import qualified
 from clickhouse_tx.tls import check_tls
 from tests.helpers.cli import run_cli
-from tests.helpers.https import HttpsFront, connect_proxy, https_front
+from tests.helpers.https import HttpsFront, connect_proxy
 
 PASSWORD = "never-shown-5d81"
-
-
-@pytest.fixture(scope="module")
-def front(clickhouse_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpsFront]:
-    with https_front(clickhouse_url, tmp_path_factory.mktemp("https")) as f:
-        yield f
-
-
-@pytest.fixture(scope="module")
-def mtls_front(clickhouse_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpsFront]:
-    with https_front(clickhouse_url, tmp_path_factory.mktemp("mtls"), require_client_cert=True) as f:
-        yield f
 
 
 def _client(url: str, database: str, tls: TlsSettings, password: str = "") -> ClickHouseHTTP:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from tests.helpers.https import HttpsFront, https_front
+from tests.helpers.https import HttpsFront
 from tests.helpers.spark_streams import assert_exactly, new_stream, start_query
 from tests.helpers.spark_writes import (
     actual_totals,
@@ -28,18 +27,6 @@ from tests.helpers.spark_writes import (
 )
 
 PASSWORD = "never-shown-0c7e"
-
-
-@pytest.fixture(scope="module")
-def front(clickhouse_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpsFront]:
-    with https_front(clickhouse_url, tmp_path_factory.mktemp("https")) as f:
-        yield f
-
-
-@pytest.fixture(scope="module")
-def mtls_front(clickhouse_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpsFront]:
-    with https_front(clickhouse_url, tmp_path_factory.mktemp("mtls"), require_client_cert=True) as f:
-        yield f
 
 
 def _mutual(f: HttpsFront) -> dict[str, str]:
