@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--kafka", action="store_true", help="also start the dev Kafka broker")
     up.add_argument("--port", type=int, help="ClickHouse HTTP port (default: previous or free)")
     up.add_argument("--zk-port", type=int, help="ZooKeeper client port (default: previous or free)")
+    up.add_argument(
+        "--tcp-port", type=int, help="ClickHouse native port, e.g. 9000 (default: previous or free); see docs/server.md"
+    )
     up.add_argument("--user", help="require this ClickHouse user")
     up.add_argument(
         "--password-env", metavar="VAR", help="name of the environment variable holding the user's password"
@@ -75,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 kafka=args.kafka,
                 port=args.port,
                 zk_port=args.zk_port,
+                tcp_port=args.tcp_port,
                 user=args.user,
                 password_env=args.password_env,
                 max_session_timeout=args.max_session_timeout,

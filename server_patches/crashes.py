@@ -51,7 +51,9 @@ def kill_clickhouse(stack_dir: Path | str, *, shard: int = 0, replica: int = 0) 
         info = _require(stack_dir)
         name = _member(info, shard, replica)
         processes.kill(info.processes.get(name))
-        wait_port_free(int(info.ports[name]))
+        for key in (name, name + "_tcp"):
+            if key in info.ports:
+                wait_port_free(int(info.ports[key]))
         return info
 
 
@@ -76,6 +78,7 @@ def start_clickhouse(
         ref, logs, config_file, _ = start_clickhouse_server(
             stack_dir,
             port=int(info.ports[name]),
+            tcp_port=info.ports.get(name + "_tcp"),
             zk=zookeeper_address_for_clickhouse or info.zookeeper,
             user=info.user,
             password_env=info.password_env,

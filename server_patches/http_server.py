@@ -26,6 +26,7 @@ from server_patches.chdb_connection import EngineConnection
 from server_patches.engine import Engine
 from server_patches.errors import HTTPError
 from server_patches.http_handler import Handler
+from server_patches.native_port import NativePort
 from server_patches.sessions import Session
 
 __all__ = ["Engine", "EngineConnection", "HTTPError", "Handler", "Server", "Session", "main", "make_server"]
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--config-file")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--tcp-port", type=int, help="the native port (tcp_port); see server_patches.native_port")
     ap.add_argument("--ready-file")
     ap.add_argument("--user", default="default")
     ap.add_argument("--password-env", help="name of the environment variable holding the password")
@@ -63,11 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _write_ready_file(path: str, port: int, version: str) -> None:
-    """Announce the bound port atomically: the launcher polls for this file."""
+def _write_ready_file(path: str, port: int, tcp_port: int | None, version: str) -> None:
+    """Announce the bound ports atomically: the launcher polls for this file."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"pid": os.getpid(), "port": port, "version": version}, f)
+        json.dump({"pid": os.getpid(), "port": port, "tcp_port": tcp_port, "version": version}, f)
     os.replace(tmp, path)
 
 
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = make_server(engine, args.host, args.port, {args.user: password})
     port = server.server_address[1]
+    native = NativePort(args.host, args.tcp_port, port) if args.tcp_port is not None else None
+    if native:
+        native.start()
     stopping = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -96,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if args.ready_file:
-        _write_ready_file(args.ready_file, port, engine.version)
+        _write_ready_file(args.ready_file, port, native.server_address[1] if native else None, engine.version)
     log.info("serving ClickHouse %s HTTP on %s:%d (data %s)", engine.version, args.host, port, args.data_dir)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
         server.server_close()
+        if native:
+            native.shutdown()
+            native.server_close()
         engine.shutdown()
         log.info("stopped")
     return 0

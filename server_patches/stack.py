@@ -45,6 +45,7 @@ def start_stack(
     kafka: bool = False,
     port: int | None = None,
     zk_port: int | None = None,
+    tcp_port: int | None = None,
     user: str | None = None,
     password_env: str | None = None,
     max_session_timeout: int | None = None,
@@ -63,9 +64,10 @@ def start_stack(
     ----------
     kafka
         Also start the dev Kafka broker (its topics live in memory only).
-    port, zk_port
-        ClickHouse HTTP and ZooKeeper client ports; by default the previous ones
-        when free, else free ones.
+    port, zk_port, tcp_port
+        ClickHouse HTTP, ZooKeeper client and ClickHouse native ports; by default the
+        previous ones when free, else free ones. On the native port the server answers
+        as far as chdb allows (:mod:`server_patches.native_port`).
     user, password_env
         Require this user, with the password read from the environment variable
         named ``password_env`` (the password is never written anywhere).
@@ -97,8 +99,9 @@ def start_stack(
     with locked(stack_dir):
         prev = read_stack(stack_dir)
         alive = prev.alive() if prev else {}
+        wanted = {"clickhouse": port, "zookeeper": zk_port, "clickhouse_tcp": tcp_port}
         if prev and alive.get("clickhouse"):
-            _refuse_changes_to_a_running_stack(prev, port=port, zk_port=zk_port, user=user, password_env=password_env)
+            _refuse_changes_to_a_running_stack(prev, wanted, user=user, password_env=password_env)
         launch = _Launch.resume(stack_dir, prev, alive, timeout_s)
         launch.shards, launch.replicas = _cluster_shape(prev, bool(alive.get("clickhouse")), shards, replicas)
         if prev:
@@ -111,7 +114,7 @@ def start_stack(
             "transactions": transactions,
             "zk_addr": zookeeper_address_for_clickhouse,
         }
-        launch.start_all(zk_port, port, kafka=kafka, clickhouse=clickhouse)
+        launch.start_all(wanted, kafka=kafka, clickhouse=clickhouse)
         info = launch.info(user=user, password_env=password_env)
         write_stack(info)
         return info
@@ -131,14 +134,17 @@ def _cluster_shape(prev: StackInfo | None, running: bool, shards: int | None, re
     return shards, replicas
 
 
+_PORT_NAMES = {"clickhouse": "ClickHouse", "zookeeper": "ZooKeeper", "clickhouse_tcp": "ClickHouse native"}
+
+
 def _refuse_changes_to_a_running_stack(
-    prev: StackInfo, *, port: int | None, zk_port: int | None, user: str | None, password_env: str | None
+    prev: StackInfo, wanted_ports: dict[str, int | None], *, user: str | None, password_env: str | None
 ) -> None:
     """``up`` on a running stack may not move its ports or change its user."""
-    for what, key, wanted in (("ClickHouse", "clickhouse", port), ("ZooKeeper", "zookeeper", zk_port)):
+    for key, wanted in wanted_ports.items():
         if wanted is not None and prev.ports.get(key) != wanted:
             raise StackError(
-                f"the stack in {prev.dir} already runs {what} on port "
+                f"the stack in {prev.dir} already runs {_PORT_NAMES[key]} on port "
                 f"{prev.ports.get(key)}, not {wanted}; run `down` first"
             )
     if (user, password_env) != (prev.user, prev.password_env) and (user or password_env):
@@ -216,7 +222,7 @@ class _Launch:
 
     def clickhouse(
         self,
-        wanted_port: int | None,
+        wanted_ports: dict[str, int | None],
         *,
         zk_changed: bool,
         user: str | None,
@@ -232,7 +238,7 @@ class _Launch:
                 # Its config points at the old ZooKeeper port: restart it on the new one.
                 processes.stop(self.procs[n], DEFAULT_STOP_TIMEOUT_S)
                 self.alive[n] = False
-        self._member_ports(names, wanted_port)
+        self._member_ports(names, wanted_ports)
         if len(names) > 1:
             name = chdb_config.stack_name(self.stack_dir)
             _create_znodes(self.zk_addr, [chdb_config.shard_root(name, i) for i in range(self.shards)])
@@ -242,6 +248,7 @@ class _Launch:
             ref, ch_logs, config_file, max_timeout = start_clickhouse_server(
                 self.stack_dir,
                 port=self.ports[n],
+                tcp_port=self.ports[n + "_tcp"],
                 zk=zk_addr or self.zk_addr,
                 user=user,
                 password_env=password_env,
@@ -257,24 +264,23 @@ class _Launch:
             self.procs[n] = ref
             self.logs.update(ch_logs)
 
-    def _member_ports(self, names: list[str], wanted_first: int | None) -> None:
-        """A port for every server not running: the wanted one (first server), else the
-        previous one when free, else a new one no other server of the stack has."""
-        for n in names:
-            if self.alive.get(n):
-                continue
-            taken = {p for k, p in self.ports.items() if k != n}
-            port = pick_port("ClickHouse", wanted_first if n == "clickhouse" else None, self.ports.get(n))
+    def _member_ports(self, names: list[str], wanted: dict[str, int | None]) -> None:
+        """An HTTP and a native port (``<name>_tcp``) for every server not running: the
+        wanted ones (first server), else the previous ones when free, else new ones no
+        other server of the stack has."""
+        for key in [k for n in names if not self.alive.get(n) for k in (n, n + "_tcp")]:
+            taken = {p for k, p in self.ports.items() if k != key}
+            port = pick_port(_PORT_NAMES.get(key, "ClickHouse"), wanted.get(key), self.ports.get(key))
             while port in taken:
                 port = processes.free_port(HOST)
-            self.ports[n] = port
+            self.ports[key] = port
 
-    def start_all(self, zk_port: int | None, port: int | None, *, kafka: bool, clickhouse: dict[str, Any]) -> None:
+    def start_all(self, wanted: dict[str, int | None], *, kafka: bool, clickhouse: dict[str, Any]) -> None:
         """ZooKeeper, the ClickHouse servers (``clickhouse``: :meth:`clickhouse`'s keywords),
         then Kafka if asked; what this call started is stopped again if one fails."""
         try:
-            zk_changed = self.zookeeper(zk_port)
-            self.clickhouse(port, zk_changed=zk_changed, **clickhouse)
+            zk_changed = self.zookeeper(wanted["zookeeper"])
+            self.clickhouse(wanted, zk_changed=zk_changed, **clickhouse)
             if kafka:
                 self.kafka()
         except BaseException:

@@ -34,6 +34,7 @@ def start_clickhouse_server(
     *,
     port: int,
     zk: str,
+    tcp_port: int | None = None,
     user: str | None,
     password_env: str | None,
     max_session_timeout: int | None,
@@ -46,7 +47,8 @@ def start_clickhouse_server(
 
     ``max_session_timeout`` None keeps the value of ``config.d/sessions.xml``.
     ``name`` is the component (:func:`member_name`): its directory, log names and
-    keys; ``member`` its place in a cluster stack (None: the one server).
+    keys; ``member`` its place in a cluster stack (None: the one server); ``tcp_port``
+    its native port (:mod:`server_patches.native_port`), None for none.
     Returns (process, log files, config file, effective max_session_timeout).
     """
     if importlib.util.find_spec("server_patches.http_server") is None:
@@ -98,6 +100,8 @@ def start_clickhouse_server(
         "--log-file",
         logs[name],
     ]
+    if tcp_port is not None:
+        argv += ["--tcp-port", str(tcp_port)]
     if user:
         argv += ["--user", user]
     if password_env:

@@ -1,16 +1,21 @@
 """The embedded server answers as a ClickHouse server does where the engine allows it:
-system logs, server identity on Keeper. What the engine cannot do is listed in
+system logs, server identity on Keeper, the native port. What the engine cannot do is listed in
 docs/server.md ("What still differs from a real server").
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import time
 import uuid
 from pathlib import Path
 from typing import Callable
 
+import clickhouse_connect
+import clickhouse_connect.driver.exceptions
+import pytest
 import requests
 from kafka import KafkaProducer
 
@@ -135,3 +140,49 @@ def test_a_kafka_table_is_created_with_a_success_reply_and_after_a_crash_the_ser
     while _q(url, "SELECT count() FROM default.rows") != "3" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _q(url, "SELECT groupArray(v) FROM (SELECT v FROM default.rows ORDER BY v)") == "[0,1,2]"
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    """What the server sends back on a fresh connection to ``port`` after ``request``."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_an_http_request_on_the_native_port_gets_clickhouses_wrong_port_reply_which_clickhouse_connect_shows(
+    stack: StackInfo,
+) -> None:
+    tcp, http = stack.ports["clickhouse_tcp"], stack.ports["clickhouse"]
+
+    reply = _exchange(tcp, b"GET /?query=SELECT+1 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+
+    # formatHTTPErrorResponseWhenUserIsConnectedToWrongPort in ClickHouse's TCPHandler
+    assert (
+        reply
+        == (
+            f"HTTP/1.0 400 Bad Request\r\n\r\nPort {tcp} is for clickhouse-client program\r\n"
+            f"You must use port {http} for HTTP.\r\n"
+        ).encode()
+    )
+    with pytest.raises(clickhouse_connect.driver.exceptions.DatabaseError) as err:
+        clickhouse_connect.get_client(host="127.0.0.1", port=tcp)
+    assert f"Port {tcp} is for clickhouse-client program" in str(err.value)
+
+
+def test_a_native_hello_on_the_native_port_gets_an_exception_packet_saying_the_protocol_is_not_served(
+    stack: StackInfo,
+) -> None:
+    # Protocol::Client::Hello (0), client name, version 24.8, protocol revision 54470, database, user, password
+    name = b"ClickHouse client"
+    hello = (
+        b"\x00" + bytes([len(name)]) + name + b"\x18\x08" + b"\xc6\xa9\x03" + b"\x07default" + b"\x07default" + b"\x00"
+    )
+
+    reply = _exchange(stack.ports["clickhouse_tcp"], hello)
+
+    assert reply[0] == 2  # Protocol::Server::Exception
+    assert struct.unpack("<i", reply[1:5])[0] == 48  # NOT_IMPLEMENTED
+    assert b"DB::Exception" in reply and b"native protocol is not served" in reply
