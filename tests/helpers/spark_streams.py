@@ -6,19 +6,20 @@ The records are ``"<partition>:<i>"`` at offset ``i``, so a target must hold eac
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
 from kafka import KafkaProducer
 
-from server_patches.kafka_broker import create_topic
+from tests.helpers.external import create_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
 
 
 def make_topic(stack, bootstrap: str, partitions: int, per_partition: int) -> tuple[str, set[tuple[int, int, str]]]:
     """A new topic filled with ``per_partition`` records per partition; the expected rows."""
-    topic = f"w_{uuid.uuid4().hex[:10]}"
-    create_topic(stack.kafka_control, topic, partitions)
+    topic = f"{os.environ.get('CLICKHOUSE_TX_RUN_PREFIX', '')}w_{uuid.uuid4().hex[:10]}"
+    create_topic(stack, topic, partitions)
     return topic, extend_topic(bootstrap, topic, partitions, 0, per_partition)
 
 
