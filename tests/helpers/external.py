@@ -18,10 +18,11 @@ from urllib.parse import urlsplit
 import requests
 
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing import credentials
 
 ENV_URL = "CLICKHOUSE_TX_EXTERNAL_URL"
-ENV_USER = "CLICKHOUSE_TX_EXTERNAL_USER"
-ENV_PASSWORD = "CLICKHOUSE_TX_EXTERNAL_PASSWORD"
+# The user and password, shared with every client the tests build (spark_datasource/testing/credentials.py).
+ENV_USER, ENV_PASSWORD = credentials.ENV_USER, credentials.ENV_PASSWORD
 ENV_KEEPER = "CLICKHOUSE_TX_EXTERNAL_KEEPER"
 ENV_KAFKA = "CLICKHOUSE_TX_EXTERNAL_KAFKA"
 #: Only for the project's dev broker, whose mock cannot create topics over the Kafka protocol.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
+from spark_datasource.testing.credentials import writer_options
 from tests.helpers.external import create_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
 
@@ -83,6 +84,7 @@ def start_query(
         .writeStream.format("clickhouse_tx")
         .queryName(name)
         .option("url", url)
+        .options(**writer_options())
         .option("database", database)
         .option("table", "events")
         .option("allow_nullable_into_non_nullable", "true")

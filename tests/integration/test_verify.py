@@ -12,13 +12,14 @@ import requests
 
 from clickhouse_tx.verify import verify
 from clickhouse_tx.verify_offsets import Segment, check_segments, parse_expected, runs
+from spark_datasource.testing.credentials import cli_args, http_auth
 from tests.conftest import quote_ident
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sql(url: str, sql: str, **params: str) -> str:
-    r = requests.post(url, params=params, data=sql.encode(), timeout=60)
+    r = requests.post(url, params=params, data=sql.encode(), timeout=60, auth=http_auth())
     assert r.status_code == 200, r.text
     return r.text
 
@@ -163,7 +164,7 @@ def test_the_cli_exits_0_when_clean_1_on_anomalies_and_2_on_errors(
 
     def run(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "clickhouse_tx", "verify", "--url", clickhouse_url, *extra],
+            [sys.executable, "-m", "clickhouse_tx", "verify", "--url", clickhouse_url, *extra, *cli_args()],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -1,4 +1,4 @@
-"""Which tests ``make test-external`` leaves out or skips, and what it keeps of the password (pure logic)."""
+"""Which tests ``make test-external`` leaves out or skips, and how its credentials reach the clients (pure logic)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import types
 
 import pytest
 
+from spark_datasource.testing import credentials
 from tests.helpers import external
 
 
@@ -66,3 +67,30 @@ def test_the_password_is_in_no_repr_and_only_in_the_request_header(monkeypatch: 
 def test_without_the_url_variable_the_suite_runs_on_the_embedded_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(external.ENV_URL, raising=False)
     assert external.External.from_env() is None
+
+
+def test_without_credentials_in_the_environment_no_client_is_given_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(credentials.ENV_USER, raising=False)
+    monkeypatch.delenv(credentials.ENV_PASSWORD, raising=False)
+    assert credentials.writer_options() == {} and credentials.target_fields() == {}
+    assert credentials.cli_args() == [] and credentials.http_auth() is None
+
+
+def test_each_client_gets_the_user_and_password_its_own_way_and_argv_only_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = "s3cret-Pa55"
+    monkeypatch.setenv(credentials.ENV_USER, "certify")
+    monkeypatch.setenv(credentials.ENV_PASSWORD, secret)
+    assert credentials.writer_options() == {"user": "certify", "password": secret}
+    assert credentials.target_fields() == {"user": "certify", "password": secret}
+    assert credentials.http_auth() == ("certify", secret)
+    assert credentials.cli_args() == ["--user", "certify", "--password-env", credentials.ENV_PASSWORD]
+    assert external.ENV_PASSWORD == credentials.ENV_PASSWORD  # one variable for the suite and the clients
+
+
+def test_a_password_without_a_user_is_the_default_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(credentials.ENV_USER, raising=False)
+    monkeypatch.setenv(credentials.ENV_PASSWORD, "pw")
+    assert credentials.http_auth() == ("default", "pw")
+    assert credentials.cli_args() == ["--user", "default", "--password-env", credentials.ENV_PASSWORD]
