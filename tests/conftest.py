@@ -19,6 +19,7 @@ import pytest
 from server_patches import stack as stack_mod
 from server_patches import stack_files, stack_kafka
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing import credentials
 from tests.helpers import external
 
 # Spark's Python workers must run this interpreter (the venv with pyarrow), not
@@ -175,8 +176,7 @@ def ch_client(stack: StackInfo, database: str) -> Iterator[object]:
         port=stack.clickhouse_port,
         database=database,
         interface=urlsplit(stack.clickhouse_url).scheme,
-        username=stack.user or "default",
-        password=os.environ.get(stack.password_env or "", ""),
+        **credentials.clickhouse_connect_login(),
     )
     try:
         yield client

@@ -12,7 +12,8 @@ client receives them through the product's own way in:
   (:func:`target_fields`);
 - the command line: ``--user`` and ``--password-env`` naming the variable
   (:func:`cli_args`), so the password is in no argv;
-- a plain ``requests`` call: HTTP basic authentication (:func:`http_auth`).
+- a plain ``requests`` call: HTTP basic authentication (:func:`http_auth`);
+- a clickhouse-connect client: its ``username`` and ``password`` (:func:`clickhouse_connect_login`).
 
 With neither variable set every function returns nothing, and the clients are built
 exactly as before (the embedded stack's default user). The password is never put into
@@ -22,6 +23,7 @@ a URL, an argv, a repr or a message.
 from __future__ import annotations
 
 import os
+from typing import TypedDict
 
 ENV_USER = "CLICKHOUSE_TX_EXTERNAL_USER"
 ENV_PASSWORD = "CLICKHOUSE_TX_EXTERNAL_PASSWORD"
@@ -35,15 +37,26 @@ def _user() -> str | None:
     return user
 
 
+class Login(TypedDict, total=False):
+    """The ``user`` and ``password`` keywords of ``Target``, ``ClickHouseReader`` and ``verify``."""
+
+    user: str
+    password: str
+
+
 def writer_options() -> dict[str, str]:
     """The ``clickhouse_tx`` writer options ``user`` and ``password``; empty when unset."""
     user = _user()
     return {} if user is None else {"user": user, "password": os.environ.get(ENV_PASSWORD, "")}
 
 
-def target_fields() -> dict[str, str]:
-    """The ``Target`` fields ``user`` and ``password``; empty when unset (the field defaults)."""
-    return writer_options()
+def target_fields() -> Login:
+    """The ``Target`` fields ``user`` and ``password``; empty when unset (the field defaults).
+
+    ``ClickHouseReader`` and ``clickhouse_tx.verify.verify`` take the same keywords.
+    """
+    user = _user()
+    return {} if user is None else {"user": user, "password": os.environ.get(ENV_PASSWORD, "")}
 
 
 def cli_args() -> list[str]:
@@ -63,4 +76,19 @@ def http_auth() -> tuple[str, str] | None:
     return None if user is None else (user, os.environ.get(ENV_PASSWORD, ""))
 
 
-__all__ = ["ENV_PASSWORD", "ENV_USER", "cli_args", "http_auth", "target_fields", "writer_options"]
+def clickhouse_connect_login() -> dict[str, str]:
+    """``clickhouse_connect.get_client``'s ``username`` and ``password``; empty when unset."""
+    auth = http_auth()
+    return {} if auth is None else {"username": auth[0], "password": auth[1]}
+
+
+__all__ = [
+    "ENV_PASSWORD",
+    "ENV_USER",
+    "Login",
+    "cli_args",
+    "clickhouse_connect_login",
+    "http_auth",
+    "target_fields",
+    "writer_options",
+]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from spark_datasource.testing.credentials import writer_options
+from spark_datasource.testing.credentials import target_fields, writer_options
 from tests.helpers.external import create_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
 
@@ -118,6 +118,8 @@ def assert_exactly_once_by_offsets(url: str, database: str, expected: set[tuple[
     for p, o, _ in expected:
         lo, hi = spans.get((None, p), (o, o + 1))
         spans[(None, p)] = (min(lo, o), max(hi, o + 1))
-    report = verify(url, f"{database}.events", topic_col=None, partition_col="p", offset_col="o", expected=spans)
+    report = verify(
+        url, f"{database}.events", topic_col=None, partition_col="p", offset_col="o", expected=spans, **target_fields()
+    )
     assert report.clean, report.summary()
     assert open_registry_entries(url, database) == 0

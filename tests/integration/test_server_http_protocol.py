@@ -18,7 +18,7 @@ from clickhouse_connect.driver.external import ExternalData
 from clickhouse_connect.driver.summary import QuerySummary
 
 from server_patches.stack_files import StackInfo
-from spark_datasource.testing.credentials import http_auth
+from spark_datasource.testing.credentials import clickhouse_connect_login, http_auth
 
 # 100 one-row blocks arrive (about a second) before row 100 raises.
 FAILS_MID_STREAM = "SELECT sleepEachRow(0.01), throwIf(number = 100) FROM numbers(200)"
@@ -119,6 +119,7 @@ def test_a_large_select_is_streamed_and_arrives_whole_and_in_order(clickhouse_ur
 def test_a_session_is_free_for_its_next_query_as_soon_as_a_streamed_reply_ends(clickhouse_url: str) -> None:
     session = {"session_id": f"stream-{uuid.uuid4()}"}
     with requests.Session() as http:
+        http.auth = http_auth()
         for _ in range(3):
             r = http.post(
                 clickhouse_url, params=session, data="SELECT number FROM numbers(2000000) FORMAT TSV", timeout=120
@@ -189,7 +190,11 @@ def test_external_data_without_structure_is_refused_naming_the_fields_to_send(cl
 
 def test_clickhouse_connect_form_encoded_parameters_and_external_data(stack: StackInfo, database: str) -> None:
     client = clickhouse_connect.get_client(
-        host="127.0.0.1", port=stack.clickhouse_port, database=database, form_encode_query_params=True
+        host="127.0.0.1",
+        port=stack.clickhouse_port,
+        database=database,
+        form_encode_query_params=True,
+        **clickhouse_connect_login(),
     )
     try:
         assert client.query("SELECT {x:Array(UInt32)}", parameters={"x": [1, 2]}).result_rows == [([1, 2],)]

@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from clickhouse_tx.interfaces import Target
-from spark_datasource.testing.credentials import target_fields
+from spark_datasource.testing.credentials import http_auth, target_fields
 from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,
@@ -364,6 +364,7 @@ def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_neve
 
     def reader() -> None:
         with requests.Session() as s:
+            s.auth = http_auth()
             while not stop.is_set():
                 r = s.post(
                     clickhouse_url,

@@ -30,7 +30,7 @@ from clickhouse_tx.verify import ClickHouseReader
 from spark_datasource.testing.chaos.batch_job import BATCH_TOPIC
 from spark_datasource.testing.chaos.inject import ChaosStack, Injector
 from spark_datasource.testing.chaos.schedule import Schedule
-from spark_datasource.testing.credentials import http_auth
+from spark_datasource.testing.credentials import http_auth, target_fields
 from spark_datasource.testing.job_launcher import ROOT, JobLauncher, JobRun, group_members
 from spark_datasource.testing.source_and_target import create_target, create_topic, produce
 
@@ -221,7 +221,7 @@ def _counts(s: _Sched) -> dict[str, int]:
     """Rows, duplicates and losses over every shard, read committed, against the events produced."""
     rows: list[dict] = []
     for url in s.shard_urls:
-        ch = ClickHouseReader(url)
+        ch = ClickHouseReader(url, **target_fields())
         try:
             rows += ch.rows(
                 f"SELECT `topic`, `partition`, `offset`, event_id FROM {quote_identifier(s.database)}.events"
