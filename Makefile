@@ -22,6 +22,13 @@ test: lint
 test-slow: bootstrap
 	$(PY) -m pytest -q -m slow
 
+## make test-external: the integration, Spark and kill tests that leave the servers running, against your
+## ClickHouse, Keeper and Kafka (CLICKHOUSE_TX_EXTERNAL_URL, _USER, _PASSWORD, _KEEPER, _KAFKA; docs/deployment.md)
+.PHONY: test-external
+test-external: bootstrap
+	@test -n "$$CLICKHOUSE_TX_EXTERNAL_URL" || { echo "set CLICKHOUSE_TX_EXTERNAL_URL (docs/deployment.md)"; exit 2; }
+	$(PY) -m pytest -q -m "(integration or spark) and not slow" tests/integration tests/spark tests/torture $(EXTERNAL_ARGS)
+
 ## make demo: Kafka -> Spark -> ClickHouse, exactly once, with driver crashes, on the embedded stack
 demo: bootstrap
 	$(PY) -m benchmarks.pipeline $(DEMO_ARGS)

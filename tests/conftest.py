@@ -19,6 +19,8 @@ import pytest
 from server_patches import stack as stack_mod
 from server_patches import stack_files, stack_kafka
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing import credentials
+from tests.helpers import external
 
 # Spark's Python workers must run this interpreter (the venv with pyarrow), not
 # whatever `python3` is on PATH. Set before any test module creates a SparkSession.
@@ -37,6 +39,19 @@ if TYPE_CHECKING:
 #: Why the shared stack has no Kafka, for the ``kafka_bootstrap`` fixture to report.
 _kafka_missing_reason: list[str] = []
 
+#: The user's servers when ``CLICKHOUSE_TX_EXTERNAL_URL`` is set (``make test-external``), else None.
+EXTERNAL = external.External.from_env()
+if EXTERNAL is not None:
+    # Every database and topic of the run starts with this, so a leftover is recognisable.
+    os.environ["CLICKHOUSE_TX_RUN_PREFIX"] = EXTERNAL.prefix
+
+    def _no_stack_in_external_mode(*args: object, **kwargs: object) -> StackInfo:
+        raise AssertionError("external mode: the suite starts no stack of its own (tests/helpers/external.py)")
+
+    # The suite reaches the user's servers only through the given addresses: a test that
+    # would start an embedded stack anyway fails here instead of certifying it.
+    stack_mod.start_stack = _no_stack_in_external_mode  # type: ignore[assignment]
+
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
@@ -45,6 +60,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     Kafka is started in a second step so that a missing or broken broker fails only
     the tests that need Kafka (through ``kafka_bootstrap``), not every test.
     """
+    if EXTERNAL is not None:
+        yield EXTERNAL.stack_info()
+        # The dev broker (a control address given) has no admin API; its topics live in
+        # memory and end with it.
+        if EXTERNAL.kafka and not EXTERNAL.kafka_control:
+            _EXTERNAL_REPORT.append(f"topics deleted: {len(external.delete_topics(EXTERNAL.kafka, EXTERNAL.prefix))}")
+        return
     d = tmp_path_factory.mktemp("stack")
     try:
         info = stack_mod.start_stack(d)
@@ -121,6 +143,9 @@ def kafka_bootstrap(stack: StackInfo) -> str:
 def _http(url: str, sql: str) -> None:
     import requests
 
+    if EXTERNAL is not None:
+        EXTERNAL.run(sql)
+        return
     r = requests.post(url, data=sql.encode(), timeout=60)
     if r.status_code != 200:
         raise RuntimeError(f"{sql!r} failed with HTTP {r.status_code}: {r.text.strip()}")
@@ -130,7 +155,7 @@ def _http(url: str, sql: str) -> None:
 def database(clickhouse_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A freshly created database for this test alone, dropped afterwards."""
     base = re.sub(r"[^A-Za-z0-9_]+", "_", request.node.name)[:40].strip("_")
-    name = f"t_{base}_{uuid.uuid4().hex[:8]}"
+    name = f"{os.environ.get('CLICKHOUSE_TX_RUN_PREFIX', '')}t_{base}_{uuid.uuid4().hex[:8]}"
     _http(clickhouse_url, f"CREATE DATABASE {quote_ident(name)}")
     try:
         yield name
@@ -141,9 +166,18 @@ def database(clickhouse_url: str, request: pytest.FixtureRequest) -> Iterator[st
 @pytest.fixture
 def ch_client(stack: StackInfo, database: str) -> Iterator[object]:
     """An unmodified clickhouse-connect client (default settings) bound to ``database``."""
+    from urllib.parse import urlsplit
+
     import clickhouse_connect
 
-    client = clickhouse_connect.get_client(host="127.0.0.1", port=stack.clickhouse_port, database=database)
+    host = urlsplit(stack.clickhouse_url).hostname or "127.0.0.1"
+    client = clickhouse_connect.get_client(
+        host=host,
+        port=stack.clickhouse_port,
+        database=database,
+        interface=urlsplit(stack.clickhouse_url).scheme,
+        **credentials.clickhouse_connect_login(),
+    )
     try:
         yield client
     finally:
@@ -169,6 +203,57 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.spark)
         if top == "integration" or {"stack", "stack_factory", "sharded_stack"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    if EXTERNAL is not None:
+        _select_for_external(config, items)
+
+
+def _select_for_external(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """External mode: leave out what needs the embedded servers, skip what the server lacks.
+
+    Each group left out is printed with its reason at the end of the run's header, so
+    the summary says what was certified and what was not.
+    """
+    assert EXTERNAL is not None
+    lacks = external.probe_server(EXTERNAL)
+    kept: list[pytest.Item] = []
+    left: dict[str, int] = {}
+    for item in items:
+        reason = external.embedded_only_reason(item, EXTERNAL.url.startswith("https:"))
+        if reason is None and "kafka_bootstrap" in item.fixturenames and not EXTERNAL.kafka:
+            reason = f"needs Kafka, and {external.ENV_KAFKA} is not set"
+        if reason is None and "zookeeper" in item.fixturenames and not EXTERNAL.keeper:
+            reason = f"reads Keeper, and {external.ENV_KEEPER} is not set"
+        if reason is not None:
+            left[reason] = left.get(reason, 0) + 1
+            continue
+        need = external.lacking_for(item, lacks)
+        if need is not None:
+            item.add_marker(pytest.mark.skip(reason=f"the server lacks it: {need}"))
+        kept.append(item)
+    kept_ids = {id(i) for i in kept}
+    config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept_ids])
+    items[:] = kept
+    _EXTERNAL_REPORT.extend(f"left out {n}: {why}" for why, n in sorted(left.items()))
+    _EXTERNAL_REPORT.extend(f"server lacks {need}: {answer[:200]}" for need, answer in lacks.items())
+
+
+_EXTERNAL_REPORT: list[str] = []
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    """External mode: before any test runs, what is left out and what will be skipped, and why."""
+    if EXTERNAL is None:
+        return []
+    return ["external servers: " + line for line in _EXTERNAL_REPORT or ["nothing left out"]]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """External mode: what the run left out and what the server lacks, with the reasons."""
+    if EXTERNAL is None:
+        return
+    terminalreporter.section("external servers")
+    for line in _EXTERNAL_REPORT or ["nothing left out"]:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence, cast
 
 from clickhouse_tx.sql import qualified, split_table
 from clickhouse_tx.verify import ClickHouseReader, verify
+from spark_datasource.testing.credentials import target_fields
 from spark_datasource.testing.job_launcher import JobLauncher
 from spark_datasource.testing.pipeline_config import PipelineRun
 from spark_datasource.testing.source_and_target import end_offsets
@@ -25,8 +26,9 @@ def figures(r: PipelineRun, launcher: JobLauncher, poller: VisibilityPoller | No
         r.table,
         expected={(r.topic, int(p)): (0, hi) for p, (lo, hi) in kafka_offsets[r.topic].items()},
         markers=False,
+        **target_fields(),
     )
-    ch = ClickHouseReader(r.url)
+    ch = ClickHouseReader(r.url, **target_fields())
     try:
         ev = ch.rows(
             f"SELECT count() AS n, uniqExact(event_id) AS u, min(event_id) AS lo, "

@@ -12,6 +12,7 @@ from typing import Callable
 import requests
 
 from clickhouse_tx.sql import qualified, quote_identifier, split_table
+from spark_datasource.testing.credentials import http_auth
 from spark_datasource.testing.streaming_job import TABLE_COLUMNS
 
 
@@ -125,7 +126,7 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[str, dict[s
 
 
 def _ddl(url: str, sql: str) -> None:
-    r = requests.post(url.rstrip("/") + "/", data=sql.encode(), timeout=120)
+    r = requests.post(url.rstrip("/") + "/", data=sql.encode(), timeout=120, auth=http_auth())
     if r.status_code != 200:
         raise RuntimeError(f"ClickHouse refused {sql.split('(')[0].strip()!r}: {r.text.strip()}")
 

@@ -25,6 +25,8 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from spark_datasource.testing import credentials
+from spark_datasource.testing.credentials import http_auth
 from spark_datasource.testing.session import local_session
 
 #: The JSON each event carries (see :func:`spark_datasource.testing.source_and_target.event_json`).
@@ -226,7 +228,8 @@ def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
             raise SystemExit(f"--writer-option {kv!r}: expected KEY=VALUE")
         extra[k] = v
     # a cluster's writer names its shards instead of one url
-    return w.options(**({} if "shards" in extra else {"url": a.url}), **extra)
+    # the run's user and password (make test-external), before the options given, which win
+    return w.options(**credentials.writer_options(), **({} if "shards" in extra else {"url": a.url}), **extra)
 
 
 def _plain_insert(url: str, table: str):
@@ -245,7 +248,13 @@ def _plain_insert(url: str, table: str):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, tbl.schema) as wr:
             wr.write_table(tbl)
-        r = requests.post(url.rstrip("/") + "/", params={"query": sql}, data=sink.getvalue().to_pybytes(), timeout=300)
+        r = requests.post(
+            url.rstrip("/") + "/",
+            params={"query": sql},
+            data=sink.getvalue().to_pybytes(),
+            timeout=300,
+            auth=http_auth(),
+        )
         if r.status_code != 200:
             raise RuntimeError(f"batch {batch_id}: INSERT into {table} failed: {r.text.strip()[:500]}")
 

@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 
 from clickhouse_tx.sql import qualified, split_table
 from clickhouse_tx.verify import ClickHouseReader
+from spark_datasource.testing.credentials import target_fields
 
 
 class VisibilityPoller:
@@ -23,7 +24,7 @@ class VisibilityPoller:
 
     def __init__(self, url: str, table: str, interval_s: float = 0.1) -> None:
         self.src = qualified(*split_table(table))
-        self.reader = ClickHouseReader(url)
+        self.reader = ClickHouseReader(url, **target_fields())
         self.interval_s = interval_s
         self.samples: list[tuple[float, dict[int, int]]] = []
         self._stop = threading.Event()
@@ -58,7 +59,7 @@ def latencies_ms(
     """
     import numpy as np
 
-    ch = ClickHouseReader(url)
+    ch = ClickHouseReader(url, **target_fields())
     try:
         rows = ch.rows(
             f"SELECT `partition` AS p, groupArray(`offset`) AS o, "

@@ -20,6 +20,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from spark_datasource.testing.credentials import writer_options
+
 
 class Throttle:
     """``mapInArrow`` function: every batch unchanged, each after ``delay_s`` seconds (executor)."""
@@ -66,7 +68,7 @@ def start_stream(spark: Any, args: dict[str, Any]) -> Any:
         .trigger(availableNow=True)
     )
     if args.get("url"):
-        writer = writer.option("url", args["url"])
+        writer = writer.option("url", args["url"]).options(**writer_options())
     if args.get("name"):
         writer = writer.queryName(args["name"])
     for k, v in {**args.get("options", {}), **(args.get("fault") or {})}.items():

@@ -15,6 +15,7 @@ from typing import Callable
 from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.errors import DecisionConflictError
 from clickhouse_tx.interfaces import Decision, Mode, Prepared
+from spark_datasource.testing.credentials import target_fields
 
 
 def prepared(xid: str, partition: int = 0, batch: int = 3) -> Prepared:
@@ -92,7 +93,7 @@ def _race_child(url: str, database: str, log_uri: str, xid: str, start_at: str) 
     from clickhouse_tx.factory import build_decision_log
     from clickhouse_tx.interfaces import Target
 
-    log = build_decision_log(Target(url=url, database=database, table="events"), "q", log_uri)
+    log = build_decision_log(Target(url=url, database=database, table="events", **target_fields()), "q", log_uri)
     time.sleep(max(0.0, float(start_at) - time.time()))
     try:
         log.write(decision(1, xids=(xid,)))

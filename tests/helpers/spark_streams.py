@@ -6,19 +6,21 @@ The records are ``"<partition>:<i>"`` at offset ``i``, so a target must hold eac
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
 from kafka import KafkaProducer
 
-from server_patches.kafka_broker import create_topic
+from spark_datasource.testing.credentials import target_fields, writer_options
+from tests.helpers.external import create_topic
 from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
 
 
 def make_topic(stack, bootstrap: str, partitions: int, per_partition: int) -> tuple[str, set[tuple[int, int, str]]]:
     """A new topic filled with ``per_partition`` records per partition; the expected rows."""
-    topic = f"w_{uuid.uuid4().hex[:10]}"
-    create_topic(stack.kafka_control, topic, partitions)
+    topic = f"{os.environ.get('CLICKHOUSE_TX_RUN_PREFIX', '')}w_{uuid.uuid4().hex[:10]}"
+    create_topic(stack, topic, partitions)
     return topic, extend_topic(bootstrap, topic, partitions, 0, per_partition)
 
 
@@ -82,6 +84,7 @@ def start_query(
         .writeStream.format("clickhouse_tx")
         .queryName(name)
         .option("url", url)
+        .options(**writer_options())
         .option("database", database)
         .option("table", "events")
         .option("allow_nullable_into_non_nullable", "true")
@@ -115,6 +118,8 @@ def assert_exactly_once_by_offsets(url: str, database: str, expected: set[tuple[
     for p, o, _ in expected:
         lo, hi = spans.get((None, p), (o, o + 1))
         spans[(None, p)] = (min(lo, o), max(hi, o + 1))
-    report = verify(url, f"{database}.events", topic_col=None, partition_col="p", offset_col="o", expected=spans)
+    report = verify(
+        url, f"{database}.events", topic_col=None, partition_col="p", offset_col="o", expected=spans, **target_fields()
+    )
     assert report.clean, report.summary()
     assert open_registry_entries(url, database) == 0

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import requests
 
+from spark_datasource.testing import credentials
+from spark_datasource.testing.credentials import http_auth
+
 
 def run_sql(url: str, text: str) -> str:
     """Run one statement on the server; raise with the server's message on error."""
-    r = requests.post(url, data=text.encode(), timeout=120)
+    r = requests.post(url, data=text.encode(), timeout=120, auth=http_auth())
     if r.status_code != 200:
         raise RuntimeError(f"{text!r}: HTTP {r.status_code}: {r.text.strip()}")
     return r.text
@@ -48,6 +51,7 @@ def open_registry_entries(url: str, database: str) -> int:
 
 
 def writer_options(url: str, database: str, table: str, mode: str, **extra: str) -> dict[str, str]:
+    """The writer's options for ``database.table`` in ``mode``, with the run's ``user``/``password`` if any."""
     # The test frames are nullable (casts, mapInArrow schemas) but never hold nulls.
     return {
         "url": url,
@@ -55,6 +59,7 @@ def writer_options(url: str, database: str, table: str, mode: str, **extra: str)
         "table": table,
         "mode": mode,
         "allow_nullable_into_non_nullable": "true",
+        **credentials.writer_options(),
         **extra,
     }
 

@@ -21,6 +21,7 @@ from clickhouse_tx.interfaces import Target
 from clickhouse_tx.markers import MARKERS_TABLE
 from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.modes.dedup_chunks import ChunkSizing
+from spark_datasource.testing.credentials import target_fields
 
 TXN = "q1"
 DEDUP_TXN = "dq"  # the query of the dedup-mode tests
@@ -52,7 +53,7 @@ def make_table(
     if settings and "MergeTree" in engine:
         tail += f" SETTINGS {settings}"
     admin.command(f"CREATE TABLE {q.qualified(database, table)} (id UInt64, s String) ENGINE = {engine}{tail}")
-    return Target(url=admin.target.url, database=database, table=table)
+    return Target(url=admin.target.url, database=database, table=table, **target_fields())
 
 
 def committed_count(admin: ClickHouseHTTP, target: Target) -> int:
@@ -83,7 +84,7 @@ def markers(admin: ClickHouseHTTP, database: str) -> list[dict[str, Any]]:
 
 def events_table(url: str, database: str, columns: str, settings: str = "") -> tuple[ClickHouseHTTP, str]:
     """A MergeTree ``events (<columns>)`` ordered by ``id``; an admin client and its quoted name."""
-    admin = ClickHouseHTTP(Target(url=url, database=database, table="events"))
+    admin = ClickHouseHTTP(Target(url=url, database=database, table="events", **target_fields()))
     fq = q.qualified(database, "events")
     admin.command(
         f"CREATE TABLE {fq} ({columns}) ENGINE = MergeTree ORDER BY id" + (f" SETTINGS {settings}" if settings else "")

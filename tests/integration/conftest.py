@@ -8,11 +8,12 @@ import pytest
 
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
+from spark_datasource.testing.credentials import target_fields
 
 
 @pytest.fixture
 def admin(clickhouse_url: str, database: str) -> Iterator[ClickHouseHTTP]:
     """A client of the test's database on the shared stack (default table ``events``), closed after the test."""
-    c = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="events"))
+    c = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="events", **target_fields()))
     yield c
     c.close()

@@ -19,6 +19,7 @@ import pytest
 from clickhouse_tx import sql as q
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
+from spark_datasource.testing.credentials import target_fields
 
 ROWS = 200_000
 
@@ -26,7 +27,7 @@ ROWS = 200_000
 @pytest.fixture
 def tables(clickhouse_url: str, database: str) -> Iterator[tuple[ClickHouseHTTP, Target]]:
     """An empty target and two stage tables of ``ROWS`` rows each, 2 table partitions each."""
-    target = Target(url=clickhouse_url, database=database, table="tgt")
+    target = Target(url=clickhouse_url, database=database, table="tgt", **target_fields())
     admin = ClickHouseHTTP(target)
     for name in ("tgt", "s1", "s2"):
         admin.command(

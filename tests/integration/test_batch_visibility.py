@@ -20,6 +20,7 @@ from clickhouse_tx.interfaces import Hook, Prepared, Target, WriteContext
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, batch_session
 from clickhouse_tx.modes.staging import StagingMode
+from spark_datasource.testing.credentials import target_fields
 from tests.helpers.tables import TXN, batches, committed_count, distinct_ids, make_table, rows, tables
 
 
@@ -118,7 +119,7 @@ def test_visibility_batch_refuses_a_replicated_table_and_names_visibility_partit
         f"CREATE TABLE {fq} (id UInt64, s String) ENGINE = "
         f"ReplicatedMergeTree('/clickhouse/tables/{database}/replicated', 'r1') ORDER BY id"
     )
-    target = Target(url=admin.target.url, database=database, table="replicated")
+    target = Target(url=admin.target.url, database=database, table="replicated", **target_fields())
     with pytest.raises(ConfigurationError, match="visibility=partition"):
         mode_io_for("staging", visibility="batch").validate(target, rows(1).schema)
     mode_io_for("staging").validate(target, rows(1).schema)  # per-partition staging takes it

@@ -19,6 +19,7 @@ from clickhouse_tx.interfaces import Target
 from server_patches import crashes
 from server_patches.stack_files import StackInfo
 from spark_datasource.testing.chaos.proxy import FaultProxy
+from spark_datasource.testing.credentials import target_fields
 
 
 def _free_port() -> int:
@@ -28,7 +29,9 @@ def _free_port() -> int:
 
 
 def _client(url: str, database: str = "default") -> ClickHouseHTTP:
-    return ClickHouseHTTP(Target(url=url, database=database, table="t", request_timeout_s=5, connect_timeout_s=2))
+    return ClickHouseHTTP(
+        Target(url=url, database=database, table="t", request_timeout_s=5, connect_timeout_s=2, **target_fields())
+    )
 
 
 def test_a_reply_dropped_between_client_and_clickhouse_is_a_lost_reply_of_a_statement_that_ran(

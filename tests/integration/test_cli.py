@@ -17,6 +17,7 @@ from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Decision, Target, WriteContext
 from clickhouse_tx.registry import KeeperMapRegistry
 from clickhouse_tx.state import TxState
+from spark_datasource.testing.credentials import target_fields
 from tests.helpers.cli import id_batch, id_table, run_cli, visible_ids
 
 TXN = "cli"
@@ -227,7 +228,7 @@ def test_gc_drops_the_stage_a_dead_overwrite_job_left_and_no_other_jobs_stage(
     for stage in stages.values():
         admin.command(f"CREATE TABLE {q.qualified(database, stage)} AS {q.qualified(database, 'events')}")
     # The overwrite job committed into its stage, then its driver died before the swap.
-    staged = Target(url=clickhouse_url, database=database, table=stages["ow-job"])
+    staged = Target(url=clickhouse_url, database=database, table=stages["ow-job"], **target_fields())
     coord = build_coordinator(staged, "transaction", "ow-job", str(tmp_path))
     coord.commit_batch(0, [coord.prepare(WriteContext("ow-job", 0, 0, 0), iter(id_batch(0)))])
 

@@ -8,6 +8,7 @@ import concurrent.futures
 import re
 import time
 import uuid
+from urllib.parse import urlsplit
 
 import clickhouse_connect
 import pyarrow as pa
@@ -15,11 +16,14 @@ import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing.credentials import clickhouse_connect_login
 from tests.conftest import quote_ident
 
 
 def _client(stack: StackInfo, database: str, **kwargs: object):  # -> clickhouse_connect Client
-    return clickhouse_connect.get_client(host="127.0.0.1", port=stack.clickhouse_port, database=database, **kwargs)
+    host = urlsplit(stack.clickhouse_url).hostname or "127.0.0.1"
+    login = clickhouse_connect_login()  # the run's user and password (make test-external), if any
+    return clickhouse_connect.get_client(host=host, port=stack.clickhouse_port, database=database, **login, **kwargs)
 
 
 def _count(client, table: str, where: str = "1", *, committed_only: bool = False) -> int:

@@ -23,6 +23,7 @@ from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
 from clickhouse_tx.modes.transaction import TransactionMode
 from clickhouse_tx.retry import RetryPolicy
+from spark_datasource.testing.credentials import target_fields
 from tests.helpers.tables import TXN, batches, committed_count, make_table, rows
 
 UNKNOWN_STATUS_OF_TRANSACTION = 659
@@ -43,7 +44,7 @@ def _alive(target: Target, sid: str) -> bool:
 def test_a_session_keeps_the_timeout_it_was_created_with_and_each_request_restarts_it(
     admin: ClickHouseHTTP, database: str
 ) -> None:
-    target = Target(url=admin.target.url, database=database, table="t")
+    target = Target(url=admin.target.url, database=database, table="t", **target_fields())
     sid = f"fixed-{uuid.uuid4().hex}"
     c = ClickHouseHTTP(target, session_id=sid, session_timeout=3)
     c.command("SELECT 1")

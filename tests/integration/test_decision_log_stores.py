@@ -11,6 +11,7 @@ from clickhouse_tx.errors import DecisionConflictError
 from clickhouse_tx.factory import build_decision_log
 from clickhouse_tx.interfaces import Decision, Mode, Prepared, Target
 from clickhouse_tx.registry import KeeperMapRegistry
+from spark_datasource.testing.credentials import target_fields
 from tests.helpers import s3
 from tests.helpers.decision_log import race, race_processes
 
@@ -23,7 +24,7 @@ def _s3(endpoint: str) -> pafs.S3FileSystem:
 
 @pytest.fixture
 def target(clickhouse_url: str, database: str) -> Target:
-    return Target(url=clickhouse_url, database=database, table="events")
+    return Target(url=clickhouse_url, database=database, table="events", **target_fields())
 
 
 def _log(endpoint: str, target: Target, prefix: str) -> FileDecisionLog:

@@ -11,13 +11,14 @@ from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.http_errors import ReplyLostError, RequestNotSentError
 from clickhouse_tx.interfaces import Target
 from server_patches.processes import free_port
+from spark_datasource.testing.credentials import target_fields
 
 SECRET = "hunter2-Secret-pw"
 
 
 @pytest.fixture
 def client(clickhouse_url: str, database: str) -> ClickHouseHTTP:
-    c = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t"))
+    c = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t", **target_fields()))
     yield c
     c.close()
 
@@ -103,7 +104,9 @@ def test_a_refused_connection_is_a_retryable_not_sent_error_without_the_password
 
 
 def test_a_reply_that_does_not_arrive_in_time_is_an_outcome_unknown_error(clickhouse_url: str) -> None:
-    c = ClickHouseHTTP(Target(url=clickhouse_url, database="default", table="t", request_timeout_s=0.3))
+    c = ClickHouseHTTP(
+        Target(url=clickhouse_url, database="default", table="t", request_timeout_s=0.3, **target_fields())
+    )
     with pytest.raises(ReplyLostError) as ei:
         c.command("SELECT sleep(1.5)")
     assert isinstance(ei.value, OutcomeUnknownError)
@@ -128,10 +131,12 @@ def test_credentials_in_the_url_are_used_but_never_shown(clickhouse_url: str) ->
 
 def test_a_session_keeps_its_transaction_between_requests(clickhouse_url: str, database: str) -> None:
     fq = q.qualified(database, "t")
-    plain = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t"))
+    plain = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t", **target_fields()))
     plain.command(f"CREATE TABLE {fq} (a UInt64) ENGINE = MergeTree ORDER BY a")
     s = ClickHouseHTTP(
-        Target(url=clickhouse_url, database=database, table="t"), session_id="sess-test-1", session_timeout=30
+        Target(url=clickhouse_url, database=database, table="t", **target_fields()),
+        session_id="sess-test-1",
+        session_timeout=30,
     )
     s.command("BEGIN TRANSACTION")
     s.command(f"INSERT INTO {fq} VALUES (1)")
@@ -141,7 +146,9 @@ def test_a_session_keeps_its_transaction_between_requests(clickhouse_url: str, d
 
 
 def test_session_check_fails_for_a_session_that_does_not_exist(clickhouse_url: str) -> None:
-    s = ClickHouseHTTP(Target(url=clickhouse_url, database="default", table="t"), session_id="never-created-xyz")
+    s = ClickHouseHTTP(
+        Target(url=clickhouse_url, database="default", table="t", **target_fields()), session_id="never-created-xyz"
+    )
     with pytest.raises(ServerError) as ei:
         s.command("SELECT 1", session_check=True)
     assert ei.value.code == 372

@@ -23,14 +23,17 @@ from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, TlsSettings
 from clickhouse_tx.sql import qualified
 from clickhouse_tx.tls import check_tls
+from spark_datasource.testing.credentials import Login, clickhouse_connect_login, target_fields
 from tests.helpers.cli import run_cli
 from tests.helpers.https import HttpsFront, connect_proxy
 
 PASSWORD = "never-shown-5d81"
 
 
-def _client(url: str, database: str, tls: TlsSettings, password: str = "") -> ClickHouseHTTP:
-    return ClickHouseHTTP(Target(url=url, database=database, table="t", password=password, tls=tls))
+def _client(url: str, database: str, tls: TlsSettings, password: str | None = None) -> ClickHouseHTTP:
+    """A client of ``url``: the run's user and password (make test-external), or ``password``."""
+    login = target_fields() if password is None else Login(password=password)
+    return ClickHouseHTTP(Target(url=url, database=database, table="t", tls=tls, **login))
 
 
 def _round_trip(client: ClickHouseHTTP) -> int:
@@ -95,7 +98,7 @@ def test_a_ca_file_rewritten_in_place_is_read_again_by_the_next_client(
 def test_verify_false_accepts_the_untrusted_certificate_and_the_driver_check_logs_a_warning(
     front: HttpsFront, database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    target = Target(url=front.url, database=database, table="t", tls=TlsSettings(verify=False))
+    target = Target(url=front.url, database=database, table="t", tls=TlsSettings(verify=False), **target_fields())
     with caplog.at_level(logging.WARNING, logger="clickhouse_tx.tls"):
         check_tls(target)
     assert any("verify=false" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
@@ -127,6 +130,7 @@ def test_clickhouse_connect_given_the_same_options_trusts_what_the_client_trusts
     files = mtls_front.files
     port = int(mtls_front.url.rsplit(":", 1)[1])
     common = {"host": "127.0.0.1", "port": port, "interface": "https", "database": database}
+    common.update(clickhouse_connect_login())
     # tls_mode="proxy": the certificate at the TLS level, the user by user/password, as the writer does
     # (clickhouse-connect's default with a client_cert is ClickHouse's certificate authentication).
     mutual = {"client_cert": files.client_cert, "client_cert_key": files.client_key, "tls_mode": "proxy"}
@@ -140,7 +144,7 @@ def test_clickhouse_connect_given_the_same_options_trusts_what_the_client_trusts
 def test_the_driver_check_names_the_option_of_a_missing_or_broken_file(front: HttpsFront, tmp_path: Path) -> None:
     def check(**tls: object) -> str:
         with pytest.raises(ConfigurationError) as err:
-            check_tls(Target(url=front.url, database="d", table="t", tls=TlsSettings(**tls)))  # type: ignore[arg-type]
+            check_tls(Target(url=front.url, database="d", table="t", tls=TlsSettings(**tls), **target_fields()))  # type: ignore[arg-type]
         return str(err.value)
 
     assert "option ca_cert=" in check(ca_cert=str(tmp_path / "missing.pem")) and "no such file" in check(

@@ -27,6 +27,8 @@ from server_patches.kafka_broker import (
     stop_broker,
 )
 
+pytestmark = pytest.mark.embedded_only("tests the project's dev Kafka broker itself")
+
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[tuple[str, str]]:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, stage_name
 from clickhouse_tx.modes.staging import StagingMode
 from clickhouse_tx.modes.transaction import TransactionMode
 from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
+from spark_datasource.testing.credentials import target_fields
 from tests.helpers.tables import (
     PARTITIONS,
     TXN,
@@ -39,6 +41,15 @@ from tests.helpers.tables import (
     rows,
     tables,
 )
+
+
+def _xid(name: str) -> str:
+    """``name`` made unique to this run. An xid names the writer's HTTP session, and
+    sessions belong to the server, not to the test's database: a server that outlives a
+    run (``make test-external``) still holds the last run's session of that name, for
+    up to its ``session_timeout``, with the transaction the driver rolled back in it, and
+    the next ``BEGIN TRANSACTION`` there fails with INVALID_TRANSACTION."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 class SimulatedCrash(BaseException):
@@ -214,7 +225,7 @@ def test_the_rows_of_an_expired_session_never_become_visible(
 ) -> None:
     target = dataclasses.replace(make_table(admin, database), session_timeout_s=1)
     mode = TransactionMode()
-    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "expiring-xid-1", batches(rows(500)))
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), _xid("expiring-xid-1"), batches(rows(500)))
     assert mode.lookup(target, p) is CommitOutcome.PENDING
     KEEP_ALIVE.unwatch(p.xid)  # the executor died, and its keep-alive thread with it
     # The executor "died": nobody touches the session (a lookup would keep it alive),
@@ -236,14 +247,14 @@ def test_transaction_lookup_commit_and_rollback_are_idempotent(admin: ClickHouse
     target = make_table(admin, database)
     mode = TransactionMode()
     mode.validate(target, rows(1).schema)
-    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "idem-xid-1", batches(rows(300)))
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), _xid("idem-xid-1"), batches(rows(300)))
     assert mode.lookup(target, p) is CommitOutcome.PENDING
     mode.commit(target, p)
     assert mode.lookup(target, p) is CommitOutcome.COMMITTED
     mode.commit(target, p)  # committing a committed xid: no-op
     mode.rollback(target, p)  # the session holds no transaction any more: no-op
     assert committed_count(admin, target) == 300
-    gone = dataclasses.replace(p, xid="never-prepared-xid")
+    gone = dataclasses.replace(p, xid=_xid("never-prepared-xid"))
     mode.rollback(target, gone)
     assert mode.lookup(target, gone) is CommitOutcome.NOT_COMMITTED
     with pytest.raises(NotCommittedError):
@@ -263,10 +274,10 @@ def test_a_writer_still_running_after_the_driver_rolled_its_transaction_back_wri
     mode.validate(target, rows(1).schema)
     fq = q.qualified(database, "events")
     # prepared (BEGIN, INSERT, marker), then rolled back while its writer lives on
-    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "fenced-prepared-xid", batches(rows(100)))
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), _xid("fenced-prepared-xid"), batches(rows(100)))
     KEEP_ALIVE.unwatch(p.xid)
     # only BEGIN sent when the driver rolls it back
-    begun = dataclasses.replace(p, xid="fenced-begun-xid")
+    begun = dataclasses.replace(p, xid=_xid("fenced-begun-xid"))
     for fenced in (p, begun):
         with ClickHouseHTTP(target, session_id=fenced.xid, session_timeout=target.session_timeout_s) as writer:
             if fenced is begun:
@@ -289,7 +300,7 @@ def test_an_empty_partition_commits_with_a_zero_row_marker(admin: ClickHouseHTTP
     target = make_table(admin, database)
     mode = TransactionMode()
     mode.validate(target, rows(1).schema)
-    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "empty-xid-1", iter(()))
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), _xid("empty-xid-1"), iter(()))
     mode.commit(target, p)
     assert p.rows == 0 and mode.lookup(target, p) is CommitOutcome.COMMITTED
 
@@ -301,7 +312,7 @@ def test_a_half_moved_stage_is_rolled_forward_and_cannot_be_rolled_back(admin: C
     target = make_table(admin, database)
     mode = StagingMode()
     mode.validate(target, rows(1).schema)
-    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "stage-xid-1", batches(rows(4000)))
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), _xid("stage-xid-1"), batches(rows(4000)))
     assert p.details["partitions"] == ["0", "1", "2", "3"]
     assert committed_count(admin, target) == 0 and mode.lookup(target, p) is CommitOutcome.PENDING
     stage = q.qualified(database, stage_name(p.xid))
@@ -324,7 +335,7 @@ def test_a_staging_commit_without_dead_letters_never_asks_for_a_dead_letter_stag
     target = make_table(admin, database)
     mode = StagingMode()
     mode.validate(target, rows(1).schema)
-    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "stage-xid-nodl", batches(rows(400)))
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), _xid("stage-xid-nodl"), batches(rows(400)))
     assert p.details["dead_letters"] == 0
     sent = recording_requests(monkeypatch)
     mode.commit(target, p)
@@ -338,7 +349,7 @@ def test_a_rolled_back_stage_is_not_committed(admin: ClickHouseHTTP, database: s
     target = make_table(admin, database)
     mode = StagingMode()
     mode.validate(target, rows(1).schema)
-    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), "stage-xid-2", batches(rows(100)))
+    p = mode.prepare(target, WriteContext(TXN, 0, 0, 0), _xid("stage-xid-2"), batches(rows(100)))
     mode.rollback(target, p)
     mode.rollback(target, p)  # idempotent
     assert mode.lookup(target, p) is CommitOutcome.NOT_COMMITTED
@@ -465,7 +476,7 @@ def _nothing_left_behind(admin: ClickHouseHTTP, database: str, expected_tables: 
 def test_a_missing_table_is_named_before_anything_is_written(
     admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
 ) -> None:
-    target = Target(url=admin.target.url, database=database, table="no_such_table")
+    target = Target(url=admin.target.url, database=database, table="no_such_table", **target_fields())
     co = build_coordinator(target, mode, TXN, str(tmp_path))
     with pytest.raises(ConfigurationError, match=rf"{database}\.no_such_table does not exist"):
         co.validate(rows(1).schema)

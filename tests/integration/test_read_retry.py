@@ -28,6 +28,7 @@ from clickhouse_tx.retry import NO_RETRY, RetryPolicy
 from server_patches import crashes
 from server_patches.stack_files import StackInfo
 from spark_datasource.testing.chaos.proxy import FaultProxy
+from spark_datasource.testing.credentials import target_fields
 
 RIDE = RetryPolicy(max_attempts=40, max_total_s=30.0, base_delay_s=0.1, max_delay_s=0.5)
 
@@ -79,7 +80,7 @@ def test_idempotent_ddl_is_retried_and_the_table_exists_once(
     c = _via(proxy, database)
     proxy.inject("drop_reply", 1.0)
     c.command("CREATE TABLE IF NOT EXISTS r (x UInt8) ENGINE = MergeTree ORDER BY x", idempotent=True)
-    direct = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="r"))
+    direct = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="r", **target_fields()))
     tables = direct.query_json("SELECT name FROM system.tables WHERE database = {d:String}", params={"d": database})
     assert tables == [{"name": "r"}]
 
@@ -87,7 +88,7 @@ def test_idempotent_ddl_is_retried_and_the_table_exists_once(
 def test_an_insert_whose_reply_is_lost_is_not_repeated_by_the_read_retry(
     proxy: FaultProxy, clickhouse_url: str, database: str
 ) -> None:
-    direct = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="r"))
+    direct = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="r", **target_fields()))
     direct.command("CREATE TABLE r (x UInt8) ENGINE = MergeTree ORDER BY x")
     c = _via(proxy, database)
     proxy.inject("drop_reply", 1.0)
@@ -150,6 +151,6 @@ def test_the_drivers_transaction_probe_rides_through_lost_replies_and_leaves_no_
     with caplog.at_level(logging.WARNING, logger="clickhouse_tx.retry"):
         build_mode_io(Mode.TRANSACTION).require_transactions(target, "mode transaction")
     assert _retries(caplog)  # the probe did lose a reply
-    direct = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t"))
+    direct = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t", **target_fields()))
     running = direct.query_json("SELECT count() AS n FROM system.transactions WHERE state = 'RUNNING'")
     assert running == [{"n": 0}]

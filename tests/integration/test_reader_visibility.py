@@ -19,6 +19,7 @@ from clickhouse_tx import sql as q
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
+from spark_datasource.testing.credentials import target_fields
 
 PARTITIONS, ROWS, BATCHES = 8, 2000, 10
 
@@ -58,7 +59,7 @@ def _classify(seen: collections.Counter) -> dict[str, int]:
 def test_a_reader_during_a_multi_partition_commit_never_sees_part_of_a_partition(
     clickhouse_url: str, database: str, tmp_path: Path, mode: str, visibility: str
 ) -> None:
-    target = Target(url=clickhouse_url, database=database, table="events")
+    target = Target(url=clickhouse_url, database=database, table="events", **target_fields())
     admin = ClickHouseHTTP(target)
     admin.command(
         f"CREATE TABLE {q.qualified(database, 'events')} (id UInt64) ENGINE = MergeTree "

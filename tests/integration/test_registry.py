@@ -12,6 +12,7 @@ from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Mode, RegistryEntry, RegistryIO, Target
 from clickhouse_tx.registry import AlreadyRegisteredError, KeeperMapRegistry
 from clickhouse_tx.state import TxState
+from spark_datasource.testing.credentials import target_fields
 
 INIT, COMMITTING, COMMITTED = TxState.INITIALIZED.value, TxState.COMMITTING.value, TxState.COMMITTED.value
 ABORTING, ABORTED = TxState.ABORTING.value, TxState.ABORTED.value
@@ -19,7 +20,7 @@ ABORTING, ABORTED = TxState.ABORTING.value, TxState.ABORTED.value
 
 @pytest.fixture
 def target(clickhouse_url: str, database: str) -> Target:
-    return Target(url=clickhouse_url, database=database, table="events")
+    return Target(url=clickhouse_url, database=database, table="events", **target_fields())
 
 
 @pytest.fixture
@@ -199,7 +200,7 @@ def test_a_bulk_transition_moves_only_the_xids_in_an_expected_state_and_says_whi
     from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
     from clickhouse_tx.registry import KeeperMapRegistry
 
-    reg = KeeperMapRegistry(Target(url=clickhouse_url, database=database, table="events"))
+    reg = KeeperMapRegistry(Target(url=clickhouse_url, database=database, table="events", **target_fields()))
     for i, state in enumerate(["initialized", "initialized", "committed"]):
         reg.register(
             RegistryEntry(

@@ -22,10 +22,11 @@ from kafka import KafkaProducer
 from server_patches import chdb_config, crashes
 from server_patches.kafka_broker import create_topic
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing.credentials import http_auth
 
 
 def _q(url: str, sql: str, **params: str) -> str:
-    r = requests.post(url, params=params, data=sql.encode(), timeout=60)
+    r = requests.post(url, params=params, data=sql.encode(), timeout=60, auth=http_auth())
     assert r.status_code == 200, r.text
     return r.text.strip()
 
@@ -105,7 +106,7 @@ def test_the_default_user_manages_access_as_on_a_stock_server_but_the_engine_kee
     assert profiles == "['default','readonly']"
     # chdb reads users.xml only: no local_directory storage for CREATE ROLE/USER/... (docs/server.md).
     assert _q(clickhouse_url, "SELECT groupArray(type) FROM system.user_directories") == "['users_xml']"
-    r = requests.post(clickhouse_url, data=b"CREATE ROLE fidelity_role", timeout=60)
+    r = requests.post(clickhouse_url, data=b"CREATE ROLE fidelity_role", timeout=60, auth=http_auth())
     assert r.headers.get("X-ClickHouse-Exception-Code") == "514", r.text
 
 
@@ -122,7 +123,7 @@ def test_a_kafka_table_is_created_with_a_success_reply_and_after_a_crash_the_ser
         f"kafka_broker_list = '{info.kafka_bootstrap}', kafka_topic_list = '{topic}', "
         "kafka_group_name = 'fidelity', kafka_format = 'JSONEachRow'"
     )
-    r = requests.post(url, data=create.encode(), timeout=60)
+    r = requests.post(url, data=create.encode(), timeout=60, auth=http_auth())
     assert r.status_code == 200, r.text
     _q(url, "CREATE TABLE default.rows (k String, v Int64) ENGINE = MergeTree ORDER BY k")
     _q(url, "CREATE MATERIALIZED VIEW default.consume TO default.rows AS SELECT k, v FROM default.queue")

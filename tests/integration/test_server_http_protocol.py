@@ -18,6 +18,7 @@ from clickhouse_connect.driver.external import ExternalData
 from clickhouse_connect.driver.summary import QuerySummary
 
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing.credentials import clickhouse_connect_login, http_auth
 
 # 100 one-row blocks arrive (about a second) before row 100 raises.
 FAILS_MID_STREAM = "SELECT sleepEachRow(0.01), throwIf(number = 100) FROM numbers(200)"
@@ -42,6 +43,7 @@ def test_an_error_after_the_first_rows_is_written_into_the_body_between_tagged_m
         data=FAILS_MID_STREAM,
         stream=True,
         timeout=60,
+        auth=http_auth(),
     )
 
     body, cut = _read_until_cut(r)
@@ -81,10 +83,15 @@ def test_an_error_before_the_first_byte_is_an_error_status_with_the_exception_co
         params={"default_format": "Native"},
         data="SELECT throwIf(number = 0) FROM numbers(3)",
         timeout=60,
+        auth=http_auth(),
     )
     # wait_end_of_query=1: the whole result is held back, so even a late error gets a status.
     late = requests.post(
-        clickhouse_url, params={**ONE_ROW_BLOCKS, "wait_end_of_query": "1"}, data=FAILS_MID_STREAM, timeout=60
+        clickhouse_url,
+        params={**ONE_ROW_BLOCKS, "wait_end_of_query": "1"},
+        data=FAILS_MID_STREAM,
+        timeout=60,
+        auth=http_auth(),
     )
 
     for r in (early, late):
@@ -95,7 +102,9 @@ def test_an_error_before_the_first_byte_is_an_error_status_with_the_exception_co
 
 def test_a_large_select_is_streamed_and_arrives_whole_and_in_order(clickhouse_url: str) -> None:
     n = 2_000_000
-    r = requests.post(clickhouse_url, data=f"SELECT number FROM numbers({n}) FORMAT TSV", stream=True, timeout=120)
+    r = requests.post(
+        clickhouse_url, data=f"SELECT number FROM numbers({n}) FORMAT TSV", stream=True, timeout=120, auth=http_auth()
+    )
 
     body, cut = _read_until_cut(r)
 
@@ -110,6 +119,7 @@ def test_a_large_select_is_streamed_and_arrives_whole_and_in_order(clickhouse_ur
 def test_a_session_is_free_for_its_next_query_as_soon_as_a_streamed_reply_ends(clickhouse_url: str) -> None:
     session = {"session_id": f"stream-{uuid.uuid4()}"}
     with requests.Session() as http:
+        http.auth = http_auth()
         for _ in range(3):
             r = http.post(
                 clickhouse_url, params=session, data="SELECT number FROM numbers(2000000) FORMAT TSV", timeout=120
@@ -128,7 +138,7 @@ def test_query_and_parameters_sent_as_multipart_form_fields_run_as_in_the_url(cl
         "param_s": (None, "it's ok"),
     }
 
-    r = requests.post(clickhouse_url, files=fields, timeout=60)
+    r = requests.post(clickhouse_url, files=fields, timeout=60, auth=http_auth())
 
     assert r.status_code == 200, r.text
     assert r.text == "42\tit\\'s ok\n"
@@ -137,7 +147,7 @@ def test_query_and_parameters_sent_as_multipart_form_fields_run_as_in_the_url(cl
 def test_settings_sent_as_multipart_form_fields_apply_to_the_query(clickhouse_url: str) -> None:
     fields = {"query": (None, "SELECT getSetting('max_threads')"), "max_threads": (None, "3")}
 
-    r = requests.post(clickhouse_url, files=fields, timeout=60)
+    r = requests.post(clickhouse_url, files=fields, timeout=60, auth=http_auth())
 
     assert (r.status_code, r.text) == (200, "3\n")
 
@@ -149,7 +159,11 @@ def test_external_data_files_are_tables_the_query_reads(clickhouse_url: str) -> 
     }
 
     r = requests.post(
-        clickhouse_url, params={"ext_structure": "a UInt32, b String", "ext_format": "CSV"}, files=files, timeout=60
+        clickhouse_url,
+        params={"ext_structure": "a UInt32, b String", "ext_format": "CSV"},
+        files=files,
+        timeout=60,
+        auth=http_auth(),
     )
 
     assert r.status_code == 200, r.text
@@ -159,7 +173,7 @@ def test_external_data_files_are_tables_the_query_reads(clickhouse_url: str) -> 
 def test_external_data_given_by_types_has_columns_named_by_position(clickhouse_url: str) -> None:
     files = {"query": (None, "SELECT _1 * 2, _2 FROM t"), "t": ("t.tsv", b"21\tq\n", "text/plain")}
 
-    r = requests.post(clickhouse_url, params={"t_types": "UInt8,String"}, files=files, timeout=60)
+    r = requests.post(clickhouse_url, params={"t_types": "UInt8,String"}, files=files, timeout=60, auth=http_auth())
 
     assert (r.status_code, r.text) == (200, "42\tq\n")
 
@@ -167,7 +181,7 @@ def test_external_data_given_by_types_has_columns_named_by_position(clickhouse_u
 def test_external_data_without_structure_is_refused_naming_the_fields_to_send(clickhouse_url: str) -> None:
     files = {"query": (None, "SELECT * FROM t"), "t": ("t.tsv", b"1\n", "text/plain")}
 
-    r = requests.post(clickhouse_url, files=files, timeout=60)
+    r = requests.post(clickhouse_url, files=files, timeout=60, auth=http_auth())
 
     assert r.status_code == 400
     assert r.headers["X-ClickHouse-Exception-Code"] == "36"
@@ -176,7 +190,11 @@ def test_external_data_without_structure_is_refused_naming_the_fields_to_send(cl
 
 def test_clickhouse_connect_form_encoded_parameters_and_external_data(stack: StackInfo, database: str) -> None:
     client = clickhouse_connect.get_client(
-        host="127.0.0.1", port=stack.clickhouse_port, database=database, form_encode_query_params=True
+        host="127.0.0.1",
+        port=stack.clickhouse_port,
+        database=database,
+        form_encode_query_params=True,
+        **clickhouse_connect_login(),
     )
     try:
         assert client.query("SELECT {x:Array(UInt32)}", parameters={"x": [1, 2]}).result_rows == [([1, 2],)]
@@ -206,8 +224,10 @@ def test_statements_without_a_result_give_clickhouse_connect_a_summary(ch_client
 
 
 def test_only_statements_with_a_result_name_their_format(clickhouse_url: str) -> None:
-    ddl = requests.post(clickhouse_url, data="CREATE TEMPORARY TABLE x (a UInt8) ENGINE = Memory", timeout=60)
-    select = requests.post(clickhouse_url, data="SELECT 1 WHERE 0", timeout=60)
+    ddl = requests.post(
+        clickhouse_url, data="CREATE TEMPORARY TABLE x (a UInt8) ENGINE = Memory", timeout=60, auth=http_auth()
+    )
+    select = requests.post(clickhouse_url, data="SELECT 1 WHERE 0", timeout=60, auth=http_auth())
 
     assert ddl.status_code == select.status_code == 200
     assert "X-ClickHouse-Format" not in ddl.headers
@@ -215,7 +235,7 @@ def test_only_statements_with_a_result_name_their_format(clickhouse_url: str) ->
 
 
 def test_query_text_that_is_not_utf8_reaches_the_engine_byte_for_byte(clickhouse_url: str, ch_client) -> None:
-    r = requests.post(clickhouse_url, data=b"SELECT hex('\x92\xff')", timeout=60)
+    r = requests.post(clickhouse_url, data=b"SELECT hex('\x92\xff')", timeout=60, auth=http_auth())
     binary = ch_client.raw_query(
         "SELECT col2, col1 FROM format(CSVWithNames, $xx$)", parameters={"$xx$": b"col1,col2\n\x92,700"}
     )

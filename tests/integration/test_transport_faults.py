@@ -28,6 +28,7 @@ from clickhouse_tx.state import TxState
 from clickhouse_tx.tx_ops import TxOps
 from server_patches import crashes
 from server_patches.stack_files import StackInfo
+from spark_datasource.testing.credentials import target_fields
 
 #: Enough for a 3 s outage plus a server start (the retry.* options of a real query).
 RIDE = RetryPolicy(max_attempts=60, max_total_s=60.0, base_delay_s=0.2, max_delay_s=1.0)
@@ -66,12 +67,18 @@ def test_a_server_refusing_a_query_for_too_many_simultaneous_queries_is_a_transi
     clickhouse_url: str, database: str
 ) -> None:
     busy = ClickHouseHTTP(
-        Target(url=clickhouse_url, database=database, table="t", settings={"max_concurrent_queries_for_user": "1"})
+        Target(
+            url=clickhouse_url,
+            database=database,
+            table="t",
+            settings={"max_concurrent_queries_for_user": "1"},
+            **target_fields(),
+        )
     )
     sleeper = threading.Thread(
-        target=lambda: ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="t")).command(
-            "SELECT sleep(2)"
-        )
+        target=lambda: ClickHouseHTTP(
+            Target(url=clickhouse_url, database=database, table="t", **target_fields())
+        ).command("SELECT sleep(2)")
     )
     sleeper.start()
     time.sleep(0.5)
@@ -85,10 +92,16 @@ def test_a_server_refusing_a_query_for_too_many_simultaneous_queries_is_a_transi
 def test_a_registry_read_refused_as_too_many_simultaneous_queries_is_retried_and_logged(
     clickhouse_url: str, database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    target = Target(url=clickhouse_url, database=database, table="t")
+    target = Target(url=clickhouse_url, database=database, table="t", **target_fields())
     KeeperMapRegistry(target).register(_entry("x-busy"))
     ops = _ops(
-        Target(url=clickhouse_url, database=database, table="t", settings={"max_concurrent_queries_for_user": "1"})
+        Target(
+            url=clickhouse_url,
+            database=database,
+            table="t",
+            settings={"max_concurrent_queries_for_user": "1"},
+            **target_fields(),
+        )
     )
     sleeper = threading.Thread(target=lambda: ClickHouseHTTP(target).command("SELECT sleep(2)"))
     sleeper.start()

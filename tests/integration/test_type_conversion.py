@@ -26,6 +26,7 @@ from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
 from clickhouse_tx.schema import check_schema, conversion_columns, describe_table
+from spark_datasource.testing.credentials import target_fields, writer_options
 
 MODES = ["transaction", "staging", "dedup"]
 UTC = dt.UTC
@@ -122,7 +123,7 @@ PATHS = {"Map(String, UInt64)": "`v.value`", "Array(UInt8)": "`v[]`", "Tuple(a U
 
 @pytest.fixture
 def admin(clickhouse_url: str, database: str) -> Iterator[ClickHouseHTTP]:
-    c = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="typed"))
+    c = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="typed", **target_fields()))
     yield c
     c.close()
 
@@ -133,7 +134,7 @@ def typed_table(admin: ClickHouseHTTP, database: str, ch_type: str, name: str) -
         "ENGINE = MergeTree PARTITION BY id % 2 ORDER BY id "
         "SETTINGS non_replicated_deduplication_window = 1000"
     )
-    return Target(url=admin.target.url, database=database, table=name)
+    return Target(url=admin.target.url, database=database, table=name, **target_fields())
 
 
 def plan_for(admin: ClickHouseHTTP, target: Target, schema: pa.Schema) -> ConversionPlan:
@@ -224,6 +225,7 @@ def test_the_writer_builds_its_plan_on_the_driver_from_the_tables_own_types(
             "batch_size": "1000",
             "batch_bytes": "4096",
             "strict_precision": "true",
+            **writer_options(),
         },
         streaming=False,
     )
@@ -250,7 +252,7 @@ def test_routing_into_tables_whose_column_types_differ_is_refused_on_the_driver(
     typed_table(admin, database, "UInt16", "b")
     typed_table(admin, database, "UInt8", "c")
     schema = _spark_schema(("id", T.LongType(), False), ("v", T.LongType(), True), ("dest", T.StringType(), False))
-    base = {"url": clickhouse_url, "database": database, "table": "a", "table_column": "dest"}
+    base = {"url": clickhouse_url, "database": database, "table": "a", "table_column": "dest", **writer_options()}
     same = prepare_target(WriterOptions.parse({**base, "tables": "a,c"}, streaming=False), schema)
     assert same.columns == (("id", "UInt64"), ("v", "UInt8"))
     with pytest.raises(ConfigurationError, match="routed tables have different column types"):

@@ -21,6 +21,7 @@ from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
 
 DB = "no_tx"
+pytestmark = pytest.mark.embedded_only("starts a stack of its own without transactions")
 
 
 @pytest.fixture(scope="module")

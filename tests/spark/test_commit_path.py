@@ -23,6 +23,7 @@ from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from server_patches import crashes
+from spark_datasource.testing.credentials import cli_args, target_fields
 from spark_datasource.writer_option_specs import MIN_SESSION_TIMEOUT_S
 from tests.helpers.spark_writes import (
     actual_totals,
@@ -159,6 +160,7 @@ def test_a_job_dying_after_its_first_commit_is_finished_by_recover_and_a_rerun_w
     argv = [
         *("-m", "clickhouse_tx", "recover", "--url", clickhouse_url, "--table", f"{database}.events"),
         *("--mode", "transaction", "--txn-id", txn, "--checkpoint", str(log_dir)),
+        *cli_args(),
     ]
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -246,7 +248,7 @@ def test_a_job_whose_early_session_is_gone_at_commit_commits_nothing_and_a_rerun
     sp, clickhouse_url: str, database: str
 ) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
-    target = Target(url=clickhouse_url, database=database, table="events")
+    target = Target(url=clickhouse_url, database=database, table="events", **target_fields())
     killed: list[str] = []
 
     def kill_first_prepared() -> None:

@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from clickhouse_tx.interfaces import Target
+from spark_datasource.testing.credentials import http_auth, target_fields
 from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,
@@ -217,7 +218,7 @@ def test_overwrite_by_partition_replaces_new_partitions_and_drops_the_ones_absen
     run_sql(clickhouse_url, f"CREATE TABLE `{database}`.st {ddl}")
     run_sql(clickhouse_url, f"INSERT INTO `{database}`.t VALUES (1, 1), (2, 2), (3, 3)")
     run_sql(clickhouse_url, f"INSERT INTO `{database}`.st VALUES (2, 20), (2, 21), (4, 40)")
-    target = Target(url=clickhouse_url, database=database, table="t")
+    target = Target(url=clickhouse_url, database=database, table="t", **target_fields())
     assert swap_method(target) == "exchange"  # chdb 26.9's default database engine is Atomic
     assert swap_in(target, "st", method="replace_partition") == "replace_partition"
     assert read_committed(clickhouse_url, f"SELECT p, v FROM `{database}`.t ORDER BY p, v") == [
@@ -357,12 +358,13 @@ def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_neve
 
     for name, value in (("t", 0), ("st1", 1), ("st2", 2)):
         _partitioned(clickhouse_url, f"`{database}`.{name}", value)
-    target = Target(url=clickhouse_url, database=database, table="t")
+    target = Target(url=clickhouse_url, database=database, table="t", **target_fields())
     seen: list[list[str]] = []
     stop = threading.Event()
 
     def reader() -> None:
         with requests.Session() as s:
+            s.auth = http_auth()
             while not stop.is_set():
                 r = s.post(
                     clickhouse_url,
@@ -392,12 +394,12 @@ def test_an_overwrite_that_cannot_be_atomic_warns_naming_what_readers_can_see(
     from spark_datasource.overwrite import swap_in, swap_method
 
     db = f"ord_{uuid.uuid4().hex[:8]}"
-    admin = ClickHouseHTTP(Target(url=clickhouse_url, database="default", table="x"))
+    admin = ClickHouseHTTP(Target(url=clickhouse_url, database="default", table="x", **target_fields()))
     admin.command(f"CREATE DATABASE `{db}` ENGINE = Ordinary", settings={"allow_deprecated_database_ordinary": 1})
     try:
         _partitioned(clickhouse_url, f"`{db}`.t", 0)
         _partitioned(clickhouse_url, f"`{db}`.st", 1, partitions=3)
-        target = Target(url=clickhouse_url, database=db, table="t")
+        target = Target(url=clickhouse_url, database=db, table="t", **target_fields())
         with caplog.at_level("WARNING", logger="clickhouse_tx.spark"):
             assert swap_method(target) == "replace_partition_each"
             # Asked for the transactional swap anyway: refused, it falls back and says so again.

@@ -12,6 +12,7 @@ import socket
 
 import pytest
 
+from spark_datasource.testing.credentials import writer_options
 from tests.helpers.spark_writes import open_registry_entries, run_sql, table_names
 
 SECRET = "s3cr3t-never-shown"
@@ -124,6 +125,7 @@ def test_a_streaming_write_without_a_checkpoint_location_is_refused(
         q = (
             stream.writeStream.format("clickhouse_tx")
             .option("url", clickhouse_url)
+            .options(**writer_options())
             .option("database", database)
             .option("table", events_table)
             .start()

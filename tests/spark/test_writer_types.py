@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from spark_datasource.testing.credentials import writer_options
 from tests.helpers.spark_writes import open_registry_entries, read_committed, run_sql
 
 README_TABLE = "(id UInt64, name String, amount Float64, ts DateTime) ENGINE = MergeTree ORDER BY id"
@@ -46,6 +47,7 @@ def test_the_readme_table_with_uint64_and_datetime_takes_a_spark_frame_exactly(
     (
         df.write.format("clickhouse_tx")
         .option("url", clickhouse_url)
+        .options(**writer_options())
         .option("database", database)
         .option("table", "events")
         .mode("append")
@@ -71,6 +73,7 @@ def test_a_value_that_does_not_fit_fails_the_job_naming_it_and_nothing_is_writte
         (
             df.write.format("clickhouse_tx")
             .option("url", clickhouse_url)
+            .options(**writer_options())
             .option("database", database)
             .option("table", "events")
             .mode("append")
@@ -92,6 +95,7 @@ def test_strict_precision_refuses_sub_second_digits_a_datetime_cannot_hold(
             _frame(sp)
             .write.format("clickhouse_tx")
             .option("url", clickhouse_url)
+            .options(**writer_options())
             .option("database", database)
             .option("table", "events")
             .option("strict_precision", "true")
@@ -117,6 +121,7 @@ def test_bad_rows_dead_letter_writes_the_rows_that_do_not_fit_aside_and_counts_t
         _frame(sp, first_id=-3)
         .write.format("clickhouse_tx")
         .option("url", clickhouse_url)
+        .options(**writer_options())
         .option("mode", mode)
         .option("database", database)
         .option("table", "events")

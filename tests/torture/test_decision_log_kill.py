@@ -26,6 +26,7 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx.interfaces import Target
+from spark_datasource.testing.credentials import target_fields
 from tests.helpers.tables import events_table
 from tests.helpers.torture import start_child
 
@@ -47,7 +48,7 @@ def _commit(args: dict, batch: int, attempt: int) -> bool:
     from clickhouse_tx.factory import build_mode_io, build_registry
     from clickhouse_tx.interfaces import WriteContext
 
-    target = Target(url=args["url"], database=args["database"], table="events")
+    target = Target(url=args["url"], database=args["database"], table="events", **target_fields())
     log = FileDecisionLog(args["chk"], TXN, retain_batches=2, compact_every=1)
     co = Coordinator(TXN, target, build_mode_io("transaction"), build_registry(target), log)
     msgs = [co.prepare(WriteContext(TXN, batch, p, attempt), iter([_rows(batch, p)])) for p in range(PARTS)]

@@ -35,6 +35,7 @@ import pytest
 
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
+from spark_datasource.testing.credentials import target_fields
 from tests.helpers.spark_writes import open_registry_entries
 from tests.helpers.tables import events_table
 from tests.helpers.torture import kill_session, start_child
@@ -60,7 +61,7 @@ def _child(args: dict) -> None:
     from clickhouse_tx.factory import build_coordinator
     from clickhouse_tx.interfaces import WriteContext
 
-    target = Target(url=args["url"], database=args["database"], table="events")
+    target = Target(url=args["url"], database=args["database"], table="events", **target_fields())
     co = build_coordinator(target, "dedup", TXN, args["chk"])
     attempt = int(time.time() * 1000) % 1_000_000  # a new attempt number per run
     run = uuid.uuid4().hex[:8]  # and a new run, as a restarted Spark job draws

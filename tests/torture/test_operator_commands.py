@@ -21,6 +21,7 @@ import pytest
 from clickhouse_tx import sql as q
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
+from spark_datasource.testing.credentials import cli_args, target_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,7 @@ import json, os, sys
 os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())  # a fault kills driver, JVM and workers
 from pyspark.sql import SparkSession
 import spark_datasource
+from spark_datasource.testing.credentials import writer_options
 
 a = json.loads(sys.argv[1])
 spark = (SparkSession.builder.master("local[2]")
@@ -36,7 +38,7 @@ spark = (SparkSession.builder.master("local[2]")
 spark.sparkContext.setLogLevel("ERROR")
 spark_datasource.register(spark)
 w = (spark.range(0, a["rows"], 1, 3).write.format("clickhouse_tx").option("url", a["url"])
-     .option("database", a["database"]).option("table", a["table"])
+     .options(**writer_options()).option("database", a["database"]).option("table", a["table"])
      .option("transactional_id", a["txn"]).option("decision_log", a["log"]))
 for k, v in a.get("fault", {}).items():
     w = w.option(k, v)
@@ -68,7 +70,11 @@ def _job(**args: object) -> int:
 
 def _cli(*args: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "clickhouse_tx", *args, "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-m", "clickhouse_tx", *args, *cli_args(), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout)
@@ -79,7 +85,7 @@ def _cli(*args: str) -> dict:
 def test_recover_given_another_jobs_decision_log_leaves_a_killed_jobs_decided_xids_for_its_own_recovery(
     clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    admin = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="a"))
+    admin = ClickHouseHTTP(Target(url=clickhouse_url, database=database, table="a", **target_fields()))
     for table in ("a", "b"):
         admin.command(f"CREATE TABLE {q.qualified(database, table)} (id Int64) ENGINE = MergeTree ORDER BY id")
     common = {"url": clickhouse_url, "database": database}

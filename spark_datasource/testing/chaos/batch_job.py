@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Sequence
 
+from spark_datasource.testing import credentials
+
 BATCH_TOPIC = "batch"
 
 
@@ -54,6 +56,7 @@ def _options(a: argparse.Namespace) -> dict[str, str]:
         "transactional_id": a.txn_id,
         "decision_log": a.decision_log,
         "allow_nullable_into_non_nullable": "true",
+        **credentials.writer_options(),  # the run's user and password (make test-external), if any
     }
     if a.fault_step:
         opts.update({"fault.step": a.fault_step, "fault.action": a.fault_action})

@@ -30,6 +30,7 @@ from clickhouse_tx.verify import ClickHouseReader
 from spark_datasource.testing.chaos.batch_job import BATCH_TOPIC
 from spark_datasource.testing.chaos.inject import ChaosStack, Injector
 from spark_datasource.testing.chaos.schedule import Schedule
+from spark_datasource.testing.credentials import http_auth, target_fields
 from spark_datasource.testing.job_launcher import ROOT, JobLauncher, JobRun, group_members
 from spark_datasource.testing.source_and_target import create_target, create_topic, produce
 
@@ -220,7 +221,7 @@ def _counts(s: _Sched) -> dict[str, int]:
     """Rows, duplicates and losses over every shard, read committed, against the events produced."""
     rows: list[dict] = []
     for url in s.shard_urls:
-        ch = ClickHouseReader(url)
+        ch = ClickHouseReader(url, **target_fields())
         try:
             rows += ch.rows(
                 f"SELECT `topic`, `partition`, `offset`, event_id FROM {quote_identifier(s.database)}.events"
@@ -240,7 +241,7 @@ def _counts(s: _Sched) -> dict[str, int]:
 
 def _plain_rows(url: str, sql: str) -> list[dict]:
     """Rows of ``sql`` read plainly (system and KeeperMap tables are not transactional)."""
-    r = requests.post(url.rstrip("/") + "/", data=f"{sql} FORMAT JSONEachRow".encode(), timeout=60)
+    r = requests.post(url.rstrip("/") + "/", data=f"{sql} FORMAT JSONEachRow".encode(), timeout=60, auth=http_auth())
     if r.status_code != 200:
         raise RuntimeError(f"ClickHouse refused {sql!r}: {r.text.strip()[:300]}")
     return [json.loads(line) for line in r.text.splitlines() if line.strip()]
