@@ -6,7 +6,7 @@ logs a server's own ``config.xml`` has), merges the patches in
 ``server_patches/config.d`` (the same files users copy to
 ``/etc/clickhouse-server/config.d/``) over it the way ClickHouse merges config
 files, adds a ``<zookeeper>`` section for the stack's own ZooKeeper, and moves
-every Keeper path under ``/clickhouse_tx_stack/<stack name>/`` so two stacks
+a ZooKeeper root (chroot) ``/clickhouse_tx_stack/<stack name>`` so two stacks
 sharing one ZooKeeper never see each other's transaction log, KeeperMap tables or
 Keeper session nodes.
 """
@@ -115,8 +115,8 @@ def render(
     zookeeper
         ``(host, port)`` of each ZooKeeper node.
     name
-        The stack's name (see :func:`stack_name`); Keeper paths are put under
-        ``/clickhouse_tx_stack/<name>/``.
+        The stack's name (see :func:`stack_name`); its ZooKeeper root is
+        ``/clickhouse_tx_stack/<name>`` (:func:`zookeeper_root`).
     session_timeout_s
         Overrides ``max_session_timeout`` from ``sessions.xml`` when given.
     transactions
@@ -135,16 +135,15 @@ def render(
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"stack name {name!r} may only hold letters, digits, '_', '.', '-'")
     root = load_patches([SERVER_DEFAULTS, *patch_files(config_d)])
-    prefix = f"{STACK_ZK_ROOT}/{name}"
-    sessions = None if server_uuid is None else ("" if member is not None else prefix) + f"/sessions/{server_uuid}"
+    sessions = None if server_uuid is None else f"/sessions/{server_uuid}"
     _add_zookeeper(root, zookeeper, sessions)
-    txn_prefix = map_prefix = prefix
+    # Every stack, and every shard of a cluster stack, under its own ZooKeeper root
+    # (chroot). Replicas of a shard share its root (and so its KeeperMap tables: the
+    # registry), each with its own transaction log and Keeper session node.
+    _set(root, "zookeeper/root", zookeeper_root(name, None if member is None else member.shard))
+    map_prefix, txn_prefix = "", ""
     if member is not None:
-        # Every shard under its own ZooKeeper root (chroot). Replicas of a shard share
-        # its root (and so its KeeperMap tables: the registry), each with its own
-        # transaction log and Keeper session node.
-        _set(root, "zookeeper/root", shard_root(name, member.shard))
-        map_prefix, txn_prefix = "", f"/r{member.replica}"
+        txn_prefix = f"/r{member.replica}"
         _add_cluster(root, member)
     if transactions:
         # ClickHouse creates missing ancestors of both paths itself (checked on 26.9).
@@ -196,10 +195,11 @@ class ClusterMember:
     servers: tuple[tuple[tuple[str, int], ...], ...]
 
 
-def shard_root(name: str, shard: int) -> str:
-    """The ZooKeeper root (chroot) of one shard of the cluster stack ``name``; it must exist
-    before the shard's servers start (the stack creates it)."""
-    return f"{STACK_ZK_ROOT}/{name}-s{shard}"
+def zookeeper_root(name: str, shard: int | None) -> str:
+    """The ZooKeeper root (chroot) of the one-server stack ``name`` (``shard`` None), or of
+    one shard of the cluster stack ``name``; it must exist before the servers under it
+    start (the stack creates it)."""
+    return f"{STACK_ZK_ROOT}/{name}" if shard is None else f"{STACK_ZK_ROOT}/{name}-s{shard}"
 
 
 #: The cluster name the embedded stack's ``remote_servers`` section defines.

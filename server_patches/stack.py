@@ -16,11 +16,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-from server_patches import chdb_config, processes, zookeeper
+from server_patches import chdb_config, processes, zk_client, zookeeper
 from server_patches.processes import ProcessRef
 from server_patches.stack_clickhouse import cluster_members, ping, start_clickhouse_server
 from server_patches.stack_files import (
@@ -153,21 +152,6 @@ def _refuse_changes_to_a_running_stack(
         )
 
 
-def _create_znodes(zk: str, paths: list[str]) -> None:
-    """Create each path (and its ancestors) in ZooKeeper with its own CLI; existing ones stay."""
-    todo: list[str] = []
-    for path in paths:
-        parts = path.strip("/").split("/")
-        todo += [
-            "/" + "/".join(parts[: k + 1]) for k in range(len(parts)) if "/" + "/".join(parts[: k + 1]) not in todo
-        ]
-    script = "".join(f'create {p} ""\n' for p in todo) + "quit\n"
-    argv = [zookeeper.find_java(), "-cp", zookeeper.classpath(), "org.apache.zookeeper.ZooKeeperMain", "-server", zk]
-    done = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise StackError(f"could not create the shards' ZooKeeper roots {paths}: {done.stderr[-2000:]}")
-
-
 @dataclasses.dataclass
 class _Launch:
     """One ``start_stack`` call: what already runs, what it starts, in order (ZooKeeper,
@@ -239,9 +223,13 @@ class _Launch:
                 processes.stop(self.procs[n], DEFAULT_STOP_TIMEOUT_S)
                 self.alive[n] = False
         self._member_ports(names, wanted_ports)
-        if len(names) > 1:
-            name = chdb_config.stack_name(self.stack_dir)
-            _create_znodes(self.zk_addr, [chdb_config.shard_root(name, i) for i in range(self.shards)])
+        # ClickHouse refuses to start under a ZooKeeper root that does not exist yet
+        name = chdb_config.stack_name(self.stack_dir)
+        roots = [chdb_config.zookeeper_root(name, i if len(names) > 1 else None) for i in range(self.shards)]
+        try:
+            zk_client.create_paths(zk_addr or self.zk_addr, roots)
+        except (OSError, zk_client.ZooKeeperRequestError) as exc:
+            raise StackError(f"could not create the ZooKeeper roots {roots}: {exc}") from exc
         for n, member in zip(names, cluster_members(self.shards, self.replicas, self.ports)):
             if self.alive.get(n):
                 continue

@@ -58,7 +58,7 @@ def test_config_d_patches_turn_on_transactions_keeper_map_and_long_sessions() ->
     assert {p.name for p in chdb_config.patch_files()} == {"transactions.xml", "keeper_map.xml", "sessions.xml"}
 
 
-def test_rendered_config_puts_each_stack_under_its_own_keeper_paths(tmp_path: Path) -> None:
+def test_rendered_config_puts_each_stack_under_its_own_zookeeper_root(tmp_path: Path) -> None:
     one = ET.fromstring(
         chdb_config.render(zookeeper=[("127.0.0.1", 2181)], name=chdb_config.stack_name(tmp_path / "one"))
     )
@@ -68,9 +68,11 @@ def test_rendered_config_puts_each_stack_under_its_own_keeper_paths(tmp_path: Pa
 
     assert one.findtext("zookeeper/node/host") == "127.0.0.1"
     assert one.findtext("zookeeper/node/port") == "2181"
-    for tag in ("transaction_log/zookeeper_path", "keeper_map_path_prefix"):
-        assert one.findtext(tag).startswith("/clickhouse_tx_stack/one-")
-        assert two.findtext(tag).startswith("/clickhouse_tx_stack/two-")
+    # each stack under its own ZooKeeper root (chroot); its paths are relative to it
+    assert one.findtext("zookeeper/root").startswith("/clickhouse_tx_stack/one-")
+    assert two.findtext("zookeeper/root").startswith("/clickhouse_tx_stack/two-")
+    assert one.findtext("transaction_log/zookeeper_path") == "/txn"
+    assert one.findtext("keeper_map_path_prefix") == "/keeper_map"
     assert one.findtext("allow_experimental_transactions") == "42"
 
 
