@@ -25,10 +25,13 @@ partitions) into the pipeline's MergeTree table
 2. **Latency** at a 1 s trigger (the engine: ``kafka_flush_interval_ms`` = 1000) with
    the events produced at half of each peer's sustained rate (its best throughput):
    Kafka timestamp → visible to a read-committed reader, p50/p99, after a warm-up.
-3. With ``--faults``, **under faults**: each peer once, ClickHouse SIGKILLed and started
-   again after 2 s when the table holds 30 % and 65 % of the events, and for (a) and
-   (b) the driver SIGKILLed once at a random moment and restarted on its checkpoint (a
-   job that fails by itself, a query stopped by the ClickHouse kill, is restarted too).
+3. With ``--faults``, **under faults**: each peer once, ``--fault-events`` produced at a
+   steady rate over ``--fault-duration`` seconds (so every peer is mid-stream when hit;
+   the Spark peers at a 1 s trigger, the engine at its default flush), ClickHouse
+   SIGKILLed and started again after 2 s at 30 % and 65 % of that duration after the
+   first row is in the table, and for (a) and (b) the driver SIGKILLed once at a random moment and
+   restarted on its checkpoint (a job that fails by itself, a query stopped by the
+   ClickHouse kill, is restarted too, as a supervisor would).
 
 Every run is checked the same way: every Kafka offset in the table exactly once, the
 event ids against what was produced
@@ -78,7 +81,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, default=None, help="seconds measured per latency run (30, quick 10)")
     ap.add_argument("--warmup", type=float, default=None, help="seconds before latency counts (10, quick 5)")
     ap.add_argument("--faults", action="store_true", help="also run each peer under faults (section 3)")
-    ap.add_argument("--fault-events", type=int, default=None, help="events per fault run (default --events / 2)")
+    ap.add_argument("--fault-events", type=int, default=None, help="events per fault run (default --events / 4)")
+    ap.add_argument(
+        "--fault-duration",
+        type=float,
+        default=None,
+        help="seconds over which a fault run's events are produced (60, quick 20)",
+    )
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--json", default=None, help="default benchmarks/results/peers[_quick].json")
     a = ap.parse_args(argv)
@@ -89,7 +98,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     a.peers = [p for p in a.peers.split(",") if p]
     a.duration = a.duration or (10.0 if a.quick else 30.0)
     a.warmup = a.warmup if a.warmup is not None else (5.0 if a.quick else 10.0)
-    a.fault_events = a.fault_events or max(1000, a.events // 2)
+    a.fault_events = a.fault_events or max(1000, a.events // 4)
+    a.fault_duration = a.fault_duration or (20.0 if a.quick else 60.0)
     unknown = [p for p in a.peers if p not in PEERS]
     if unknown or a.events <= 0 or a.partitions <= 0 or not a.batch_sizes or min(a.batch_sizes) <= 0:
         ap.error(f"--peers takes {', '.join(PEERS)}; --events, --partitions, --batch-sizes must be positive")
@@ -109,12 +119,11 @@ def _run(srv: Servers, peer: str, **kw: Any) -> dict[str, Any]:
 def _fmt(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"FAILED {r['error'][:300]}"
-    tput = r.get("rows_per_s")
-    lat = f", p50 {r['p50_ms']:,.0f} ms, p99 {r['p99_ms']:,.0f} ms" if r.get("p50_ms") is not None else ""
-    return (
-        f"{tput or 0:,.0f} rows/s{lat}, rows {r.get('rows_in_clickhouse')}, "
-        f"dup {r.get('duplicates')} lost {r.get('lost')}"
-    )
+    parts = [f"{r['rows_per_s']:,.0f} rows/s"] if r.get("rows_per_s") else []
+    if r.get("p50_ms") is not None:
+        parts.append(f"p50 {r['p50_ms']:,.0f} ms, p99 {r['p99_ms']:,.0f} ms")
+    parts.append(f"rows {r.get('rows_in_clickhouse')}, dup {r.get('duplicates')} lost {r.get('lost')}")
+    return ", ".join(parts)
 
 
 def throughput(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Callable[[str], None], save) -> None:
@@ -151,13 +160,14 @@ def latency(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Calla
 def faults(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Callable[[str], None], save) -> None:
     """Section 3: each peer under ClickHouse kills (and, for Spark, driver kills)."""
     n = a.fault_events
-    batch = max(100, n // 10)
+    rate = round(n / a.fault_duration, 1)
     runs: dict[str, Any] = {}
-    doc["faults"] = {"events": n, "batch": batch, "runs": runs}
+    doc["faults"] = {"events": n, "rate": rate, "runs": runs}
     for peer in a.peers:
-        plan = FaultPlan(at_rows=(int(n * 0.3), int(n * 0.65)), driver_kills=1 if peer in SPARK_PEERS else 0)
-        doc["faults"]["plan"] = {"clickhouse_kill_at_rows": plan.at_rows, "clickhouse_down_s": plan.down_s}
-        r = _run(srv, peer, events=n, batch=batch, engine={"kafka_max_block_size": batch}, faults=plan)
+        at = (round(0.3 * a.fault_duration, 1), round(0.65 * a.fault_duration, 1))
+        plan = FaultPlan(at_s=at, driver_kills=1 if peer in SPARK_PEERS else 0)
+        doc["faults"]["plan"] = {"clickhouse_kill_after_first_row_s": plan.at_s, "clickhouse_down_s": plan.down_s}
+        r = _run(srv, peer, events=n, batch=None, trigger=1.0, rate=rate, faults=plan)
         runs[peer] = r
         kills = len(r.get("clickhouse_kills") or [])
         say(f"faults {peer}: {kills} ClickHouse kills, {r.get('crashes', 0)} driver kills: {_fmt(r)}")

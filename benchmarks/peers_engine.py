@@ -42,8 +42,10 @@ VIEW_SELECT = (
 )
 
 #: Seconds the table may stay the same, once everything is produced, before a run gives
-#: up waiting for the missing offsets (they are then counted as lost).
-STALL_S = 60.0
+#: up waiting for the missing offsets (they are then counted as lost). After a SIGKILL
+#: the engine's consumer rejoins its group only once the killed member's session timed
+#: out (librdkafka's ``session.timeout.ms``, 45 s), so a run with two kills waits longer.
+STALL_S = 180.0
 
 
 def engine_ddl(table: str, bootstrap: str, topic: str, keeper: bool, settings: Mapping[str, int]) -> dict[str, str]:
@@ -168,7 +170,7 @@ def run_engine(
         producer = threading.Thread(target=_produce, daemon=True)
         producer.start()
     killer = ClickHouseKiller(srv, table, faults) if faults else None
-    poller = VisibilityPoller(srv.url, table, 0.1) if rate is not None else None
+    poller = VisibilityPoller(srv.url, table, 0.1) if rate is not None and faults is None else None
     with poller or contextlib.nullcontext(), killer or contextlib.nullcontext():
         t_all = _wait_all(srv.url, table, lambda: produced[0])
     if producer is not None:
@@ -183,6 +185,7 @@ def run_engine(
         "settings": dict(settings),
         "offsets_in": "keeper" if keeper else "kafka",
         "seconds": round(t_all - t0, 3) if t_all else None,
+        "complete": t_all is not None,
         "rows_per_s": rows_per_s(n, t_all - t0) if t_all and rate is None else None,
         **record_check(srv.url, table, srv.bootstrap, topic, srv.partitions, n),
     }

@@ -1,10 +1,10 @@
 """The servers :mod:`benchmarks.peers` runs against, and its ClickHouse killer.
 
-:class:`ClickHouseKiller` SIGKILLs the stack's ClickHouse server when the target table
-first holds each of a plan's row counts, and starts it again on the same data after a
-pause (:mod:`server_patches.crashes`). Row counts rather than times, so that every peer
-is hit at the same points of its run, whatever its speed; the Spark driver's own kills
-are the pipeline harness's (``PipelineConfig.crashes``, at random moments).
+:class:`ClickHouseKiller` SIGKILLs the stack's ClickHouse server at a plan's moments,
+counted from the first row in the target table (the run is writing by then, whatever
+its start-up costs), and starts it again on the same data after a pause
+(:mod:`server_patches.crashes`). The Spark driver's own kills are the pipeline
+harness's (``PipelineConfig.crashes``, at random moments after the first batch).
 
 Calling process of the benchmark (a thread beside a run).
 """
@@ -42,16 +42,16 @@ class Servers:
 
 @dataclasses.dataclass(frozen=True)
 class FaultPlan:
-    """ClickHouse is killed when the table first holds each of ``at_rows``, for ``down_s``;
-    a Spark peer's driver is also SIGKILLed ``driver_kills`` times and restarted."""
+    """ClickHouse is killed ``at_s`` seconds after the first row is in the table, for
+    ``down_s`` each time; a Spark peer's driver is also SIGKILLed ``driver_kills`` times."""
 
-    at_rows: tuple[int, ...]
+    at_s: tuple[float, ...]
     down_s: float = 2.0
     driver_kills: int = 1
 
 
 class ClickHouseKiller:
-    """A thread killing ClickHouse at the plan's row counts (a context manager: started on
+    """A thread killing ClickHouse at the plan's moments (a context manager: started on
     enter; on exit, stopped, and a server it left down is started again)."""
 
     def __init__(self, srv: Servers, table: str, plan: FaultPlan, poll_s: float = 0.1) -> None:
@@ -80,22 +80,22 @@ class ClickHouseKiller:
             reader.close()
 
     def _run(self) -> None:
-        t0 = time.monotonic()
-        for at in self.plan.at_rows:
-            n = self._rows()
-            while n < at:
-                if self._stop.wait(self.poll_s):
-                    return
-                n = self._rows()
+        while self._rows() <= 0:
+            if self._stop.wait(self.poll_s):
+                return
+        first = time.monotonic()
+        for at in self.plan.at_s:
+            if self._stop.wait(max(0.0, first + at - time.monotonic())):
+                return
+            rows = self._rows()
             crashes.kill_clickhouse(self.srv.stack_dir)
             killed = time.monotonic()
             time.sleep(self.plan.down_s)
             crashes.start_clickhouse(self.srv.stack_dir)
             self.kills.append(
                 {
-                    "at_rows": at,
-                    "rows_seen": n,
-                    "after_s": round(killed - t0, 2),
+                    "after_first_row_s": round(killed - first, 2),
+                    "rows_before": rows,
                     "down_s": round(time.monotonic() - killed, 2),
                 }
             )

@@ -65,7 +65,7 @@ def run_spark(
         kafka_control=srv.control,
         table=table,
         work_dir=str(srv.work / name),
-        measure_latency=rate is not None,
+        measure_latency=rate is not None and faults is None,
         warmup_s=warmup_s,
         job_timeout_s=job_timeout_s,
         quiet=True,
