@@ -52,6 +52,7 @@ def test_a_rate_is_rows_over_seconds_and_none_without_a_time() -> None:
 def test_a_latency_run_offers_half_the_sustained_rate_and_stays_within_what_the_broker_keeps() -> None:
     assert latency_plan(20_000.0, 30.0, 10.0, 8) == (10_000.0, 8 * MAX_RATE_EVENTS_PER_PARTITION)
     assert latency_plan(2_000.0, 30.0, 10.0, 8) == (1_000.0, 40_000)
+    assert latency_plan(1_000.0, 30.0, 10.0, 1) == (500.0, 20_000)
     rate, events = latency_plan(None, 10.0, 0.0, 8)
     assert rate == 1_000.0 and events == 10_000
 
