@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchmarks.peers_figures import PEERS
+
 
 def plot(doc: Mapping[str, Any], path: Path) -> None:
     """Three panels: throughput per batch size, latency p50/p99, duplicates and losses under faults."""
@@ -15,7 +17,7 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     summary = doc.get("summary") or {}
-    peers = list(summary)
+    peers = [p for p in PEERS if p in summary]  # the JSON's keys come back sorted
     labels = [f"({summary[p]['letter']}) {p}" for p in peers]
     sizes = doc["config"]["batch_sizes"]
     fig, ax = plt.subplots(1, 3, figsize=(18, 6))
@@ -34,11 +36,24 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     ax[1].set_title("latency, 1 s trigger (engine: 1 s flush), half the sustained rate")
     faults = [summary[p]["faults"] for p in peers]
     if any(faults):
+        top = 1
         for i, key in enumerate(("duplicates", "lost")):
             vals = [(f or {}).get(key) or 0 for f in faults]
+            top = max([top, *vals])
             ax[2].bar([x + i * 0.4 for x in range(len(peers))], vals, 0.4, label=key)
+        for x, f in enumerate(faults):  # the counts, legible when they are 0
+            if f:
+                ax[2].annotate(
+                    f"{f['duplicates']} / {f['lost']}",
+                    (x + 0.2, 0),
+                    xytext=(0, 4),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=8,
+                )
+        ax[2].set_ylim(0, top * 1.15)
         ax[2].set_xticks([x + 0.2 for x in range(len(peers))], labels, rotation=20, ha="right")
-        ax[2].set_ylabel("records")
+        ax[2].set_ylabel("records (labels: duplicates / lost)")
         ax[2].set_title("under faults: ClickHouse killed twice, (a)/(b) driver killed")
     else:
         ax[2].set_axis_off()
