@@ -60,6 +60,9 @@ from clickhouse_tx.verify import ClickHouseReader
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+#: How a section reports a finished run (a timestamped line on stdout).
+Say = Callable[[str], None]
+
 #: Server settings the engine peers run with unless a run sets them (stated in the JSON).
 ENGINE_DEFAULTS = (
     "stream_flush_interval_ms",
@@ -133,7 +136,7 @@ def _fmt(r: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def throughput(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Callable[[str], None], save) -> None:
+def throughput(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, save: Callable[[], None]) -> None:
     """Section 1: rounds of (peer × batch size), interleaved."""
     for rnd in range(a.rounds):
         for size in a.batch_sizes:
@@ -145,7 +148,7 @@ def throughput(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Ca
                 save()
 
 
-def latency(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Callable[[str], None], save) -> None:
+def latency(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, save: Callable[[], None]) -> None:
     """Section 2: each peer at half its sustained rate, 1 s trigger (engine: 1 s flush)."""
     for peer in a.peers:
         warmup = a.warmup if peer in SPARK_PEERS else min(a.warmup, ENGINE_WARMUP_S)
@@ -165,7 +168,7 @@ def latency(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Calla
         save()
 
 
-def faults(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Callable[[str], None], save) -> None:
+def faults(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, save: Callable[[], None]) -> None:
     """Section 3: each peer under ClickHouse kills (and, for Spark, driver kills)."""
     n = a.fault_events
     rate = round(n / a.fault_duration, 1)
@@ -228,7 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = {k: getattr(a, k) for k in ("events", "partitions", "rounds", "batch_sizes", "peers", "duration")}
             cfg.update(warmup_s=a.warmup, spark="local[2]", engine=_engine_defaults(info.clickhouse_url))
             doc: dict[str, Any] = {"config": cfg, "throughput": [], "latency": {}, "faults": None}
-            save = lambda: _save(doc, a, jpath, t0)  # noqa: E731
+
+            def save() -> None:
+                _save(doc, a, jpath, t0)
+
             throughput(doc, srv, a, say, save)
             if not a.skip_latency:
                 latency(doc, srv, a, say, save)
