@@ -27,7 +27,7 @@ from clickhouse_tx.faults import STREAMING_STEPS
 from spark_datasource.testing.pipeline import run_pipeline
 from spark_datasource.testing.pipeline_config import MODES, PipelineConfig
 from spark_datasource.testing.pipeline_report import summary_table
-from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
+from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE, SINKS
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespace]:
@@ -61,8 +61,8 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
     ap.add_argument(
         "--sink",
         default="clickhouse_tx",
-        choices=("clickhouse_tx", "foreach_insert"),
-        help="foreach_insert: diagnostic at-least-once sink that bypasses the writer",
+        choices=SINKS,
+        help="foreach_insert, foreach_connect: at-least-once foreachBatch sinks that bypass the writer",
     )
     ap.add_argument(
         "--decode",

@@ -180,7 +180,10 @@ def _progress_printer(r: PipelineRun) -> Callable[[JobRun, str, dict], None]:
 
 
 def _run_through_crashes(r: PipelineRun, launcher: JobLauncher) -> None:
-    """Start the job, crash it as planned, restart it on the checkpoint, until it drains."""
+    """Start the job, crash it as planned, restart it on the checkpoint, until it drains.
+
+    A run that fails by itself is restarted too, up to ``cfg.restart_failed`` times.
+    """
     pending = list(r.crashes)
     while True:
         point = pending[0] if pending else None
@@ -207,6 +210,10 @@ def _run_through_crashes(r: PipelineRun, launcher: JobLauncher) -> None:
                 # finished before the planned fault could fire (e.g. no more batches)
                 r.say(f"  job finished before crash point {pending[0]} fired; {len(pending)} crash(es) not done")
             return
+        if len(r.failures) < r.cfg.restart_failed:
+            r.failures.append({"run": run.index, "exit": rc, "committed_before": r.committed})
+            r.say(f"  ** the job failed by itself (exit {rc}, run {run.index}); restarting on the same checkpoint")
+            continue
         raise RuntimeError(
             f"the streaming job exited with {rc} (run {run.index}); stderr tail:\n{launcher.stderr_tail(run)}"
         )

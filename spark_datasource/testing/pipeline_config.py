@@ -43,7 +43,11 @@ class PipelineConfig:
     job_timeout_s: float = 900.0
     quiet: bool = False
     writer_options: tuple[str, ...] = ()
-    sink: str = "clickhouse_tx"  # or foreach_insert: a diagnostic sink without the writer
+    sink: str = "clickhouse_tx"  # or a foreachBatch sink without the writer (streaming_job.SINKS)
+    #: Start the job again on its checkpoint when it fails by itself (a query that stopped on
+    #: an error, e.g. ClickHouse killed under it), at most this many times, as a supervisor
+    #: would; 0: a failure ends the run with an error.
+    restart_failed: int = 0
     decode: str = DEFAULT_DECODE  # where the job decodes the events' JSON (streaming_job.DECODE_OPTIONS)
 
 
@@ -91,4 +95,5 @@ class PipelineRun:
     producer: threading.Thread | None = None
     stop_producing: threading.Event = dataclasses.field(default_factory=threading.Event)
     crashes_done: list[dict] = dataclasses.field(default_factory=list)
+    failures: list[dict] = dataclasses.field(default_factory=list)  # job runs that failed by themselves
     latency_since: float | None = None

@@ -19,23 +19,6 @@ def figures(r: PipelineRun, launcher: JobLauncher, poller: VisibilityPoller | No
     cfg = r.cfg
     wall = time.monotonic() - r.t_start
     job_wall = sum(((j.ended or time.monotonic()) - j.started) for j in launcher.runs)
-    kafka_offsets = end_offsets(r.bootstrap, r.topic, cfg.partitions)
-    expected = {r.topic: {p: [0, hi] for p, (lo, hi) in kafka_offsets[r.topic].items()}}
-    report = verify(
-        r.url,
-        r.table,
-        expected={(r.topic, int(p)): (0, hi) for p, (lo, hi) in kafka_offsets[r.topic].items()},
-        markers=False,
-        **target_fields(),
-    )
-    ch = ClickHouseReader(r.url, **target_fields())
-    try:
-        ev = ch.rows(
-            f"SELECT count() AS n, uniqExact(event_id) AS u, min(event_id) AS lo, "
-            f"max(event_id) AS hi FROM {qualified(*split_table(r.table))}"
-        )[0]
-    finally:
-        ch.close()
     batches = [p for j in launcher.runs for p in j.progress if p.get("rows")]
     lat = latencies_ms(r.url, r.table, poller.samples, r.latency_since) if poller else []
     result = {
@@ -44,17 +27,11 @@ def figures(r: PipelineRun, launcher: JobLauncher, poller: VisibilityPoller | No
         "events": cfg.events,
         "partitions": cfg.partitions,
         "produced": r.produced,
-        "kafka_end_offsets": expected,
-        "rows_in_clickhouse": report.rows,
-        "distinct_offsets": report.distinct,
-        "distinct_event_ids": int(ev["u"]),
-        "duplicates": report.duplicates,
-        "lost": report.missing,
-        "lost_event_ids": cfg.events - int(ev["u"]) if report.rows else cfg.events,
-        "anomalies": [a.to_json() for a in report.anomalies[:50]],
+        **record_check(r.url, r.table, r.bootstrap, r.topic, cfg.partitions, cfg.events),
         "crashes_planned": len(r.crashes),
         "crashes": len(r.crashes_done),
         "crash_log": r.crashes_done,
+        "failures": r.failures,
         "restarts": len(launcher.runs) - 1,
         "job_runs": len(launcher.runs),
         **batch_figures(batches, cfg.events, job_wall),
@@ -80,6 +57,41 @@ def figures(r: PipelineRun, launcher: JobLauncher, poller: VisibilityPoller | No
         result["lost"] == 0 and result["lost_event_ids"] == 0 and (cfg.mode == "none" or result["duplicates"] == 0)
     )
     return result
+
+
+def record_check(url: str, table: str, bootstrap: str, topic: str, partitions: int, events: int) -> dict[str, Any]:
+    """Every record of ``topic`` in ``table`` exactly once? The check of every pipeline run.
+
+    The (topic, partition, offset) set in the table, read committed, against Kafka's
+    offsets 0..end of each partition (:func:`clickhouse_tx.verify.verify`), and the
+    distinct event ids against the ``events`` produced. Whatever wrote the table (the
+    streaming job, a ``foreachBatch`` sink, ClickHouse's Kafka engine) is checked the
+    same way. Calling process, once per run, after the writing stopped.
+    """
+    kafka_offsets = end_offsets(bootstrap, topic, partitions)
+    expected = {topic: {p: [0, hi] for p, (lo, hi) in kafka_offsets[topic].items()}}
+    report = verify(
+        url,
+        table,
+        expected={(topic, int(p)): (0, hi) for p, (lo, hi) in kafka_offsets[topic].items()},
+        markers=False,
+        **target_fields(),
+    )
+    ch = ClickHouseReader(url, **target_fields())
+    try:
+        ev = ch.rows(f"SELECT uniqExact(event_id) AS u FROM {qualified(*split_table(table))}")[0]
+    finally:
+        ch.close()
+    return {
+        "kafka_end_offsets": expected,
+        "rows_in_clickhouse": report.rows,
+        "distinct_offsets": report.distinct,
+        "distinct_event_ids": int(ev["u"]),
+        "duplicates": report.duplicates,
+        "lost": report.missing,
+        "lost_event_ids": events - int(ev["u"]) if report.rows else events,
+        "anomalies": [a.to_json() for a in report.anomalies[:50]],
+    }
 
 
 def batch_figures(batches: Sequence[dict], events: int, job_wall: float) -> dict:

@@ -41,6 +41,12 @@ DECODE_OPTIONS: dict[str, dict[str, str]] = {
 }
 DEFAULT_DECODE = "source"
 
+#: ``--sink``: ``clickhouse_tx`` (the writer), or a ``foreachBatch`` function writing each
+#: micro-batch at least once: ``foreach_insert`` (a plain HTTP INSERT of Arrow, a diagnostic
+#: without the writer) or ``foreach_connect`` (clickhouse-connect's ``insert_arrow`` of
+#: ``toArrow()``: what users do today, :mod:`benchmarks.peers` compares it with the writer).
+SINKS = ("clickhouse_tx", "foreach_insert", "foreach_connect")
+
 #: Columns of the target table, in the order the job writes them.
 TABLE_COLUMNS = (
     ("event_id", "Int64"),
@@ -93,9 +99,10 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--sink",
         default="clickhouse_tx",
-        choices=("clickhouse_tx", "foreach_insert"),
+        choices=SINKS,
         help="foreach_insert: a diagnostic at-least-once sink (foreachBatch + plain "
-        "INSERT over HTTP) that bypasses the clickhouse_tx writer",
+        "INSERT over HTTP) that bypasses the clickhouse_tx writer; foreach_connect: "
+        "foreachBatch + clickhouse-connect insert_arrow, at least once",
     )
     ap.add_argument("--shuffle-partitions", type=int, default=2)
     ap.add_argument("--master", default="local[2]", help="e.g. local[2,4]: a failed task is tried up to 4 times")
@@ -261,6 +268,31 @@ def _plain_insert(url: str, table: str):
     return insert
 
 
+def _connect_insert(url: str, table: str):
+    """foreachBatch function: clickhouse-connect's ``insert_arrow`` of the batch (driver, once per batch).
+
+    Today's practice without the writer: at least once (a batch replayed after a crash
+    between the insert and Spark's commit log is inserted again). One client per driver
+    process, made at the first batch.
+    """
+    from clickhouse_tx.sql import split_table
+
+    db, t = split_table(table)
+    client: list[Any] = []
+
+    def insert(batch_df, batch_id: int) -> None:
+        tbl = batch_df.toArrow()
+        if tbl.num_rows == 0:
+            return
+        if not client:
+            import clickhouse_connect
+
+            client.append(clickhouse_connect.get_client(dsn=url, **credentials.clickhouse_connect_login()))
+        client[0].insert_arrow(t, tbl, database=db)
+
+    return insert
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Start the query, report progress, stop at the end offsets. Returns the exit code."""
     a = _args(argv)
@@ -279,10 +311,11 @@ def run(argv: Sequence[str] | None = None) -> int:
     if a.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(a.max_offsets_per_trigger))
     df = parse_events(reader.load())
-    if a.sink == "foreach_insert":
+    if a.sink != "clickhouse_tx":
+        write = _plain_insert if a.sink == "foreach_insert" else _connect_insert
         w = (
             df.writeStream.queryName(a.query_name)
-            .foreachBatch(_plain_insert(a.url, a.table))
+            .foreachBatch(write(a.url, a.table))
             .option("checkpointLocation", a.checkpoint)
         )
     else:

@@ -1,0 +1,101 @@
+"""The servers :mod:`benchmarks.peers` runs against, and its ClickHouse killer.
+
+:class:`ClickHouseKiller` SIGKILLs the stack's ClickHouse server at a plan's moments,
+counted from the first row in the target table (the run is writing by then, whatever
+its start-up costs), and starts it again on the same data after a pause
+(:mod:`server_patches.crashes`). The Spark driver's own kills are the pipeline
+harness's (``PipelineConfig.crashes``, at random moments after the first batch).
+
+Calling process of the benchmark (a thread beside a run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from clickhouse_tx.sql import qualified, split_table
+from clickhouse_tx.verify import ClickHouseReader
+from server_patches import crashes
+
+
+@dataclasses.dataclass
+class Servers:
+    """The embedded stack of one benchmark run, and where its runs keep their files."""
+
+    stack_dir: Path
+    url: str
+    bootstrap: str
+    control: str | None
+    partitions: int
+    work: Path
+    _names: itertools.count = dataclasses.field(default_factory=itertools.count)
+
+    def fresh_name(self, peer: str) -> str:
+        """A name no other run of this process used: the run's topic and table."""
+        return f"{peer}_{int(time.time())}_{next(self._names)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultPlan:
+    """ClickHouse is killed ``at_s`` seconds after the first row is in the table, for
+    ``down_s`` each time; a Spark peer's driver is also SIGKILLed ``driver_kills`` times."""
+
+    at_s: tuple[float, ...]
+    down_s: float = 2.0
+    driver_kills: int = 1
+
+
+class ClickHouseKiller:
+    """A thread killing ClickHouse at the plan's moments (a context manager: started on
+    enter; on exit, stopped, and a server it left down is started again)."""
+
+    def __init__(self, srv: Servers, table: str, plan: FaultPlan, poll_s: float = 0.1) -> None:
+        self.srv, self.plan, self.poll_s = srv, plan, poll_s
+        self.src = qualified(*split_table(table))
+        self.kills: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ClickHouseKiller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(120)
+        crashes.start_clickhouse(self.srv.stack_dir)  # no-op when it runs
+
+    def _rows(self) -> int:
+        reader = ClickHouseReader(self.srv.url, timeout_s=10)
+        try:
+            return int(reader.rows(f"SELECT count() AS n FROM {self.src}", committed=False)[0]["n"])
+        except Exception:  # not created yet, or the server is restarting
+            return -1
+        finally:
+            reader.close()
+
+    def _run(self) -> None:
+        while self._rows() <= 0:
+            if self._stop.wait(self.poll_s):
+                return
+        first = time.monotonic()
+        for at in self.plan.at_s:
+            if self._stop.wait(max(0.0, first + at - time.monotonic())):
+                return
+            rows = self._rows()
+            crashes.kill_clickhouse(self.srv.stack_dir)
+            killed = time.monotonic()
+            time.sleep(self.plan.down_s)
+            crashes.start_clickhouse(self.srv.stack_dir)
+            self.kills.append(
+                {
+                    "after_first_row_s": round(killed - first, 2),
+                    "rows_before": rows,
+                    "down_s": round(time.monotonic() - killed, 2),
+                }
+            )

@@ -1,0 +1,96 @@
+"""Peers (a) and (b) of :mod:`benchmarks.peers`: the pipeline's streaming job, one run each
+through :func:`spark_datasource.testing.pipeline.run_pipeline`.
+
+(a) writes with ``format("clickhouse_tx")`` in mode ``transaction``; (b) is the same
+job's ``foreachBatch`` with ``toArrow()`` and clickhouse-connect's ``insert_arrow``
+(``streaming_job`` sink ``foreach_connect``). The harness produces the events, runs the
+job in its own process (SIGKILLing and restarting it as planned, restarting it when it
+fails by itself under a fault) and checks every record.
+
+Calling process of the benchmark; Spark runs in the child job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from typing import Any
+
+from benchmarks.peers_faults import ClickHouseKiller, FaultPlan, Servers
+from spark_datasource.testing.pipeline import run_pipeline
+from spark_datasource.testing.pipeline_config import PipelineConfig
+
+#: The streaming job's ``--sink`` of each Spark peer.
+SINK = {"transaction": "clickhouse_tx", "foreach_batch": "foreach_connect"}
+
+#: Restarts of a job that failed by itself (a query stopped by a ClickHouse kill) in a
+#: run under faults: what a supervisor would do.
+RESTARTS_ON_FAILURE = 6
+
+
+def run_spark(
+    srv: Servers,
+    peer: str,
+    *,
+    events: int,
+    batch: int | None,
+    trigger: float = 0.0,
+    rate: float | None = None,
+    warmup_s: float = 0.0,
+    faults: FaultPlan | None = None,
+    job_timeout_s: float = 900.0,
+) -> dict[str, Any]:
+    """One run of a Spark peer; its figures and the harness's check of every record.
+
+    ``trigger`` 0 with the events produced up front: ``Trigger.AvailableNow`` in batches
+    of ``batch`` records (throughput: rows over the batches' summed ``triggerExecution``).
+    ``rate``: a steady stream at that rate and a processing-time ``trigger`` (latency
+    after ``warmup_s``). ``faults``: ClickHouse killed at the plan's row counts and the
+    driver SIGKILLed at random moments.
+    """
+    name = srv.fresh_name(peer)
+    table = f"peers.{name}"
+    cfg = PipelineConfig(
+        events=events,
+        partitions=srv.partitions,
+        mode="transaction",
+        trigger=trigger,
+        crashes=faults.driver_kills if faults else 0,
+        crash_points="random",
+        max_offsets_per_trigger=batch,
+        rate=rate,
+        seed=zlib.crc32(name.encode()),
+        url=srv.url,
+        bootstrap=srv.bootstrap,
+        kafka_control=srv.control,
+        table=table,
+        work_dir=str(srv.work / name),
+        measure_latency=rate is not None and faults is None,
+        warmup_s=warmup_s,
+        job_timeout_s=job_timeout_s,
+        quiet=True,
+        sink=SINK[peer],
+        restart_failed=RESTARTS_ON_FAILURE if faults else 0,
+    )
+    killer = ClickHouseKiller(srv, table, faults) if faults else None
+    try:
+        with killer or contextlib.nullcontext():
+            r = run_pipeline(cfg)
+    except Exception as e:  # record and go on with the benchmark
+        return {"peer": peer, "batch": batch, "table": table, "ok": False, "error": f"{type(e).__name__}: {e}"[:600]}
+    lat = r.get("latency_ms") or {}
+    out = {
+        "peer": peer,
+        "batch": batch,
+        "rows_per_s": r["processing_rps"],
+        "end_to_end_rows_per_s": r["throughput_rps"],
+        "rate": rate,
+        "p50_ms": lat.get("p50"),
+        "p99_ms": lat.get("p99"),
+        "records": lat.get("records"),
+        **{k: v for k, v in r.items() if k not in ("kafka_end_offsets", "latency_ms", "anomalies")},
+        "anomalies": r["anomalies"][:5],
+    }
+    if killer is not None:
+        out["clickhouse_kills"] = killer.kills
+    return out
