@@ -287,7 +287,12 @@ def _connect_insert(url: str, table: str):
         if not client:
             import clickhouse_connect
 
-            client.append(clickhouse_connect.get_client(dsn=url, **credentials.clickhouse_connect_login()))
+            login = credentials.clickhouse_connect_login()
+            client.append(
+                clickhouse_connect.get_client(
+                    dsn=url, username=login.get("username"), password=login.get("password", "")
+                )
+            )
         client[0].insert_arrow(t, tbl, database=db)
 
     return insert
