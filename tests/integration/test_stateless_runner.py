@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from spark_datasource.testing import credentials
 from tests.external_suites import clickhouse_stateless
 
 TESTS = {
@@ -42,7 +43,8 @@ def test_each_test_is_judged_passed_failed_or_not_runnable_with_its_reason(click
         (tests_dir / name).with_suffix(".reference").write_text(reference)
     out = tmp_path / "results.json"
 
-    code = clickhouse_stateless.main([str(tmp_path), "--url", clickhouse_url, "--pattern", "txn", "--json", str(out)])
+    argv = [str(tmp_path), "--url", clickhouse_url, "--pattern", "txn", "--json", str(out), *credentials.cli_args()]
+    code = clickhouse_stateless.main(argv)
 
     results = {r["name"]: r for r in json.loads(out.read_text())}
     assert {n: r["status"] for n, r in results.items()} == {

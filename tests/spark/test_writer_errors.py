@@ -23,9 +23,9 @@ def _frame(sp):
 
 
 def _write(df, **options: str) -> str:
-    """Run the write; return the error text (the test fails if it succeeds)."""
+    """Run the write, as the run's user if any; return the error text (the test fails if it succeeds)."""
     with pytest.raises(Exception) as info:
-        df.write.format("clickhouse_tx").options(**options).mode("append").save()
+        df.write.format("clickhouse_tx").options(**{**writer_options(), **options}).mode("append").save()
     return str(info.value)
 
 
