@@ -149,6 +149,11 @@ def _sh_env(server: Server, database: str, tmp: Path) -> dict[str, str]:
     )
     if server.auth:
         env.update(CHTX_STATELESS_USER=server.auth[0], CHTX_STATELESS_PASSWORD=server.auth[1])
+        # curl reads the login from a private file in the test's scratch directory, not argv
+        conf = tmp / "curl.conf"
+        conf.touch(mode=0o600)
+        conf.write_text(f'user = "{server.auth[0]}:{server.auth[1]}"\n')
+        env["CLICKHOUSE_CURL"] = f"curl --config {conf}"
     return env
 
 
