@@ -42,14 +42,13 @@ event ids against what was produced
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_session import bench_session
 from benchmarks.peers_engine import run_engine
 from benchmarks.peers_faults import FaultPlan, Servers
 from benchmarks.peers_figures import PEERS, SPARK_PEERS, latency_plan, markdown_table, ratios, summarise, sustained_rate
@@ -213,35 +212,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = _parse(argv)
     jpath = Path(a.json) if a.json else RESULTS / ("peers_quick.json" if a.quick else "peers.json")
     t0 = time.monotonic()
-    # A SIGTERM (a timeout) unwinds like an exception, so the stack below is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with bench_session("chtx-peers-", t0) as (work, info, say):
+        srv = Servers(
+            work / "stack", info.clickhouse_url, str(info.kafka_bootstrap), info.kafka_control, a.partitions, work
+        )
+        cfg = {k: getattr(a, k) for k in ("events", "partitions", "rounds", "batch_sizes", "peers", "duration")}
+        cfg.update(warmup_s=a.warmup, spark="local[2]", engine=_engine_defaults(info.clickhouse_url))
+        doc: dict[str, Any] = {"config": cfg, "throughput": [], "latency": {}, "faults": None}
 
-    def say(s: str) -> None:
-        print(f"[{time.monotonic() - t0:6.0f} s] {s}", flush=True)
+        def save() -> None:
+            _save(doc, a, jpath, t0)
 
-    from server_patches import stack as stack_mod
-
-    with tempfile.TemporaryDirectory(prefix="chtx-peers-") as tmp:
-        work = Path(tmp)
-        info = stack_mod.start_stack(work / "stack", kafka=True)
-        try:
-            srv = Servers(
-                work / "stack", info.clickhouse_url, str(info.kafka_bootstrap), info.kafka_control, a.partitions, work
-            )
-            cfg = {k: getattr(a, k) for k in ("events", "partitions", "rounds", "batch_sizes", "peers", "duration")}
-            cfg.update(warmup_s=a.warmup, spark="local[2]", engine=_engine_defaults(info.clickhouse_url))
-            doc: dict[str, Any] = {"config": cfg, "throughput": [], "latency": {}, "faults": None}
-
-            def save() -> None:
-                _save(doc, a, jpath, t0)
-
-            throughput(doc, srv, a, say, save)
-            if not a.skip_latency:
-                latency(doc, srv, a, say, save)
-            if a.faults:
-                faults(doc, srv, a, say, save)
-        finally:
-            stack_mod.stop_stack(work / "stack")
+        throughput(doc, srv, a, say, save)
+        if not a.skip_latency:
+            latency(doc, srv, a, say, save)
+        if a.faults:
+            faults(doc, srv, a, say, save)
     _save(doc, a, jpath, t0)
     print(doc["table_md"])
     print(f"wrote {jpath} and {jpath.with_suffix('.png')}")

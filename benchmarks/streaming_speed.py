@@ -57,14 +57,13 @@ Ratios (streaming/batch, transaction/none) are computed within the run. Writes J
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_session import bench_session
 from benchmarks.results_file import machine, write_result
 from benchmarks.streaming_speed_figures import MODES, RESULTS, ratios
 from benchmarks.streaming_speed_pipeline import pipeline_sections
@@ -165,26 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = "streaming_speed_quick" if a.quick else "streaming_speed"
     jpath = Path(a.json) if a.json else RESULTS / f"{name}.json"
     t0 = time.monotonic()
-    # A SIGTERM (a timeout) unwinds like an exception, so the stack below is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
-    def say(s: str) -> None:
-        print(f"[{time.monotonic() - t0:6.0f} s] {s}", flush=True)
-
-    from server_patches import stack as stack_mod
-
-    with tempfile.TemporaryDirectory(prefix="chtx-speed-") as tmp:
-        work = Path(tmp)
-        info = stack_mod.start_stack(work / "stack", kafka=True)
-        try:
-            doc: dict[str, Any] = in_process(
-                str(info.kafka_bootstrap), info.kafka_control, info.clickhouse_url, a, work, say
-            )
-            _save(doc, a, jpath, t0)
-            if not a.skip_pipeline:
-                pipeline_sections(doc, info, a, work, say, lambda: _save(doc, a, jpath, t0))
-        finally:
-            stack_mod.stop_stack(work / "stack")
+    with bench_session("chtx-speed-", t0) as (work, info, say):
+        doc: dict[str, Any] = in_process(
+            str(info.kafka_bootstrap), info.kafka_control, info.clickhouse_url, a, work, say
+        )
+        _save(doc, a, jpath, t0)
+        if not a.skip_pipeline:
+            pipeline_sections(doc, info, a, work, say, lambda: _save(doc, a, jpath, t0))
     _save(doc, a, jpath, t0)
     print(f"wrote {jpath} and {jpath.with_suffix('.png')}")
     for k, v in doc["ratios"].items():
