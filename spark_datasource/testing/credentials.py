@@ -29,12 +29,16 @@ ENV_USER = "CLICKHOUSE_TX_EXTERNAL_USER"
 ENV_PASSWORD = "CLICKHOUSE_TX_EXTERNAL_PASSWORD"
 
 
-def _user() -> str | None:
-    """The user to send, or None when neither variable is set (the default user, no password)."""
+def _login() -> tuple[str, str] | None:
+    """(user, password), or None when neither variable is set (the default user, no password).
+
+    A password alone is the default user's, as ClickHouse reads it.
+    """
     user = os.environ.get(ENV_USER) or None
-    if user is None and os.environ.get(ENV_PASSWORD):
-        return "default"  # a password alone is the default user's, as ClickHouse reads it
-    return user
+    password = os.environ.get(ENV_PASSWORD, "")
+    if user is None and not password:
+        return None
+    return (user or "default", password)
 
 
 class Login(TypedDict, total=False):
@@ -44,19 +48,18 @@ class Login(TypedDict, total=False):
     password: str
 
 
-def writer_options() -> dict[str, str]:
-    """The ``clickhouse_tx`` writer options ``user`` and ``password``; empty when unset."""
-    user = _user()
-    return {} if user is None else {"user": user, "password": os.environ.get(ENV_PASSWORD, "")}
-
-
 def target_fields() -> Login:
     """The ``Target`` fields ``user`` and ``password``; empty when unset (the field defaults).
 
     ``ClickHouseReader`` and ``clickhouse_tx.verify.verify`` take the same keywords.
     """
-    user = _user()
-    return {} if user is None else {"user": user, "password": os.environ.get(ENV_PASSWORD, "")}
+    login = _login()
+    return {} if login is None else {"user": login[0], "password": login[1]}
+
+
+def writer_options() -> dict[str, str]:
+    """The ``clickhouse_tx`` writer options ``user`` and ``password``; empty when unset."""
+    return {k: str(v) for k, v in target_fields().items()}
 
 
 def cli_args() -> list[str]:
@@ -64,22 +67,21 @@ def cli_args() -> list[str]:
 
     The child process reads the password from the variable it inherits; empty when unset.
     """
-    user = _user()
-    if user is None:
+    login = _login()
+    if login is None:
         return []
-    return ["--user", user, *(["--password-env", ENV_PASSWORD] if os.environ.get(ENV_PASSWORD) else [])]
+    return ["--user", login[0], *(["--password-env", ENV_PASSWORD] if login[1] else [])]
 
 
 def http_auth() -> tuple[str, str] | None:
     """``requests``' ``auth``: (user, password) for HTTP basic authentication, or None when unset."""
-    user = _user()
-    return None if user is None else (user, os.environ.get(ENV_PASSWORD, ""))
+    return _login()
 
 
 def clickhouse_connect_login() -> dict[str, str]:
     """``clickhouse_connect.get_client``'s ``username`` and ``password``; empty when unset."""
-    auth = http_auth()
-    return {} if auth is None else {"username": auth[0], "password": auth[1]}
+    login = _login()
+    return {} if login is None else {"username": login[0], "password": login[1]}
 
 
 __all__ = [

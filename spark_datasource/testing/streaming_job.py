@@ -235,8 +235,9 @@ def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
             raise SystemExit(f"--writer-option {kv!r}: expected KEY=VALUE")
         extra[k] = v
     # a cluster's writer names its shards instead of one url
-    # the run's user and password (make test-external), before the options given, which win
-    return w.options(**credentials.writer_options(), **({} if "shards" in extra else {"url": a.url}), **extra)
+    # the run's user and password (make test-external) first, so the options given win
+    where = {} if "shards" in extra else {"url": a.url}
+    return w.options(**{**credentials.writer_options(), **where, **extra})
 
 
 def _plain_insert(url: str, table: str):

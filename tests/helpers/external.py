@@ -80,7 +80,7 @@ class External:
             keeper=os.environ.get(ENV_KEEPER) or None,
             kafka=os.environ.get(ENV_KAFKA) or None,
             kafka_control=os.environ.get(ENV_KAFKA_CONTROL) or None,
-            user=os.environ.get(ENV_USER) or None,
+            user=(credentials.http_auth() or (None, ""))[0],
             tls=tls,
         )
 
@@ -105,10 +105,8 @@ class External:
 
     def request_kwargs(self) -> dict[str, object]:
         """``requests`` arguments: credentials in headers (read now, never stored), TLS files."""
-        headers = {}
-        if self.user:
-            headers["X-ClickHouse-User"] = self.user
-            headers["X-ClickHouse-Key"] = os.environ.get(ENV_PASSWORD, "")
+        login = credentials.http_auth()  # who every client of the run logs in as
+        headers = {} if login is None else {"X-ClickHouse-User": login[0], "X-ClickHouse-Key": login[1]}
         verify: bool | str = self.tls.get("verify", "true").lower() not in ("false", "0", "no")
         if verify and "ca_cert" in self.tls:
             verify = self.tls["ca_cert"]
