@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.results_file import write_result
+from benchmarks.results_file import save_figure, write_result
 from spark_datasource.testing.pipeline import run_pipeline
 from spark_datasource.testing.pipeline_config import PipelineConfig
 
@@ -127,10 +127,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         f"{env['partitions']} partitions, local[2] on 2 cores",
         fontsize=10,
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 @dataclasses.dataclass(frozen=True)

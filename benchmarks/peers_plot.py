@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers_figures import PEERS
+from benchmarks.results_file import save_figure
 
 
 def plot(doc: Mapping[str, Any], path: Path) -> None:
@@ -66,7 +67,4 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
         f"load average {doc['config'].get('machine', {}).get('load_average')}",
         fontsize=10,
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

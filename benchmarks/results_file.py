@@ -26,3 +26,15 @@ def machine(**extra: Any) -> dict[str, Any]:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         **extra,
     }
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Write a matplotlib figure as the PNG beside a result (laid out, 110 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    out = Path(path)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

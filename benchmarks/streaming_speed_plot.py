@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results_file import save_figure
 from benchmarks.streaming_speed_figures import MODES, steady
 
 
@@ -58,7 +59,4 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
         if x.get_legend_handles_labels()[0]:  # no lines when the pipeline runs were skipped
             x.legend(fontsize=7)
     fig.suptitle(f"streaming_speed: local[2], 2 shared cores, {doc['config']['partitions']} partitions", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
