@@ -15,15 +15,17 @@ Calling process of the benchmark; the server does the work.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from benchmarks.peers_faults import ClickHouseKiller, FaultPlan, Servers
+from benchmarks.peers_faults import ClickHouseKiller, FaultPlan, Servers, count_rows
 from benchmarks.peers_figures import rows_per_s
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
+from clickhouse_tx.retry import RetryPolicy, retry_call
 from clickhouse_tx.sql import qualified, quote_string, split_table
 from clickhouse_tx.verify import ClickHouseReader
 from spark_datasource.testing.pipeline_report import record_check
@@ -80,14 +82,6 @@ def _client(url: str) -> ClickHouseHTTP:
     return ClickHouseHTTP(Target(url=url, database="", table=""))
 
 
-def _count(reader: ClickHouseReader, sql: str) -> int:
-    """The one number ``sql`` selects (as ``n``); -1 while the server is away (killed, restarting)."""
-    try:
-        return int(reader.rows(sql, committed=False)[0]["n"])
-    except Exception:  # killed and restarting: no count now
-        return -1
-
-
 def _wait_all(url: str, table: str, events: Callable[[], int | None], poll_s: float = 0.1) -> float | None:
     """Poll until every produced offset is in ``table``; the time it was first seen, or
     None when the table stopped growing for :data:`STALL_S` (losses) after production ended.
@@ -100,11 +94,11 @@ def _wait_all(url: str, table: str, events: Callable[[], int | None], poll_s: fl
     try:
         while True:
             t = time.time()
-            n = _count(reader, f"SELECT count() AS n FROM {src}")
+            n = count_rows(reader, f"SELECT count() AS n FROM {src}")
             total = events()
             # distinct offsets only once the rows are there: a duplicate adds to count() too
             distinct = f"SELECT uniqExact(`partition`, `offset`) AS n FROM {src}"
-            if total is not None and n >= total and _count(reader, distinct) >= total:
+            if total is not None and n >= total and count_rows(reader, distinct) >= total:
                 return t
             if n != last:
                 last, since = n, time.monotonic()
@@ -115,19 +109,21 @@ def _wait_all(url: str, table: str, events: Callable[[], int | None], poll_s: fl
         reader.close()
 
 
-def _settle_ddl(url: str, sql: str, settings: Mapping[str, Any] | None = None, attempts: int = 60) -> None:
+#: DDL while a killed server comes back: about a minute of attempts, a second or two apart.
+DDL_RETRY = RetryPolicy(max_attempts=60, max_total_s=120.0, base_delay_s=1.0, max_delay_s=2.0)
+
+
+def _settle_ddl(url: str, sql: str, settings: Mapping[str, Any] | None = None) -> None:
     """Run ``sql`` (statements split on ``;``), retrying while a restarted server comes back."""
     client = _client(url)
     try:
         for stmt in (s.strip() for s in sql.split(";") if s.strip()):
-            for i in range(attempts):
-                try:
-                    client.command(stmt, settings=dict(settings or {}))
-                    break
-                except Exception:
-                    if i == attempts - 1:
-                        raise
-                    time.sleep(1.0)
+            retry_call(
+                functools.partial(client.command, stmt, settings=dict(settings or {})),
+                DDL_RETRY,
+                retry_on=lambda exc: True,  # a server still starting answers in many ways
+                what="engine DDL",
+            )
     finally:
         client.close()
 

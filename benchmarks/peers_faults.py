@@ -23,6 +23,15 @@ from clickhouse_tx.verify import ClickHouseReader
 from server_patches import crashes
 
 
+def count_rows(reader: ClickHouseReader, sql: str) -> int:
+    """The one number ``sql`` selects (as ``n``); -1 while the server is away (killed,
+    restarting) or the table is not there yet."""
+    try:
+        return int(reader.rows(sql, committed=False)[0]["n"])
+    except Exception:  # killed, restarting or not created yet: no count now
+        return -1
+
+
 @dataclasses.dataclass
 class Servers:
     """The embedded stack of one benchmark run, and where its runs keep their files."""
@@ -73,9 +82,7 @@ class ClickHouseKiller:
     def _rows(self) -> int:
         reader = ClickHouseReader(self.srv.url, timeout_s=10)
         try:
-            return int(reader.rows(f"SELECT count() AS n FROM {self.src}", committed=False)[0]["n"])
-        except Exception:  # not created yet, or the server is restarting
-            return -1
+            return count_rows(reader, f"SELECT count() AS n FROM {self.src}")
         finally:
             reader.close()
 
