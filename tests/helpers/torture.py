@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
@@ -131,25 +132,27 @@ def run_child(
     ``during`` runs in a thread while the job does (e.g. a server crash). Raises
     AssertionError when the job failed otherwise than by SIGKILL, unless ``check`` is
     False: then the failure's causes are printed and its exit code returned (a restart).
+    The job's stderr goes to a file: a pipe read only at the end fills with Spark's logs
+    of a failing query (64 KiB) and blocks the job until the timeout.
     """
-    proc = start_child(args, cwd=cwd)
-    side = threading.Thread(target=during, daemon=True) if during else None
-    if side:
-        side.start()
-    try:
-        if kill_after_s is not None:
-            try:
-                proc.wait(kill_after_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout_s)
-    finally:
-        kill_session(proc)  # whatever of the session survived its leader (a JVM, a worker)
+    with tempfile.TemporaryFile() as log:
+        proc = start_child(args, cwd=cwd, stderr=log)
+        side = threading.Thread(target=during, daemon=True) if during else None
         if side:
-            side.join()
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode()
-    proc.stderr.close()
+            side.start()
+        try:
+            if kill_after_s is not None:
+                try:
+                    proc.wait(kill_after_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout_s)
+        finally:
+            kill_session(proc)  # whatever of the session survived its leader (a JVM, a worker)
+            if side:
+                side.join()
+        log.seek(0)
+        err = log.read().decode(errors="replace")
     if proc.returncode not in (0, -signal.SIGKILL):
         if check:
             raise AssertionError(f"streaming job failed ({proc.returncode}): {err[-3000:]}")
