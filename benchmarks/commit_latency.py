@@ -1,0 +1,300 @@
+"""The driver's commit of an 8-partition ``transaction`` batch: p50/p99 and where the time goes.
+
+Starts a private embedded stack, then runs rounds that alternate two workers, each a
+subprocess that prepares ``--commits`` small batches of 8 partitions through
+:func:`clickhouse_tx.factory.build_coordinator` and times ``commit_batch`` on a fresh
+coordinator (as Spark builds one per commit):
+
+- ``current``: the ``clickhouse_tx`` of this tree;
+- ``baseline``: the ``clickhouse_tx`` of ``--baseline-rev`` (``git archive`` into a
+  temp dir, put first on ``PYTHONPATH``), against the same server in the same run.
+
+Each commit is broken down by step: the coordinator's own step durations
+(``CommitReport.durations``: plan, session check, decision write, commit, rollback,
+mark done) and, per I/O call (``mode.commit``, ``registry.transition_many``,
+``log.write``, ...), its count, its summed time and the HTTP round trips made inside
+it. Calls run in parallel, so summed call times may exceed the wall time.
+
+    python -m benchmarks.commit_latency --json benchmarks/results/commit_latency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+REPO = Path(__file__).resolve().parent.parent
+DDL = "CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, payload String) ENGINE = MergeTree ORDER BY id"
+PARTITIONS = 8
+ROWS_PER_PARTITION = 1000
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+class Spans:
+    """Time spent per I/O call name, and the HTTP round trips made inside each (one commit)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.on = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.ms: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self.http: dict[str, int] = collections.defaultdict(int)
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        outer = getattr(self.local, "name", None)
+        self.local.name = name if outer is None else outer
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.local.name = outer
+            if self.on and outer is None:  # only the outermost call counts (no double counting)
+                with self.lock:
+                    self.ms[name] += (time.perf_counter() - t) * 1000
+                    self.calls[name] += 1
+
+    def count_http(self) -> None:
+        if self.on:
+            with self.lock:
+                self.http[getattr(self.local, "name", None) or "other"] += 1
+
+
+class Timed:
+    """A proxy timing every method call of ``inner`` as ``<label>.<method>``."""
+
+    def __init__(self, inner: Any, label: str, spans: Spans) -> None:
+        self._inner, self._label, self._spans = inner, label, spans
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*a: Any, **kw: Any) -> Any:
+            with self._spans.span(f"{self._label}.{name}"):
+                return attr(*a, **kw)
+
+        return call
+
+
+def count_requests(spans: Spans) -> None:
+    """Count every HTTP request of this process against the innermost open span."""
+    import requests
+
+    orig: Callable[..., Any] = requests.Session.request
+
+    def request(self: Any, *a: Any, **kw: Any) -> Any:
+        spans.count_http()
+        return orig(self, *a, **kw)
+
+    requests.Session.request = request  # type: ignore[method-assign]
+
+
+def instrument(coord: Any, spans: Spans) -> None:
+    """Wrap a coordinator's three I/O objects (mode, registry, decision log) in :class:`Timed`."""
+    mode, reg = Timed(coord.mode_io, "mode", spans), Timed(coord.registry, "registry", spans)
+    log = Timed(coord.log, "log", spans)
+    coord.mode_io = coord.ops.mode_io = mode
+    coord.registry = coord.ops.registry = reg
+    coord.log = log
+
+
+def worker(url: str, db: str, table: str, logroot: str, commits: int, first_batch: int) -> dict[str, Any]:
+    import pyarrow as pa
+
+    import clickhouse_tx
+    from clickhouse_tx.factory import build_coordinator
+    from clickhouse_tx.interfaces import Target, WriteContext
+
+    spans = Spans()
+    count_requests(spans)
+    target = Target(url=url, database=db, table=table)
+    txn = f"lat-{uuid.uuid4().hex[:8]}"
+    out: dict[str, Any] = {"code": str(Path(clickhouse_tx.__file__).parent), "commits": []}
+    for b in range(first_batch, first_batch + commits):
+        coord = build_coordinator(target, "transaction", txn, logroot)
+        parts = [
+            pa.table({"id": pa.array(range(i * ROWS_PER_PARTITION, (i + 1) * ROWS_PER_PARTITION), pa.int64())})
+            .append_column("payload", pa.array(["x"] * ROWS_PER_PARTITION))
+            .to_batches()
+            for i in range(PARTITIONS)
+        ]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            msgs = list(pool.map(lambda ip: coord.prepare(WriteContext(txn, b, ip[0], 0), iter(ip[1])), enumerate(parts)))
+        fresh = build_coordinator(target, "transaction", txn, logroot)  # as Spark does
+        instrument(fresh, spans)
+        spans.reset()
+        spans.on = True
+        t = time.perf_counter()
+        report = fresh.commit_batch(b, msgs)
+        ms = (time.perf_counter() - t) * 1000
+        spans.on = False
+        assert len(report.committed) == PARTITIONS, report
+        out["commits"].append(
+            {
+                "ms": ms,
+                "steps_ms": {k: v * 1000 for k, v in report.durations.items()},
+                "calls": {k: {"n": spans.calls[k], "ms": spans.ms[k], "http": spans.http.get(k, 0)} for k in spans.ms},
+                "http": sum(spans.http.values()),
+                "http_outside_calls": spans.http.get("other", 0),
+            }
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def baseline_tree(rev: str, into: str) -> str:
+    """``clickhouse_tx`` of ``rev`` unpacked under ``into`` (importable from there)."""
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev, "clickhouse_tx"], check=True, capture_output=True).stdout
+    path = os.path.join(into, "tar")
+    Path(path).write_bytes(tar)
+    with tarfile.open(path) as t:
+        t.extractall(into, filter="data")
+    return into
+
+
+def run_worker(code: str | None, url: str, db: str, table: str, commits: int, first_batch: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    logroot = tempfile.mkdtemp(prefix="ctx-commit-lat-log-")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (code, str(REPO)) if p)
+    args = [sys.executable, "-m", "benchmarks.commit_latency", "--worker", url, db, table, logroot]
+    args += [str(commits), str(first_batch)]
+    res = subprocess.run(args, env=env, cwd=logroot, capture_output=True, text=True, timeout=900)
+    if res.returncode:
+        raise SystemExit(f"worker failed ({code or 'current'}):\n{res.stderr[-4000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def summarize(commits: list[dict[str, Any]]) -> dict[str, Any]:
+    lat = [c["ms"] for c in commits]
+    steps = sorted({k for c in commits for k in c["steps_ms"]})
+    calls = sorted({k for c in commits for k in c["calls"]})
+
+    def med(xs: list[float]) -> float:
+        return round(statistics.median(xs), 2)
+
+    return {
+        "commits": len(lat),
+        "p50_ms": round(percentile(lat, 0.5), 1),
+        "p99_ms": round(percentile(lat, 0.99), 1),
+        "mean_ms": round(statistics.mean(lat), 1),
+        "http_requests_median": med([c["http"] for c in commits]),
+        "steps_ms_median": {k: med([c["steps_ms"].get(k, 0.0) for c in commits]) for k in steps},
+        "io_calls_median": {
+            k: {
+                "calls": med([c["calls"].get(k, {}).get("n", 0) for c in commits]),
+                "summed_ms": med([c["calls"].get(k, {}).get("ms", 0.0) for c in commits]),
+                "http_requests": med([c["calls"].get(k, {}).get("http", 0) for c in commits]),
+            }
+            for k in calls
+        },
+    }
+
+
+def bench(url: str, rounds: int, commits: int, baseline_rev: str | None) -> dict[str, Any]:
+    from clickhouse_tx.http_client import ClickHouseHTTP
+    from clickhouse_tx.interfaces import Target
+
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    admin = ClickHouseHTTP(Target(url=url, database="default", table="x"))
+    admin.command(f"CREATE DATABASE {db}")
+    admin.command(DDL.format(db=db, t="t"))
+    runs: dict[str, list[dict[str, Any]]] = {"current": []}
+    with tempfile.TemporaryDirectory(prefix="ctx-commit-lat-base-") as base_dir:
+        codes: dict[str, str | None] = {"current": None}
+        if baseline_rev:
+            codes = {"baseline": baseline_tree(baseline_rev, base_dir), **codes}
+            runs["baseline"] = []
+        try:
+            batch = 0
+            for r in range(rounds):  # interleaved, so drift and load hit both alike
+                for name, code in codes.items():
+                    got = run_worker(code, url, db, "t", commits, batch)
+                    batch += commits
+                    runs[name] += got["commits"]
+                    lat = [c["ms"] for c in got["commits"]]
+                    print(
+                        f"  round {r + 1}/{rounds} {name:8s}: p50 {percentile(lat, 0.5):6.1f} ms "
+                        f"p99 {percentile(lat, 0.99):6.1f} ms ({got['code']})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        finally:
+            admin.command(f"DROP DATABASE IF EXISTS {db} SYNC")
+    from benchmarks.results_file import machine
+
+    return {
+        "benchmark": "commit_latency",
+        "mode": "transaction",
+        "partitions": PARTITIONS,
+        "rows_per_partition": ROWS_PER_PARTITION,
+        "rounds": rounds,
+        "commits_per_round": commits,
+        "baseline_rev": baseline_rev,
+        "target_p50_ms": 20,
+        **{name: summarize(cs) for name, cs in runs.items()},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        url, db, table, logroot, commits, first = argv[1:7]
+        print(json.dumps(worker(url, db, table, logroot, int(commits), int(first))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--commits", type=int, default=30, help="commits per worker per round")
+    ap.add_argument("--baseline-rev", default=None, help="git revision whose clickhouse_tx is the baseline")
+    ap.add_argument("--url", help="an existing server (default: start the embedded stack)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if args.url:
+        result = bench(args.url, args.rounds, args.commits, args.baseline_rev)
+    else:
+        from server_patches.stack import running_stack
+
+        with tempfile.TemporaryDirectory(prefix="ctx-bench-stack-") as d, running_stack(d) as stack:
+            result = bench(stack.clickhouse_url, args.rounds, args.commits, args.baseline_rev)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        from benchmarks.results_file import write_result
+
+        write_result(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
