@@ -127,12 +127,22 @@ def instrument(coord: Any, spans: Spans) -> None:
     coord.log = log
 
 
+def prepare_all(coord: Any, txn: str, batch: int, parts: list[Any]) -> list[Any]:
+    """Prepare every partition of ``batch``, 4 at a time (as executors would)."""
+    from clickhouse_tx.interfaces import WriteContext
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return list(
+            pool.map(lambda ip: coord.prepare(WriteContext(txn, batch, ip[0], 0), iter(ip[1])), enumerate(parts))
+        )
+
+
 def worker(url: str, db: str, table: str, logroot: str, commits: int, first_batch: int) -> dict[str, Any]:
     import pyarrow as pa
 
     import clickhouse_tx
     from clickhouse_tx.factory import build_coordinator
-    from clickhouse_tx.interfaces import Target, WriteContext
+    from clickhouse_tx.interfaces import Target
 
     spans = Spans()
     count_requests(spans)
@@ -147,8 +157,7 @@ def worker(url: str, db: str, table: str, logroot: str, commits: int, first_batc
             .to_batches()
             for i in range(PARTITIONS)
         ]
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            msgs = list(pool.map(lambda ip: coord.prepare(WriteContext(txn, b, ip[0], 0), iter(ip[1])), enumerate(parts)))
+        msgs = prepare_all(coord, txn, b, parts)
         fresh = build_coordinator(target, "transaction", txn, logroot)  # as Spark does
         instrument(fresh, spans)
         spans.reset()
@@ -175,7 +184,9 @@ def worker(url: str, db: str, table: str, logroot: str, commits: int, first_batc
 
 def baseline_tree(rev: str, into: str) -> str:
     """``clickhouse_tx`` of ``rev`` unpacked under ``into`` (importable from there)."""
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev, "clickhouse_tx"], check=True, capture_output=True).stdout
+    tar = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "clickhouse_tx"], check=True, capture_output=True
+    ).stdout
     path = os.path.join(into, "tar")
     Path(path).write_bytes(tar)
     with tarfile.open(path) as t:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from clickhouse_tx.errors import DecisionConflictError, OutcomeUnknownError
 from clickhouse_tx.interfaces import Decision, DecisionLogIO, Prepared, RegistryEntry
@@ -19,6 +19,8 @@ from clickhouse_tx.retry import is_transient_or_unknown
 from clickhouse_tx.tx_ops import TxOps
 
 log = logging.getLogger(__name__)
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 class BatchOps:
@@ -62,6 +64,29 @@ class BatchOps:
     def entries(self, batch: int) -> list[RegistryEntry]:
         """Every registry entry of ``batch`` of this query, read within the retry budget."""
         return self.ops.call(lambda: self.ops.registry.list_batch(self.txn_id, batch), is_transient_or_unknown)
+
+    def entries_and_sessions(self, batch: int, msgs: Sequence[Prepared]) -> tuple[list[RegistryEntry], dict[str, bool]]:
+        """The batch's registry entries, and which of ``msgs`` have a live session (by xid).
+
+        For a batch without a decision: when partitions run in parallel, every
+        message's session is renewed while the registry is listed, so the session
+        check before the decision costs no round trip of its own (renewing an attempt
+        that is not chosen only keeps its session open until it is rolled back). A
+        renewal that fails is left out: the check renews that xid again if it is chosen.
+        """
+        if self.parallelism <= 1 or not msgs:
+            return self.entries(batch), {}
+        failed: set[str] = set()
+
+        def renew(i: int) -> bool:
+            try:
+                return self.ops.renew(msgs[i])
+            except Exception:  # see above
+                failed.add(msgs[i].xid)
+                return False
+
+        entries, alive = self.alongside(lambda: self.entries(batch), lambda: self.each(range(len(msgs)), renew))
+        return entries, {msgs[i].xid: ok for i, ok in alive.items() if msgs[i].xid not in failed}
 
     def entries_after_commit(self, batch: int) -> list[RegistryEntry]:
         """The batch's registry entries, for rolling back its other attempts; [] if unreadable.
@@ -134,6 +159,23 @@ class BatchOps:
         if error is not None:
             raise error
         return results
+
+    def alongside(self, background: Callable[[], A], main: Callable[[], B]) -> tuple[A, B]:
+        """``background()`` and ``main()``, at once when ``parallelism`` > 1; (their results).
+
+        Serially (``background`` first) at ``parallelism`` 1, the order the scripted tests
+        and the model checker explore. An error of ``main`` wins over one of ``background``.
+        """
+        if self.parallelism <= 1:
+            first = background()
+            return first, main()
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clickhouse-tx-alongside") as pool:
+            fut = pool.submit(background)
+            try:
+                second = main()
+            finally:
+                concurrent.futures.wait([fut])
+            return fut.result(), second
 
     def forget(self, xids: Iterable[str]) -> None:
         """Drop a done batch's finished entries from the registry (best effort).
