@@ -17,7 +17,7 @@ import logging
 from typing import Mapping, Sequence
 
 from clickhouse_tx.batch_ops import BatchOps
-from clickhouse_tx.commit_plan import CommitPlan, plan_commit, plan_rollback
+from clickhouse_tx.commit_plan import plan_commit, plan_rollback
 from clickhouse_tx.errors import (
     LostTransactionError,
     NotCommittedError,
@@ -87,7 +87,8 @@ class BatchCommitter:
         t0 = self.clock()
         msgs = self.io.check_messages(batch, messages)
         self._check_layout(batch, msgs)
-        plan, renewed = self._plan(batch, msgs)
+        registered = self.io.entries(batch)
+        plan = plan_commit(self.io.read(batch), msgs, registered, txn_id=self.txn_id, batch=batch)
         durations: dict[str, float] = {"plan": self.clock() - t0}
         assert plan.decision is not None
         if plan.already_done:
@@ -95,54 +96,44 @@ class BatchCommitter:
         run = _Run(plan.decision, dict(plan.spares))
         if plan.write_decision:
             t = self.clock()
-            self._check_sessions(run, msgs, renewed)
+            self._check_sessions(run, msgs)
             durations["session_check"] = self.clock() - t
             t = self.clock()
             self.io.write(run.decision)
             durations["decision_write"] = self.clock() - t
+
         t = self.clock()
-        # Other attempts are listed while the decided ones commit: none can be chosen once
-        # the decision is durable, and one registering later is left to GC either way.
-        registered, _ = self.io.alongside(
-            lambda: self.io.entries_after_commit(batch), lambda: self._commit_decided(run, plan.replay, msgs)
-        )
+        first_pass = self._commit_all(run)
+        if plan.replay and run.chosen and msgs and not any(first_pass.values()):
+            first_pass = self._redecide(run, msgs) or first_pass
+        self._replace_dead(run, first_pass)
         durations["commit"] = self.clock() - t
 
         t = self.clock()
         keep = {p.xid for p in run.chosen.values()}
-        run.rolled += self.io.rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
+        # The plan's listing, not a new one: once the decision is durable no other attempt
+        # can be chosen, so rolling back one registered since is GC's job either way.
+        todo = plan_rollback(keep | set(run.rolled), msgs, registered)
+        run.rolled += self.io.rollback_all(todo, quiet=True)
         durations["rollback"] = self.clock() - t
         if run.lost:
             raise LostTransactionError(self._lost_message(run, msgs), xid=run.lost[0].xid)
         t = self.clock()
         self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
         durations["mark_done"] = self.clock() - t
-        self.io.forget(keep | set(run.rolled) | {e.xid for e in registered})
+        self.io.forget_later(keep | set(run.rolled) | {e.xid for e in registered})
         durations["total"] = self.clock() - t0
+        chosen = run.chosen
         return CommitReport(
             batch=batch,
-            committed=tuple(p.xid for _, p in sorted(run.chosen.items())),
+            committed=tuple(p.xid for _, p in sorted(chosen.items())),
             rolled_back=tuple(run.rolled),
-            rows=sum(p.rows for p in run.chosen.values()),
+            rows=sum(p.rows for p in chosen.values()),
             replaced=tuple(run.replaced),
             durations=durations,
             replay=plan.replay,
             decision_version=run.decision.version,
         )
-
-    def _plan(self, batch: int, msgs: Sequence[Prepared]) -> tuple[CommitPlan, Mapping[str, bool]]:
-        """The batch's plan, and whose sessions were renewed alive meanwhile (by xid)."""
-        decision = self.io.read(batch)
-        entries, renewed = self.io.entries_and_sessions(batch, msgs if decision is None else ())
-        return plan_commit(decision, msgs, entries, txn_id=self.txn_id, batch=batch), renewed
-
-    def _commit_decided(self, run: "_Run", replay: bool, msgs: Sequence[Prepared]) -> dict[int, bool]:
-        """Every decided partition committed; a dead one replaced (or put in ``run.lost``)."""
-        first_pass = self._commit_all(run)
-        if replay and run.chosen and msgs and not any(first_pass.values()):
-            first_pass = self._redecide(run, msgs) or first_pass
-        self._replace_dead(run, first_pass)
-        return first_pass
 
     def _check_layout(self, batch: int, msgs: Sequence[Prepared]) -> None:
         """A mode that records how a batch was cut (dedup) refuses a run that cut it otherwise."""
@@ -168,7 +159,7 @@ class BatchCommitter:
             decision_version=decision.version,
         )
 
-    def _check_sessions(self, run: "_Run", msgs: Sequence[Prepared], renewed: Mapping[str, bool] = {}) -> None:
+    def _check_sessions(self, run: "_Run", msgs: Sequence[Prepared]) -> None:
         """Before a decision is written: every chosen xid must still be committable.
 
         Renews each chosen session (so none expires between here and its COMMIT);
@@ -178,12 +169,7 @@ class BatchCommitter:
         early sessions expired committed the rest and failed half-visible.
         """
         parts = sorted(run.chosen)
-
-        def renew(part: int) -> bool:
-            p = run.chosen[part]
-            return renewed[p.xid] if p.xid in renewed else self.ops.renew(p)
-
-        alive = self.io.each(parts, renew)
+        alive = self.io.each(parts, lambda part: self.ops.renew(run.chosen[part]))
         dead: list[Prepared] = []
         for part in parts:
             if alive[part]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from typing import Callable, Iterable, Sequence, TypeVar
+import threading
+from typing import Callable, Iterable, Sequence
 
 from clickhouse_tx.errors import DecisionConflictError, OutcomeUnknownError
 from clickhouse_tx.interfaces import Decision, DecisionLogIO, Prepared, RegistryEntry
@@ -19,8 +20,6 @@ from clickhouse_tx.retry import is_transient_or_unknown
 from clickhouse_tx.tx_ops import TxOps
 
 log = logging.getLogger(__name__)
-A = TypeVar("A")
-B = TypeVar("B")
 
 
 class BatchOps:
@@ -64,42 +63,6 @@ class BatchOps:
     def entries(self, batch: int) -> list[RegistryEntry]:
         """Every registry entry of ``batch`` of this query, read within the retry budget."""
         return self.ops.call(lambda: self.ops.registry.list_batch(self.txn_id, batch), is_transient_or_unknown)
-
-    def entries_and_sessions(self, batch: int, msgs: Sequence[Prepared]) -> tuple[list[RegistryEntry], dict[str, bool]]:
-        """The batch's registry entries, and which of ``msgs`` have a live session (by xid).
-
-        For a batch without a decision: when partitions run in parallel, every
-        message's session is renewed while the registry is listed, so the session
-        check before the decision costs no round trip of its own (renewing an attempt
-        that is not chosen only keeps its session open until it is rolled back). A
-        renewal that fails is left out: the check renews that xid again if it is chosen.
-        """
-        if self.parallelism <= 1 or not msgs:
-            return self.entries(batch), {}
-        failed: set[str] = set()
-
-        def renew(i: int) -> bool:
-            try:
-                return self.ops.renew(msgs[i])
-            except Exception:  # see above
-                failed.add(msgs[i].xid)
-                return False
-
-        entries, alive = self.alongside(lambda: self.entries(batch), lambda: self.each(range(len(msgs)), renew))
-        return entries, {msgs[i].xid: ok for i, ok in alive.items() if msgs[i].xid not in failed}
-
-    def entries_after_commit(self, batch: int) -> list[RegistryEntry]:
-        """The batch's registry entries, for rolling back its other attempts; [] if unreadable.
-
-        Every decided partition is visible by now: a registry that fails here must not
-        fail the job. The attempts it would have listed can never be chosen once the
-        batch is done, and GC rolls them back (``python -m clickhouse_tx gc``).
-        """
-        try:
-            return self.entries(batch)
-        except Exception as exc:
-            log.warning("batch %d: could not list its other attempts (left to GC): %s", batch, exc)
-            return []
 
     def write(self, decision: Decision) -> None:
         """Write a decision version; a lost reply or a conflict is resolved by reading back."""
@@ -160,23 +123,6 @@ class BatchOps:
             raise error
         return results
 
-    def alongside(self, background: Callable[[], A], main: Callable[[], B]) -> tuple[A, B]:
-        """``background()`` and ``main()``, at once when ``parallelism`` > 1; (their results).
-
-        Serially (``background`` first) at ``parallelism`` 1, the order the scripted tests
-        and the model checker explore. An error of ``main`` wins over one of ``background``.
-        """
-        if self.parallelism <= 1:
-            first = background()
-            return first, main()
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clickhouse-tx-alongside") as pool:
-            fut = pool.submit(background)
-            try:
-                second = main()
-            finally:
-                concurrent.futures.wait([fut])
-            return fut.result(), second
-
     def forget(self, xids: Iterable[str]) -> None:
         """Drop a done batch's finished entries from the registry (best effort).
 
@@ -188,3 +134,17 @@ class BatchOps:
             self.ops.registry.forget(sorted(xids))
         except Exception as exc:  # housekeeping never fails a commit
             log.info("could not drop finished registry entries: %s", exc)
+
+    def forget_later(self, xids: Iterable[str]) -> None:
+        """:meth:`forget`, off the commit's critical path when partitions run in parallel.
+
+        A thread drops the entries after the commit returns: the commit does not wait
+        for it (the process's exit does), and entries it leaves behind (the process was
+        killed first) are finished ones that ``gc`` forgets. At ``parallelism`` 1 (scripted tests, the model checker)
+        it runs in line, so the order of effects stays the one they explore.
+        """
+        todo = sorted(set(xids))
+        if self.parallelism <= 1:
+            self.forget(todo)
+            return
+        threading.Thread(target=self.forget, args=(todo,), name="clickhouse-tx-forget", daemon=False).start()
