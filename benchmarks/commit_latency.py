@@ -44,9 +44,12 @@ PARTITIONS = 8
 ROWS_PER_PARTITION = 1000
 
 
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+def _pct(xs: list[float], q: float) -> float:
+    """The harness's percentile (0..100, linear), so the figures compare with the others."""
+    from spark_datasource.testing.visibility import percentile
+
+    got = percentile(xs, q)
+    return float("nan") if got is None else got
 
 
 # ----------------------------------------------------------------------------- worker
@@ -216,8 +219,8 @@ def summarize(commits: list[dict[str, Any]]) -> dict[str, Any]:
 
     return {
         "commits": len(lat),
-        "p50_ms": round(percentile(lat, 0.5), 1),
-        "p99_ms": round(percentile(lat, 0.99), 1),
+        "p50_ms": round(_pct(lat, 50), 1),
+        "p99_ms": round(_pct(lat, 99), 1),
         "mean_ms": round(statistics.mean(lat), 1),
         "http_requests_median": med([c["http"] for c in commits]),
         "steps_ms_median": {k: med([c["steps_ms"].get(k, 0.0) for c in commits]) for k in steps},
@@ -255,8 +258,8 @@ def bench(url: str, rounds: int, commits: int, baseline_rev: str | None) -> dict
                     runs[name] += got["commits"]
                     lat = [c["ms"] for c in got["commits"]]
                     print(
-                        f"  round {r + 1}/{rounds} {name:8s}: p50 {percentile(lat, 0.5):6.1f} ms "
-                        f"p99 {percentile(lat, 0.99):6.1f} ms ({got['code']})",
+                        f"  round {r + 1}/{rounds} {name:8s}: p50 {_pct(lat, 50):6.1f} ms "
+                        f"p99 {_pct(lat, 99):6.1f} ms ({got['code']})",
                         file=sys.stderr,
                         flush=True,
                     )

@@ -13,6 +13,7 @@ registry and the commit messages.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Mapping, Sequence
 
@@ -31,7 +32,7 @@ from clickhouse_tx.errors import (
 from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.interfaces import Decision, Prepared
 from clickhouse_tx.retry import is_transient_or_unknown
-from clickhouse_tx.state import TxState
+from clickhouse_tx.state import TxState, as_state
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class _Run:
     replaced: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     rolled: list[str] = dataclasses.field(default_factory=list)
     lost: list[Prepared] = dataclasses.field(default_factory=list)
+    # committed xids the bulk CAS moved to COMMITTING, not yet recorded COMMITTED
+    unrecorded: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.chosen:
@@ -117,11 +120,13 @@ class BatchCommitter:
         run.rolled += self.io.rollback_all(todo, quiet=True)
         durations["rollback"] = self.clock() - t
         if run.lost:
+            self.io.record_committed(run.unrecorded)
             raise LostTransactionError(self._lost_message(run, msgs), xid=run.lost[0].xid)
         t = self.clock()
         self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
         durations["mark_done"] = self.clock() - t
-        self.io.forget_later(keep | set(run.rolled) | {e.xid for e in registered})
+        finished = sorted(keep | set(run.rolled) | {e.xid for e in registered})
+        self.io.later(functools.partial(self.io.housekeeping, list(run.unrecorded), finished))
         durations["total"] = self.clock() - t0
         chosen = run.chosen
         return CommitReport(
@@ -142,11 +147,20 @@ class BatchCommitter:
     def _replay_of_done(
         self, decision: Decision, msgs: Sequence[Prepared], t0: float, durations: dict[str, float]
     ) -> CommitReport:
-        """A done batch again (Spark replays it after a crash past mark_done): roll back only."""
+        """A done batch again (Spark replays it after a crash past mark_done): roll back only.
+
+        The crash may have come before the batch's housekeeping: its chosen xids, all
+        committed, are recorded so, and its finished entries dropped.
+        """
         t = self.clock()
         keep = {p.xid for p in decision.chosen}
-        rolled = self.io.rollback_all(plan_rollback(keep, msgs, self.io.entries(decision.batch)), quiet=True)
+        registered = self.io.entries(decision.batch)
+        rolled = self.io.rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
         durations["rollback"] = self.clock() - t
+        self.io.housekeeping(
+            [e.xid for e in registered if e.xid in keep and as_state(e.state) is TxState.COMMITTING],
+            sorted(keep | set(rolled) | {e.xid for e in registered}),
+        )
         durations["total"] = self.clock() - t0
         return CommitReport(
             batch=decision.batch,
@@ -326,15 +340,10 @@ class BatchCommitter:
                 return False
 
         results = self.io.each(parts, commit_one)
-        finish = [chosen[p].xid for p in parts if results[p] and chosen[p].xid in ready]
-        try:
-            done = self.ops.bulk_move(finish, (TxState.COMMITTING,), TxState.COMMITTED)
-        except Exception:  # bookkeeping of visible rows: xid by xid below
-            done = set()
-        for xid in finish:
-            if xid not in done:
-                self.ops.record_committed(xid)
+        run.unrecorded += [chosen[p].xid for p in parts if results[p] and chosen[p].xid in ready]
         if doubt:
+            self.io.record_committed(run.unrecorded)
+            run.unrecorded.clear()
             part = min(doubt)
             first = doubt[part]
             raise OutcomeUnknownError(

@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Sequence
 from clickhouse_tx.errors import DecisionConflictError, OutcomeUnknownError
 from clickhouse_tx.interfaces import Decision, DecisionLogIO, Prepared, RegistryEntry
 from clickhouse_tx.retry import is_transient_or_unknown
+from clickhouse_tx.state import TxState
 from clickhouse_tx.tx_ops import TxOps
 
 log = logging.getLogger(__name__)
@@ -135,16 +136,37 @@ class BatchOps:
         except Exception as exc:  # housekeeping never fails a commit
             log.info("could not drop finished registry entries: %s", exc)
 
-    def forget_later(self, xids: Iterable[str]) -> None:
-        """:meth:`forget`, off the commit's critical path when partitions run in parallel.
+    def housekeeping(self, unrecorded: Sequence[str], finished: Sequence[str]) -> None:
+        """A done batch's bookkeeping: its committed xids recorded, its entries dropped."""
+        self.record_committed(unrecorded)
+        self.forget(finished)
 
-        A thread drops the entries after the commit returns: the commit does not wait
-        for it (the process's exit does), and entries it leaves behind (the process was
-        killed first) are finished ones that ``gc`` forgets. At ``parallelism`` 1 (scripted tests, the model checker)
-        it runs in line, so the order of effects stays the one they explore.
+    def record_committed(self, xids: Sequence[str]) -> None:
+        """COMMITTING -> COMMITTED for xids whose COMMIT took effect: bookkeeping only.
+
+        Their rows are visible whatever the registry says; an entry left COMMITTING
+        is found committed by its lookup (``recover``, GC). One bulk CAS, then xid by
+        xid for what it did not move.
         """
-        todo = sorted(set(xids))
+        try:
+            done = self.ops.bulk_move(xids, (TxState.COMMITTING,), TxState.COMMITTED)
+        except Exception:  # xid by xid below
+            done = set()
+        for xid in xids:
+            if xid not in done:
+                self.ops.record_committed(xid)
+
+    def later(self, housekeeping: Callable[[], None]) -> None:
+        """Run a done batch's ``housekeeping`` off the commit's critical path.
+
+        When partitions run in parallel, a thread runs it after the commit returns:
+        the commit does not wait for it (the process's exit does). What it leaves
+        undone when the process is killed first (entries still COMMITTING, finished
+        entries not forgotten) is what a driver killed after its COMMITs leaves, and
+        ``gc`` finishes it. At ``parallelism`` 1 (scripted tests, the model checker) it
+        runs in line, so the order of effects stays the one they explore.
+        """
         if self.parallelism <= 1:
-            self.forget(todo)
+            housekeeping()
             return
-        threading.Thread(target=self.forget, args=(todo,), name="clickhouse-tx-forget", daemon=False).start()
+        threading.Thread(target=housekeeping, name="clickhouse-tx-housekeeping", daemon=False).start()

@@ -19,9 +19,9 @@ from tests.helpers.tables import batches, committed_count, make_table, rows
 PARTS = 4
 
 
-def _join_forget_threads() -> None:
+def _join_housekeeping_threads() -> None:
     for t in threading.enumerate():
-        if t.name == "clickhouse-tx-forget":
+        if t.name == "clickhouse-tx-housekeeping":
             t.join(timeout=30)
 
 
@@ -37,7 +37,7 @@ def test_a_speculative_attempt_registered_before_the_commit_is_rolled_back_and_e
     spec = coord.prepare(WriteContext(txn, 0, 0, 1), batches(rows(100)))
 
     report = build_coordinator(target, "transaction", txn, str(tmp_path)).commit_batch(0, msgs)
-    _join_forget_threads()
+    _join_housekeeping_threads()
 
     assert set(report.committed) == {m.xid for m in msgs}
     assert report.rolled_back == (spec.xid,)
