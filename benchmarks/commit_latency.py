@@ -38,6 +38,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from benchmarks.results_file import run_on_server
+
 REPO = Path(__file__).resolve().parent.parent
 DDL = "CREATE TABLE IF NOT EXISTS {db}.{t} (id Int64, payload String) ENGINE = MergeTree ORDER BY id"
 PARTITIONS = 8
@@ -295,18 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", help="an existing server (default: start the embedded stack)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    if args.url:
-        result = bench(args.url, args.rounds, args.commits, args.baseline_rev)
-    else:
-        from server_patches.stack import running_stack
-
-        with tempfile.TemporaryDirectory(prefix="ctx-bench-stack-") as d, running_stack(d) as stack:
-            result = bench(stack.clickhouse_url, args.rounds, args.commits, args.baseline_rev)
-    print(json.dumps(result, indent=2))
-    if args.json:
-        from benchmarks.results_file import write_result
-
-        write_result(args.json, result)
+    run_on_server(args.url, lambda url: bench(url, args.rounds, args.commits, args.baseline_rev), args.json)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import statistics
 import sys
@@ -26,11 +25,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks.results_file import write_result
+from benchmarks.results_file import run_on_server
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
-from server_patches.stack import running_stack
 from spark_datasource.testing.visibility import percentile
 
 #: ``staging+batch``: mode staging with ``visibility=batch`` (the batch in one transaction).
@@ -153,14 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", help="an existing server (default: start the embedded stack)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    if args.url:
-        result = bench(args.url, args.rows, args.repeat, args.commits)
-    else:
-        with tempfile.TemporaryDirectory(prefix="ctx-bench-stack-") as d, running_stack(d) as stack:
-            result = bench(stack.clickhouse_url, args.rows, args.repeat, args.commits)
-    print(json.dumps(result, indent=2))
-    if args.json:
-        write_result(args.json, result)
+    run_on_server(args.url, lambda url: bench(url, args.rows, args.repeat, args.commits), args.json)
     return 0
 
 

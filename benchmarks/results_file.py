@@ -6,7 +6,7 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 def write_result(path: str | Path, doc: Mapping[str, Any]) -> Path:
@@ -38,3 +38,20 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def run_on_server(url: str | None, bench: Callable[[str], dict[str, Any]], json_path: str | None) -> dict[str, Any]:
+    """``bench`` on ``url``, or on a private embedded stack when None; printed, and written to ``json_path``."""
+    if url:
+        result = bench(url)
+    else:
+        import tempfile
+
+        from server_patches.stack import running_stack
+
+        with tempfile.TemporaryDirectory(prefix="ctx-bench-stack-") as d, running_stack(d) as stack:
+            result = bench(stack.clickhouse_url)
+    print(json.dumps(result, indent=2))
+    if json_path:
+        write_result(json_path, result)
+    return result
