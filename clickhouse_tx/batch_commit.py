@@ -13,7 +13,6 @@ registry and the commit messages.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Mapping, Sequence
 
@@ -32,7 +31,7 @@ from clickhouse_tx.errors import (
 from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.interfaces import Decision, Prepared
 from clickhouse_tx.retry import is_transient_or_unknown
-from clickhouse_tx.state import TxState, as_state
+from clickhouse_tx.state import TxState
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,8 @@ class _Run:
     replaced: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     rolled: list[str] = dataclasses.field(default_factory=list)
     lost: list[Prepared] = dataclasses.field(default_factory=list)
-    # committed xids the bulk CAS moved to COMMITTING, not yet recorded COMMITTED
+    # xids committed from the bulk CAS's COMMITTING: recorded COMMITTED only if the
+    # batch fails (a done batch's are dropped from COMMITTING, see BatchOps.forget)
     unrecorded: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -125,8 +125,9 @@ class BatchCommitter:
         t = self.clock()
         self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
         durations["mark_done"] = self.clock() - t
-        finished = sorted(keep | set(run.rolled) | {e.xid for e in registered})
-        self.io.later(functools.partial(self.io.housekeeping, list(run.unrecorded), finished))
+        t = self.clock()
+        self.io.forget(keep | set(run.rolled) | {e.xid for e in registered}, committed=run.unrecorded)
+        durations["forget"] = self.clock() - t
         durations["total"] = self.clock() - t0
         chosen = run.chosen
         return CommitReport(
@@ -149,18 +150,15 @@ class BatchCommitter:
     ) -> CommitReport:
         """A done batch again (Spark replays it after a crash past mark_done): roll back only.
 
-        The crash may have come before the batch's housekeeping: its chosen xids, all
-        committed, are recorded so, and its finished entries dropped.
+        The crash may have come before the batch's entries were dropped: they are
+        dropped now, its chosen xids from COMMITTING too (every one is committed).
         """
         t = self.clock()
         keep = {p.xid for p in decision.chosen}
         registered = self.io.entries(decision.batch)
         rolled = self.io.rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
         durations["rollback"] = self.clock() - t
-        self.io.housekeeping(
-            [e.xid for e in registered if e.xid in keep and as_state(e.state) is TxState.COMMITTING],
-            sorted(keep | set(rolled) | {e.xid for e in registered}),
-        )
+        self.io.forget(set(rolled) | {e.xid for e in registered}, committed=sorted(keep))
         durations["total"] = self.clock() - t0
         return CommitReport(
             batch=decision.batch,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 from typing import Callable, Iterable, Sequence
 
 from clickhouse_tx.errors import DecisionConflictError, OutcomeUnknownError
@@ -124,22 +123,18 @@ class BatchOps:
             raise error
         return results
 
-    def forget(self, xids: Iterable[str]) -> None:
+    def forget(self, xids: Iterable[str], committed: Sequence[str] = ()) -> None:
         """Drop a done batch's finished entries from the registry (best effort).
 
         Nothing reads them again: the decision is immutable and done, lookups go
         through the markers, and a late attempt of the batch can never be chosen (GC
         rolls it back). Keeping them would make every batch-wide registry scan slower.
+        ``committed`` (xids whose COMMIT took effect) are dropped from COMMITTING.
         """
         try:
-            self.ops.registry.forget(sorted(xids))
+            self.ops.registry.forget(sorted(xids), sorted(committed))
         except Exception as exc:  # housekeeping never fails a commit
             log.info("could not drop finished registry entries: %s", exc)
-
-    def housekeeping(self, unrecorded: Sequence[str], finished: Sequence[str]) -> None:
-        """A done batch's bookkeeping: its committed xids recorded, its entries dropped."""
-        self.record_committed(unrecorded)
-        self.forget(finished)
 
     def record_committed(self, xids: Sequence[str]) -> None:
         """COMMITTING -> COMMITTED for xids whose COMMIT took effect: bookkeeping only.
@@ -155,18 +150,3 @@ class BatchOps:
         for xid in xids:
             if xid not in done:
                 self.ops.record_committed(xid)
-
-    def later(self, housekeeping: Callable[[], None]) -> None:
-        """Run a done batch's ``housekeeping`` off the commit's critical path.
-
-        When partitions run in parallel, a thread runs it after the commit returns:
-        the commit does not wait for it (the process's exit does). What it leaves
-        undone when the process is killed first (entries still COMMITTING, finished
-        entries not forgotten) is what a driver killed after its COMMITs leaves, and
-        ``gc`` finishes it. At ``parallelism`` 1 (scripted tests, the model checker) it
-        runs in line, so the order of effects stays the one they explore.
-        """
-        if self.parallelism <= 1:
-            housekeeping()
-            return
-        threading.Thread(target=housekeeping, name="clickhouse-tx-housekeeping", daemon=False).start()

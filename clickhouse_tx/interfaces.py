@@ -322,9 +322,10 @@ class RegistryIO(Protocol):
         """Operator side (``gc``): :meth:`list_open` over every mode, also through a view
         restricted to one mode (a batch job's stage may hold xids of several)."""
 
-    def forget(self, xids: Sequence[str]) -> None:
+    def forget(self, xids: Sequence[str], committed: Sequence[str] = ()) -> None:
         """Driver (once per done batch) and ``gc``: delete the finished entries among
-        ``xids``; nothing reads them again. Best effort for its callers."""
+        ``xids``, and the COMMITTING ones among ``committed`` (xids of a done batch
+        whose COMMIT took effect); nothing reads them again. Best effort for its callers."""
 
 
 @dataclasses.dataclass(frozen=True)

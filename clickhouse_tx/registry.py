@@ -401,21 +401,21 @@ class KeeperMapRegistry:
         """:meth:`list_open`: this registry is never restricted to one mode."""
         return self.list_open(older_than_s)
 
-    def forget(self, xids: Sequence[str]) -> None:
-        """Delete the finished (committed/aborted) entries among ``xids`` (by key).
+    def forget(self, xids: Sequence[str], committed: Sequence[str] = ()) -> None:
+        """Delete the finished entries among ``xids`` and the COMMITTING ones among ``committed``.
 
-        Driver, once per batch after it is marked done: a KeeperMap filter on anything
-        but the key reads every key, so the registry is kept to the xids in flight.
+        Driver, once per done batch (``committed``: its xids whose COMMIT took effect,
+        whose CAS to COMMITTED nothing would read), and ``gc``. KeeperMap filters on
+        anything but the key read every key: the registry keeps only the xids in flight.
         """
-        xids = list(dict.fromkeys(xids))
-        if not xids:
-            return
-        self.ensure_table()
-        self.client.command(
-            f"ALTER TABLE {self._fq} DELETE WHERE {q.quote_identifier('xid')} IN {q.quote_strings(xids)} "
-            f"AND state IN {q.quote_strings(FINISHED_STATES)}",
-            settings=_STRICT,
-        )
+        if keys := list(dict.fromkeys([*xids, *committed])):
+            self.ensure_table()
+            self.client.command(
+                f"ALTER TABLE {self._fq} DELETE WHERE xid IN {q.quote_strings(keys)} AND (state IN "
+                f"{q.quote_strings(FINISHED_STATES)} "
+                f"OR xid IN {q.quote_strings([*committed, ''])} AND state = 'committing')",
+                settings=_STRICT,
+            )
 
     def purge_finished(self, older_than_s: float) -> None:
         """Delete committed/aborted entries not updated for ``older_than_s`` (housekeeping).

@@ -124,9 +124,10 @@ class ShardedRegistry:
     def list_open(self, older_than_s: float | None = None) -> list[RegistryEntry]:
         return [e for r in self.registries for e in r.list_open(older_than_s)]
 
-    def forget(self, xids: Sequence[str]) -> None:
-        for shard, some in self._by_shard(xids).items():
-            self.registries[shard].forget(some)
+    def forget(self, xids: Sequence[str], committed: Sequence[str] = ()) -> None:
+        done = set(committed)
+        for shard, some in self._by_shard([*xids, *committed]).items():
+            self.registries[shard].forget(some, [x for x in some if x in done])
 
 
 class ShardedModeIO:

@@ -220,3 +220,19 @@ def test_a_bulk_transition_moves_only_the_xids_in_an_expected_state_and_says_whi
     assert [reg.get(x).state for x in ("x0", "x1", "x2")] == ["committing", "committing", "committed"]
     assert reg.get("x0").payload == {"v": 2} and reg.get("missing") is None
     assert reg.transition_many(["x0", "x1"], ["initialized"], "committing") == []  # none expected any more
+
+
+def test_forget_drops_finished_entries_and_only_the_committing_ones_named_committed(
+    registry: KeeperMapRegistry,
+) -> None:
+    states = {"done": COMMITTED, "gone": ABORTED, "said": COMMITTING, "busy": COMMITTING, "open": INIT}
+    for xid, state in states.items():
+        registry.register(entry(xid, state=INIT if state != ABORTED else ABORTED))
+        if state in (COMMITTING, COMMITTED):
+            assert registry.transition(xid, [INIT], COMMITTING)
+        if state == COMMITTED:
+            assert registry.transition(xid, [COMMITTING], COMMITTED)
+
+    registry.forget(list(states), committed=["said", "open"])
+
+    assert {e.xid: e.state for e in registry.list_batch("q", 0)} == {"busy": COMMITTING, "open": INIT}

@@ -228,11 +228,18 @@ class FakeClickHouse:
 class FakeRegistry:
     """A linearizable xid -> state map; every transition is checked against the state table."""
 
-    def __init__(self, faults: FakeCallFaults | None = None, clock: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(
+        self,
+        faults: FakeCallFaults | None = None,
+        clock: Callable[[], float] = lambda: 0.0,
+        committed_on_server: Callable[[str], bool] = lambda xid: True,
+    ) -> None:
         self.faults = faults or FakeCallFaults()
         self.clock = clock
         self.entries: dict[str, RegistryEntry] = {}
         self.forgotten: dict[str, RegistryEntry] = {}
+        # checks what a forget claims of the COMMITTING entries it drops
+        self.committed_on_server = committed_on_server
 
     def _hit(self, op: str, phase: str) -> None:
         self.faults.hit(f"registry.{op}", phase)
@@ -289,12 +296,22 @@ class FakeRegistry:
             key=lambda e: (e.partition, e.attempt, e.xid),
         )
 
-    def forget(self, xids: Sequence[str]) -> None:
-        """Drop finished entries (as the KeeperMap registry does); kept aside for the checks."""
+    def forget(self, xids: Sequence[str], committed: Sequence[str] = ()) -> None:
+        """Drop finished entries, and the COMMITTING ones among ``committed`` (as the
+        KeeperMap registry does); kept aside for the checks.
+
+        A COMMITTING entry dropped as committed is kept as COMMITTED, the CAS the drop
+        stands for, after checking the claim against the server: an xid not committed
+        there is a protocol bug, raised as one.
+        """
         self._hit("forget", "before")
-        for xid in xids:
+        for xid in [*xids, *committed]:
             e = self.entries.get(xid)
-            if e is not None and e.state in (TxState.COMMITTED.value, TxState.ABORTED.value):
+            if e is not None and xid in committed and e.state == TxState.COMMITTING.value:
+                if not self.committed_on_server(xid):
+                    raise AssertionError(f"forgot {xid} as committed, but it is not committed on the server")
+                self.forgotten[xid] = dataclasses.replace(self.entries.pop(xid), state=TxState.COMMITTED.value)
+            elif e is not None and e.state in (TxState.COMMITTED.value, TxState.ABORTED.value):
                 self.forgotten[xid] = self.entries.pop(xid)
         self._hit("forget", "after")
 
@@ -375,10 +392,14 @@ class World:
 
     def __post_init__(self) -> None:
         self.ch = FakeClickHouse(self.faults, whole_batch=self.whole_batch)
-        self.registry = FakeRegistry(self.faults, clock=lambda: self.now[0])
+        self.registry = FakeRegistry(self.faults, clock=lambda: self.now[0], committed_on_server=self._committed)
         self.log = FakeDecisionLog(self.txn_id, self.faults)
         self.faults.on_kill = self.ch.kill_sessions
         self._xids = 0
+
+    def _committed(self, xid: str) -> bool:
+        t = self.ch.tx.get(xid)
+        return t is not None and t.status == "committed"
 
     def next_xid(self, txn_id: str, batch: int, partition: int, attempt: int) -> str:
         """Deterministic xids, so a failing schedule replays identically."""

@@ -298,17 +298,21 @@ def test_a_server_error_before_a_commit_ran_commits_the_pending_xid_once() -> No
 
 
 def test_a_registry_failing_after_every_commit_took_effect_still_ends_the_batch_done() -> None:
-    # The rows are visible: the registry's COMMITTED is bookkeeping, and the entries of a
-    # done batch are dropped; failing the job here invited a rerun under a new id.
+    # The rows are visible: dropping the done batch's entries is bookkeeping, and failing
+    # the job here invited a rerun under a new id. A replay of the batch drops them.
     w = World()
     c = w.coordinator()
     ms = [prepare(c, p, 0) for p in range(PARTS)]
-    w.faults.arm(0, "server_error", lambda op, ph: op == "registry.transition_many" and ph == "after")
-    w.faults.at = 1  # the bulk CAS to COMMITTING works; the one to COMMITTED fails after it landed
+    w.faults.arm(0, "server_error", lambda op, ph: op == "registry.forget" and ph == "before")
     report = w.coordinator().commit_batch(0, ms)
     assert w.faults.fired and set(report.committed) == {m.xid for m in ms}
     assert_exactly_once(w)
     assert w.log.read(0).done
+    assert {w.registry.entries[m.xid].state for m in ms} == {"committing"}
+
+    again = w.coordinator().commit_batch(0, ms)
+    assert again.already_done and w.registry.entries == {}
+    assert {w.registry.everything[m.xid].state for m in ms} == {"committed"}
 
 
 def test_a_server_error_whose_lookup_fails_too_leaves_the_batch_in_doubt_and_undone() -> None:
