@@ -4,7 +4,8 @@
 counted from the first row in the target table (the run is writing by then, whatever
 its start-up costs), and starts it again on the same data after a pause
 (:mod:`server_patches.crashes`). The Spark driver's own kills are the pipeline
-harness's (``PipelineConfig.crashes``, at random moments after the first batch).
+harness's (``PipelineConfig.crashes``, at a fault step of the sink or at a random moment
+after the first batch).
 
 Calling process of the benchmark (a thread beside a run).
 """
@@ -52,11 +53,12 @@ class Servers:
 @dataclasses.dataclass(frozen=True)
 class FaultPlan:
     """ClickHouse is killed ``at_s`` seconds after the first row is in the table, for
-    ``down_s`` each time; a Spark peer's driver is also SIGKILLed ``driver_kills`` times."""
+    ``down_s`` each time; a Spark peer's driver is also SIGKILLed once per entry of
+    ``driver_kills`` (a fault step of its sink, or ``random``; ``PipelineConfig.crash_points``)."""
 
     at_s: tuple[float, ...]
     down_s: float = 2.0
-    driver_kills: int = 1
+    driver_kills: tuple[str, ...] = ()
 
 
 class ClickHouseKiller:

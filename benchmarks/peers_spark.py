@@ -17,11 +17,20 @@ import zlib
 from typing import Any
 
 from benchmarks.peers_faults import ClickHouseKiller, FaultPlan, Servers
+from spark_datasource.testing.foreach_sinks import FOREACH_FAULT_STEP
 from spark_datasource.testing.pipeline import run_pipeline
 from spark_datasource.testing.pipeline_config import PipelineConfig
 
 #: The streaming job's ``--sink`` of each Spark peer.
 SINK = {"transaction": "clickhouse_tx", "foreach_batch": "foreach_connect"}
+
+#: Where each Spark peer's driver is killed under faults: once its batch's rows are
+#: written and before Spark's commit log records the batch (every COMMIT of the
+#: writer's done; clickhouse-connect's INSERT returned), then at a random moment.
+DRIVER_KILLS = {
+    "transaction": ("before_mark_done", "random"),
+    "foreach_batch": (FOREACH_FAULT_STEP, "random"),
+}
 
 #: Restarts of a job that failed by itself (a query stopped by a ClickHouse kill) in a
 #: run under faults: what a supervisor would do.
@@ -46,7 +55,7 @@ def run_spark(
     of ``batch`` records (throughput: rows over the batches' summed ``triggerExecution``).
     ``rate``: a steady stream at that rate and a processing-time ``trigger`` (latency
     after ``warmup_s``). ``faults``: ClickHouse killed at the plan's row counts and the
-    driver SIGKILLed at random moments.
+    driver SIGKILLed at the plan's points.
     """
     name = srv.fresh_name(peer)
     table = f"peers.{name}"
@@ -55,8 +64,8 @@ def run_spark(
         partitions=srv.partitions,
         mode="transaction",
         trigger=trigger,
-        crashes=faults.driver_kills if faults else 0,
-        crash_points="random",
+        crashes=len(faults.driver_kills) if faults else 0,
+        crash_points=",".join(faults.driver_kills) if faults else "random",
         max_offsets_per_trigger=batch,
         rate=rate,
         seed=zlib.crc32(name.encode()),

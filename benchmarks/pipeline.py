@@ -24,10 +24,11 @@ from typing import Sequence
 
 from benchmarks.results_file import write_result
 from clickhouse_tx.faults import STREAMING_STEPS
+from spark_datasource.testing.foreach_sinks import SINKS
 from spark_datasource.testing.pipeline import run_pipeline
 from spark_datasource.testing.pipeline_config import MODES, PipelineConfig
 from spark_datasource.testing.pipeline_report import summary_table
-from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE, SINKS
+from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespace]:

@@ -10,6 +10,7 @@ from typing import Callable
 
 from clickhouse_tx.faults import STREAMING_STEPS
 from clickhouse_tx.interfaces import Mode
+from spark_datasource.testing.foreach_sinks import FOREACH_FAULT_STEP
 from spark_datasource.testing.job_launcher import JobLauncher
 from spark_datasource.testing.streaming_job import DEFAULT_DECODE
 
@@ -43,12 +44,17 @@ class PipelineConfig:
     job_timeout_s: float = 900.0
     quiet: bool = False
     writer_options: tuple[str, ...] = ()
-    sink: str = "clickhouse_tx"  # or a foreachBatch sink without the writer (streaming_job.SINKS)
+    sink: str = "clickhouse_tx"  # or a foreachBatch sink without the writer (foreach_sinks.SINKS)
     #: Start the job again on its checkpoint when it fails by itself (a query that stopped on
     #: an error, e.g. ClickHouse killed under it), at most this many times, as a supervisor
     #: would; 0: a failure ends the run with an error.
     restart_failed: int = 0
     decode: str = DEFAULT_DECODE  # where the job decodes the events' JSON (streaming_job.DECODE_OPTIONS)
+
+
+def fault_steps(sink: str) -> tuple[str, ...]:
+    """The fault steps the job's ``sink`` fires: the writer's, or a foreachBatch sink's one."""
+    return STREAMING_STEPS if sink == "clickhouse_tx" else (FOREACH_FAULT_STEP,)
 
 
 def plan_crashes(cfg: PipelineConfig, rng: random.Random) -> list[str]:
@@ -58,7 +64,7 @@ def plan_crashes(cfg: PipelineConfig, rng: random.Random) -> list[str]:
     if cfg.crash_points == "random":
         return ["random"] * cfg.crashes
     if cfg.crash_points in ("steps", "mixed"):
-        steps = list(STREAMING_STEPS)
+        steps = list(fault_steps(cfg.sink))
         rng.shuffle(steps)
         out = []
         for i in range(cfg.crashes):
@@ -69,8 +75,9 @@ def plan_crashes(cfg: PipelineConfig, rng: random.Random) -> list[str]:
         return out
     given = [s.strip() for s in cfg.crash_points.split(",") if s.strip()]
     for s in given:
-        if s != "random" and s.split(":")[0] not in {f.split(":")[0] for f in STREAMING_STEPS}:
-            raise ValueError(f"--crash-points: unknown step {s!r} (one of {', '.join(STREAMING_STEPS)}, random)")
+        if s != "random" and s.split(":")[0] not in {f.split(":")[0] for f in fault_steps(cfg.sink)}:
+            known = ", ".join(fault_steps(cfg.sink))
+            raise ValueError(f"--crash-points: {s!r} is not a step of --sink {cfg.sink} (one of {known}, random)")
     return [given[i % len(given)] for i in range(cfg.crashes)]
 
 

@@ -26,7 +26,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from spark_datasource.testing import credentials
-from spark_datasource.testing.credentials import http_auth
+from spark_datasource.testing.foreach_sinks import FOREACH_FAULT_STEP, SINKS, foreach_batch
 from spark_datasource.testing.session import local_session
 
 #: The JSON each event carries (see :func:`spark_datasource.testing.source_and_target.event_json`).
@@ -40,12 +40,6 @@ DECODE_OPTIONS: dict[str, dict[str, str]] = {
     "spark": {},
 }
 DEFAULT_DECODE = "source"
-
-#: ``--sink``: ``clickhouse_tx`` (the writer), or a ``foreachBatch`` function writing each
-#: micro-batch at least once: ``foreach_insert`` (a plain HTTP INSERT of Arrow, a diagnostic
-#: without the writer) or ``foreach_connect`` (clickhouse-connect's ``insert_arrow`` of
-#: ``toArrow()``: what users do today, :mod:`benchmarks.peers` compares it with the writer).
-SINKS = ("clickhouse_tx", "foreach_insert", "foreach_connect")
 
 #: Columns of the target table, in the order the job writes them.
 TABLE_COLUMNS = (
@@ -85,7 +79,11 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=tuple(DECODE_OPTIONS),
         help="where the JSON is decoded (DECODE_OPTIONS)",
     )
-    ap.add_argument("--fault-step", default=None, help="fault.step of the writer (tests and the demo)")
+    ap.add_argument(
+        "--fault-step",
+        default=None,
+        help=f"fault.step of the writer (tests and the demo); {FOREACH_FAULT_STEP} for a foreachBatch sink",
+    )
     ap.add_argument("--fault-action", default="kill")
     ap.add_argument("--fault-once-file", default=None)
     ap.add_argument("--fault-batch", default=None)
@@ -240,65 +238,6 @@ def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
     return w.options(**{**credentials.writer_options(), **where, **extra})
 
 
-def _plain_insert(url: str, table: str):
-    """foreachBatch function: INSERT the batch as Arrow over HTTP (driver, once per batch)."""
-    import pyarrow as pa
-    import requests
-
-    from clickhouse_tx.sql import qualified, split_table
-
-    sql = f"INSERT INTO {qualified(*split_table(table))} FORMAT ArrowStream"
-
-    def insert(batch_df, batch_id: int) -> None:
-        tbl = batch_df.toArrow()
-        if tbl.num_rows == 0:
-            return
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, tbl.schema) as wr:
-            wr.write_table(tbl)
-        r = requests.post(
-            url.rstrip("/") + "/",
-            params={"query": sql},
-            data=sink.getvalue().to_pybytes(),
-            timeout=300,
-            auth=http_auth(),
-        )
-        if r.status_code != 200:
-            raise RuntimeError(f"batch {batch_id}: INSERT into {table} failed: {r.text.strip()[:500]}")
-
-    return insert
-
-
-def _connect_insert(url: str, table: str):
-    """foreachBatch function: clickhouse-connect's ``insert_arrow`` of the batch (driver, once per batch).
-
-    Today's practice without the writer: at least once (a batch replayed after a crash
-    between the insert and Spark's commit log is inserted again). One client per driver
-    process, made at the first batch.
-    """
-    from clickhouse_tx.sql import split_table
-
-    db, t = split_table(table)
-    client: list[Any] = []
-
-    def insert(batch_df, batch_id: int) -> None:
-        tbl = batch_df.toArrow()
-        if tbl.num_rows == 0:
-            return
-        if not client:
-            import clickhouse_connect
-
-            login = credentials.clickhouse_connect_login()
-            client.append(
-                clickhouse_connect.get_client(
-                    dsn=url, username=login.get("username"), password=login.get("password", "")
-                )
-            )
-        client[0].insert_arrow(t, tbl, database=db)
-
-    return insert
-
-
 def run(argv: Sequence[str] | None = None) -> int:
     """Start the query, report progress, stop at the end offsets. Returns the exit code."""
     a = _args(argv)
@@ -318,10 +257,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         reader = reader.option("maxOffsetsPerTrigger", str(a.max_offsets_per_trigger))
     df = parse_events(reader.load())
     if a.sink != "clickhouse_tx":
-        write = _plain_insert if a.sink == "foreach_insert" else _connect_insert
         w = (
             df.writeStream.queryName(a.query_name)
-            .foreachBatch(write(a.url, a.table))
+            .foreachBatch(foreach_batch(a.sink, a.url, a.table, a.fault_step, a.fault_batch, a.fault_once_file))
             .option("checkpointLocation", a.checkpoint)
         )
     else:
