@@ -269,6 +269,10 @@ def bench(url: str, rounds: int, commits: int, baseline_rev: str | None) -> dict
             admin.command(f"DROP DATABASE IF EXISTS {db} SYNC")
     from benchmarks.results_file import machine
 
+    got = {name: summarize(cs) for name, cs in runs.items()}
+    if "baseline" in got:
+        base, cur = got["baseline"], got["current"]
+        got["current_over_baseline"] = {k: round(cur[k] / base[k], 3) for k in ("p50_ms", "p99_ms", "mean_ms")}
     return {
         "benchmark": "commit_latency",
         "mode": "transaction",
@@ -278,7 +282,7 @@ def bench(url: str, rounds: int, commits: int, baseline_rev: str | None) -> dict
         "commits_per_round": commits,
         "baseline_rev": baseline_rev,
         "target_p50_ms": 20,
-        **{name: summarize(cs) for name, cs in runs.items()},
+        **got,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
     }
