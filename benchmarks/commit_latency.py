@@ -249,6 +249,9 @@ def bench(url: str, rounds: int, commits: int, baseline_rev: str | None) -> dict
     with tempfile.TemporaryDirectory(prefix="ctx-commit-lat-base-") as base_dir:
         codes: dict[str, str | None] = {"current": None}
         if baseline_rev:
+            # the commit, not a branch name that moves on
+            rev_parse = ["git", "-C", str(REPO), "rev-parse", "--short", baseline_rev]
+            baseline_rev = subprocess.run(rev_parse, check=True, capture_output=True, text=True).stdout.strip()
             codes = {"baseline": baseline_tree(baseline_rev, base_dir), **codes}
             runs["baseline"] = []
         try:
