@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from typing import Callable, Iterable, Sequence
 
+from clickhouse_tx.commit_plan import plan_rollback
 from clickhouse_tx.errors import DecisionConflictError, OutcomeUnknownError
 from clickhouse_tx.interfaces import Decision, DecisionLogIO, Prepared, RegistryEntry
 from clickhouse_tx.retry import is_transient_or_unknown
@@ -20,6 +22,15 @@ from clickhouse_tx.state import TxState
 from clickhouse_tx.tx_ops import TxOps
 
 log = logging.getLogger(__name__)
+
+#: How long the driver's abort keeps trying an xid whose session a straggler still
+#: holds (SESSION_IS_LOCKED). Spark cancels the other tasks of a failed stage and kills
+#: their Python workers within seconds, which ends their INSERTs; rolled back then,
+#: their transactions do not stay open (blocking a DROP of the target) until their
+#: sessions time out.
+STRAGGLER_WAIT_S = 30.0
+#: Pause between two rounds of that wait.
+STRAGGLER_POLL_S = 0.5
 
 
 class BatchOps:
@@ -103,6 +114,27 @@ class BatchOps:
                     exc,
                 )
         return done
+
+    def rollback_batch(
+        self, batch: int, keep: set[str], messages: Sequence[Prepared], *, wait_s: float
+    ) -> tuple[list[str], tuple[str, ...]]:
+        """Roll back everything of ``batch`` not in ``keep``: (xids rolled back, xids left).
+
+        An xid that cannot be rolled back now (a straggler holds its session) is tried
+        again every :data:`STRAGGLER_POLL_S`, with the batch listed afresh so that an
+        attempt registered meanwhile is included, until ``wait_s`` has passed; what is
+        still left then is fenced and left to GC and session expiry (:meth:`rollback_all`).
+        """
+        deadline = time.monotonic() + wait_s
+        rolled: list[str] = []
+        for _ in range(int(wait_s / STRAGGLER_POLL_S) + 1):
+            todo = [p for p in plan_rollback(keep, messages, self.entries(batch)) if p.xid not in rolled]
+            rolled += self.rollback_all(todo, quiet=True)
+            left = tuple(p.xid for p in todo if p.xid not in rolled)
+            if not left or time.monotonic() + STRAGGLER_POLL_S > deadline:
+                break
+            self.ops.sleep(STRAGGLER_POLL_S)
+        return rolled, left
 
     def each(self, parts: Sequence[int], fn: Callable[[int], bool]) -> dict[int, bool]:
         """``fn`` over the partitions, ``parallelism`` at a time; the first error is raised."""

@@ -32,8 +32,7 @@ from typing import Callable, Iterator, Sequence
 import pyarrow as pa
 
 from clickhouse_tx.batch_commit import BatchCommitter, CommitReport
-from clickhouse_tx.batch_ops import BatchOps
-from clickhouse_tx.commit_plan import plan_rollback
+from clickhouse_tx.batch_ops import STRAGGLER_WAIT_S, BatchOps
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.ids import new_xid
 from clickhouse_tx.interfaces import CommitModeIO, DecisionLogIO, Prepared, RegistryIO, Target, WriteContext
@@ -152,7 +151,12 @@ class Coordinator:
         return BatchCommitter(self.batch_ops()).commit_batch(batch, messages)
 
     def abort_batch(
-        self, batch: int, messages: Sequence[Prepared | None], *, discard_decided: bool = False
+        self,
+        batch: int,
+        messages: Sequence[Prepared | None],
+        *,
+        discard_decided: bool = False,
+        straggler_wait_s: float = STRAGGLER_WAIT_S,
     ) -> AbortReport:
         """Driver, when Spark aborts a batch: roll back everything not decided.
 
@@ -160,17 +164,17 @@ class Coordinator:
         committed, and the replay of the batch rolls the rest forward. With
         ``discard_decided`` (a batch job's stage, dropped afterwards: nothing of it is
         visible and no replay comes) they are rolled back too, so that no open
-        transaction holds the stage; one already committed into it stays. Never raises
-        for one xid that cannot be rolled back now (a straggler task still holds its
-        session: SESSION_IS_LOCKED): it is fenced, so it can never commit, and is
-        listed in ``left`` for GC and session expiry; Spark's own error stays the one
-        the user sees.
+        transaction holds the stage; one already committed into it stays.
+
+        An xid that cannot be rolled back now (a straggler task still holds its
+        session: SESSION_IS_LOCKED) is fenced, so it can never commit, and tried again
+        for up to ``straggler_wait_s`` (Spark kills a cancelled task's Python worker
+        within seconds). One still held then never makes this raise: it is listed in
+        ``left`` for GC and session expiry; Spark's own error stays the one the user sees.
         """
         io = self.batch_ops()
         msgs = io.check_messages(batch, messages)
         decision = io.read(batch)
         keep = {p.xid for p in decision.chosen} if decision is not None and not discard_decided else set()
-        todo = plan_rollback(keep, msgs, io.entries(batch))
-        rolled = io.rollback_all(todo, quiet=True)
-        left = tuple(p.xid for p in todo if p.xid not in rolled)
+        rolled, left = io.rollback_batch(batch, keep, msgs, wait_s=straggler_wait_s)
         return AbortReport(batch=batch, rolled_back=tuple(rolled), kept=tuple(sorted(keep)), left=left)

@@ -55,11 +55,13 @@ class HttpSession:
 
     def run(self, sql: str, **settings: str) -> Reply:
         params = {"session_id": self.session_id, "session_timeout": "600", "database": self.database, **settings}
+        return self._post(sql, params)
+
+    def _post(self, sql: str, params: dict[str, str]) -> Reply:
         r = self.http.post(self.url, params=params, data=sql.encode(), auth=self.auth, timeout=self.timeout_s)
-        body = r.content
-        if r.status_code != 200 or _IN_BODY in body:
-            return _error(body, r.headers.get("X-ClickHouse-Exception-Code"))
-        return Reply(body)
+        if r.status_code != 200 or _IN_BODY in r.content:
+            return _error(r.content, r.headers.get("X-ClickHouse-Exception-Code"))
+        return Reply(r.content)
 
     def close(self) -> None:
         self.http.close()
@@ -69,11 +71,6 @@ def run_once(url: str, sql: str, *, auth: tuple[str, str] | None = None) -> Repl
     """One statement outside any session (database administration of the runner)."""
     s = HttpSession(url, "default", auth=auth)
     try:
-        r = s.http.post(s.url, params={"database": "default"}, data=sql.encode(), auth=auth, timeout=s.timeout_s)
-        return (
-            _error(r.content, r.headers.get("X-ClickHouse-Exception-Code"))
-            if r.status_code != 200
-            else Reply(r.content)
-        )
+        return s._post(sql, {"database": "default"})
     finally:
         s.close()

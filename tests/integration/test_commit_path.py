@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clickhouse_tx import sql as q
 from clickhouse_tx.errors import ServerError, TransientError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
@@ -159,7 +160,41 @@ def test_unknown_status_of_transaction_from_commit_is_settled_by_lookup_never_by
     assert len(commits) == (1 if landed else 2)
 
 
-def test_abort_does_not_raise_when_a_straggler_holds_its_session_and_recover_finishes_it_later(
+def _hold_session(target: Target, xid: str, seconds: int) -> tuple[threading.Thread, ClickHouseHTTP]:
+    """A straggler's statement running in ``xid``'s session for ``seconds``: the session is locked."""
+    KEEP_ALIVE.unwatch(xid)
+    straggler = ClickHouseHTTP(target, session_id=xid, session_timeout=target.session_timeout_s)
+    holder = threading.Thread(
+        target=lambda: straggler.command(
+            f"SELECT sleepEachRow(0.5) FROM numbers({2 * seconds}) SETTINGS max_block_size = 1 FORMAT Null",
+            session_check=True,
+        )
+    )
+    holder.start()
+    time.sleep(0.5)
+    return holder, straggler
+
+
+def test_abort_waits_for_a_straggler_that_holds_its_session_and_then_rolls_it_back(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    from clickhouse_tx.registry import KeeperMapRegistry
+
+    target = make_table(admin, database)
+    co = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
+    holder, straggler = _hold_session(target, p.xid, 4)  # longer than the client's retries
+    report = co.abort_batch(0, [p])
+    assert report.rolled_back == (p.xid,) and report.left == ()
+    assert KeeperMapRegistry(target).get(p.xid).state == "aborted"
+    holder.join()
+    straggler.close()
+    assert committed_count(admin, target) == 0
+    # nothing holds the target: a synchronous DROP does not wait behind an open transaction
+    admin.command(f"DROP TABLE {q.qualified(target.database, target.table)} SYNC")
+
+
+def test_abort_does_not_raise_when_a_straggler_holds_its_session_past_the_wait_and_recover_finishes_it(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
     from clickhouse_tx.recovery import resolve_in_doubt
@@ -168,16 +203,8 @@ def test_abort_does_not_raise_when_a_straggler_holds_its_session_and_recover_fin
     target = make_table(admin, database)
     co = build_coordinator(target, "transaction", TXN, str(tmp_path))
     p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
-    KEEP_ALIVE.unwatch(p.xid)
-    straggler = ClickHouseHTTP(target, session_id=p.xid, session_timeout=target.session_timeout_s)
-    holder = threading.Thread(
-        target=lambda: straggler.command(
-            "SELECT sleepEachRow(0.5) FROM numbers(24) SETTINGS max_block_size = 1 FORMAT Null", session_check=True
-        )
-    )
-    holder.start()
-    time.sleep(0.5)
-    report = co.abort_batch(0, [p])  # SESSION_IS_LOCKED through every retry: no exception
+    holder, straggler = _hold_session(target, p.xid, 12)
+    report = co.abort_batch(0, [p], straggler_wait_s=1.0)  # SESSION_IS_LOCKED throughout: no exception
     assert report.left == (p.xid,) and report.rolled_back == ()
     registry = KeeperMapRegistry(target)
     assert registry.get(p.xid).state == "aborting"  # fenced: it can never commit

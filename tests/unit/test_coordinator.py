@@ -690,6 +690,27 @@ def test_an_in_doubt_commit_names_the_visible_partitions_and_the_recover_command
     assert "s3cret" not in text and not w.log.read(0).done
 
 
+def test_abort_tries_a_straggler_again_until_its_session_is_free_and_rolls_it_back() -> None:
+    w = World()
+    c = w.coordinator()
+    ms = [prepare(c, p, 0) for p in range(PARTS)]
+    straggler = prepare(c, 1, 1)
+    real_rollback = w.ch.rollback
+    refusals = []
+
+    def rollback(target, p):
+        if p.xid == straggler.xid and len(refusals) < 8:  # more than one round's retries
+            refusals.append(p.xid)
+            raise OutcomeUnknownError("session busy; roll back again later", xid=p.xid, code=373)
+        real_rollback(target, p)
+
+    w.ch.rollback = rollback  # type: ignore[method-assign]
+    report = w.coordinator().abort_batch(0, ms + [straggler])
+    assert report.left == () and set(report.rolled_back) == {m.xid for m in ms + [straggler]}
+    assert w.registry.everything[straggler.xid].state == "aborted"
+    assert len(refusals) == 8
+
+
 def test_abort_and_commit_never_raise_when_a_straggler_holds_its_session() -> None:
     w = World()
     c = w.coordinator()
@@ -703,7 +724,7 @@ def test_abort_and_commit_never_raise_when_a_straggler_holds_its_session() -> No
         real_rollback(target, p)
 
     w.ch.rollback = rollback  # type: ignore[method-assign]
-    report = w.coordinator().abort_batch(0, ms + [straggler])
+    report = w.coordinator().abort_batch(0, ms + [straggler], straggler_wait_s=2.0)
     assert report.left == (straggler.xid,) and set(report.rolled_back) == {m.xid for m in ms}
     assert w.registry.everything[straggler.xid].state == "aborting"  # fenced: it can never commit
     ms2 = [prepare(c, p, 2) for p in range(PARTS)]
