@@ -161,12 +161,17 @@ class BatchOps:
         Nothing reads them again: the decision is immutable and done, lookups go
         through the markers, and a late attempt of the batch can never be chosen (GC
         rolls it back). Keeping them would make every batch-wide registry scan slower.
-        ``committed`` (xids whose COMMIT took effect) are dropped from COMMITTING.
+        ``committed`` (xids whose COMMIT took effect) are dropped from COMMITTING. If
+        the delete fails, they are recorded COMMITTED instead (:meth:`record_committed`),
+        so that a commit does not return with an entry of its batch unfinished; one left
+        COMMITTING even then is found committed by its lookup (``recover``, GC).
         """
         try:
-            self.ops.registry.forget(sorted(xids), sorted(committed))
+            self.ops.call(lambda: self.ops.registry.forget(sorted(xids), sorted(committed)), is_transient_or_unknown)
         except Exception as exc:  # housekeeping never fails a commit
             log.info("could not drop finished registry entries: %s", exc)
+            if committed:
+                self.record_committed(committed)
 
     def record_committed(self, xids: Sequence[str]) -> None:
         """COMMITTING -> COMMITTED for xids whose COMMIT took effect: bookkeeping only.

@@ -299,7 +299,8 @@ def test_a_server_error_before_a_commit_ran_commits_the_pending_xid_once() -> No
 
 def test_a_registry_failing_after_every_commit_took_effect_still_ends_the_batch_done() -> None:
     # The rows are visible: dropping the done batch's entries is bookkeeping, and failing
-    # the job here invited a rerun under a new id. A replay of the batch drops them.
+    # the job here invited a rerun under a new id. The entries are recorded COMMITTED
+    # instead (nothing is left COMMITTING), and a replay of the batch drops them.
     w = World()
     c = w.coordinator()
     ms = [prepare(c, p, 0) for p in range(PARTS)]
@@ -308,7 +309,7 @@ def test_a_registry_failing_after_every_commit_took_effect_still_ends_the_batch_
     assert w.faults.fired and set(report.committed) == {m.xid for m in ms}
     assert_exactly_once(w)
     assert w.log.read(0).done
-    assert {w.registry.entries[m.xid].state for m in ms} == {"committing"}
+    assert {w.registry.entries[m.xid].state for m in ms} == {"committed"}
 
     again = w.coordinator().commit_batch(0, ms)
     assert again.already_done and w.registry.entries == {}
