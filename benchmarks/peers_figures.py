@@ -79,9 +79,13 @@ def summarise(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         row: dict[str, Any] = {"letter": letter, "what": what, "throughput": {}}
         for size in sizes:
             runs = [r for r in tput if r["batch"] == size]
+            ok = [r for r in runs if r.get("ok")]
             row["throughput"][str(size)] = {
-                "best_rows_per_s": _best(r.get("rows_per_s") for r in runs if r.get("ok")),
-                "median_rows_per_s": _median(r.get("rows_per_s") for r in runs if r.get("ok")),
+                "best_rows_per_s": _best(r.get("rows_per_s") for r in ok),
+                "median_rows_per_s": _median(r.get("rows_per_s") for r in ok),
+                # Spark peers: after the first micro-batch (the engine has no batches: all)
+                "best_steady_rows_per_s": _best(r.get("steady_rps", r.get("rows_per_s")) for r in ok),
+                "median_first_batch_ms": _median(r.get("first_batch_ms") for r in ok),
                 "rounds": len(runs),
                 "failed": sum(1 for r in runs if not r.get("ok")),
             }
@@ -108,18 +112,19 @@ def _fault_row(run: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def ratios(summary: Mapping[str, Mapping[str, Any]], sizes: Sequence[int]) -> dict[str, float | None]:
-    """Each peer's best throughput over (b)'s, the issue's yardstick, per batch size."""
+    """Each peer's best throughput over (b)'s, the issue's yardstick, per batch size:
+    over every micro-batch, and after the first (``steady``)."""
     out: dict[str, float | None] = {}
     base = summary.get("foreach_batch")
     if not base:
         return out
     for size in sizes:
-        b = base["throughput"][str(size)]["best_rows_per_s"]
-        for peer, row in summary.items():
-            if peer == "foreach_batch":
-                continue
-            x = row["throughput"][str(size)]["best_rows_per_s"]
-            out[f"{peer}/foreach_batch at {size}"] = round(x / b, 3) if x and b else None
+        for key, label in (("best_rows_per_s", ""), ("best_steady_rows_per_s", " steady")):
+            b = base["throughput"][str(size)][key]
+            for peer, row in summary.items():
+                if peer != "foreach_batch":
+                    x = row["throughput"][str(size)][key]
+                    out[f"{peer}/foreach_batch at {size}{label}"] = round(x / b, 3) if x and b else None
     return out
 
 
@@ -129,12 +134,18 @@ def _fmt(x: float | None, unit: str = "") -> str:
 
 def markdown_table(summary: Mapping[str, Mapping[str, Any]], sizes: Sequence[int]) -> str:
     """The table of docs/performance.md: one row per peer."""
-    head = ["peer"] + [f"rows/s at {s:,}" for s in sizes] + ["offered /s", "p50 ms", "p99 ms", "faults: dup / lost"]
+    head = ["peer"] + [f"rows/s at {s:,} (after the 1st batch)" for s in sizes]
+    head += [f"1st batch s at {s:,}" for s in sizes] + ["offered /s", "p50 ms", "p99 ms", "faults: dup / lost"]
     head.append("as measured")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for peer, row in summary.items():
         cells = [f"({row['letter']}) {peer}"]
-        cells += [_fmt(row["throughput"][str(s)]["best_rows_per_s"]) for s in sizes]
+        for s in sizes:
+            t = row["throughput"][str(s)]
+            cells.append(f"{_fmt(t['best_rows_per_s'])} ({_fmt(t['best_steady_rows_per_s'])})")
+        for s in sizes:
+            first = row["throughput"][str(s)]["median_first_batch_ms"]
+            cells.append("-" if first is None else f"{first / 1000:.1f}")
         lat = row["latency"]
         cells += [_fmt(lat.get("rate")), _fmt(lat.get("p50_ms")), _fmt(lat.get("p99_ms"))]
         f = row["faults"]

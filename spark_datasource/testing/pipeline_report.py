@@ -95,10 +95,17 @@ def record_check(url: str, table: str, bootstrap: str, topic: str, partitions: i
 
 
 def batch_figures(batches: Sequence[dict], events: int, job_wall: float) -> dict:
-    """Throughput and per-batch means from the job's PROGRESS lines (replays included)."""
+    """Throughput and per-batch means from the job's PROGRESS lines (replays included).
+
+    ``steady_rps`` leaves out the first micro-batch, whose time includes starting Spark's
+    Python workers and their imports (``first_batch_ms``): the rate a running query keeps.
+    """
     proc_s = sum((p.get("trigger_ms") or 0) for p in batches) / 1000.0
     rows_all = sum(int(p.get("rows") or 0) for p in batches)
+    warm_s = sum((p.get("trigger_ms") or 0) for p in batches[1:]) / 1000.0
     return {
+        "first_batch_ms": batches[0].get("trigger_ms") if batches else None,
+        "steady_rps": round(sum(int(p.get("rows") or 0) for p in batches[1:]) / warm_s, 1) if warm_s else None,
         "batches": len(batches),
         "rows_processed_incl_replays": rows_all,
         "job_wall_s": round(job_wall, 2),
