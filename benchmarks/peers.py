@@ -29,7 +29,7 @@ partitions) into the pipeline's MergeTree table
    steady rate over ``--fault-duration`` seconds (so every peer is mid-stream when hit;
    the Spark peers at a 1 s trigger, the engine at its default flush), ClickHouse
    SIGKILLed and started again after 2 s at 30 % and 65 % of that duration after the
-   first row is in the table, and for (a) and (b) the driver SIGKILLed twice and restarted
+   run started, and for (a) and (b) the driver SIGKILLed twice and restarted
    on its checkpoint: once in the window where a batch's rows are written but Spark's
    commit log does not record it yet (``peers_spark.DRIVER_KILLS``), once at random (a
    job that fails by itself, a query stopped by the ClickHouse kill, is restarted too,
@@ -178,7 +178,7 @@ def faults(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, s
     for peer in a.peers:
         at = (round(0.3 * a.fault_duration, 1), round(0.65 * a.fault_duration, 1))
         plan = FaultPlan(at_s=at, driver_kills=DRIVER_KILLS.get(peer, ()))
-        doc["faults"]["plan"] = {"clickhouse_kill_after_first_row_s": plan.at_s, "clickhouse_down_s": plan.down_s}
+        doc["faults"]["plan"] = {"clickhouse_kill_after_start_s": plan.at_s, "clickhouse_down_s": plan.down_s}
         r = _run(srv, peer, events=n, batch=None, trigger=1.0, rate=rate, faults=plan)
         runs[peer] = r
         kills = len(r.get("clickhouse_kills") or [])

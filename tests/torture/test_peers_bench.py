@@ -27,8 +27,8 @@ def test_the_quick_peers_run_under_faults_counts_every_peers_duplicates_and_loss
     out = tmp_path / "peers.json"
     proc = subprocess.run(
         # --fault-duration as the full run's: with the quick run's 20 s, a loaded machine's
-        # late first row put the second ClickHouse kill after the job had drained, or
-        # during the run's final check
+        # slow start put the second ClickHouse kill after the job had drained, or during
+        # the run's final check
         [sys.executable, "-m", "benchmarks.peers", "--quick", "--faults", "--fault-duration", "60", "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
