@@ -408,14 +408,14 @@ class KeeperMapRegistry:
         whose CAS to COMMITTED nothing would read), and ``gc``. KeeperMap filters on
         anything but the key read every key: the registry keeps only the xids in flight.
         """
+        xid, state = q.quote_identifier("xid"), q.quote_identifier("state")
+        which = f"{state} IN {q.quote_strings(FINISHED_STATES)}"
+        if committed:
+            which += f" OR {xid} IN {q.quote_strings(committed)} AND {state} = 'committing'"
         if keys := list(dict.fromkeys([*xids, *committed])):
             self.ensure_table()
-            self.client.command(
-                f"ALTER TABLE {self._fq} DELETE WHERE xid IN {q.quote_strings(keys)} AND (state IN "
-                f"{q.quote_strings(FINISHED_STATES)} "
-                f"OR xid IN {q.quote_strings([*committed, ''])} AND state = 'committing')",
-                settings=_STRICT,
-            )
+            sql = f"ALTER TABLE {self._fq} DELETE WHERE {xid} IN {q.quote_strings(keys)} AND ({which})"
+            self.client.command(sql, settings=_STRICT)
 
     def purge_finished(self, older_than_s: float) -> None:
         """Delete committed/aborted entries not updated for ``older_than_s`` (housekeeping).
