@@ -7,11 +7,13 @@ and checked, and how a COMMIT with an unknown outcome or a busy session is settl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -160,10 +162,15 @@ def test_unknown_status_of_transaction_from_commit_is_settled_by_lookup_never_by
     assert len(commits) == (1 if landed else 2)
 
 
-def _hold_session(target: Target, xid: str, seconds: int) -> tuple[threading.Thread, ClickHouseHTTP]:
-    """A straggler's statement running in ``xid``'s session for ``seconds``: the session is locked."""
-    KEEP_ALIVE.unwatch(xid)
-    straggler = ClickHouseHTTP(target, session_id=xid, session_timeout=target.session_timeout_s)
+@contextlib.contextmanager
+def _straggler(admin: ClickHouseHTTP, database: str, tmp_path: Path, seconds: int) -> Iterator[tuple[Target, Any, Any]]:
+    """(target, coordinator, prepared xid) while a straggler's statement runs in the xid's
+    session for ``seconds``: the session is locked until the block ends."""
+    target = make_table(admin, database)
+    co = build_coordinator(target, "transaction", TXN, str(tmp_path))
+    p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
+    KEEP_ALIVE.unwatch(p.xid)
+    straggler = ClickHouseHTTP(target, session_id=p.xid, session_timeout=target.session_timeout_s)
     holder = threading.Thread(
         target=lambda: straggler.command(
             f"SELECT sleepEachRow(0.5) FROM numbers({2 * seconds}) SETTINGS max_block_size = 1 FORMAT Null",
@@ -172,7 +179,11 @@ def _hold_session(target: Target, xid: str, seconds: int) -> tuple[threading.Thr
     )
     holder.start()
     time.sleep(0.5)
-    return holder, straggler
+    try:
+        yield target, co, p
+    finally:
+        holder.join()
+        straggler.close()
 
 
 def test_abort_waits_for_a_straggler_that_holds_its_session_and_then_rolls_it_back(
@@ -180,15 +191,10 @@ def test_abort_waits_for_a_straggler_that_holds_its_session_and_then_rolls_it_ba
 ) -> None:
     from clickhouse_tx.registry import KeeperMapRegistry
 
-    target = make_table(admin, database)
-    co = build_coordinator(target, "transaction", TXN, str(tmp_path))
-    p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
-    holder, straggler = _hold_session(target, p.xid, 4)  # longer than the client's retries
-    report = co.abort_batch(0, [p])
-    assert report.rolled_back == (p.xid,) and report.left == ()
-    assert KeeperMapRegistry(target).get(p.xid).state == "aborted"
-    holder.join()
-    straggler.close()
+    with _straggler(admin, database, tmp_path, 4) as (target, co, p):  # longer than the client's retries
+        report = co.abort_batch(0, [p])
+        assert report.rolled_back == (p.xid,) and report.left == ()
+        assert KeeperMapRegistry(target).get(p.xid).state == "aborted"
     assert committed_count(admin, target) == 0
     # nothing holds the target: a synchronous DROP does not wait behind an open transaction
     admin.command(f"DROP TABLE {q.qualified(target.database, target.table)} SYNC")
@@ -200,16 +206,11 @@ def test_abort_does_not_raise_when_a_straggler_holds_its_session_past_the_wait_a
     from clickhouse_tx.recovery import resolve_in_doubt
     from clickhouse_tx.registry import KeeperMapRegistry
 
-    target = make_table(admin, database)
-    co = build_coordinator(target, "transaction", TXN, str(tmp_path))
-    p = co.prepare(WriteContext(TXN, 0, 0, 0), batches(rows(100)))
-    holder, straggler = _hold_session(target, p.xid, 12)
-    report = co.abort_batch(0, [p], straggler_wait_s=1.0)  # SESSION_IS_LOCKED throughout: no exception
-    assert report.left == (p.xid,) and report.rolled_back == ()
-    registry = KeeperMapRegistry(target)
-    assert registry.get(p.xid).state == "aborting"  # fenced: it can never commit
-    holder.join()
-    straggler.close()
+    with _straggler(admin, database, tmp_path, 12) as (target, co, p):
+        report = co.abort_batch(0, [p], straggler_wait_s=1.0)  # SESSION_IS_LOCKED throughout: no exception
+        assert report.left == (p.xid,) and report.rolled_back == ()
+        registry = KeeperMapRegistry(target)
+        assert registry.get(p.xid).state == "aborting"  # fenced: it can never commit
     done = resolve_in_doubt(target, TransactionMode(), registry, lambda t: None)
     assert p.xid in done.rolled_back and registry.get(p.xid).state == "aborted"
     assert committed_count(admin, target) == 0
