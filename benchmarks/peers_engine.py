@@ -143,7 +143,7 @@ def run_engine(
     Up front (``rate`` None): the time from the view's creation until every offset is
     in the table gives the throughput. At ``rate``: the latency of what is produced
     after ``warmup_s``, Kafka timestamp → visible. ``faults``: ClickHouse killed and
-    restarted at the plan's row counts.
+    restarted at the plan's times.
     """
     keeper = peer == "kafka_engine_keeper"
     name = srv.fresh_name(peer)

@@ -54,7 +54,7 @@ def run_spark(
     ``trigger`` 0 with the events produced up front: ``Trigger.AvailableNow`` in batches
     of ``batch`` records (throughput: rows over the batches' summed ``triggerExecution``).
     ``rate``: a steady stream at that rate and a processing-time ``trigger`` (latency
-    after ``warmup_s``). ``faults``: ClickHouse killed at the plan's row counts and the
+    after ``warmup_s``). ``faults``: ClickHouse killed at the plan's times and the
     driver SIGKILLed at the plan's points.
     """
     name = srv.fresh_name(peer)
