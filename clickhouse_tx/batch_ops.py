@@ -125,6 +125,8 @@ class BatchOps:
         attempt registered meanwhile is included, until ``wait_s`` has passed; what is
         still left then is fenced and left to GC and session expiry (:meth:`rollback_all`).
         """
+        # Two bounds: the rounds, because the injected sleep need not pass time (tests);
+        # the deadline, because a round's own retries take time beyond its pause.
         deadline = time.monotonic() + wait_s
         rolled: list[str] = []
         for _ in range(int(wait_s / STRAGGLER_POLL_S) + 1):
