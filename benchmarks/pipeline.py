@@ -60,6 +60,13 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
     ap.add_argument("--latency", action="store_true", help="poll visibility and report end-to-end latency")
     ap.add_argument("--writer-option", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument(
+        "--source-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="kafka_py option, e.g. maxPartitions=2 (repeatable)",
+    )
+    ap.add_argument(
         "--sink",
         default="clickhouse_tx",
         choices=SINKS,
@@ -99,6 +106,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
         job_timeout_s=a.job_timeout,
         quiet=a.quiet,
         writer_options=tuple(a.writer_option),
+        source_options=tuple(a.source_option),
         sink=a.sink,
         decode=a.decode,
     )

@@ -155,6 +155,8 @@ def _job_argv(r: PipelineRun) -> list[str]:
         argv += ["--max-offsets-per-trigger", str(mopt)]
     for kv in cfg.writer_options:
         argv += ["--writer-option", kv]
+    for kv in cfg.source_options:
+        argv += ["--source-option", kv]
     if cfg.sink != "clickhouse_tx":
         argv += ["--sink", cfg.sink]
     return argv + ["--decode", cfg.decode]

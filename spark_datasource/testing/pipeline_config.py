@@ -44,6 +44,7 @@ class PipelineConfig:
     job_timeout_s: float = 900.0
     quiet: bool = False
     writer_options: tuple[str, ...] = ()
+    source_options: tuple[str, ...] = ()  # KEY=VALUE options of the job's kafka_py source
     sink: str = "clickhouse_tx"  # or a foreachBatch sink without the writer (foreach_sinks.SINKS)
     #: Start the job again on its checkpoint when it fails by itself (a query that stopped on
     #: an error, e.g. ClickHouse killed under it), at most this many times, as a supervisor

@@ -95,6 +95,13 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="extra clickhouse_tx option (repeatable)",
     )
     ap.add_argument(
+        "--source-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra kafka_py option, e.g. maxPartitions=2 (repeatable)",
+    )
+    ap.add_argument(
         "--sink",
         default="clickhouse_tx",
         choices=SINKS,
@@ -213,6 +220,17 @@ def target_options(table: str, mode: str) -> dict[str, str]:
     return {"table": table, "mode": mode, "allow_nullable_into_non_nullable": "true"}
 
 
+def key_values(flag: str, given: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` arguments of a repeatable ``flag`` as options."""
+    out = {}
+    for kv in given:
+        k, eq, v = kv.partition("=")
+        if not eq:
+            raise SystemExit(f"{flag} {kv!r}: expected KEY=VALUE")
+        out[k] = v
+    return out
+
+
 def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
     w = (
         df.writeStream.format("clickhouse_tx")
@@ -226,12 +244,7 @@ def clickhouse_tx_writer(df, a: argparse.Namespace):  # -> DataStreamWriter
             w = w.option("fault.once_file", a.fault_once_file)
         if a.fault_batch is not None:
             w = w.option("fault.batch", str(a.fault_batch))
-    extra = {}
-    for kv in a.writer_option:
-        k, eq, v = kv.partition("=")
-        if not eq:
-            raise SystemExit(f"--writer-option {kv!r}: expected KEY=VALUE")
-        extra[k] = v
+    extra = key_values("--writer-option", a.writer_option)
     # a cluster's writer names its shards instead of one url
     # the run's user and password (make test-external) first, so the options given win
     where = {} if "shards" in extra else {"url": a.url}
@@ -252,6 +265,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         .option("subscribe", a.topic)
         .option("startingOffsets", a.starting_offsets)
         .options(**DECODE_OPTIONS[a.decode])
+        .options(**key_values("--source-option", a.source_option))
     )
     if a.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(a.max_offsets_per_trigger))
