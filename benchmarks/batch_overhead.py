@@ -5,8 +5,12 @@ The stream costs (almost) nothing to produce: Spark's ``rate-micro-batch`` sourc
 ``processingTime=0`` (batches back to back), ``--batches`` micro-batches per sink
 after 3 warm-up batches. Sinks: ``noop`` (Spark's JVM no-op sink), ``noop_python``
 (a Python ``DataSourceStreamArrowWriter`` that only counts rows: the cost of Spark's
-Python data source machinery itself) and ``clickhouse_tx`` in modes ``none``,
-``transaction``, ``staging`` and ``dedup``.
+Python data source machinery itself), ``foreach_connect`` (``foreachBatch`` with
+``toArrow()`` and clickhouse-connect's ``insert_arrow``, the peer (b) of
+:mod:`benchmarks.peers`, which runs in the driver's own Python and needs none of that
+machinery) and ``clickhouse_tx`` in modes ``none``, ``transaction``, ``staging`` and
+``dedup``. One session runs every sink in turn, so each starts with Spark's Python
+workers already up: what is compared is the cost of a micro-batch once a query runs.
 
 Per sink: the median and p90 of ``triggerExecution``, ``addBatch`` (the write and the
 driver's commit) and ``commitOffsets`` from ``StreamingQueryProgress.durationMs``, and
@@ -17,6 +21,7 @@ and statement kind, and their summed time.
 
     python -m benchmarks.batch_overhead                 # starts its own stack
     python -m benchmarks.batch_overhead --trace --batches 20
+    python -m benchmarks.batch_overhead --rows 50000 --sinks noop_python,foreach_connect,transaction
 
 Writes ``benchmarks/results/batch_overhead.json``.
 """
@@ -49,10 +54,13 @@ from pyspark.sql.datasource import (
 from benchmarks import http_trace
 from benchmarks.results_file import machine, write_result
 from benchmarks.spark_write import run_sql
+from spark_datasource.testing.foreach_sinks import foreach_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "batch_overhead.json"
 MODES = ("none", "transaction", "staging", "dedup")
+#: The peer without Spark's Python sink: ``foreachBatch`` + clickhouse-connect.
+FOREACH = "foreach_connect"
 WARMUP = 3
 PARTITIONS = 8
 
@@ -135,6 +143,9 @@ def run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, work
             url,
             f"CREATE TABLE {db}.{sink} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}",
         )
+    if sink == FOREACH:
+        writer = writer.foreachBatch(foreach_batch(sink, url, f"{db}.{sink}", None, None, None))
+    elif sink in MODES:
         writer = (
             writer.format("clickhouse_tx")
             .option("url", url)
@@ -156,7 +167,7 @@ def run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, work
         query.stop()
     progress = [json.loads(p.json) for p in query.recentProgress if p.numInputRows]
     measured = progress[WARMUP : WARMUP + batches]
-    if sink in MODES:
+    if sink in (*MODES, FOREACH):
         got = int(run_sql(url, f"SELECT count() FROM {db}.{sink} SETTINGS implicit_transaction = 1").strip())
         want = sum(p["numInputRows"] for p in progress)
         if got < want:  # batches past the last reported progress may have committed too
@@ -233,10 +244,10 @@ def _epoch(stamp: str) -> float:
 
 def _report(results: dict[str, Any], rows: int, batches: int, trace: bool) -> dict[str, Any]:
     ratios: dict[str, float] = {}
-    for mode in MODES:
+    for mode in (*MODES, "noop_python"):
         if mode not in results:
             continue
-        for base in ("noop_python", "none"):
+        for base in ("noop_python", "none", FOREACH):
             if base in results and base != mode:
                 ratios[f"{mode}_over_{base}"] = results[mode]["batches_per_s"] / results[base]["batches_per_s"]
     fixed = {
