@@ -17,9 +17,10 @@ partitions) into the pipeline's MergeTree table
 
 1. **Throughput**, ``--rounds`` rounds interleaved (a, b, c, d at each batch size, then
    the next round): ``--events`` produced up front, the Spark peers with
-   ``Trigger.AvailableNow`` and ``maxOffsetsPerTrigger`` = each of ``--batch-sizes``
-   (rows / Σ ``triggerExecution``: the JVM's start is left out, the first batch's
-   Python workers are in), the engine with ``kafka_max_block_size`` = the same size and
+   ``Trigger.AvailableNow``, ``maxOffsetsPerTrigger`` = each of ``--batch-sizes`` and,
+   with ``--max-partitions``, the source's ``maxPartitions`` (rows / Σ
+   ``triggerExecution``: the JVM's start is left out, the first batch's Python workers
+   are in), the engine with ``kafka_max_block_size`` = the same size and
    its other settings at the server's defaults (recorded under ``config.engine``): rows /
    the time from the view's creation until every offset is in the table.
 2. **Latency** at a 1 s trigger (the engine: ``kafka_flush_interval_ms`` = 1000) with
@@ -99,6 +100,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="seconds over which a fault run's events are produced (60, quick 20)",
     )
+    ap.add_argument(
+        "--max-partitions",
+        type=int,
+        default=None,
+        help="kafka_py maxPartitions of the Spark peers (default: the source's own cut; "
+        "docs/kafka.md recommends the executors' cores for throughput)",
+    )
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--json", default=None, help="default benchmarks/results/peers[_quick].json")
     a = ap.parse_args(argv)
@@ -114,6 +122,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [p for p in a.peers if p not in PEERS]
     if unknown or a.events <= 0 or a.partitions <= 0 or not a.batch_sizes or min(a.batch_sizes) <= 0:
         ap.error(f"--peers takes {', '.join(PEERS)}; --events, --partitions, --batch-sizes must be positive")
+    if a.max_partitions is not None and a.max_partitions <= 0:
+        ap.error("--max-partitions must be positive")
+    a.source_options = () if a.max_partitions is None else (f"maxPartitions={a.max_partitions}",)
     return a
 
 
@@ -124,6 +135,7 @@ def _run(srv: Servers, peer: str, **kw: Any) -> dict[str, Any]:
         return run_spark(srv, peer, **kw)
     kw.pop("batch", None)
     kw.pop("trigger", None)
+    kw.pop("source_options", None)
     return run_engine(srv, peer, settings=engine, **kw)
 
 
@@ -142,7 +154,14 @@ def throughput(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Sa
     for rnd in range(a.rounds):
         for size in a.batch_sizes:
             for peer in a.peers:
-                r = _run(srv, peer, events=a.events, batch=size, engine={"kafka_max_block_size": size})
+                r = _run(
+                    srv,
+                    peer,
+                    events=a.events,
+                    batch=size,
+                    engine={"kafka_max_block_size": size},
+                    source_options=a.source_options,
+                )
                 r.update(round=rnd, batch=size)
                 doc["throughput"].append(r)
                 say(f"round {rnd + 1} {peer} at {size:,}: {_fmt(r)}")
@@ -163,6 +182,7 @@ def latency(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, 
             rate=rate,
             warmup_s=warmup,
             engine={"kafka_flush_interval_ms": 1000},
+            source_options=a.source_options,
         )
         doc["latency"][peer] = r
         say(f"latency {peer} at {rate:,.0f}/s: {_fmt(r)}")
@@ -179,7 +199,7 @@ def faults(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, s
         at = (round(0.3 * a.fault_duration, 1), round(0.65 * a.fault_duration, 1))
         plan = FaultPlan(at_s=at, driver_kills=DRIVER_KILLS.get(peer, ()))
         doc["faults"]["plan"] = {"clickhouse_kill_after_start_s": plan.at_s, "clickhouse_down_s": plan.down_s}
-        r = _run(srv, peer, events=n, batch=None, trigger=1.0, rate=rate, faults=plan)
+        r = _run(srv, peer, events=n, batch=None, trigger=1.0, rate=rate, faults=plan, source_options=a.source_options)
         runs[peer] = r
         kills = len(r.get("clickhouse_kills") or [])
         say(f"faults {peer}: {kills} ClickHouse kills, {r.get('crashes', 0)} driver kills: {_fmt(r)}")
@@ -220,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         cfg = {k: getattr(a, k) for k in ("events", "partitions", "rounds", "batch_sizes", "peers", "duration")}
         cfg.update(warmup_s=a.warmup, spark="local[2]", engine=_engine_defaults(info.clickhouse_url))
+        cfg.update(spark_source_options=list(a.source_options))
         doc: dict[str, Any] = {"config": cfg, "throughput": [], "latency": {}, "faults": None}
 
         def save() -> None:
