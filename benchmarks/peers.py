@@ -135,7 +135,6 @@ def _run(srv: Servers, peer: str, **kw: Any) -> dict[str, Any]:
         return run_spark(srv, peer, **kw)
     kw.pop("batch", None)
     kw.pop("trigger", None)
-    kw.pop("source_options", None)
     return run_engine(srv, peer, settings=engine, **kw)
 
 
@@ -154,14 +153,7 @@ def throughput(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Sa
     for rnd in range(a.rounds):
         for size in a.batch_sizes:
             for peer in a.peers:
-                r = _run(
-                    srv,
-                    peer,
-                    events=a.events,
-                    batch=size,
-                    engine={"kafka_max_block_size": size},
-                    source_options=a.source_options,
-                )
+                r = _run(srv, peer, events=a.events, batch=size, engine={"kafka_max_block_size": size})
                 r.update(round=rnd, batch=size)
                 doc["throughput"].append(r)
                 say(f"round {rnd + 1} {peer} at {size:,}: {_fmt(r)}")
@@ -182,7 +174,6 @@ def latency(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, 
             rate=rate,
             warmup_s=warmup,
             engine={"kafka_flush_interval_ms": 1000},
-            source_options=a.source_options,
         )
         doc["latency"][peer] = r
         say(f"latency {peer} at {rate:,.0f}/s: {_fmt(r)}")
@@ -199,7 +190,7 @@ def faults(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, s
         at = (round(0.3 * a.fault_duration, 1), round(0.65 * a.fault_duration, 1))
         plan = FaultPlan(at_s=at, driver_kills=DRIVER_KILLS.get(peer, ()))
         doc["faults"]["plan"] = {"clickhouse_kill_after_start_s": plan.at_s, "clickhouse_down_s": plan.down_s}
-        r = _run(srv, peer, events=n, batch=None, trigger=1.0, rate=rate, faults=plan, source_options=a.source_options)
+        r = _run(srv, peer, events=n, batch=None, trigger=1.0, rate=rate, faults=plan)
         runs[peer] = r
         kills = len(r.get("clickhouse_kills") or [])
         say(f"faults {peer}: {kills} ClickHouse kills, {r.get('crashes', 0)} driver kills: {_fmt(r)}")
@@ -236,7 +227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     with bench_session("chtx-peers-", t0) as (work, info, say):
         srv = Servers(
-            work / "stack", info.clickhouse_url, str(info.kafka_bootstrap), info.kafka_control, a.partitions, work
+            work / "stack",
+            info.clickhouse_url,
+            str(info.kafka_bootstrap),
+            info.kafka_control,
+            a.partitions,
+            work,
+            a.source_options,
         )
         cfg = {k: getattr(a, k) for k in ("events", "partitions", "rounds", "batch_sizes", "peers", "duration")}
         cfg.update(warmup_s=a.warmup, spark="local[2]", engine=_engine_defaults(info.clickhouse_url))

@@ -35,7 +35,9 @@ def count_rows(reader: ClickHouseReader, sql: str) -> int:
 
 @dataclasses.dataclass
 class Servers:
-    """The embedded stack of one benchmark run, and where its runs keep their files."""
+    """The embedded stack of one benchmark run, where its runs keep their files, and what
+    they all share: the topics' partitions and the Spark peers' ``kafka_py`` options
+    (``KEY=VALUE``, e.g. ``maxPartitions=2``)."""
 
     stack_dir: Path
     url: str
@@ -43,6 +45,7 @@ class Servers:
     control: str | None
     partitions: int
     work: Path
+    source_options: tuple[str, ...] = ()
     _names: itertools.count = dataclasses.field(default_factory=itertools.count)
 
     def fresh_name(self, peer: str) -> str:

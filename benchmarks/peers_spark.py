@@ -48,7 +48,6 @@ def run_spark(
     warmup_s: float = 0.0,
     faults: FaultPlan | None = None,
     job_timeout_s: float = 900.0,
-    source_options: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One run of a Spark peer; its figures and the harness's check of every record.
 
@@ -56,8 +55,7 @@ def run_spark(
     of ``batch`` records (throughput: rows over the batches' summed ``triggerExecution``).
     ``rate``: a steady stream at that rate and a processing-time ``trigger`` (latency
     after ``warmup_s``). ``faults``: ClickHouse killed at the plan's times and the
-    driver SIGKILLed at the plan's points. ``source_options``: ``KEY=VALUE`` options of
-    the job's ``kafka_py`` source (``maxPartitions``), the same for both Spark peers.
+    driver SIGKILLed at the plan's points. The job's source gets ``srv.source_options``.
     """
     name = srv.fresh_name(peer)
     table = f"peers.{name}"
@@ -82,7 +80,7 @@ def run_spark(
         quiet=True,
         sink=SINK[peer],
         restart_failed=RESTARTS_ON_FAILURE if faults else 0,
-        source_options=source_options,
+        source_options=srv.source_options,
     )
     killer = ClickHouseKiller(srv, table, faults) if faults else None
     try:
