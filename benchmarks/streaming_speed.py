@@ -69,15 +69,7 @@ from benchmarks.streaming_speed_figures import MODES, RESULTS, ratios
 from benchmarks.streaming_speed_pipeline import pipeline_sections
 from benchmarks.streaming_speed_plot import plot
 from benchmarks.streaming_speed_stream import in_process
-from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` of ``--spark-conf``."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, got {text!r}")
-    return key, value
+from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE, key_values
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -116,7 +108,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--spark-conf",
         action="append",
         default=[],
-        type=_key_value,
         metavar="KEY=VALUE",
         help="a Spark setting for the session of sections 1 and 2 (repeatable), e.g. "
         "spark.python.unix.domain.socket.enabled=false to measure without the recommended one",
@@ -124,7 +115,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--skip-pipeline", action="store_true", help="sections 1 and 2 only")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    a.spark_conf = dict(a.spark_conf)
+    a.spark_conf = key_values("--spark-conf", a.spark_conf)
     a.events = a.events or (150_000 if a.quick else 400_000)
     a.modes = [m for m in (a.modes or ("none,transaction" if a.quick else ",".join(MODES))).split(",") if m]
     a.triggers = [float(t) for t in (a.triggers or ("1,5" if a.quick else "0.5,1,5,10")).split(",")]

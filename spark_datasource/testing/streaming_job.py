@@ -221,11 +221,12 @@ def target_options(table: str, mode: str) -> dict[str, str]:
 
 
 def key_values(flag: str, given: Sequence[str]) -> dict[str, str]:
-    """``KEY=VALUE`` arguments of a repeatable ``flag`` as options."""
+    """``KEY=VALUE`` arguments of a repeatable ``flag`` as options (the jobs' and benchmarks'
+    ``--writer-option``, ``--source-option``, ``--spark-conf``)."""
     out = {}
     for kv in given:
         k, eq, v = kv.partition("=")
-        if not eq:
+        if not eq or not k:
             raise SystemExit(f"{flag} {kv!r}: expected KEY=VALUE")
         out[k] = v
     return out

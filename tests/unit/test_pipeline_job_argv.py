@@ -48,6 +48,7 @@ def test_a_job_option_is_split_at_its_first_equals_sign() -> None:
     assert key_values("--source-option", ["maxPartitions=2", "a=b=c"]) == {"maxPartitions": "2", "a": "b=c"}
 
 
-def test_a_job_option_without_a_value_names_its_flag() -> None:
-    with pytest.raises(SystemExit, match="--source-option 'maxPartitions': expected KEY=VALUE"):
-        key_values("--source-option", ["maxPartitions"])
+@pytest.mark.parametrize("given", ["maxPartitions", "=2"])
+def test_a_job_option_without_a_key_or_a_value_names_its_flag(given: str) -> None:
+    with pytest.raises(SystemExit, match=f"--source-option '{given}': expected KEY=VALUE"):
+        key_values("--source-option", [given])

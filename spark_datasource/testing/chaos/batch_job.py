@@ -20,6 +20,7 @@ import time
 from typing import Sequence
 
 from spark_datasource.testing import credentials
+from spark_datasource.testing.streaming_job import key_values
 
 BATCH_TOPIC = "batch"
 
@@ -62,11 +63,7 @@ def _options(a: argparse.Namespace) -> dict[str, str]:
         opts.update({"fault.step": a.fault_step, "fault.action": a.fault_action})
         if a.fault_once_file:
             opts["fault.once_file"] = a.fault_once_file
-    for kv in a.writer_option:
-        k, eq, v = kv.partition("=")
-        if not eq:
-            raise SystemExit(f"--writer-option {kv!r}: expected KEY=VALUE")
-        opts[k] = v
+    opts.update(key_values("--writer-option", a.writer_option))
     if "shards" in opts:  # a cluster's writer names its shards instead of one url
         del opts["url"]
     return opts
