@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.factory import build_coordinator, build_registry
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
@@ -18,20 +19,21 @@ from tests.helpers.tables import batches, committed_count, make_table, rows
 PARTS = 4
 
 
-def _prepared_batch(admin: ClickHouseHTTP, database: str, tmp_path: Path) -> tuple[Target, str, list[Prepared]]:
-    """(target, txn id, one prepared attempt of each of ``PARTS`` partitions of batch 0)."""
+def _prepared_batch(admin: ClickHouseHTTP, database: str, tmp_path: Path) -> tuple[Target, Coordinator, list[Prepared]]:
+    """(target, the query's coordinator, one prepared attempt of each of ``PARTS``
+    partitions of batch 0)."""
     target = make_table(admin, database)
     txn = f"q-{uuid.uuid4().hex[:8]}"
     coord = build_coordinator(target, "transaction", txn, str(tmp_path))
     msgs = [coord.prepare(WriteContext(txn, 0, p, 0), batches(rows(100, start=100 * p))) for p in range(PARTS)]
-    return target, txn, msgs
+    return target, coord, msgs
 
 
 def test_a_speculative_attempt_registered_before_the_commit_is_rolled_back_and_every_entry_forgotten(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
-    target, txn, msgs = _prepared_batch(admin, database, tmp_path)
-    coord = build_coordinator(target, "transaction", txn, str(tmp_path))
+    target, coord, msgs = _prepared_batch(admin, database, tmp_path)
+    txn = coord.txn_id
     assert coord.parallelism > 1  # the path with the bulk CAS to COMMITTING
     # a duplicate attempt of partition 0 whose message never reaches the driver
     spec = coord.prepare(WriteContext(txn, 0, 0, 1), batches(rows(100)))
@@ -47,7 +49,8 @@ def test_a_speculative_attempt_registered_before_the_commit_is_rolled_back_and_e
 def test_a_replay_of_a_done_batch_drops_the_entries_a_crash_left_committing(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
-    target, txn, msgs = _prepared_batch(admin, database, tmp_path)
+    target, coord, msgs = _prepared_batch(admin, database, tmp_path)
+    txn = coord.txn_id
     crashed = build_coordinator(target, "transaction", txn, str(tmp_path))
     crashed.ops.registry.forget = lambda xids, committed=(): None  # killed before it dropped them
     crashed.commit_batch(0, msgs)
