@@ -61,6 +61,9 @@ RESULT = ROOT / "benchmarks" / "results" / "batch_overhead.json"
 MODES = ("none", "transaction", "staging", "dedup")
 #: The peer without Spark's Python sink: ``foreachBatch`` + clickhouse-connect.
 FOREACH = "foreach_connect"
+#: The sinks that write rows into a table (each run checks their count).
+TABLE_SINKS = (*MODES, FOREACH)
+SINKS = ("noop", "noop_python", *TABLE_SINKS)
 WARMUP = 3
 PARTITIONS = 8
 
@@ -129,31 +132,31 @@ def _stream(spark, rows: int):
     )
 
 
+def _with_sink(writer, sink: str, url: str, db: str):  # (DataStreamWriter, ...) -> DataStreamWriter
+    """``writer`` into ``sink``; the sinks of :data:`TABLE_SINKS` get a fresh ``db.<sink>``."""
+    if sink == "noop":
+        return writer.format("noop")
+    if sink == "noop_python":
+        return writer.format("noop_python_stream")
+    settings = " SETTINGS non_replicated_deduplication_window = 1000" if sink == "dedup" else ""
+    run_sql(url, f"CREATE TABLE {db}.{sink} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}")
+    if sink == FOREACH:
+        return writer.foreachBatch(foreach_batch(sink, url, f"{db}.{sink}", None, None, None))
+    return (
+        writer.format("clickhouse_tx")
+        .option("url", url)
+        .option("database", db)
+        .option("table", sink)
+        .option("mode", sink)
+        .option("allow_nullable_into_non_nullable", "true")
+    )
+
+
 def run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, workdir: Path) -> list[dict]:
     """Run one sink for WARMUP + ``batches`` micro-batches; the measured progress records."""
     writer = _stream(spark, rows).writeStream.trigger(processingTime="0 seconds")
     writer = writer.option("checkpointLocation", f"file://{workdir}/{sink}_{uuid.uuid4().hex[:6]}")
-    if sink == "noop":
-        writer = writer.format("noop")
-    elif sink == "noop_python":
-        writer = writer.format("noop_python_stream")
-    else:
-        settings = " SETTINGS non_replicated_deduplication_window = 1000" if sink == "dedup" else ""
-        run_sql(
-            url,
-            f"CREATE TABLE {db}.{sink} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}",
-        )
-    if sink == FOREACH:
-        writer = writer.foreachBatch(foreach_batch(sink, url, f"{db}.{sink}", None, None, None))
-    elif sink in MODES:
-        writer = (
-            writer.format("clickhouse_tx")
-            .option("url", url)
-            .option("database", db)
-            .option("table", sink)
-            .option("mode", sink)
-            .option("allow_nullable_into_non_nullable", "true")
-        )
+    writer = _with_sink(writer, sink, url, db)
     query = writer.start()
     try:
         deadline = time.monotonic() + 60 + 10 * (batches + WARMUP)
@@ -167,7 +170,7 @@ def run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, work
         query.stop()
     progress = [json.loads(p.json) for p in query.recentProgress if p.numInputRows]
     measured = progress[WARMUP : WARMUP + batches]
-    if sink in (*MODES, FOREACH):
+    if sink in TABLE_SINKS:
         got = int(run_sql(url, f"SELECT count() FROM {db}.{sink} SETTINGS implicit_transaction = 1").strip())
         want = sum(p["numInputRows"] for p in progress)
         if got < want:  # batches past the last reported progress may have committed too
@@ -285,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULT))
     a = ap.parse_args(argv)
     sinks = [s for s in a.sinks.split(",") if s]
+    if unknown := [s for s in sinks if s not in SINKS]:
+        ap.error(f"--sinks: {', '.join(unknown)} unknown; the sinks are {', '.join(SINKS)}")
     if a.url:
         report = run(a.url, a.rows, a.batches, sinks, a.trace)
     else:
