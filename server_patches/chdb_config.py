@@ -142,6 +142,7 @@ def render(
     # registry), each with its own transaction log and Keeper session node.
     _set(root, "zookeeper/root", zookeeper_root(name, None if member is None else member.shard))
     map_prefix, txn_prefix = "", ""
+    _add_macros(root, member or ClusterMember(shard=0, replica=0, servers=()))
     if member is not None:
         txn_prefix = f"/r{member.replica}"
         _add_cluster(root, member)
@@ -206,19 +207,26 @@ def zookeeper_root(name: str, shard: int | None) -> str:
 CLUSTER_NAME = "clickhouse_tx"
 
 
+def _add_macros(root: ET.Element, member: ClusterMember) -> None:
+    """``<macros>``: the server's shard and replica, as every node of a cluster has them,
+    so ``Replicated*MergeTree`` paths with ``{shard}``/``{replica}`` (and the default
+    replica path of an engine without arguments) resolve; a one-server stack is shard 0,
+    replica r0."""
+    for old in root.findall("macros"):
+        root.remove(old)
+    macros = ET.SubElement(root, "macros")
+    ET.SubElement(macros, "shard").text = str(member.shard)
+    ET.SubElement(macros, "replica").text = f"r{member.replica}"
+
+
 def _add_cluster(root: ET.Element, member: ClusterMember) -> None:
-    """``<macros>`` (shard, replica: for ``Replicated*MergeTree`` paths) and the
-    ``remote_servers`` cluster :data:`CLUSTER_NAME` listing every shard's replicas.
+    """The ``remote_servers`` cluster :data:`CLUSTER_NAME` listing every shard's replicas.
 
     The ports listed are the servers' HTTP ports: the embedded server speaks HTTP
     only, so ``Distributed`` tables and ``cluster()`` do not work on it (docs/deployment.md).
     """
-    for tag in ("macros", "remote_servers"):
-        for old in root.findall(tag):
-            root.remove(old)
-    macros = ET.SubElement(root, "macros")
-    ET.SubElement(macros, "shard").text = str(member.shard)
-    ET.SubElement(macros, "replica").text = f"r{member.replica}"
+    for old in root.findall("remote_servers"):
+        root.remove(old)
     cluster = ET.SubElement(ET.SubElement(root, "remote_servers"), CLUSTER_NAME)
     for replicas in member.servers:
         shard = ET.SubElement(cluster, "shard")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generator, Iterable, Sequence
 
 from server_patches import chdb_import
 from server_patches.errors import UNKNOWN_FORMAT, UNKNOWN_SETTING, HTTPError, undecodable_error
+from server_patches.pipe_insert import insert_through_pipe
 from server_patches.statements import first_keyword, quote_identifier, quote_literal, set_assignments, wire
 
 # Not a plain `import chdb`: its import probe would break streaming tables (chdb_import).
@@ -33,6 +34,7 @@ class EngineConnection:
     """
 
     def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
         self.conn = chdb.connect(dsn)
         self.applied: dict[str, str] = {}
         # Values the session's own SET statements gave; restored instead of DEFAULT.
@@ -71,27 +73,25 @@ class EngineConnection:
                 pass
 
     def insert(self, sql: str, fmt: str, data: Iterable[bytes]) -> Any:
-        """Stream ``data`` into ``INSERT ... FORMAT fmt``; returns chdb's insert result."""
+        """Stream ``data`` into ``INSERT ... FORMAT fmt``; the engine's result (``rows_written()``).
+
+        Through a pipe and the query path (:mod:`server_patches.pipe_insert`), not chdb's
+        ``send_insert``, whose ``finish`` reports success for an insert its table refused.
+        """
+        return insert_through_pipe(self.run, self._kill_reader_of, sql, fmt, data)
+
+    def _kill_reader_of(self, path: str) -> bool:
+        """Cancel this connection's statement reading ``path``, from a connection of its own."""
+        killer = chdb.connect(self.dsn)
         try:
-            inserter = self.conn.send_insert(wire(sql), fmt)
-        except Exception as exc:
-            raise HTTPError.from_engine(exc) from None
-        try:
-            for chunk in data:
-                inserter.append(chunk)
-            return inserter.finish()
-        except BaseException as exc:
-            try:
-                inserter.cancel()
-            except Exception:  # the insert already failed; nothing is left to cancel
-                pass
-            if isinstance(exc, HTTPError):
-                raise
-            if isinstance(exc, UnicodeDecodeError):
-                raise undecodable_error() from None
-            if isinstance(exc, Exception):
-                raise HTTPError.from_engine(exc) from None
-            raise
+            found = killer._conn.query(
+                "KILL QUERY WHERE query LIKE {p:String} AND query NOT LIKE '%system.processes%' ASYNC",
+                "TabSeparated",
+                params={"p": f"%FROM INFILE '{path}'%"},
+            )
+            return bool(found.bytes().strip())
+        finally:
+            killer.close()
 
     def load_external(self, tables: "Sequence[ExternalTable]") -> None:
         """Create each external data file as a temporary table of this connection."""

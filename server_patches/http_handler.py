@@ -410,8 +410,8 @@ def _stream_summary(read: dict[str, int], body: bytes) -> dict[str, str]:
 
 
 def _insert_summary(result: Any) -> dict[str, str]:
-    rows = getattr(result, "rows_written", 0)
-    written = getattr(result, "bytes_written", 0)
+    rows = result.rows_written()
+    written = result.bytes_written()
     return {
         "read_rows": str(rows),
         "read_bytes": str(written),
