@@ -78,6 +78,7 @@ def write_dead_letters(
             data.schema,
             iter([data]),
             settings={"insert_deduplicate": "1", "insert_deduplication_token": token or f"{xid}:dead_letters"},
+            may_deduplicate=True,
         )
     return len(letters)
 

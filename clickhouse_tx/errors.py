@@ -43,6 +43,17 @@ class ServerError(ClickHouseTxError):
     """ClickHouse answered with an exception (code and name from the reply)."""
 
 
+class RowsNotWrittenError(ServerError):
+    """The server answered an INSERT with success but its reply's summary
+    (``X-ClickHouse-Summary``, ``written_rows``) counts fewer rows than were sent,
+    beyond the blocks a deduplication token may drop. Nothing is claimed written:
+    the task fails, and its attempt is rolled back like any failed insert.
+    Built by :mod:`clickhouse_tx._transport.reply_mapping`."""
+
+    sent: int
+    written: int
+
+
 class NotCommittedError(ClickHouseTxError):
     """Definitely not committed: safe to roll back, clean up and retry."""
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import pyarrow as pa
@@ -52,7 +52,7 @@ import requests
 
 from clickhouse_tx import sql as q
 from clickhouse_tx import tls
-from clickhouse_tx._transport.reply_mapping import error_from_connection, error_from_reply
+from clickhouse_tx._transport.reply_mapping import error_from_connection, error_from_reply, unwritten_rows_error
 from clickhouse_tx._transport.wire import (
     END_OF_STREAM,
     SizedBody,
@@ -278,7 +278,13 @@ class ClickHouseHTTP:
         return out
 
     def insert_arrow_stream(
-        self, table_sql: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch], settings: Settings = None
+        self,
+        table_sql: str,
+        schema: pa.Schema,
+        batches: Iterator[pa.RecordBatch],
+        settings: Settings = None,
+        *,
+        may_deduplicate: bool = False,
     ) -> int:
         """Stream ``batches`` as ``INSERT INTO <table_sql> (<cols>) FORMAT ArrowStream``.
 
@@ -290,18 +296,35 @@ class ClickHouseHTTP:
             Schema of every batch; its field names are the INSERT column list.
         batches
             Consumed lazily while the body is sent (chunked transfer encoding).
+        may_deduplicate
+            The INSERT is one block the server may drop as already held (a
+            deduplication token): a reply writing 0 rows is then not an error.
 
         Returns
         -------
         int
             Number of rows sent (counted from the batches, no per-row Python).
+
+        Raises
+        ------
+        RowsNotWrittenError
+            The reply said success, but its summary counts fewer rows written than
+            sent (see :func:`~clickhouse_tx._transport.reply_mapping.unwritten_rows_error`).
         """
         counter = [0]
-        self._insert_arrow(table_sql, schema, arrow_stream_body(schema, batches, counter), settings)
+        body = arrow_stream_body(schema, batches, counter)
+        self._insert_arrow(table_sql, schema, body, settings, lambda: counter[0], may_deduplicate)
         return counter[0]
 
     def insert_arrow_messages(
-        self, table_sql: str, schema: pa.Schema, messages: Sequence[pa.Buffer], *, settings: Settings = None
+        self,
+        table_sql: str,
+        schema: pa.Schema,
+        messages: Sequence[pa.Buffer],
+        *,
+        rows: int,
+        settings: Settings = None,
+        may_deduplicate: bool = False,
     ) -> None:
         """:meth:`insert_arrow_stream` of record batches already serialized: ``messages`` are
         ``RecordBatch.serialize()`` of batches of ``schema`` without dictionary columns.
@@ -310,19 +333,36 @@ class ClickHouseHTTP:
         bytes :meth:`insert_arrow_stream` would send for the batches, without encoding and
         copying them again (a caller that hashed the messages sends what it hashed). Their
         total length is known, so the body goes with a ``Content-Length`` and each message
-        reaches the socket uncopied.
+        reaches the socket uncopied. ``rows`` is the messages' row count, checked against
+        the reply's summary as :meth:`insert_arrow_stream` checks its own.
         """
         parts = [memoryview(b) for b in (schema.serialize(), *messages, END_OF_STREAM)]
-        self._insert_arrow(table_sql, schema, SizedBody(parts), settings)
+        self._insert_arrow(table_sql, schema, SizedBody(parts), settings, lambda: rows, may_deduplicate)
 
     def _insert_arrow(
-        self, table_sql: str, schema: pa.Schema, body: Iterator[bytes] | SizedBody, settings: Settings
+        self,
+        table_sql: str,
+        schema: pa.Schema,
+        body: Iterator[bytes] | SizedBody,
+        settings: Settings,
+        sent: Callable[[], int],
+        may_deduplicate: bool,
     ) -> None:
-        """POST ``INSERT INTO <table_sql> (<cols>) FORMAT ArrowStream`` with ``body`` (the SQL in the URL)."""
+        """POST ``INSERT INTO <table_sql> (<cols>) FORMAT ArrowStream`` with ``body`` (the SQL in the URL),
+        then check that the reply's summary counts the ``sent()`` rows written."""
         sql = f"INSERT INTO {table_sql} {q.column_list(schema.names)} FORMAT ArrowStream"
         url_params = self._params(settings, None, False, None)
         url_params["query"] = sql
-        self._post(url_params=url_params, data=body, what=statement_label(sql))
+        resp = self._post(url_params=url_params, data=body, what=statement_label(sql))
+        unwritten = unwritten_rows_error(
+            resp.headers.get("X-ClickHouse-Summary"),
+            sent(),
+            may_deduplicate=may_deduplicate,
+            what=statement_label(sql),
+            xid=self.session_id,
+        )
+        if unwritten is not None:
+            raise unwritten
 
 
 __all__ = ["ClickHouseHTTP", "safe_url"]

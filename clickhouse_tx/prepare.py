@@ -86,4 +86,11 @@ def prepare_attempt(
             exc.xid = xid  # keep its type: the task failed on the data, not on I/O
         if isinstance(exc, NotCommittedError) and exc.xid == xid:
             raise
-        raise NotCommittedError(f"prepare failed: {type(exc).__name__}: {exc}", xid=xid) from exc
+        # The server's code travels with the failure (TABLE_IS_READ_ONLY, ...), so a task's
+        # error names what the server refused, not only that the attempt was rolled back.
+        raise NotCommittedError(
+            f"prepare failed: {type(exc).__name__}: {exc}",
+            xid=xid,
+            code=getattr(exc, "code", None),
+            name=getattr(exc, "name", None),
+        ) from exc

@@ -25,6 +25,7 @@ Outcome certainty
 
 from __future__ import annotations
 
+import json
 import re
 import ssl
 from typing import Iterator
@@ -35,6 +36,7 @@ import urllib3.exceptions as u3
 from clickhouse_tx.errors import (
     ClickHouseTxError,
     ConfigurationError,
+    RowsNotWrittenError,
     ServerBusyError,
     ServerError,
     ServerOutcomeUnknownError,
@@ -123,6 +125,49 @@ def error_from_reply(
     if keeper in _KEEPER_OUTCOME_UNKNOWN:
         return ServerOutcomeUnknownError(text, xid=xid, code=code, name=name)
     return ServerError(text, xid=xid, code=code, name=name)
+
+
+def unwritten_rows_error(
+    summary: str | None, sent: int, *, may_deduplicate: bool, what: str, xid: str | None
+) -> ClickHouseTxError | None:
+    """The error of an INSERT answered with success that did not write what it was sent; pure.
+
+    Parameters
+    ----------
+    summary
+        The reply's ``X-ClickHouse-Summary`` header (None if absent).
+    sent
+        Rows in the request body.
+    may_deduplicate
+        The INSERT carried a deduplication token (or goes where ClickHouse drops
+        repeated blocks by themselves): ``written_rows = 0`` is then a block the
+        server already held. Each such INSERT of the project is one block, so it
+        is all or nothing.
+
+    Returns None when the summary accounts for the rows: ``written_rows`` at least
+    ``sent`` (a target's materialized views add their own rows), or 0 where that is a
+    deduplicated block. A reply without a summary cannot show the rows were taken:
+    :class:`ReplyLostError` (outcome unknown), as for a reply cut off.
+    """
+    try:
+        written = int(json.loads(summary or "")["written_rows"])
+    except (ValueError, KeyError, TypeError):
+        return ReplyLostError(
+            f"{what}: the reply says success but carries no X-ClickHouse-Summary with written_rows, so it "
+            f"cannot show that the {sent} rows sent were written",
+            xid=xid,
+        )
+    if written >= sent or (written == 0 and may_deduplicate):
+        return None
+    err = RowsNotWrittenError(
+        f"{what}: the server answered success but wrote {written} of the {sent} rows sent (X-ClickHouse-Summary); "
+        "nothing of this attempt is claimed written. An error the server did not report (a read-only replica, "
+        "a refused part), asynchronous inserts (async_insert=1 in the user's profile), or a table whose own "
+        "deduplication window dropped identical blocks",
+        xid=xid,
+    )
+    err.sent, err.written = sent, written
+    return err
 
 
 def error_from_connection(
@@ -221,4 +266,4 @@ def _reason(exc: BaseException) -> str:
         e = nxt
 
 
-__all__ = ["error_from_connection", "error_from_reply", "parse_clickhouse_error"]
+__all__ = ["error_from_connection", "error_from_reply", "parse_clickhouse_error", "unwritten_rows_error"]

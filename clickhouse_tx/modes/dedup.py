@@ -112,6 +112,7 @@ class DedupMode(ModeBase):
                 f"ALTER TABLE {fq} MODIFY SETTING non_replicated_deduplication_window = 1000"
             )
         self._check_views(target)
+        self.refuse_read_only(target, info)
         self.markers(target).ensure_table()
 
     def _check_views(self, target: Target) -> None:
@@ -301,6 +302,8 @@ class DedupMode(ModeBase):
             self.target_sql(target),
             schema,
             messages,
+            rows=rows,
+            may_deduplicate=True,
             settings={
                 "insert_deduplicate": "1",
                 "insert_deduplication_token": token,

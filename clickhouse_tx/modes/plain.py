@@ -31,7 +31,7 @@ class PlainMode(ModeBase):
         Logs a warning naming the target's materialized views, if any: a replayed
         insert runs them again, so their tables are at-least-once too.
         """
-        self.describe_and_check(target, schema)
+        info = self.describe_and_check(target, schema)
         views = dependent_views(target)
         if views:
             log.warning(
@@ -41,6 +41,7 @@ class PlainMode(ModeBase):
                 self.display(target),
                 describe_views(views),
             )
+        self.refuse_read_only(target, info)
 
     def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor: one streaming INSERT; rows are visible at once."""
@@ -48,7 +49,12 @@ class PlainMode(ModeBase):
         counted = CountingBatches(batches)
         if schema is not None:
             with self.client(target) as c:
-                c.insert_arrow_stream(self.target_sql(target), schema, counted)
+                # A token of this attempt's own: ClickHouse never drops its blocks as
+                # repeats (Replicated tables do by default), so a reply writing fewer
+                # rows than were sent is always an error, never a deduplicated block.
+                c.insert_arrow_stream(
+                    self.target_sql(target), schema, counted, settings={"insert_deduplication_token": xid}
+                )
         return self.prepared_counted(target, ctx, xid, counted, {})
 
     def commit(self, target: Target, p: Prepared) -> None:

@@ -7,6 +7,7 @@ The embedded server takes the same request in
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,16 +15,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pyarrow as pa
 import pytest
 
+from clickhouse_tx.errors import RowsNotWrittenError
 from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import Target
 
 
 class _RecordingServer(ThreadingHTTPServer):
-    """Keeps each POST's headers (lower-cased) and body; a body without a length is None."""
+    """Keeps each POST's headers (lower-cased) and body; a body without a length is None.
+
+    Answers success with ``X-ClickHouse-Summary`` counting ``written_rows`` (None: no summary).
+    """
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Recorder)
         self.seen: list[tuple[dict[str, str], bytes | None]] = []
+        self.written_rows: int | None = 1000
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -34,6 +41,8 @@ class _Recorder(BaseHTTPRequestHandler):
         body = self.rfile.read(int(length)) if length is not None else None
         self.server.seen.append(({k.lower(): v for k, v in self.headers.items()}, body))
         self.send_response(200)
+        if self.server.written_rows is not None:
+            self.send_header("X-ClickHouse-Summary", json.dumps({"written_rows": str(self.server.written_rows)}))
         self.send_header("Content-Length", "0")
         self.send_header("Connection", "close")
         self.end_headers()
@@ -68,7 +77,7 @@ def test_serialized_record_batches_go_with_a_content_length_as_the_bytes_of_an_a
     pieces = [batch.slice(0, 600), batch.slice(600)]
     client = ClickHouseHTTP(Target(url=f"http://127.0.0.1:{recorder.server_address[1]}", database="d", table="t"))
     try:
-        client.insert_arrow_messages("`d`.`t`", batch.schema, [p.serialize() for p in pieces])
+        client.insert_arrow_messages("`d`.`t`", batch.schema, [p.serialize() for p in pieces], rows=1000)
     finally:
         client.close()
     [(headers, body)] = recorder.seen
@@ -78,3 +87,41 @@ def test_serialized_record_batches_go_with_a_content_length_as_the_bytes_of_an_a
     assert body == expected
     with pa.ipc.open_stream(body) as reader:
         assert reader.read_all().equals(pa.Table.from_batches([batch]))
+
+
+def _insert_1000(recorder: _RecordingServer, *, may_deduplicate: bool = False) -> int:
+    batch = pa.record_batch({"a": pa.array(range(1000), pa.uint64())})
+    client = ClickHouseHTTP(Target(url=f"http://127.0.0.1:{recorder.server_address[1]}", database="d", table="t"))
+    try:
+        return client.insert_arrow_stream("`d`.`t`", batch.schema, iter([batch]), may_deduplicate=may_deduplicate)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("written", [0, 999])
+def test_an_insert_answered_with_success_that_wrote_fewer_rows_than_sent_raises_naming_both_counts(
+    recorder: _RecordingServer, written: int
+) -> None:
+    recorder.written_rows = written
+    with pytest.raises(RowsNotWrittenError, match=f"wrote {written} of the 1000 rows sent") as err:
+        _insert_1000(recorder)
+    assert (err.value.sent, err.value.written) == (1000, written)
+
+
+def test_a_deduplicating_insert_may_write_no_row_but_not_part_of_its_block(recorder: _RecordingServer) -> None:
+    recorder.written_rows = 0
+    assert _insert_1000(recorder, may_deduplicate=True) == 1000
+    recorder.written_rows = 400
+    with pytest.raises(RowsNotWrittenError):
+        _insert_1000(recorder, may_deduplicate=True)
+
+
+def test_rows_written_into_materialized_views_as_well_count_as_written(recorder: _RecordingServer) -> None:
+    recorder.written_rows = 3000  # the target's rows and two views' copies
+    assert _insert_1000(recorder) == 1000
+
+
+def test_a_success_reply_without_a_summary_leaves_the_insert_outcome_unknown(recorder: _RecordingServer) -> None:
+    recorder.written_rows = None
+    with pytest.raises(ReplyLostError, match="no X-ClickHouse-Summary"):
+        _insert_1000(recorder)
