@@ -22,8 +22,9 @@ from typing import Iterable, Mapping
 import pyarrow as pa
 
 from clickhouse_tx.chtypes import parse_clickhouse_type, strip_wrappers
-from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.errors import ConfigurationError, ServerBusyError
 from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.http_errors import TABLE_IS_READ_ONLY
 
 _WINDOW_RE = re.compile(r"\bnon_replicated_deduplication_window\s*=\s*(\d+)")
 _REPL_WINDOW_RE = re.compile(r"\breplicated_deduplication_window\s*=\s*(\d+)")
@@ -110,6 +111,37 @@ def describe_table(client: ClickHouseHTTP, database: str, table: str) -> TableIn
         window,
         rwindow,
     )
+
+
+def refuse_read_only_replica(client: ClickHouseHTTP, info: TableInfo) -> None:
+    """Driver, once per query: a replicated table whose replica on this server is read-only is refused.
+
+    ClickHouse turns a replica read-only while it has no Keeper session (lost, expired,
+    never made). Every INSERT, MOVE or ALTER into it then fails with
+    ``TABLE_IS_READ_ONLY``, after the server has retried for up to minutes
+    (``insert_keeper_max_retries``); refusing here says so at once, before any task writes.
+
+    Raises
+    ------
+    ServerBusyError
+        Code ``TABLE_IS_READ_ONLY`` (242): nothing was written; trying again once the
+        replica has its Keeper session back may work.
+    """
+    if not info.is_replicated:
+        return
+    rows = client.query_json(
+        "SELECT is_readonly, zookeeper_path, replica_name FROM system.replicas "
+        "WHERE database = {d:String} AND table = {t:String}",
+        params={"d": info.database, "t": info.table},
+    )
+    if rows and int(rows[0]["is_readonly"]):
+        raise ServerBusyError(
+            f"table {info.display} on {client.server} is a read-only replica (replica {rows[0]['replica_name']} "
+            f"at {rows[0]['zookeeper_path']}): ClickHouse refuses every write into it until the replica has a "
+            "Keeper session again; nothing was written",
+            code=TABLE_IS_READ_ONLY,
+            name="TABLE_IS_READ_ONLY",
+        )
 
 
 # ---------------------------------------------------------------------- the check

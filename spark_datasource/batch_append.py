@@ -26,12 +26,11 @@ import logging
 
 from pyspark.sql.types import StructType
 
-from clickhouse_tx import sql as q
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.job_publish import JobRecords, JobStage, drop_stages, publishability
-from clickhouse_tx.modes.stage_tables import overwrite_stage_name
+from clickhouse_tx.modes.stage_tables import create_stage_table, overwrite_stage_name
 
 from .writer_options import WriterOptions
 
@@ -119,7 +118,7 @@ def _create_stages(
     try:
         with ClickHouseHTTP(target) as c:
             for name, like in [(stage, (opts.database, opts.table))] + ([letters] if letters else []):
-                c.command(f"CREATE TABLE {q.qualified(opts.database, name)} AS {q.qualified(*like)}")
+                create_stage_table(c, opts.database, name, like, if_not_exists=False)
         build_mode_io(opts.mode).validate(stage_opts.target(), spark_schema_to_arrow(schema))
     except BaseException:
         drop_stages(target, job)

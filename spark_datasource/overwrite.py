@@ -39,7 +39,7 @@ from pyspark.sql.types import StructType
 from clickhouse_tx import sql as q
 from clickhouse_tx.convert import ConversionPlan
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.modes.stage_tables import OVERWRITE_STAGE_PREFIX, overwrite_stage_name
+from clickhouse_tx.modes.stage_tables import OVERWRITE_STAGE_PREFIX, create_stage_table, overwrite_stage_name
 
 from .writer_options import WriterOptions
 
@@ -265,7 +265,7 @@ def create_stage(opts: WriterOptions, schema: StructType) -> OverwriteStage:
     stage = overwrite_stage_name(txn_id)  # names the job: gc can tell whose a leftover is
     target = opts.target()
     with _client(target) as c:
-        c.command(f"CREATE TABLE {q.qualified(opts.database, stage)} AS {q.qualified(opts.database, opts.table)}")
+        create_stage_table(c, opts.database, stage, (opts.database, opts.table), if_not_exists=False)
     stage_opts = dataclasses.replace(opts, table=stage, create_table=False)
     try:
         build_mode_io(opts.mode).validate(stage_opts.target(), spark_schema_to_arrow(schema))

@@ -13,7 +13,7 @@ from clickhouse_tx.errors import ConfigurationError, ServerError
 from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
 from clickhouse_tx.interfaces import Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
-from clickhouse_tx.schema import TableInfo, check_schema, describe_table
+from clickhouse_tx.schema import TableInfo, check_schema, describe_table, refuse_read_only_replica
 from clickhouse_tx.views import DependentView, dependent_views, describe_views
 
 #: What keeps a target's materialized views exactly once, for the refusals' messages.
@@ -129,6 +129,15 @@ class ModeBase:
             info = describe_table(c, target.database, target.table)
             check_schema(info, schema)
             return info
+
+    def refuse_read_only(self, target: Target, info: TableInfo) -> None:
+        """Driver, once per query, the last check before any DDL: a replicated target whose
+        replica is read-only on this server is refused (ServerBusyError, TABLE_IS_READ_ONLY).
+
+        Last, so that what can never work (an engine, a window, a view) is said first:
+        this refusal only says when to try again."""
+        with self.client(target) as c:
+            refuse_read_only_replica(c, info)
 
     def prepared(
         self,

@@ -35,6 +35,13 @@ OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
 BATCH_SESSION_TIMEOUT_S = 60
 #: How long a replay waits for a batch COMMIT still running in the session (SESSION_IS_LOCKED).
 SETTLE_WAIT_S = 30.0
+#: Appended to a Replicated table's Keeper path to make the parent of its stages' paths: a
+#: sibling of the table's own node, so nothing of a stage is written into the table's tree.
+STAGE_PATH_SUFFIX = "_clickhouse_tx_stages"
+
+#: ``Replicated*MergeTree('<path>'`` / ``Shared*MergeTree('<path>'`` at the start of ``engine_full``.
+_KEEPER_PATH_ARG = re.compile(r"((?:Replicated|Shared)\w*MergeTree)\s*\(\s*'((?:[^'\\]|\\.)*)'")
+_REPLICATED_ENGINE = re.compile(r"(?:Replicated|Shared)\w*MergeTree\b")
 
 
 def stage_name(xid: str) -> str:
@@ -124,6 +131,53 @@ def leftover_stages(target: Target) -> list[tuple[str, float]]:
     the candidates it matches against the registry.
     """
     return [(name[len(STAGE_PREFIX) :], age) for name, age in tables_named(target, STAGE_PREFIX)]
+
+
+def stage_storage(engine_full: str, table_uuid: str, stage: str) -> tuple[str | None, bool]:
+    """How a stage of a table with this ``engine_full`` is created; pure.
+
+    Returns ``(engine, fresh_uuid)``: the ENGINE clause to give the stage instead of the
+    table's (None: the table's own, ``CREATE TABLE <stage> AS <table>``), and whether
+    the stage needs a UUID of its own.
+
+    A ``Replicated*``/``Shared*MergeTree`` stage cannot take the table's Keeper path:
+    the replica would already exist there. ClickHouse stores ``{database}`` and
+    ``{table}`` unfolded, so the stored path is the table's own whatever macros it was
+    written with. The stage's path is the table's with :data:`STAGE_PATH_SUFFIX` and
+    the stage's name appended (``{uuid}`` replaced by the table's UUID; ``{shard}`` and
+    ``{replica}`` kept, so the stage belongs to the server's shard as the table does),
+    and the rest of the engine clause (replica name, engine arguments, keys, settings)
+    is the table's, so ``MOVE PARTITION`` accepts the pair. An engine stored without
+    arguments takes the server's default path, made of ``{uuid}``: a UUID of the
+    stage's own makes it unique.
+    """
+    m = _KEEPER_PATH_ARG.match(engine_full.strip())
+    if m is None:
+        return None, _REPLICATED_ENGINE.match(engine_full.strip()) is not None
+    path = re.sub(r"\\(.)", r"\1", m.group(2)).replace("{uuid}", table_uuid)
+    stage_path = q.quote_string(f"{path.rstrip('/')}{STAGE_PATH_SUFFIX}/{stage}")
+    text = engine_full.strip()
+    return f"{m.group(1)}({stage_path}{text[m.end() :]}", False
+
+
+def create_stage_table(
+    c: ClickHouseHTTP, database: str, stage: str, like: tuple[str, str], *, if_not_exists: bool
+) -> None:
+    """``CREATE TABLE <database>.<stage> AS <like>``, with a Keeper path of its own when ``like``
+    is replicated (:func:`stage_storage`). One read of ``like``'s engine, one DDL."""
+    rows = c.query_json(
+        "SELECT engine_full, toString(uuid) AS uuid FROM system.tables "
+        "WHERE database = {d:String} AND name = {t:String}",
+        params={"d": like[0], "t": like[1]},
+    )
+    engine, fresh_uuid = (
+        stage_storage(str(rows[0]["engine_full"]), str(rows[0]["uuid"]), stage) if rows else (None, False)
+    )
+    sql = f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{q.qualified(database, stage)}"
+    if fresh_uuid:
+        sql += f" UUID {q.quote_string(str(uuid.uuid4()))}"
+    sql += f" AS {q.qualified(*like)}" + (f" ENGINE = {engine}" if engine else "")
+    c.command(sql, idempotent=if_not_exists)
 
 
 def record_plan(c: ClickHouseHTTP, stage: str, plan: dict[str, Any]) -> None:

@@ -54,6 +54,7 @@ from clickhouse_tx.modes.base import ModeBase, peek_schema
 from clickhouse_tx.modes.stage_publish import publish_batch, publish_xid, settle_batch_of
 from clickhouse_tx.modes.stage_tables import (
     batch_session,
+    create_stage_table,
     dead_letter_stage_name,
     move_sql,
     plan_of,
@@ -127,6 +128,7 @@ class StagingMode(ModeBase):
                     "non-replicated *MergeTree tables only; use visibility=partition"
                 )
             self.require_transactions(target, "option visibility=batch")
+        self.refuse_read_only(target, info)
         self.markers(target).ensure_table()
 
     # -- executor ------------------------------------------------------------------------
@@ -138,7 +140,7 @@ class StagingMode(ModeBase):
         counted = CountingBatches(batches)
         with self.client(target) as c:
             # The stage is this xid's alone, so one left by a try whose reply was lost is ours.
-            c.command(f"CREATE TABLE IF NOT EXISTS {stage} AS {self.target_sql(target)}", idempotent=True)
+            create_stage_table(c, target.database, stage_name(xid), (target.database, target.table), if_not_exists=True)
             try:
                 if schema is not None:
                     c.insert_arrow_stream(stage, schema, counted)
@@ -163,7 +165,7 @@ class StagingMode(ModeBase):
             return 0
         name = dead_letter_stage_name(xid)
         stage = q.qualified(target.database, name)
-        c.command(f"CREATE TABLE IF NOT EXISTS {stage} AS {q.qualified(*plan.dead_letter_table)}", idempotent=True)
+        create_stage_table(c, target.database, name, plan.dead_letter_table, if_not_exists=True)
         # A fresh stage (the target's xid): the rows' own dedup token is enough.
         n = write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, stage=stage)
         record_plan(
