@@ -24,6 +24,20 @@ VIEW_MODES = (
 )
 
 
+def distributed_hint(info: TableInfo) -> str:
+    """What to say after a mode's refusal of a ``Distributed`` target ("" for any other engine).
+
+    An INSERT into a Distributed table is forwarded to the shards later, by the server,
+    outside anything a mode can commit, roll back or deduplicate: no mode is exactly
+    once through it, so the writer addresses the shards' own tables instead."""
+    if not info.engine.startswith("Distributed"):
+        return ""
+    return (
+        ". A Distributed table forwards rows to its shards outside any commit: write into the local "
+        "table of each shard with the option shards (docs/deployment.md, 'ClickHouse clusters')"
+    )
+
+
 class ModeBase:
     """Plain, stateless and picklable: every method builds the clients it needs."""
 

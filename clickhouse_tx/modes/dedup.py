@@ -48,7 +48,7 @@ from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommi
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes import dedup_claims
-from clickhouse_tx.modes.base import ModeBase, peek_schema
+from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
 from clickhouse_tx.modes.dedup_chunks import ChunkSizing, Rechunker, chunk_digest, chunk_messages, dedup_token
 from clickhouse_tx.modes.dedup_claims import ClaimRecords
 from clickhouse_tx.modes.dedup_replay_guard import ReplayGuard
@@ -96,7 +96,7 @@ class DedupMode(ModeBase):
         if not info.is_merge_tree:
             raise ConfigurationError(
                 f"table {info.display} has engine {info.engine}: mode 'dedup' needs a *MergeTree "
-                "table (insert deduplication exists only there); use mode 'none'"
+                f"table (insert deduplication exists only there); use mode 'none'{distributed_hint(info)}"
             )
         if info.is_replicated:
             if info.replicated_dedup_window <= 0:

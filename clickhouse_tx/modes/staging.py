@@ -50,7 +50,7 @@ from clickhouse_tx.errors import (
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.modes.base import ModeBase, peek_schema
+from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
 from clickhouse_tx.modes.stage_publish import publish_batch, publish_xid, settle_batch_of
 from clickhouse_tx.modes.stage_tables import (
     batch_session,
@@ -106,7 +106,7 @@ class StagingMode(ModeBase):
             raise ConfigurationError(
                 f"table {info.display} has engine {info.engine}: mode 'staging' moves partitions "
                 "and needs a *MergeTree table (Replicated ones included); use mode 'none' for "
-                "other engines"
+                f"other engines{distributed_hint(info)}"
             )
         views = dependent_views(target)
         if views:

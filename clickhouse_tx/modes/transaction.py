@@ -58,7 +58,7 @@ from clickhouse_tx.http_errors import (
 )
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.markers import CommitMarkers
-from clickhouse_tx.modes.base import ModeBase, peek_schema
+from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
 from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE, NO_TRANSACTION_ID
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class TransactionMode(ModeBase):
                 f"table {info.display} has engine {info.engine}: mode 'transaction' needs a "
                 "non-replicated *MergeTree table (ClickHouse transactions support nothing else); "
                 "use mode 'staging' (exactly-once on any MergeTree, incl. Replicated) or 'dedup'"
+                + distributed_hint(info)
             )
         self.require_transactions(target, "mode 'transaction'", instead="or use mode 'staging'")
         # The target's materialized views insert inside the partition's transaction:
