@@ -264,7 +264,7 @@ class DedupMode(ModeBase):
                     ensure_window(c, target, first_block, xid)
                     ensure_view_windows(c, views, first_views, xid)
                 token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
-                self._insert(c, target, schema, messages, token, rows)
+                self._insert(c, target, schema, messages, token, rows, sent=n)
                 seen[digest] += 1
                 chunks += 1
         if chunks:  # a replay longer or shorter than this partition differs here
@@ -295,14 +295,23 @@ class DedupMode(ModeBase):
             return write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, token=token)
 
     def _insert(
-        self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, messages: Sequence[pa.Buffer], token: str, rows: int
+        self,
+        c: ClickHouseHTTP,
+        target: Target,
+        schema: pa.Schema,
+        messages: Sequence[pa.Buffer],
+        token: str,
+        rows: int,
+        *,
+        sent: int,
     ) -> None:
-        """INSERT one chunk's serialized record batches as one block under ``token``."""
+        """INSERT one chunk's serialized record batches (``sent`` rows) as one block under ``token``;
+        ``rows`` is the chunk size of the partition, which makes the block one."""
         c.insert_arrow_messages(
             self.target_sql(target),
             schema,
             messages,
-            rows=rows,
+            rows=sent,
             may_deduplicate=True,
             settings={
                 "insert_deduplicate": "1",

@@ -13,7 +13,7 @@ from typing import Sequence
 import pytest
 
 from clickhouse_tx import sql as q
-from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.errors import ConfigurationError, ServerBusyError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Hook, Prepared, Target, WriteContext
@@ -122,4 +122,7 @@ def test_visibility_batch_refuses_a_replicated_table_and_names_visibility_partit
     target = Target(url=admin.target.url, database=database, table="replicated", **target_fields())
     with pytest.raises(ConfigurationError, match="visibility=partition"):
         mode_io_for("staging", visibility="batch").validate(target, rows(1).schema)
-    mode_io_for("staging").validate(target, rows(1).schema)  # per-partition staging takes it
+    # Per-partition staging takes the engine: what it refuses is the embedded engine's
+    # read-only replica, and only after every check of what could never work.
+    with pytest.raises(ServerBusyError, match="read-only replica"):
+        mode_io_for("staging").validate(target, rows(1).schema)
