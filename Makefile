@@ -24,6 +24,8 @@ test-slow: bootstrap
 
 ## make test-external: the integration, Spark and kill tests that leave the servers running, against your
 ## ClickHouse, Keeper and Kafka (CLICKHOUSE_TX_EXTERNAL_URL, _USER, _PASSWORD, _KEEPER, _KAFKA; docs/deployment.md)
+## Replicated profile: CLICKHOUSE_TX_EXTERNAL_CLUSTER=<a cluster of your remote_servers> also runs the kill tests of
+## modes staging and dedup into ReplicatedMergeTree targets made ON CLUSTER (tests/torture/test_replicated_kill.py)
 .PHONY: test-external
 test-external: bootstrap
 	@test -n "$$CLICKHOUSE_TX_EXTERNAL_URL" || { echo "set CLICKHOUSE_TX_EXTERNAL_URL (docs/deployment.md)"; exit 2; }

@@ -31,6 +31,9 @@ ENV_CA_CERT = "CLICKHOUSE_TX_EXTERNAL_CA_CERT"
 ENV_VERIFY = "CLICKHOUSE_TX_EXTERNAL_VERIFY"
 ENV_CLIENT_CERT = "CLICKHOUSE_TX_EXTERNAL_CLIENT_CERT"
 ENV_CLIENT_CERT_KEY = "CLICKHOUSE_TX_EXTERNAL_CLIENT_CERT_KEY"
+#: The cluster of the user's ``remote_servers`` the Replicated profile creates its targets on
+#: (``tests/helpers/replicated.py``); without it those tests are skipped.
+ENV_CLUSTER = "CLICKHOUSE_TX_EXTERNAL_CLUSTER"
 
 #: Fixtures that start private servers to kill, restart or reconfigure them.
 EMBEDDED_FIXTURES = frozenset({"stack_factory", "sharded_stack", "broker", "brokers", "standalone_cluster"})
@@ -57,6 +60,8 @@ class External:
     kafka_control: str | None
     user: str | None
     tls: dict[str, str] = field(default_factory=dict)
+    #: The cluster name of ``ON CLUSTER`` for Replicated targets, or None (no Replicated profile).
+    cluster: str | None = None
     #: Prefix of every database and topic the run creates, so that leftovers are recognisable.
     prefix: str = field(default_factory=lambda: f"ctx_ext_{uuid.uuid4().hex[:6]}_")
 
@@ -82,6 +87,7 @@ class External:
             kafka_control=os.environ.get(ENV_KAFKA_CONTROL) or None,
             user=(credentials.http_auth() or (None, ""))[0],
             tls=tls,
+            cluster=os.environ.get(ENV_CLUSTER) or None,
         )
 
     def stack_info(self) -> StackInfo:
@@ -197,14 +203,27 @@ MODE_NEEDS = {
 }
 
 
+#: What each mode needs of the server when a test writes into Replicated targets (its module
+#: uses :data:`REPLICATED_HELPERS`). No ClickHouse transaction can hold a Replicated table, so
+#: such a test reads without ``implicit_transaction`` (staging publishes by plain MOVE PARTITION)
+#: and its table carries ``replicated_deduplication_window``: only the registry's KeeperMap is probed.
+REPLICATED_MODE_NEEDS = {"staging": ("keepermap",), "dedup": ("keepermap",), "plain": ("keepermap",)}
+REPLICATED_HELPERS = "tests.helpers.replicated"
+
+
 def lacking_for(item: object, lacks: dict[str, str]) -> str | None:
-    """The first requirement of a test's mode parameter the server lacks, or None."""
+    """The first requirement of a test's mode parameter the server lacks, or None.
+
+    The needs are :data:`REPLICATED_MODE_NEEDS` for a test whose module uses
+    :data:`REPLICATED_HELPERS`, else :data:`MODE_NEEDS`.
+    """
     callspec = getattr(item, "callspec", None)
     if callspec is None or not lacks:
         return None
+    needs = REPLICATED_MODE_NEEDS if REPLICATED_HELPERS in _modules_used_by(item) else MODE_NEEDS
     for value in callspec.params.values():
         for mode in value if isinstance(value, tuple) else (value,):
-            for need in MODE_NEEDS.get(mode, ()) if isinstance(mode, str) else ():
+            for need in needs.get(mode, ()) if isinstance(mode, str) else ():
                 if need in lacks:
                     return f"mode {mode} needs {need}"
     return None
