@@ -3,7 +3,7 @@
 The writer's per-batch path as Spark runs it, in one process: 8 partition attempts
 prepared (the executors' :meth:`Coordinator.prepare`, in 2 threads like ``local[2]``)
 and the driver's :meth:`Coordinator.commit_batch`, each through a coordinator built
-the way the writer builds one (:func:`spark_datasource.writer.coordinator_for`, so
+the way the writer builds one (:func:`spark_datasource.sink.writer.coordinator_for`, so
 per-process caches behave as in a reused Python worker). Every ClickHouse HTTP
 request is recorded (:mod:`benchmarks.http_trace`); the report gives, per mode, the
 requests of one steady-state batch (the 3rd, after the per-process caches are warm) by
@@ -50,8 +50,8 @@ def _rows(batch: int, part: int, n: int = 10) -> pa.RecordBatch:
 
 def _one_mode(url: str, db: str, mode: str, workdir: Path, trace: Path) -> dict[str, Any]:
     from clickhouse_tx.interfaces import WriteContext
-    from spark_datasource.writer import coordinator_for
-    from spark_datasource.writer_options import WriterOptions
+    from spark_datasource.options.writer import WriterOptions
+    from spark_datasource.sink.writer import coordinator_for
 
     settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""
     run_sql(url, f"CREATE TABLE {db}.{mode} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}")

@@ -238,7 +238,7 @@ def summarize(commits: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def bench(url: str, rounds: int, commits: int, baseline_rev: str | None) -> dict[str, Any]:
-    from clickhouse_tx.http_client import ClickHouseHTTP
+    from clickhouse_tx.client.http import ClickHouseHTTP
     from clickhouse_tx.interfaces import Target
 
     db = f"bench_{uuid.uuid4().hex[:8]}"

@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from benchmarks.results_file import write_result
-from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.interfaces import Decision, Mode, Prepared
+from clickhouse_tx.store.decision_log import FileDecisionLog
 
 
 def _fill(log: FileDecisionLog, n: int) -> None:

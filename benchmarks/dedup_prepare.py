@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks.results_file import write_result
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from server_patches import stack
 

@@ -140,7 +140,7 @@ def run_clients(rows: int, repeat: int) -> dict:
 
     import clickhouse_connect
 
-    from clickhouse_tx.http_client import ClickHouseHTTP
+    from clickhouse_tx.client.http import ClickHouseHTTP
     from clickhouse_tx.interfaces import Target
 
     table = pa.ipc.open_stream(make_stream(rows)).read_all()

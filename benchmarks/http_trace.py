@@ -55,7 +55,7 @@ def install() -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    from clickhouse_tx import http_client
+    from clickhouse_tx.client import http as http_client
 
     original = http_client.ClickHouseHTTP._post
 

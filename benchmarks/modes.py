@@ -1,7 +1,7 @@
 """Each commit mode through the local server, no Spark: rows/s and commit latency.
 
 Part 1 (throughput): the same Arrow data (``--rows`` per batch, 4 partitions) is
-prepared and committed by the :class:`~clickhouse_tx.coordinator.Coordinator` in every
+prepared and committed by the :class:`~clickhouse_tx.protocol.coordinator.Coordinator` in every
 mode; rows/s over prepare + commit, as ratios to ``none`` measured in the same run.
 
 Part 2 (commit latency): ``commit_batch`` wall time of small batches with 1, 4 and 16
@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks.results_file import run_on_server
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from spark_datasource.testing.visibility import percentile
 

@@ -58,7 +58,7 @@ from benchmarks.peers_figures import PEERS, SPARK_PEERS, latency_plan, markdown_
 from benchmarks.peers_plot import plot
 from benchmarks.peers_spark import DRIVER_KILLS, run_spark
 from benchmarks.results_file import machine, write_result
-from clickhouse_tx.verify import ClickHouseReader
+from clickhouse_tx.verify.verifier import ClickHouseReader
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -23,11 +23,11 @@ from typing import Any
 
 from benchmarks.peers_faults import ClickHouseKiller, FaultPlan, Servers, count_rows
 from benchmarks.peers_figures import rows_per_s
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.client.sql import qualified, quote_string, split_table
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.retry import RetryPolicy, retry_call
-from clickhouse_tx.sql import qualified, quote_string, split_table
-from clickhouse_tx.verify import ClickHouseReader
+from clickhouse_tx.verify.verifier import ClickHouseReader
 from spark_datasource.testing.pipeline_report import record_check
 from spark_datasource.testing.source_and_target import create_target, create_topic, produce
 from spark_datasource.testing.visibility import VisibilityPoller, latencies_ms, percentile

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clickhouse_tx.sql import qualified, split_table
-from clickhouse_tx.verify import ClickHouseReader
+from clickhouse_tx.client.sql import qualified, split_table
+from clickhouse_tx.verify.verifier import ClickHouseReader
 from server_patches import crashes
 
 

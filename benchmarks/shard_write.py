@@ -17,7 +17,7 @@ the best runs and ``ratio_spread_per_round`` gives min/median/max within rounds.
 Then the **commit of a 16-partition batch**: ``--commit-rows`` rows in 16 Spark
 partitions, written ``--repeat`` times with its own ``transactional_id`` and
 ``decision_log``, into one shard and by key over two; the driver's ``commit_seconds``
-from the writer's metrics (:func:`spark_datasource.metrics.read_metrics`).
+from the writer's metrics (:func:`spark_datasource.sink.metrics.read_metrics`).
 
     python -m benchmarks.shard_write --rows 20000000 --repeat 3
 
@@ -100,7 +100,7 @@ def throughput(spark: Any, info: Any, db: str, rows: int, repeat: int, mode: str
 
 def commit_latency(spark: Any, info: Any, db: str, rows: int, repeat: int, mode: str, work: Path) -> dict[str, Any]:
     """The driver's commit of a 16-partition batch, into one shard and by key over two (seconds)."""
-    from spark_datasource.metrics import read_metrics
+    from spark_datasource.sink.metrics import read_metrics
 
     out: dict[str, Any] = {}
     for config in ("one_shard", "two_shards_by_key"):

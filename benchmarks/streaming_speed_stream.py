@@ -34,10 +34,10 @@ def range_reads(
     probe, metadata, first fetch); "pooled" reads consecutive ranges of each
     partition as consecutive micro-batches do on a reused Python worker.
     """
-    from spark_datasource.kafka_consumers import ConsumerPool
-    from spark_datasource.kafka_fetch import read_range
-    from spark_datasource.kafka_offsets import KafkaOffsetRange
-    from spark_datasource.kafka_options import parse_kafka_options
+    from spark_datasource.kafka.consumers import ConsumerPool
+    from spark_datasource.kafka.fetch import read_range
+    from spark_datasource.kafka.offsets import KafkaOffsetRange
+    from spark_datasource.kafka.options import parse_kafka_options
 
     opts = parse_kafka_options({"bootstrap.servers": bootstrap, "subscribe": topic}, streaming=True)
     out = []

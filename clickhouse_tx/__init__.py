@@ -17,37 +17,55 @@ The names below are the public API; every error the writer raises is a
 from __future__ import annotations
 
 from clickhouse_tx.errors import (
+    AlreadyRegisteredError,
     ClickHouseTxError,
     ConfigurationError,
     DecisionConflictError,
+    DedupLayoutError,
+    DedupWindowError,
+    IllegalTransitionError,
     LostTransactionError,
     NotCommittedError,
     OutcomeUnknownError,
+    ReplyLostError,
+    RequestNotSentError,
+    RowsNotWrittenError,
     ServerBusyError,
     ServerError,
     ServerOutcomeUnknownError,
+    TornDecisionError,
+    TransactionFinishedError,
     TransientError,
     ValueDoesNotFitError,
 )
-from clickhouse_tx.verify import verify
-from clickhouse_tx.verify_report import VerifyReport
+from clickhouse_tx.verify.report import VerifyReport
+from clickhouse_tx.verify.verifier import verify
 
 #: The package's version; pyproject.toml reads it from here (``[tool.setuptools.dynamic]``).
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlreadyRegisteredError",
     "ClickHouseTxError",
     "ConfigurationError",
     "DecisionConflictError",
+    "DedupLayoutError",
+    "DedupWindowError",
+    "IllegalTransitionError",
     "LostTransactionError",
     "NotCommittedError",
     "OutcomeUnknownError",
+    "ReplyLostError",
+    "RequestNotSentError",
+    "RowsNotWrittenError",
     "ServerBusyError",
     "ServerError",
     "ServerOutcomeUnknownError",
+    "TornDecisionError",
+    "TransactionFinishedError",
     "TransientError",
     "ValueDoesNotFitError",
     "VerifyReport",
-    "__version__",
     "verify",
+    "__version__",
 ]

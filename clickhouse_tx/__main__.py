@@ -3,27 +3,27 @@
 Commands
 --------
 verify
-    Check a target table for exactly-once anomalies (:mod:`clickhouse_tx.verify`).
+    Check a target table for exactly-once anomalies (:mod:`clickhouse_tx.verify.verifier`).
     Exit code 0 = clean, 1 = anomalies found, 2 = error (bad options, server down).
 status
     Open transactions of the registry: counts per state and per query, in-doubt xids
     (a driver died between COMMITTING and COMMITTED), the oldest open age.
 recover
     Finish in-doubt xids: roll decided ones forward (with ``--checkpoint``), roll the
-    rest back (:func:`clickhouse_tx.recovery.resolve_in_doubt`).
+    rest back (:func:`clickhouse_tx.admin.recovery.resolve_in_doubt`).
 gc
     Remove what is older than ``--older-than`` seconds and nothing will use: prepares
     that no decision names (open transactions, stage tables), finished registry
-    entries, leftover stage tables (:func:`clickhouse_tx.recovery.gc_stale`). With
+    entries, leftover stage tables (:func:`clickhouse_tx.admin.recovery.gc_stale`). With
     ``--not-running`` (the operator says the named query is stopped), also the
     prepares of batches without a decision log, such as a query that never decided
-    a batch (:func:`clickhouse_tx.recovery.untouched_batch` says why that is safe).
+    a batch (:func:`clickhouse_tx.admin.recovery.untouched_batch` says why that is safe).
 
 With ``--shards URL[|URL],URL...`` instead of ``--url`` (a sharded write's ``shards``
 option), ``status``, ``recover`` and ``gc`` run on every shard in turn (each shard's
 registry holds its own xids; the decision logs are shared), printing one block (one
 JSON document with ``--json``) per shard, and ``verify`` checks the table's offsets
-across the shards (:func:`clickhouse_tx.verify_shards.verify_shards`: the same offset
+across the shards (:func:`clickhouse_tx.verify.shards.verify_shards`: the same offset
 on two shards is a duplicate).
 
 ``recover`` and ``gc`` act on the xids of one ``--mode`` at a time, and only on the
@@ -39,13 +39,13 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
-from clickhouse_tx.cli_args import build_parser, password, tls_settings
+from clickhouse_tx.admin.cli_args import build_parser, password, tls_settings
 from clickhouse_tx.errors import ClickHouseTxError
 from clickhouse_tx.interfaces import Mode
 
 if TYPE_CHECKING:  # imported where used: `python -m clickhouse_tx --help` stays quick
     from clickhouse_tx.interfaces import Target
-    from clickhouse_tx.registry import KeeperMapRegistry
+    from clickhouse_tx.store.registry import KeeperMapRegistry
 
 EXIT_CLEAN, EXIT_ANOMALIES, EXIT_ERROR = 0, 1, 2
 
@@ -68,11 +68,11 @@ class _ModeView:
 
 
 def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, Target]:
+    from clickhouse_tx.client.sql import split_table
+    from clickhouse_tx.client.tls import check_tls
     from clickhouse_tx.factory import build_registry
     from clickhouse_tx.interfaces import Target
     from clickhouse_tx.retry import RetryPolicy
-    from clickhouse_tx.sql import split_table
-    from clickhouse_tx.tls import check_tls
 
     db, t = split_table(args.table)
     # An operator's command rides through a dropped connection the way the writer does:
@@ -92,7 +92,7 @@ def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, T
 
 
 def _status(args: argparse.Namespace) -> int:
-    from clickhouse_tx.recovery import status_summary
+    from clickhouse_tx.admin.recovery import status_summary
 
     registry, _ = _registry_and_target(args)
     s = status_summary(registry)
@@ -129,8 +129,8 @@ def _txn_ids_to_touch(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     ``gc --not-running``, a checkpoint without decision logs names the query its
     ``clickhouse_tx/query.json`` holds (a streaming query that never decided a batch).
     """
-    from clickhouse_tx.decision_log import txn_ids_with_decisions
-    from clickhouse_tx.query_identity import stored_txn_id
+    from clickhouse_tx.store.decision_log import txn_ids_with_decisions
+    from clickhouse_tx.store.query_identity import stored_txn_id
 
     found = txn_ids_with_decisions(args.checkpoint) if args.checkpoint else []
     not_running = bool(getattr(args, "not_running", False))
@@ -159,9 +159,9 @@ def _txn_ids_to_touch(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def _recover_or_gc(args: argparse.Namespace) -> int:
-    from clickhouse_tx.decision_log import FileDecisionLog
+    from clickhouse_tx.admin.recovery import gc_stale, resolve_in_doubt
     from clickhouse_tx.factory import build_mode_io
-    from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
+    from clickhouse_tx.store.decision_log import FileDecisionLog
 
     txn_ids, logged = _txn_ids_to_touch(args)
     registry, target = _registry_and_target(args)
@@ -208,7 +208,7 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from clickhouse_tx.verify import verify
+    from clickhouse_tx.verify.verifier import verify
 
     report = verify(
         args.url,
@@ -225,7 +225,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _offset_checks(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments ``verify`` and ``verify --shards`` share: the offset columns, what
     to expect, the credentials."""
-    from clickhouse_tx.verify_offsets import parse_expected
+    from clickhouse_tx.verify.offsets import parse_expected
 
     return {
         "topic_col": args.topic_col or None,
@@ -254,8 +254,8 @@ def _report(args: argparse.Namespace, report: Any) -> int:
 def _shard_urls(args: argparse.Namespace) -> list[str]:
     """One URL per shard: the first replica that answers (the first one if none does)."""
     from clickhouse_tx.interfaces import Target
-    from clickhouse_tx.shard_placement import parse_shard_urls
-    from clickhouse_tx.sharded_io import answers
+    from clickhouse_tx.sharding.io import answers
+    from clickhouse_tx.sharding.placement import parse_shard_urls
 
     probe = Target(
         url="", database="default", table="", user=args.user, password=password(args), tls=tls_settings(args)
@@ -268,7 +268,7 @@ def _shard_urls(args: argparse.Namespace) -> list[str]:
 
 def _each_shard(args: argparse.Namespace) -> int:
     """``status``/``recover``/``gc`` on every shard in turn; the worst exit code."""
-    from clickhouse_tx.http_client import safe_url
+    from clickhouse_tx.client.http import safe_url
 
     worst = EXIT_CLEAN
     for i, url in enumerate(_shard_urls(args)):
@@ -280,7 +280,7 @@ def _each_shard(args: argparse.Namespace) -> int:
 
 
 def _verify_shards(args: argparse.Namespace) -> int:
-    from clickhouse_tx.verify_shards import verify_shards
+    from clickhouse_tx.verify.shards import verify_shards
 
     report = verify_shards(_shard_urls(args), args.table, **_offset_checks(args))
     return _report(args, report)

@@ -48,7 +48,7 @@ class RowsNotWrittenError(ServerError):
     (``X-ClickHouse-Summary``, ``written_rows``) counts fewer rows than were sent,
     beyond the blocks a deduplication token may drop. Nothing is claimed written:
     the task fails, and its attempt is rolled back like any failed insert.
-    Built by :mod:`clickhouse_tx._transport.reply_mapping`."""
+    Built by :mod:`clickhouse_tx.client._transport.reply_mapping`."""
 
     sent: int
     written: int
@@ -109,14 +109,40 @@ class TransientError(NotCommittedError):
 class ServerBusyError(ServerError, TransientError):
     """The server refused the request before running it (HTTP 503/429 without an
     exception, ``TOO_MANY_SIMULTANEOUS_QUERIES``, no Keeper connection): nothing was
-    done, trying again later may work. Built by :mod:`clickhouse_tx._transport.reply_mapping`."""
+    done, trying again later may work. Built by :mod:`clickhouse_tx.client._transport.reply_mapping`."""
 
 
 class ServerOutcomeUnknownError(ServerError, OutcomeUnknownError):
     """The server answered with an error that leaves a write's outcome open (Keeper
     connection loss, Keeper session expired, Keeper operation timeout): a read may be
     repeated, a write is resolved by reading back. Built by
-    :mod:`clickhouse_tx._transport.reply_mapping`."""
+    :mod:`clickhouse_tx.client._transport.reply_mapping`."""
+
+
+class RequestNotSentError(TransientError):
+    """The request never reached the server (refused, DNS, connect timeout)."""
+
+
+class ReplyLostError(OutcomeUnknownError):
+    """The request was (or may have been) sent, but no complete reply arrived."""
+
+
+class AlreadyRegisteredError(IllegalTransitionError):
+    """:meth:`KeeperMapRegistry.register` found the xid already there (in any state)."""
+
+
+class DedupWindowError(ClickHouseTxError):
+    """More blocks went into the table since a partition's first chunk than the dedup
+    window holds: a replay could duplicate rows. Raise the window (docs/modes.md)."""
+
+
+class DedupLayoutError(NotCommittedError):
+    """A replay of a dedup batch cut it into other partitions than the run whose rows are
+    in the table: refused before inserting (executor) or committing (driver)."""
+
+
+class TornDecisionError(ClickHouseTxError):
+    """A decision file is incomplete: its writer died mid-write (exclusive-create store)."""
 
 
 # ----------------------------------------------------------------------------------------
@@ -127,7 +153,7 @@ class ServerOutcomeUnknownError(ServerError, OutcomeUnknownError):
 def recover_command(url: str, table: str, mode: str, txn_id: str, log_root: str) -> str:
     """The ``python -m clickhouse_tx recover`` command that finishes a batch left in doubt.
 
-    ``url`` must be credential-free (:func:`clickhouse_tx.http_client.safe_url`).
+    ``url`` must be credential-free (:func:`clickhouse_tx.client.http.safe_url`).
     """
     return (
         f"python -m clickhouse_tx recover --url {url} --table {table} --mode {mode} "

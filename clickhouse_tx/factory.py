@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from clickhouse_tx.checkpoint_paths import open_location
-from clickhouse_tx.decision_log import DEFAULT_RETAIN_BATCHES
 from clickhouse_tx.interfaces import CommitModeIO, Mode, Target
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import DedupMode
-from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
+from clickhouse_tx.store.checkpoint_paths import open_location
+from clickhouse_tx.store.decision_log import DEFAULT_RETAIN_BATCHES
+from clickhouse_tx.store.registry import DEFAULT_TABLE, KeeperMapRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from clickhouse_tx.convert import ConversionPlan
-    from clickhouse_tx.coordinator import Coordinator
-    from clickhouse_tx.decision_log import FileDecisionLog
+    from clickhouse_tx.conversion.convert import ConversionPlan
+    from clickhouse_tx.protocol.coordinator import Coordinator
     from clickhouse_tx.retry import RetryPolicy
+    from clickhouse_tx.store.decision_log import FileDecisionLog
 
 
 # Partitions committed at once on the driver: each COMMIT is a few round trips that
@@ -74,8 +74,8 @@ def build_decision_log(
     (S3, GCS) it arbitrates versions by the registry's compare-and-set, in the
     KeeperMap table ``clickhouse_tx_decisions`` beside the registry.
     """
-    from clickhouse_tx.decision_arbiter import RegistryArbiter
-    from clickhouse_tx.decision_log import FileDecisionLog, publication_semantics
+    from clickhouse_tx.store.decision_arbiter import RegistryArbiter
+    from clickhouse_tx.store.decision_log import FileDecisionLog, publication_semantics
 
     fs, root = open_location(decision_log_uri)
     arbiter = None
@@ -99,7 +99,7 @@ def build_coordinator(
     conversion: "ConversionPlan | None" = None,
     visibility: str = "partition",
 ) -> "Coordinator":
-    """A :class:`~clickhouse_tx.coordinator.Coordinator` for one query into one target.
+    """A :class:`~clickhouse_tx.protocol.coordinator.Coordinator` for one query into one target.
 
     Parameters
     ----------
@@ -120,7 +120,7 @@ def build_coordinator(
     visibility
         ``partition`` or ``batch`` (mode ``staging``: the batch appears at once).
     """
-    from clickhouse_tx.coordinator import Coordinator
+    from clickhouse_tx.protocol.coordinator import Coordinator
 
     registry = build_registry(target, table=registry_table, database=registry_database, retry=retry)
     return Coordinator(

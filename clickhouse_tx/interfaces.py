@@ -65,7 +65,7 @@ _CAPABILITIES: Mapping[Mode, ModeCapabilities] = {
 @dataclasses.dataclass(frozen=True)
 class TlsSettings:
     """How an ``https://`` server is trusted and how this client proves itself: the options of
-    clickhouse-connect's ``get_client``, with their meaning (:mod:`clickhouse_tx.tls` builds the
+    clickhouse-connect's ``get_client``, with their meaning (:mod:`clickhouse_tx.client.tls` builds the
     ``ssl.SSLContext`` from them; ``docs/options.md``, "HTTPS").
 
     Attributes

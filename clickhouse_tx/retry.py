@@ -128,7 +128,7 @@ def logging_on_retry(
     """An ``on_retry`` that logs one WARNING per retry: what, attempt/limit, the error.
 
     The error is logged by its message, which the project builds without passwords
-    (URLs pass through :func:`clickhouse_tx.http_client.safe_url`).
+    (URLs pass through :func:`clickhouse_tx.client.http.safe_url`).
     """
 
     def on_retry(failures: int, exc: BaseException, delay: float) -> None:

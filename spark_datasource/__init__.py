@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Mapping
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["RECOMMENDED_SPARK_CONF", "register"]
+__all__ = ["RECOMMENDED_SPARK_CONF", "ClickHouseTxDataSource", "KafkaDataSource", "register"]
 
 #: Spark settings for sessions that use these data sources (set when the session is
 #: built; Spark reads them once, at start).
@@ -35,10 +35,23 @@ RECOMMENDED_SPARK_CONF: Mapping[str, str] = MappingProxyType(
 )
 
 
+def __getattr__(name: str) -> object:
+    """The two DataSource classes, imported on first use: importing this package needs no pyspark."""
+    if name == "ClickHouseTxDataSource":
+        from spark_datasource.datasource import ClickHouseTxDataSource
+
+        return ClickHouseTxDataSource
+    if name == "KafkaDataSource":
+        from spark_datasource.kafka.reader import KafkaDataSource
+
+        return KafkaDataSource
+    raise AttributeError(f"module 'spark_datasource' has no attribute {name!r}")
+
+
 def register(spark: "SparkSession") -> None:
     """Register every data source of this package with ``spark`` (driver, once per session)."""
-    from .datasource import ClickHouseTxDataSource
-    from .kafka_reader import KafkaDataSource
+    from spark_datasource.datasource import ClickHouseTxDataSource
+    from spark_datasource.kafka.reader import KafkaDataSource
 
     spark.dataSource.register(ClickHouseTxDataSource)
     spark.dataSource.register(KafkaDataSource)

@@ -3,8 +3,8 @@
 ``writer`` (once per batch job) and ``streamWriter`` (at query start and before every
 streaming commit) run on the driver: they parse the options, check the server, the
 table and the schema, and refuse what is not supported before any task writes. The
-writers they return are :mod:`spark_datasource.writer` (appends, streams) and
-:mod:`spark_datasource.job_writers` (published appends, overwrites).
+writers they return are :mod:`spark_datasource.sink.writer` (appends, streams) and
+:mod:`spark_datasource.sink.job_writers` (published appends, overwrites).
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import time
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from clickhouse_tx.convert import ConversionPlan
-
-from .batch_append import already_written, plan_job
-from .job_writers import AppendJobWriter, OverwriteWriter, SkippedJobWriter
-from .overwrite import create_stage
-from .writer import ClickHouseTxBatchWriter, ClickHouseTxStreamWriter
-from .writer_options import WriterOptions
+from clickhouse_tx.conversion.convert import ConversionPlan
+from spark_datasource.options.writer import WriterOptions
+from spark_datasource.sink.batch_append import already_written, plan_job
+from spark_datasource.sink.job_writers import AppendJobWriter, OverwriteWriter, SkippedJobWriter
+from spark_datasource.sink.overwrite import create_stage
+from spark_datasource.sink.writer import ClickHouseTxBatchWriter, ClickHouseTxStreamWriter
 
 log = logging.getLogger("clickhouse_tx.spark")
 
@@ -76,7 +75,7 @@ class ClickHouseTxDataSource(DataSource):
         opts = opts.with_query_identity()
         opts.check_batch_job_not_done()
         txn_id = opts.txn_id()
-        from .writer_setup import prepare_target
+        from spark_datasource.sink.setup import prepare_target
 
         # Spark calls streamWriter before every commit, in a reused Python worker: a
         # target checked moments ago for the same options and schema is not checked

@@ -2,7 +2,7 @@
 
 Each table sits between two marker comments in its document; the prose around it is
 written by hand. After adding or changing an option's declaration
-(:mod:`spark_datasource.writer_option_specs`, :mod:`spark_datasource.kafka_option_specs`)::
+(:mod:`spark_datasource.options.writer_specs`, :mod:`spark_datasource.kafka.option_specs`)::
 
     python -m spark_datasource.option_docs           # rewrite the tables in place
     python -m spark_datasource.option_docs --check   # exit 1 when a table differs
@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from spark_datasource.kafka_option_specs import KAFKA_OPTIONS
-from spark_datasource.option_spec import OptionFamily, OptionSpec
-from spark_datasource.writer_option_specs import WRITER_OPTIONS
+from spark_datasource.kafka.option_specs import KAFKA_OPTIONS
+from spark_datasource.options.spec import OptionFamily, OptionSpec
+from spark_datasource.options.writer_specs import WRITER_OPTIONS
 
 __all__ = ["TABLES", "DOCS", "render_table", "rewrite", "main"]
 

@@ -7,14 +7,14 @@ from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.arrow_checksum import CountingBatches
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP, safe_url
+from clickhouse_tx.conversion.checksum import CountingBatches
+from clickhouse_tx.conversion.schema import TableInfo, check_schema, describe_table, refuse_read_only_replica
 from clickhouse_tx.errors import ConfigurationError, ServerError
-from clickhouse_tx.http_client import ClickHouseHTTP, safe_url
 from clickhouse_tx.interfaces import Hook, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CommitMarkers
-from clickhouse_tx.schema import TableInfo, check_schema, describe_table, refuse_read_only_replica
-from clickhouse_tx.views import DependentView, dependent_views, describe_views
+from clickhouse_tx.modes.views import DependentView, dependent_views, describe_views
+from clickhouse_tx.store.markers import CommitMarkers
 
 #: What keeps a target's materialized views exactly once, for the refusals' messages.
 VIEW_MODES = (

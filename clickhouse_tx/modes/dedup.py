@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow as pa
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.arrow_checksum import CountingBatches
-from clickhouse_tx.dead_letters import write_dead_letters
-from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.checksum import CountingBatches
+from clickhouse_tx.conversion.dead_letters import write_dead_letters
+from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DedupWindowError, NotCommittedError
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes import dedup_claims
 from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
@@ -53,18 +53,17 @@ from clickhouse_tx.modes.dedup_chunks import ChunkSizing, Rechunker, chunk_diges
 from clickhouse_tx.modes.dedup_claims import ClaimRecords
 from clickhouse_tx.modes.dedup_replay_guard import ReplayGuard
 from clickhouse_tx.modes.dedup_window import (
-    DedupWindowError,
     ensure_view_windows,
     ensure_window,
     max_block_number,
     view_blocks,
     view_targets,
 )
-from clickhouse_tx.state import TxState
-from clickhouse_tx.views import dependent_views
+from clickhouse_tx.modes.views import dependent_views
+from clickhouse_tx.protocol.state import TxState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from clickhouse_tx.registry import KeeperMapRegistry
+    from clickhouse_tx.store.registry import KeeperMapRegistry
 
 log = logging.getLogger(__name__)
 #: How a partition is cut when no other sizing is given (tests pass small fixed chunks).
@@ -143,7 +142,7 @@ class DedupMode(ModeBase):
 
     def _registry(self, target: Target) -> "KeeperMapRegistry":
         if self.registry is None:
-            from clickhouse_tx.registry import KeeperMapRegistry
+            from clickhouse_tx.store.registry import KeeperMapRegistry
 
             self.registry = KeeperMapRegistry(target)
         return self.registry
@@ -264,7 +263,7 @@ class DedupMode(ModeBase):
                     ensure_window(c, target, first_block, xid)
                     ensure_view_windows(c, views, first_views, xid)
                 token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
-                self._insert(c, target, schema, messages, token, rows, sent=n)
+                self._insert(c, target, schema, messages, token, n)
                 seen[digest] += 1
                 chunks += 1
         if chunks:  # a replay longer or shorter than this partition differs here
@@ -295,23 +294,14 @@ class DedupMode(ModeBase):
             return write_dead_letters(c, converted, table=self.display(target), ctx=ctx, xid=xid, token=token)
 
     def _insert(
-        self,
-        c: ClickHouseHTTP,
-        target: Target,
-        schema: pa.Schema,
-        messages: Sequence[pa.Buffer],
-        token: str,
-        rows: int,
-        *,
-        sent: int,
+        self, c: ClickHouseHTTP, target: Target, schema: pa.Schema, messages: Sequence[pa.Buffer], token: str, rows: int
     ) -> None:
-        """INSERT one chunk's serialized record batches (``sent`` rows) as one block under ``token``;
-        ``rows`` is the chunk size of the partition, which makes the block one."""
+        """INSERT one chunk's ``rows`` rows (serialized record batches) as one block under ``token``."""
         c.insert_arrow_messages(
             self.target_sql(target),
             schema,
             messages,
-            rows=sent,
+            rows=rows,
             may_deduplicate=True,
             settings={
                 "insert_deduplicate": "1",

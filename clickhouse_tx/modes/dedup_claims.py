@@ -53,11 +53,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from clickhouse_tx.errors import NotCommittedError
+from clickhouse_tx.errors import DedupLayoutError
 from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target
 
 if TYPE_CHECKING:  # pragma: no cover
-    from clickhouse_tx.registry import KeeperMapRegistry
+    from clickhouse_tx.store.registry import KeeperMapRegistry
 
 #: The KeeperMap table of the layout records (in the registry's database).
 LAYOUT_TABLE = "clickhouse_tx_layouts"
@@ -77,11 +77,6 @@ WAIT_S = 120.0
 #: The fingerprint recorded one past a partition's last chunk (a replay longer or
 #: shorter than the earlier run's partition differs there).
 END = "end"
-
-
-class DedupLayoutError(NotCommittedError):
-    """A replay of a dedup batch cut it into other partitions than the run whose rows are
-    in the table: refused before inserting (executor) or committing (driver)."""
 
 
 def way_out(txn_id: str) -> str:
@@ -286,7 +281,7 @@ class ClaimRecords:
     @classmethod
     def beside(cls, target: Target, registry: "KeeperMapRegistry | None") -> "ClaimRecords":
         """The records in the registry's database (the target's when there is none)."""
-        from clickhouse_tx.registry import KeeperMapRegistry
+        from clickhouse_tx.store.registry import KeeperMapRegistry
 
         database = registry.database if registry is not None else target.database
         return cls(KeeperMapRegistry(target, table=LAYOUT_TABLE, database=database))

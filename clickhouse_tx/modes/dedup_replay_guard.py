@@ -14,13 +14,12 @@ import logging
 import time
 from typing import Mapping, Sequence
 
-from clickhouse_tx.errors import ClickHouseTxError
+from clickhouse_tx.errors import ClickHouseTxError, DedupLayoutError
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes import dedup_claims
 from clickhouse_tx.modes.dedup_claims import (
     Claim,
     ClaimRecords,
-    DedupLayoutError,
     barrier,
     check_chunk,
     check_messages,

@@ -13,17 +13,12 @@ import dataclasses
 import time
 from typing import Mapping, Sequence
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.errors import ClickHouseTxError
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.schema import describe_table
+from clickhouse_tx.errors import DedupWindowError
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.schema import describe_table
-from clickhouse_tx.views import dependent_views, view_tables
-
-
-class DedupWindowError(ClickHouseTxError):
-    """More blocks went into the table since a partition's first chunk than the dedup
-    window holds: a replay could duplicate rows. Raise the window (docs/modes.md)."""
+from clickhouse_tx.modes.views import dependent_views, view_tables
 
 
 def max_block_number(client: ClickHouseHTTP, target: Target) -> int:

@@ -12,10 +12,10 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from clickhouse_tx.arrow_checksum import CountingBatches
+from clickhouse_tx.conversion.checksum import CountingBatches
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes.base import ModeBase, peek_schema
-from clickhouse_tx.views import dependent_views, describe_views
+from clickhouse_tx.modes.views import dependent_views, describe_views
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import logging
 import threading
 import time
 
+from clickhouse_tx.client.codes import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import ServerError
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND
 from clickhouse_tx.interfaces import Target
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class SessionKeepAlive:
     the driver renews every session again before it writes a decision
     (:meth:`~clickhouse_tx.modes.transaction.TransactionMode.renew`). The writer refuses a
     ``session_timeout`` too short for these touches to hold
-    (``spark_datasource.writer_option_specs.MIN_SESSION_TIMEOUT_S``).
+    (``spark_datasource.options.writer_specs.MIN_SESSION_TIMEOUT_S``).
     """
 
     def __init__(self) -> None:

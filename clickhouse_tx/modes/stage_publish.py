@@ -16,11 +16,10 @@ import logging
 import time
 from typing import Any, Sequence
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError, ServerBusyError
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Hook, Prepared, Target
-from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.modes.stage_tables import (
     BATCH_SESSION_TIMEOUT_S,
     batch_session,
@@ -31,6 +30,7 @@ from clickhouse_tx.modes.stage_tables import (
     settle_session,
     stage_name,
 )
+from clickhouse_tx.store.markers import CommitMarkers
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 A stage table holds rows prepared for the target until a commit MOVEs (or
 ``INSERT ... SELECT``s) them in: per xid in mode ``staging``
 (:mod:`clickhouse_tx.modes.staging`), per job for batch jobs published at once and
-overwrites (:mod:`clickhouse_tx.job_publish`, ``spark_datasource.overwrite``). Their
+overwrites (:mod:`clickhouse_tx.modes.job_publish`, ``spark_datasource.sink.overwrite``). Their
 names say whose they are, so ``gc`` finds what a dead writer left
-(:mod:`clickhouse_tx.recovery`).
+(:mod:`clickhouse_tx.admin.recovery`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import time
 import uuid
 from typing import Any
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.errors import ClickHouseTxError, OutcomeUnknownError
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND, ReplyLostError
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.codes import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import ClickHouseTxError, OutcomeUnknownError, ReplyLostError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Target
 
@@ -28,7 +28,7 @@ STAGE_PREFIX = "_ctx_stage_"
 #: Stage tables of dead letters (beside the stage of the same xid; not a STAGE_PREFIX name,
 #: so ``gc`` reaches them through the rollback of their xid's stage).
 DEAD_LETTER_STAGE_PREFIX = "_ctx_dlstage_"
-#: Stage tables of batch overwrite jobs (``spark_datasource.overwrite``).
+#: Stage tables of batch overwrite jobs (``spark_datasource.sink.overwrite``).
 OVERWRITE_STAGE_PREFIX = "_ctx_ow_"
 #: Idle seconds after which the server rolls back a batch transaction whose driver died
 #: holding it (its MOVEs lock the stages' parts until then).

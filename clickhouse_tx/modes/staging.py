@@ -38,17 +38,17 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.arrow_checksum import CountingBatches
-from clickhouse_tx.dead_letters import write_dead_letters
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.checksum import CountingBatches
+from clickhouse_tx.conversion.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (
     ConfigurationError,
     IllegalTransitionError,
     NotCommittedError,
     OutcomeUnknownError,
+    ReplyLostError,
 )
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import ReplyLostError
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
 from clickhouse_tx.modes.stage_publish import publish_batch, publish_xid, settle_batch_of
@@ -61,7 +61,7 @@ from clickhouse_tx.modes.stage_tables import (
     record_plan,
     stage_name,
 )
-from clickhouse_tx.views import dependent_views, describe_views
+from clickhouse_tx.modes.views import dependent_views, describe_views
 
 log = logging.getLogger(__name__)
 

@@ -45,21 +45,23 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.arrow_checksum import CountingBatches, batch_checksum, combine, finish
-from clickhouse_tx.dead_letters import write_dead_letters
-from clickhouse_tx.errors import ConfigurationError, NotCommittedError, OutcomeUnknownError, ServerError, TransientError
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import (
-    FUNCTION_THROW_IF_VALUE_IS_NON_ZERO,
-    INVALID_TRANSACTION,
-    SESSION_NOT_FOUND,
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.codes import FUNCTION_THROW_IF_VALUE_IS_NON_ZERO, INVALID_TRANSACTION, SESSION_NOT_FOUND
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.checksum import CountingBatches, batch_checksum, combine, finish
+from clickhouse_tx.conversion.dead_letters import write_dead_letters
+from clickhouse_tx.errors import (
+    ConfigurationError,
+    NotCommittedError,
+    OutcomeUnknownError,
     ReplyLostError,
+    ServerError,
+    TransientError,
 )
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import CommitMarkers
 from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
 from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE, NO_TRANSACTION_ID
+from clickhouse_tx.store.markers import CommitMarkers
 
 log = logging.getLogger(__name__)
 

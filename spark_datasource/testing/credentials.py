@@ -51,7 +51,7 @@ class Login(TypedDict, total=False):
 def target_fields() -> Login:
     """The ``Target`` fields ``user`` and ``password``; empty when unset (the field defaults).
 
-    ``ClickHouseReader`` and ``clickhouse_tx.verify.verify`` take the same keywords.
+    ``ClickHouseReader`` and ``clickhouse_tx.verify.verifier.verify`` take the same keywords.
     """
     login = _login()
     return {} if login is None else {"user": login[0], "password": login[1]}

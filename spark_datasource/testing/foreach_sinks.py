@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from clickhouse_tx.faults import FaultPlan, check_enabled
+from clickhouse_tx.protocol.faults import FaultPlan, check_enabled
 from spark_datasource.testing import credentials
 from spark_datasource.testing.credentials import http_auth
 
@@ -63,7 +63,7 @@ def _plain_insert(url: str, table: str, fault: FaultPlan | None = None):
     import pyarrow as pa
     import requests
 
-    from clickhouse_tx.sql import qualified, split_table
+    from clickhouse_tx.client.sql import qualified, split_table
 
     sql = f"INSERT INTO {qualified(*split_table(table))} FORMAT ArrowStream"
 
@@ -95,7 +95,7 @@ def _connect_insert(url: str, table: str, fault: FaultPlan | None = None):
     between the insert and Spark's commit log is inserted again). One client per driver
     process, made at the first batch.
     """
-    from clickhouse_tx.sql import split_table
+    from clickhouse_tx.client.sql import split_table
 
     db, t = split_table(table)
     client: list[Any] = []

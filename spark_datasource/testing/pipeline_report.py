@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence, cast
 
-from clickhouse_tx.sql import qualified, split_table
-from clickhouse_tx.verify import ClickHouseReader, verify
+from clickhouse_tx.client.sql import qualified, split_table
+from clickhouse_tx.verify.verifier import ClickHouseReader, verify
 from spark_datasource.testing.credentials import target_fields
 from spark_datasource.testing.job_launcher import JobLauncher
 from spark_datasource.testing.pipeline_config import PipelineRun
@@ -63,7 +63,7 @@ def record_check(url: str, table: str, bootstrap: str, topic: str, partitions: i
     """Every record of ``topic`` in ``table`` exactly once? The check of every pipeline run.
 
     The (topic, partition, offset) set in the table, read committed, against Kafka's
-    offsets 0..end of each partition (:func:`clickhouse_tx.verify.verify`), and the
+    offsets 0..end of each partition (:func:`clickhouse_tx.verify.verifier.verify`), and the
     distinct event ids against the ``events`` produced. Whatever wrote the table (the
     streaming job, a ``foreachBatch`` sink, ClickHouse's Kafka engine) is checked the
     same way. Calling process, once per run, after the writing stopped.

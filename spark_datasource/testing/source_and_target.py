@@ -11,7 +11,7 @@ from typing import Callable
 
 import requests
 
-from clickhouse_tx.sql import qualified, quote_identifier, split_table
+from clickhouse_tx.client.sql import qualified, quote_identifier, split_table
 from spark_datasource.testing.credentials import http_auth
 from spark_datasource.testing.streaming_job import TABLE_COLUMNS
 

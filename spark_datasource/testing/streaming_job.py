@@ -13,7 +13,7 @@ Output protocol (stdout, one line each, for the parent to parse):
 Everything else (Spark's own logging) goes to stderr.
 
 Where code runs: this module is the driver; the data sources' hooks run in Spark's
-Python workers (see :mod:`spark_datasource.writer` and :mod:`spark_datasource.kafka_reader`).
+Python workers (see :mod:`spark_datasource.sink.writer` and :mod:`spark_datasource.kafka.reader`).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def build_session(master: str = "local[2]", spark_conf: Mapping[str, str] | None
     e.g. :data:`spark_datasource.RECOMMENDED_SPARK_CONF`'s, measured against its absence).
     """
     # fault.action=kill must take the whole driver (Python and JVM), not only the
-    # pyspark worker daemon's own process group (see clickhouse_tx.faults).
+    # pyspark worker daemon's own process group (see clickhouse_tx.protocol.faults).
     os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -9,8 +9,8 @@ import threading
 import time
 from typing import Mapping, Sequence
 
-from clickhouse_tx.sql import qualified, split_table
-from clickhouse_tx.verify import ClickHouseReader
+from clickhouse_tx.client.sql import qualified, split_table
+from clickhouse_tx.verify.verifier import ClickHouseReader
 from spark_datasource.testing.credentials import target_fields
 
 

@@ -4,7 +4,7 @@
 open transaction last until it disconnects. Over HTTP the same is a named session
 (``session_id``) that every statement of the connection names.
 
-Plain ``requests``, not the project's ``clickhouse_tx.http_client``: a test compares
+Plain ``requests``, not the project's ``clickhouse_tx.client.http``: a test compares
 the reply's bytes, in the format the statement asks for, with its ``.reference`` file,
 as clickhouse-client prints them, and it expects errors by code; the project's client
 parses replies and maps errors for the write protocol instead.

@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Callable
 
-from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.errors import DecisionConflictError
 from clickhouse_tx.interfaces import Decision, Mode, Prepared
+from clickhouse_tx.store.decision_log import FileDecisionLog
 from spark_datasource.testing.credentials import target_fields
 
 

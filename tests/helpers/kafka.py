@@ -9,7 +9,7 @@ import pyarrow as pa
 from kafka import KafkaProducer
 
 from server_patches.kafka_broker import create_topic, delete_records
-from spark_datasource.kafka_arrow import arrow_schema
+from spark_datasource.kafka.arrow import arrow_schema
 
 
 def produce(

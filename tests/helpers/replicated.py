@@ -13,7 +13,7 @@ read on another replica than the writer's sees every committed row.
 
 from __future__ import annotations
 
-from clickhouse_tx.sql import qualified, quote_identifier
+from clickhouse_tx.client.sql import qualified, quote_identifier
 from tests.helpers.external import ENV_CLUSTER, ENV_URL, External
 
 SKIP_REASON = (

@@ -9,8 +9,8 @@ from __future__ import annotations
 import uuid
 from typing import Iterator, Sequence
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from server_patches.stack_files import StackInfo
 from tests.helpers.tables import PARTITIONS

@@ -111,7 +111,7 @@ def assert_exactly(url: str, database: str, expected: set[tuple[int, int, str]])
 def assert_exactly_once_by_offsets(url: str, database: str, expected: set[tuple[int, int, str]]) -> None:
     """Every expected ``(p, o, v)`` row once, ``python -m clickhouse_tx verify``'s offset
     checks clean over the same partitions and offsets, no registry entry left open."""
-    from clickhouse_tx.verify import verify
+    from clickhouse_tx.verify.verifier import verify
 
     assert_exactly(url, database, expected)
     spans: dict[tuple[None, int], tuple[int, int]] = {}

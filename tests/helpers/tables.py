@@ -13,14 +13,14 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.coordinator import Coordinator
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.markers import MARKERS_TABLE
 from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.modes.dedup_chunks import ChunkSizing
+from clickhouse_tx.protocol.coordinator import Coordinator
+from clickhouse_tx.store.markers import MARKERS_TABLE
 from spark_datasource.testing.credentials import target_fields
 
 TXN = "q1"

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from spark_datasource.testing.credentials import target_fields
 

@@ -12,10 +12,10 @@ from typing import Sequence
 
 import pytest
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import ConfigurationError, ServerBusyError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Hook, Prepared, Target, WriteContext
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, batch_session

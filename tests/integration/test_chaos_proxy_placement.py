@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import ReplyLostError
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import ReplyLostError
 from clickhouse_tx.interfaces import Target
 from server_patches import crashes
 from server_patches.stack_files import StackInfo

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.decision_log import FileDecisionLog
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.factory import build_coordinator, build_mode_io
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Decision, Target, WriteContext
-from clickhouse_tx.registry import KeeperMapRegistry
-from clickhouse_tx.state import TxState
+from clickhouse_tx.protocol.state import TxState
+from clickhouse_tx.store.decision_log import FileDecisionLog
+from clickhouse_tx.store.registry import KeeperMapRegistry
 from spark_datasource.testing.credentials import target_fields
 from tests.helpers.cli import id_batch, id_table, run_cli, visible_ids
 

@@ -17,11 +17,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.codes import SESSION_IS_LOCKED, SESSION_NOT_FOUND
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import ServerError, TransientError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import SESSION_IS_LOCKED, SESSION_NOT_FOUND
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
 from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
 from clickhouse_tx.modes.transaction import TransactionMode
@@ -189,7 +189,7 @@ def _straggler(admin: ClickHouseHTTP, database: str, tmp_path: Path, seconds: in
 def test_abort_waits_for_a_straggler_that_holds_its_session_and_then_rolls_it_back(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
-    from clickhouse_tx.registry import KeeperMapRegistry
+    from clickhouse_tx.store.registry import KeeperMapRegistry
 
     with _straggler(admin, database, tmp_path, 4) as (target, co, p):  # longer than the client's retries
         report = co.abort_batch(0, [p])
@@ -203,8 +203,8 @@ def test_abort_waits_for_a_straggler_that_holds_its_session_and_then_rolls_it_ba
 def test_abort_does_not_raise_when_a_straggler_holds_its_session_past_the_wait_and_recover_finishes_it(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
-    from clickhouse_tx.recovery import resolve_in_doubt
-    from clickhouse_tx.registry import KeeperMapRegistry
+    from clickhouse_tx.admin.recovery import resolve_in_doubt
+    from clickhouse_tx.store.registry import KeeperMapRegistry
 
     with _straggler(admin, database, tmp_path, 12) as (target, co, p):
         report = co.abort_batch(0, [p], straggler_wait_s=1.0)  # SESSION_IS_LOCKED throughout: no exception

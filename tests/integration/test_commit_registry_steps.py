@@ -10,10 +10,10 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from clickhouse_tx.coordinator import Coordinator
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.factory import build_coordinator, build_registry
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
+from clickhouse_tx.protocol.coordinator import Coordinator
 from tests.helpers.tables import batches, committed_count, make_table, rows
 
 PARTS = 4

@@ -16,13 +16,13 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import NotCommittedError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
-from clickhouse_tx.markers import MARKERS_TABLE
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
+from clickhouse_tx.store.markers import MARKERS_TABLE
 from tests.helpers.tables import TXN, batches, committed_count, make_table, markers, rows, tables
 
 

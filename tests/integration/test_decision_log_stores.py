@@ -5,12 +5,12 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 import pytest
 
-from clickhouse_tx.decision_arbiter import RegistryArbiter
-from clickhouse_tx.decision_log import FileDecisionLog
 from clickhouse_tx.errors import DecisionConflictError
 from clickhouse_tx.factory import build_decision_log
 from clickhouse_tx.interfaces import Decision, Mode, Prepared, Target
-from clickhouse_tx.registry import KeeperMapRegistry
+from clickhouse_tx.store.decision_arbiter import RegistryArbiter
+from clickhouse_tx.store.decision_log import FileDecisionLog
+from clickhouse_tx.store.registry import KeeperMapRegistry
 from spark_datasource.testing.credentials import target_fields
 from tests.helpers import s3
 from tests.helpers.decision_log import race, race_processes

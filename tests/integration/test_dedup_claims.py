@@ -14,11 +14,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.errors import NotCommittedError
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import DedupLayoutError, NotCommittedError
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes import dedup_claims
-from clickhouse_tx.modes.dedup_claims import LAYOUT_TABLE, DedupLayoutError
+from clickhouse_tx.modes.dedup_claims import LAYOUT_TABLE
 from tests.helpers.tables import (
     DEDUP_TXN as TXN,
 )

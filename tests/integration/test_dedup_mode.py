@@ -8,18 +8,22 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.coordinator import Coordinator
-from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import ReplyLostError
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import (
+    DedupLayoutError,
+    DedupWindowError,
+    NotCommittedError,
+    OutcomeUnknownError,
+    ReplyLostError,
+)
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
-from clickhouse_tx.markers import MARKERS_TABLE
 from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.modes.dedup_chunks import ChunkSizing
-from clickhouse_tx.modes.dedup_claims import DedupLayoutError
-from clickhouse_tx.modes.dedup_window import DedupWindowError, max_block_number
-from clickhouse_tx.registry import KeeperMapRegistry
+from clickhouse_tx.modes.dedup_window import max_block_number
+from clickhouse_tx.protocol.coordinator import Coordinator
+from clickhouse_tx.store.markers import MARKERS_TABLE
+from clickhouse_tx.store.registry import KeeperMapRegistry
 from tests.helpers.tables import (
     DEDUP_TXN,
     batches,

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx.commit_plan import prepared_from_entry
 from clickhouse_tx.factory import build_coordinator, build_mode_io
 from clickhouse_tx.ids import StoredQueryId
 from clickhouse_tx.interfaces import CommitOutcome, Prepared, Target, WriteContext
-from clickhouse_tx.registry import KeeperMapRegistry
-from clickhouse_tx.state import TxState
+from clickhouse_tx.protocol.commit_plan import prepared_from_entry
+from clickhouse_tx.protocol.state import TxState
+from clickhouse_tx.store.registry import KeeperMapRegistry
 from tests.helpers.cli import id_batch, id_table, run_cli, visible_ids
 
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError, ServerError, TransientError
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import ReplyLostError, RequestNotSentError
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import (
+    NotCommittedError,
+    OutcomeUnknownError,
+    ReplyLostError,
+    RequestNotSentError,
+    ServerError,
+    TransientError,
+)
 from clickhouse_tx.interfaces import Target
 from server_patches.processes import free_port
 from spark_datasource.testing.credentials import target_fields

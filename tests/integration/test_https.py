@@ -18,11 +18,11 @@ import clickhouse_connect
 import pyarrow as pa
 import pytest
 
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.client.sql import qualified
+from clickhouse_tx.client.tls import check_tls
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, TlsSettings
-from clickhouse_tx.sql import qualified
-from clickhouse_tx.tls import check_tls
 from spark_datasource.testing.credentials import Login, clickhouse_connect_login, target_fields
 from tests.helpers.cli import run_cli
 from tests.helpers.https import HttpsFront, connect_proxy
@@ -99,7 +99,7 @@ def test_verify_false_accepts_the_untrusted_certificate_and_the_driver_check_log
     front: HttpsFront, database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     target = Target(url=front.url, database=database, table="t", tls=TlsSettings(verify=False), **target_fields())
-    with caplog.at_level(logging.WARNING, logger="clickhouse_tx.tls"):
+    with caplog.at_level(logging.WARNING, logger="clickhouse_tx.client.tls"):
         check_tls(target)
     assert any("verify=false" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
     with ClickHouseHTTP(target) as client:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.arrow_checksum import arrow_checksum
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.codes import INVALID_TRANSACTION
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.checksum import arrow_checksum
 from clickhouse_tx.errors import ConfigurationError, IllegalTransitionError, NotCommittedError, ServerError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import INVALID_TRANSACTION
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import DedupMode
@@ -27,7 +27,7 @@ from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, stage_name
 from clickhouse_tx.modes.staging import StagingMode
 from clickhouse_tx.modes.transaction import TransactionMode
-from clickhouse_tx.registry import DEFAULT_TABLE, KeeperMapRegistry
+from clickhouse_tx.store.registry import DEFAULT_TABLE, KeeperMapRegistry
 from spark_datasource.testing.credentials import target_fields
 from tests.helpers.tables import (
     PARTITIONS,

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import ReplyLostError
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import ReplyLostError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.retry import NO_RETRY, RetryPolicy
 from server_patches import crashes

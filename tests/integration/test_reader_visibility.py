@@ -15,9 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from spark_datasource.testing.credentials import target_fields
 

@@ -7,11 +7,12 @@ import threading
 
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import AlreadyRegisteredError
 from clickhouse_tx.interfaces import Mode, RegistryEntry, RegistryIO, Target
-from clickhouse_tx.registry import AlreadyRegisteredError, KeeperMapRegistry
-from clickhouse_tx.state import TxState
+from clickhouse_tx.protocol.state import TxState
+from clickhouse_tx.store.registry import KeeperMapRegistry
 from spark_datasource.testing.credentials import target_fields
 
 INIT, COMMITTING, COMMITTED = TxState.INITIALIZED.value, TxState.COMMITTING.value, TxState.COMMITTED.value
@@ -198,7 +199,7 @@ def test_a_bulk_transition_moves_only_the_xids_in_an_expected_state_and_says_whi
     clickhouse_url: str, database: str
 ) -> None:
     from clickhouse_tx.interfaces import Mode, RegistryEntry, Target
-    from clickhouse_tx.registry import KeeperMapRegistry
+    from clickhouse_tx.store.registry import KeeperMapRegistry
 
     reg = KeeperMapRegistry(Target(url=clickhouse_url, database=database, table="events", **target_fields()))
     for i, state in enumerate(["initialized", "initialized", "committed"]):

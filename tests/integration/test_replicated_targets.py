@@ -22,11 +22,11 @@ from typing import Callable
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.codes import TABLE_IS_READ_ONLY
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import ClickHouseTxError, ServerBusyError, ServerError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import TABLE_IS_READ_ONLY
 from clickhouse_tx.interfaces import Target, WriteContext
 from clickhouse_tx.modes.stage_tables import STAGE_PATH_SUFFIX, create_stage_table
 from spark_datasource.testing.credentials import target_fields

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Target, WriteContext
-from clickhouse_tx.shard_placement import ShardPlacement
-from clickhouse_tx.sharded_io import prepare_sharded
+from clickhouse_tx.sharding.io import prepare_sharded
+from clickhouse_tx.sharding.placement import ShardPlacement
 from server_patches.stack_files import StackInfo
 from tests.helpers.cli import run_cli
 from tests.helpers.shards import create_everywhere, drop_everywhere, sharded_table
@@ -18,7 +18,7 @@ from tests.helpers.tables import TXN, batches, rows
 
 
 def _insert(url: str, database: str, offsets: list[int]) -> None:
-    from clickhouse_tx.http_client import ClickHouseHTTP
+    from clickhouse_tx.client.http import ClickHouseHTTP
 
     values = ", ".join(f"('t', 0, {o})" for o in offsets)
     with ClickHouseHTTP(Target(url=url, database=database, table="k")) as c:

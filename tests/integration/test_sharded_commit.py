@@ -10,11 +10,11 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.coordinator import Coordinator
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
-from clickhouse_tx.shard_placement import ShardPlacement, stable_hash
-from clickhouse_tx.sharded_io import build_sharded_coordinator, prepare_sharded
+from clickhouse_tx.protocol.coordinator import Coordinator
+from clickhouse_tx.sharding.io import build_sharded_coordinator, prepare_sharded
+from clickhouse_tx.sharding.placement import ShardPlacement, stable_hash
 from server_patches import crashes
 from server_patches.stack_files import StackInfo
 from tests.helpers.shards import counts, drop_everywhere, ids_per_shard, sharded_table
@@ -149,7 +149,7 @@ def test_a_dead_replica_is_skipped_and_the_xid_commits_on_the_replica_that_prepa
     report = build_sharded_coordinator(target, placement, _one(mode, tmp_path)).commit_batch(0, msgs)
     assert report.rows == 600
     crashes.start_clickhouse(info.dir, shard=0, replica=0)
-    from clickhouse_tx.http_client import ClickHouseHTTP
+    from clickhouse_tx.client.http import ClickHouseHTTP
 
     def count(url: str) -> int:
         with ClickHouseHTTP(dataclasses.replace(target, url=url)) as c:

@@ -16,16 +16,15 @@ from collections.abc import Callable
 
 import pytest
 
-from clickhouse_tx.errors import ServerBusyError
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import RequestNotSentError, ServerBusyError
 from clickhouse_tx.factory import build_mode_io
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import RequestNotSentError
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, RegistryEntry, Target
-from clickhouse_tx.markers import CommitMarkers
-from clickhouse_tx.registry import KeeperMapRegistry
+from clickhouse_tx.protocol.state import TxState
+from clickhouse_tx.protocol.tx_ops import TxOps
 from clickhouse_tx.retry import RetryPolicy, is_transient
-from clickhouse_tx.state import TxState
-from clickhouse_tx.tx_ops import TxOps
+from clickhouse_tx.store.markers import CommitMarkers
+from clickhouse_tx.store.registry import KeeperMapRegistry
 from server_patches import crashes
 from server_patches.stack_files import StackInfo
 from spark_datasource.testing.credentials import target_fields

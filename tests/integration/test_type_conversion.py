@@ -18,14 +18,14 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.convert import ConversionPlan
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.convert import ConversionPlan
+from clickhouse_tx.conversion.schema import check_schema, conversion_columns, describe_table
 from clickhouse_tx.errors import ValueDoesNotFitError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target, WriteContext
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
-from clickhouse_tx.schema import check_schema, conversion_columns, describe_table
 from spark_datasource.testing.credentials import target_fields, writer_options
 
 MODES = ["transaction", "staging", "dedup"]
@@ -213,8 +213,8 @@ def test_the_writer_builds_its_plan_on_the_driver_from_the_tables_own_types(
 ) -> None:
     from pyspark.sql import types as T
 
-    from spark_datasource.writer_options import WriterOptions
-    from spark_datasource.writer_setup import prepare_target
+    from spark_datasource.options.writer import WriterOptions
+    from spark_datasource.sink.setup import prepare_target
 
     typed_table(admin, database, "DateTime", "events")
     opts = WriterOptions.parse(
@@ -245,8 +245,8 @@ def test_routing_into_tables_whose_column_types_differ_is_refused_on_the_driver(
     from pyspark.sql import types as T
 
     from clickhouse_tx.errors import ConfigurationError
-    from spark_datasource.writer_options import WriterOptions
-    from spark_datasource.writer_setup import prepare_target
+    from spark_datasource.options.writer import WriterOptions
+    from spark_datasource.sink.setup import prepare_target
 
     typed_table(admin, database, "UInt8", "a")
     typed_table(admin, database, "UInt16", "b")
@@ -272,7 +272,7 @@ def _dead_letters(admin: ClickHouseHTTP, database: str) -> list[dict]:
 def _dead_letter_setup(admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str):
     """A UInt8 target, a ``dlq`` table, a batch with two misfits (rows 1 and 3) and a
     coordinator factory whose plan sends misfits to ``dlq``."""
-    from clickhouse_tx.dead_letters import dead_letter_ddl
+    from clickhouse_tx.conversion.dead_letters import dead_letter_ddl
 
     target = typed_table(admin, database, "UInt8", "typed")
     admin.command(dead_letter_ddl(database, "dlq", dedup_window=mode == "dedup"))
@@ -364,7 +364,7 @@ def test_in_staging_mode_dead_letters_move_with_their_partition_once_across_a_ro
 def test_in_staging_mode_a_commit_cut_after_the_rows_moved_rolls_forward_the_dead_letters_once(
     admin, database: str, tmp_path: Path
 ) -> None:
-    from clickhouse_tx.dead_letters import dead_letter_ddl
+    from clickhouse_tx.conversion.dead_letters import dead_letter_ddl
     from clickhouse_tx.modes.stage_tables import stage_name
     from clickhouse_tx.modes.staging import StagingMode
 
@@ -396,7 +396,7 @@ def test_in_staging_mode_a_commit_cut_after_the_rows_moved_rolls_forward_the_dea
 def test_gc_drops_the_dead_letter_stage_of_a_staging_prepare_no_batch_decided(
     admin, database: str, clickhouse_url: str, tmp_path: Path
 ) -> None:
-    from clickhouse_tx.dead_letters import dead_letter_ddl
+    from clickhouse_tx.conversion.dead_letters import dead_letter_ddl
     from clickhouse_tx.modes.stage_tables import dead_letter_stage_name
     from tests.helpers.cli import run_cli as _cli
 

@@ -18,11 +18,11 @@ import pytest
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from clickhouse_tx.convert import ConversionPlan
+from clickhouse_tx.conversion.convert import ConversionPlan
+from clickhouse_tx.conversion.schema import Column, TableInfo, check_schema, conversion_columns
 from clickhouse_tx.errors import ConfigurationError, ValueDoesNotFitError
-from clickhouse_tx.schema import Column, TableInfo, check_schema, conversion_columns
-from spark_datasource.table_ddl import create_table_sql
-from spark_datasource.type_mapping import spark_schema_to_arrow
+from spark_datasource.sink.table_ddl import create_table_sql
+from spark_datasource.sink.type_mapping import spark_schema_to_arrow
 
 UTC = dt.UTC
 

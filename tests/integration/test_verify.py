@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from clickhouse_tx.verify import verify
-from clickhouse_tx.verify_offsets import Segment, check_segments, parse_expected, runs
+from clickhouse_tx.verify.offsets import Segment, check_segments, parse_expected, runs
+from clickhouse_tx.verify.verifier import verify
 from spark_datasource.testing.credentials import cli_args, http_auth, target_fields
 from tests.conftest import quote_ident
 

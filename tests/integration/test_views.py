@@ -15,13 +15,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.factory import build_coordinator
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
-from clickhouse_tx.views import DependentView, dependent_views
+from clickhouse_tx.modes.views import DependentView, dependent_views
 from tests.helpers.cli import run_cli
 from tests.helpers.tables import PARTITIONS, TXN, batches, committed_count, make_table, rows, tables
 from tests.helpers.views import add_rollup_views, assert_views_count_once

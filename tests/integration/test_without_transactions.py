@@ -13,12 +13,12 @@ from typing import Callable
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import ConfigurationError, ServerError
 from clickhouse_tx.factory import build_coordinator, build_mode_io
-from clickhouse_tx.http_client import ClickHouseHTTP
 from clickhouse_tx.interfaces import CommitOutcome, Target, WriteContext
-from clickhouse_tx.markers import CommitMarkers
+from clickhouse_tx.store.markers import CommitMarkers
 
 DB = "no_tx"
 pytestmark = pytest.mark.embedded_only("starts a stack of its own without transactions")

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from clickhouse_tx.coordinator import Coordinator
+from clickhouse_tx.admin.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.errors import (
     ClickHouseTxError,
     LostTransactionError,
@@ -49,9 +49,9 @@ from clickhouse_tx.errors import (
     TransientError,
 )
 from clickhouse_tx.interfaces import Decision, Prepared, RegistryEntry, WriteContext
-from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
+from clickhouse_tx.protocol.coordinator import Coordinator
+from clickhouse_tx.protocol.state import TxState
 from clickhouse_tx.retry import RetryPolicy
-from clickhouse_tx.state import TxState
 from tests.model.explorer import AtBoundary, Chooser, Violation
 from tests.unit.fakes import TARGET, Crash, FakeCallFaults, FakeDecisionLog, World, _Tx
 
@@ -98,7 +98,7 @@ def checkpoint_identity(root: Path, resolve: Callable[[str, str], str] | None = 
     query's restarts would. ``resolve(raw, cwd)`` replaces the layer (planted bugs).
     """
     from clickhouse_tx.ids import canonical_location
-    from clickhouse_tx.query_identity import resolve_stream_txn_id
+    from clickhouse_tx.store.query_identity import resolve_stream_txn_id
 
     (root / "chk").mkdir(parents=True, exist_ok=True)
     (root / "chk" / "metadata").write_text(json.dumps({"id": "7f6a4ad8-1b4e-4f7e-9b0e-2f1c3f3a9d10"}) + "\n")

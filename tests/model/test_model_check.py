@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx import batch_commit, commit_plan
-from clickhouse_tx.batch_commit import BatchCommitter
-from clickhouse_tx.batch_ops import BatchOps
 from clickhouse_tx.ids import legacy_txn_id
 from clickhouse_tx.interfaces import Decision
+from clickhouse_tx.protocol import batch_commit, commit_plan
+from clickhouse_tx.protocol.batch_commit import BatchCommitter
+from clickhouse_tx.protocol.batch_ops import BatchOps
 from tests.model.explorer import REPORTS, Stats, Violation, explore, replay
 from tests.model.protocol_model import Bounds, ProtocolModel, checkpoint_identity
 

@@ -19,12 +19,12 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.decision_log import FileDecisionLog
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
+from clickhouse_tx.store.decision_log import FileDecisionLog
 from server_patches import crashes
+from spark_datasource.options.writer_specs import MIN_SESSION_TIMEOUT_S
 from spark_datasource.testing.credentials import cli_args, target_fields
-from spark_datasource.writer_option_specs import MIN_SESSION_TIMEOUT_S
 from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,

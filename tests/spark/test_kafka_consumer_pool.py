@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from spark_datasource.kafka_arrow import arrow_schema
-from spark_datasource.kafka_consumers import ConsumerPool
-from spark_datasource.kafka_errors import KafkaDataLossError
-from spark_datasource.kafka_fetch import read_range
-from spark_datasource.kafka_offsets import KafkaOffsetRange
-from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import SCHEMA
+from spark_datasource.kafka.arrow import arrow_schema
+from spark_datasource.kafka.consumers import ConsumerPool
+from spark_datasource.kafka.errors import KafkaDataLossError
+from spark_datasource.kafka.fetch import read_range
+from spark_datasource.kafka.offsets import KafkaOffsetRange
+from spark_datasource.kafka.options import parse_kafka_options
+from spark_datasource.kafka.reader import SCHEMA
 from tests.helpers.kafka import new_topic, produce, produce_then_delete_head, rows_of
 
 

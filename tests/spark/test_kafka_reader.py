@@ -22,12 +22,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import create_topic
-from spark_datasource.kafka_consumers import new_consumer
-from spark_datasource.kafka_errors import KafkaDataLossError, KafkaUnavailableError
-from spark_datasource.kafka_fetch import read_range
-from spark_datasource.kafka_offsets import KafkaOffsetRange
-from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
+from spark_datasource.kafka.consumers import new_consumer
+from spark_datasource.kafka.errors import KafkaDataLossError, KafkaUnavailableError
+from spark_datasource.kafka.fetch import read_range
+from spark_datasource.kafka.offsets import KafkaOffsetRange
+from spark_datasource.kafka.options import parse_kafka_options
+from spark_datasource.kafka.reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
 from tests.helpers.kafka import new_topic, produce, produce_then_delete_head, rows_of
 
 # ------------------------------------------------------------------ options

@@ -18,10 +18,10 @@ import pytest
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import start_broker, stop_broker
-from spark_datasource.kafka_fetch import read_partition
-from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
-from spark_datasource.kafka_security import KafkaAuthenticationError
+from spark_datasource.kafka.errors import KafkaAuthenticationError
+from spark_datasource.kafka.fetch import read_partition
+from spark_datasource.kafka.options import parse_kafka_options
+from spark_datasource.kafka.reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
 from tests.helpers.kafka import new_topic, produce
 from tests.helpers.tls import TlsFiles, make_tls_files
 

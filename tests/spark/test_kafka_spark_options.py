@@ -24,9 +24,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import start_broker, stop_broker
-from spark_datasource.kafka_offsets import START_KEY, KafkaOffsetRange
-from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import KafkaBatchReader, KafkaDataSource, KafkaInputPartition, KafkaStreamReader
+from spark_datasource.kafka.offsets import START_KEY, KafkaOffsetRange
+from spark_datasource.kafka.options import parse_kafka_options
+from spark_datasource.kafka.reader import KafkaBatchReader, KafkaDataSource, KafkaInputPartition, KafkaStreamReader
 from tests.helpers.kafka import new_topic, produce
 from tests.helpers.torture import kill_session, start_child
 

@@ -127,7 +127,7 @@ def test_a_failed_job_leaves_nothing_visible_no_stage_tables_and_no_open_registr
 def test_batch_metrics_are_appended_per_job_and_readable_from_python(
     sp, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    from spark_datasource.metrics import read_metrics
+    from spark_datasource.sink.metrics import read_metrics
 
     create_events_table(clickhouse_url, database, "events", "transaction")
     log_dir = tmp_path / "decisions"
@@ -211,7 +211,7 @@ def test_overwrite_by_partition_replaces_new_partitions_and_drops_the_ones_absen
     clickhouse_url: str, database: str
 ) -> None:
     # The fallback for databases that cannot EXCHANGE; forced here on an Atomic database.
-    from spark_datasource.overwrite import swap_in, swap_method
+    from spark_datasource.sink.overwrite import swap_in, swap_method
 
     ddl = "(p UInt8, v UInt32) ENGINE = MergeTree PARTITION BY p ORDER BY v"
     run_sql(clickhouse_url, f"CREATE TABLE `{database}`.t {ddl}")
@@ -309,7 +309,7 @@ def _retry_job(url: str, database: str) -> None:
 def test_a_task_that_fails_once_and_a_speculative_straggler_leave_no_duplicates(
     clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    from spark_datasource.metrics import read_metrics
+    from spark_datasource.sink.metrics import read_metrics
 
     for mode in RETRY_MODES:
         create_events_table(clickhouse_url, database, mode, mode)
@@ -354,7 +354,7 @@ def _partitioned(url: str, fq: str, value: int, partitions: int = 40) -> None:
 def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_never_see_old_and_new_mixed(
     clickhouse_url: str, database: str
 ) -> None:
-    from spark_datasource.overwrite import swap_in
+    from spark_datasource.sink.overwrite import swap_in
 
     for name, value in (("t", 0), ("st1", 1), ("st2", 2)):
         _partitioned(clickhouse_url, f"`{database}`.{name}", value)
@@ -390,8 +390,8 @@ def test_the_partition_by_partition_swap_runs_in_one_transaction_so_readers_neve
 def test_an_overwrite_that_cannot_be_atomic_warns_naming_what_readers_can_see(
     clickhouse_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from clickhouse_tx.http_client import ClickHouseHTTP
-    from spark_datasource.overwrite import swap_in, swap_method
+    from clickhouse_tx.client.http import ClickHouseHTTP
+    from spark_datasource.sink.overwrite import swap_in, swap_method
 
     db = f"ord_{uuid.uuid4().hex[:8]}"
     admin = ClickHouseHTTP(Target(url=clickhouse_url, database="default", table="x", **target_fields()))

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.shard_placement import ShardPlacement, stable_hash
+from clickhouse_tx.sharding.placement import ShardPlacement, stable_hash
 from server_patches.stack_files import StackInfo
 from tests.helpers.shards import counts, drop_everywhere, ids_per_shard, sharded_table
 

@@ -53,7 +53,7 @@ def test_a_query_stopped_mid_batch_and_restarted_on_its_checkpoint_several_times
 def test_a_commit_interrupted_between_two_commits_is_rolled_forward_on_restart(
     sp, stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    from spark_datasource.metrics import read_metrics
+    from spark_datasource.sink.metrics import read_metrics
 
     chk = tmp_path / "chk"
     once = tmp_path / "fault.once"
@@ -70,8 +70,8 @@ def test_a_commit_interrupted_between_two_commits_is_rolled_forward_on_restart(
     # The batch is decided but not done. The coordinator COMMITs decided partitions
     # in parallel, so the other partition's COMMIT may have landed before the fault
     # surfaced: at least the first partition is visible, and nothing twice.
-    from clickhouse_tx.decision_log import FileDecisionLog
-    from spark_datasource.writer_options import WriterOptions
+    from clickhouse_tx.store.decision_log import FileDecisionLog
+    from spark_datasource.options.writer import WriterOptions
 
     opts = WriterOptions.parse(
         {"url": clickhouse_url, "table": "x.y", "checkpointLocation": str(chk), "queryName": common["name"]},

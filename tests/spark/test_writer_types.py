@@ -110,7 +110,7 @@ def test_strict_precision_refuses_sub_second_digits_a_datetime_cannot_hold(
 def test_bad_rows_dead_letter_writes_the_rows_that_do_not_fit_aside_and_counts_them(
     sp, clickhouse_url: str, database: str, tmp_path, mode: str
 ) -> None:
-    from spark_datasource.metrics import read_metrics
+    from spark_datasource.sink.metrics import read_metrics
 
     run_sql(clickhouse_url, f"CREATE TABLE `{database}`.events {README_TABLE}")
     if mode == "dedup":

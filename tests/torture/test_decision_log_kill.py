@@ -43,10 +43,10 @@ def _rows(batch: int, partition: int) -> pa.RecordBatch:
 
 def _commit(args: dict, batch: int, attempt: int) -> bool:
     """Prepare every partition of ``batch`` and commit it; True if it was already done."""
-    from clickhouse_tx.coordinator import Coordinator
-    from clickhouse_tx.decision_log import FileDecisionLog
     from clickhouse_tx.factory import build_mode_io, build_registry
     from clickhouse_tx.interfaces import WriteContext
+    from clickhouse_tx.protocol.coordinator import Coordinator
+    from clickhouse_tx.store.decision_log import FileDecisionLog
 
     target = Target(url=args["url"], database=args["database"], table="events", **target_fields())
     log = FileDecisionLog(args["chk"], TXN, retain_batches=2, compact_every=1)

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from spark_datasource.testing.credentials import target_fields
 from tests.helpers.spark_writes import open_registry_entries

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from clickhouse_tx import sql as q
-from clickhouse_tx.http_client import ClickHouseHTTP
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.interfaces import Target
 from spark_datasource.testing.credentials import cli_args, target_fields
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from server_patches import crashes
-from spark_datasource.writer_option_specs import MIN_SESSION_TIMEOUT_S
+from spark_datasource.options.writer_specs import MIN_SESSION_TIMEOUT_S
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries, run_sql
 from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child

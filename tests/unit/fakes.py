@@ -42,10 +42,10 @@ from clickhouse_tx.interfaces import (
     Target,
     WriteContext,
 )
-from clickhouse_tx.state import TxState, is_finished, next_state
+from clickhouse_tx.protocol.state import TxState, is_finished, next_state
 
 if TYPE_CHECKING:  # imported lazily at run time: the coordinator module imports much more
-    from clickhouse_tx.coordinator import Coordinator
+    from clickhouse_tx.protocol.coordinator import Coordinator
 
 TARGET = Target(url="http://fake:8123", database="db", table="events", password="s3cret")
 
@@ -407,7 +407,7 @@ class World:
         return f"{txn_id}-b{batch}-p{partition}-a{attempt}-{self._xids:08x}"
 
     def coordinator(self, **kw) -> Coordinator:
-        from clickhouse_tx.coordinator import Coordinator
+        from clickhouse_tx.protocol.coordinator import Coordinator
         from clickhouse_tx.retry import RetryPolicy
 
         kw.setdefault("retry", RetryPolicy(max_attempts=3, max_total_s=1.0, base_delay_s=0.0, max_delay_s=0.0))

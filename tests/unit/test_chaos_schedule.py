@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from clickhouse_tx.faults import STREAMING_STEPS
+from clickhouse_tx.protocol.faults import STREAMING_STEPS
 from spark_datasource.testing.chaos.schedule import (
     CLUSTER_MASTER,
     JOBS,

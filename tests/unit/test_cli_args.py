@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clickhouse_tx.cli_args import build_parser
+from clickhouse_tx.admin.cli_args import build_parser
 from clickhouse_tx.interfaces import Mode
 
 GC = ["gc", "--url", "http://127.0.0.1:8123", "--table", "db.t", "--older-than", "60"]

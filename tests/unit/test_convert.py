@@ -9,7 +9,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.convert import ConversionPlan
+from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.errors import NotCommittedError, ValueDoesNotFitError
 
 UTC = "UTC"

@@ -7,9 +7,7 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.commit_plan import plan_commit, plan_rollback
-from clickhouse_tx.coordinator import Coordinator
-from clickhouse_tx.decision_log import FileDecisionLog
+from clickhouse_tx.admin.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.errors import (
     ClickHouseTxError,
     ConfigurationError,
@@ -32,10 +30,12 @@ from clickhouse_tx.interfaces import (
 )
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import DedupMode
-from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
-from clickhouse_tx.registry import KeeperMapRegistry
+from clickhouse_tx.protocol.commit_plan import plan_commit, plan_rollback
+from clickhouse_tx.protocol.coordinator import Coordinator
+from clickhouse_tx.protocol.state import TxState
 from clickhouse_tx.retry import RetryPolicy
-from clickhouse_tx.state import TxState
+from clickhouse_tx.store.decision_log import FileDecisionLog
+from clickhouse_tx.store.registry import KeeperMapRegistry
 from tests.unit.fakes import TARGET, Crash, FakeCallFaults, World, arrow_batches
 
 ROWS = 5

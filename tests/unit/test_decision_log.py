@@ -11,9 +11,9 @@ import pathlib
 import pyarrow.fs as pafs
 import pytest
 
-from clickhouse_tx.decision_log import FileDecisionLog, TornDecisionError
-from clickhouse_tx.errors import ConfigurationError, DecisionConflictError
+from clickhouse_tx.errors import ConfigurationError, DecisionConflictError, TornDecisionError
 from clickhouse_tx.interfaces import Decision, Mode
+from clickhouse_tx.store.decision_log import FileDecisionLog
 from tests.helpers.decision_log import decision, race
 
 

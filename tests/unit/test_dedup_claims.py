@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from clickhouse_tx.errors import DedupLayoutError
 from clickhouse_tx.interfaces import Mode, Prepared
-from clickhouse_tx.modes.dedup_claims import (
-    END,
-    DedupLayoutError,
-    barrier,
-    check_chunk,
-    check_messages,
-    check_partition,
-    layout_of,
-)
+from clickhouse_tx.modes.dedup_claims import END, barrier, check_chunk, check_messages, check_partition, layout_of
 
 SEALED = {
     0: {"first": "10:a", "rows": 10, "checksum": 1},

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx.faults import TEST_FAULTS_ENV, FaultPlan
-from spark_datasource.writer_options import WriterOptions
+from clickhouse_tx.protocol.faults import TEST_FAULTS_ENV, FaultPlan
+from spark_datasource.options.writer import WriterOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"url": "http://127.0.0.1:8123", "table": "db.events"}
@@ -71,7 +71,7 @@ def test_a_process_started_without_the_variable_refuses_a_writer_with_fault_opti
     env["PYTHONPATH"] = str(ROOT)
     code = (
         "import json, sys\n"
-        "from spark_datasource.writer_options import WriterOptions\n"
+        "from spark_datasource.options.writer import WriterOptions\n"
         "try:\n"
         "    WriterOptions.parse(json.loads(sys.argv[1]), streaming=False)\n"
         "except Exception as e:\n"

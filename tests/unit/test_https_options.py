@@ -8,7 +8,7 @@ import pytest
 
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import DEFAULT_TLS, TlsSettings
-from spark_datasource.writer_options import WriterOptions
+from spark_datasource.options.writer import WriterOptions
 
 BASE = {"url": "https://ch.example:8443", "table": "db.events", "password": "s3cr3t-Pa55"}
 

@@ -1,6 +1,6 @@
 """Arrow building of the ``kafka_py`` source: kafka-python records to one record batch.
 
-:func:`spark_datasource.kafka_arrow.records_to_batch` with records built here (no
+:func:`spark_datasource.kafka.arrow.records_to_batch` with records built here (no
 broker, no Spark). The same batches read from the dev broker through Spark are in
 ``tests/spark/test_kafka_reader.py``; ``value.format=json`` batches in
 ``tests/unit/test_kafka_json.py``.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from spark_datasource.kafka_arrow import arrow_schema, records_to_batch
+from spark_datasource.kafka.arrow import arrow_schema, records_to_batch
 
 Rec = namedtuple("Rec", "key value offset timestamp timestamp_type headers")
 

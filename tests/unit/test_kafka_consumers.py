@@ -6,8 +6,8 @@ reads) is in ``tests/spark/test_kafka_consumer_pool.py``.
 
 from __future__ import annotations
 
-from spark_datasource.kafka_consumers import settings_key
-from spark_datasource.kafka_options import parse_kafka_options
+from spark_datasource.kafka.consumers import settings_key
+from spark_datasource.kafka.options import parse_kafka_options
 
 
 def test_consumers_of_different_settings_are_never_shared_and_the_key_holds_no_secret() -> None:

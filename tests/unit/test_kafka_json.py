@@ -13,15 +13,11 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx.errors import ConfigurationError
-from spark_datasource.kafka_arrow import arrow_schema, records_to_batch
-from spark_datasource.kafka_json import (
-    KafkaValueFormatError,
-    arrow_value_type,
-    decode_values,
-    parse_value_schema,
-)
-from spark_datasource.kafka_options import parse_kafka_options
-from spark_datasource.kafka_reader import SCHEMA, source_schema, spark_value_type
+from spark_datasource.kafka.arrow import arrow_schema, records_to_batch
+from spark_datasource.kafka.errors import KafkaValueFormatError
+from spark_datasource.kafka.json_values import arrow_value_type, decode_values, parse_value_schema
+from spark_datasource.kafka.options import parse_kafka_options
+from spark_datasource.kafka.reader import SCHEMA, source_schema, spark_value_type
 
 FIELDS = parse_value_schema("event_id BIGINT, user_id LONG, amount DOUBLE, label STRING, ok BOOLEAN")
 VT = arrow_value_type(FIELDS)

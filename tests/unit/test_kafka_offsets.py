@@ -1,6 +1,6 @@
 """Offset planning of the ``kafka_py`` source, with scripted offsets (no broker, no Spark).
 
-:mod:`spark_datasource.kafka_offsets` is pure; what it decides is checked here with
+:mod:`spark_datasource.kafka.offsets` is pure; what it decides is checked here with
 plain dicts. The same planning read through the dev broker and a SparkSession is in
 ``tests/spark/test_kafka_reader.py`` and ``tests/spark/test_kafka_spark_options.py``.
 """
@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from clickhouse_tx.errors import ConfigurationError
-from spark_datasource.kafka_errors import KafkaDataLossError
-from spark_datasource.kafka_offsets import (
+from spark_datasource.kafka.errors import KafkaDataLossError
+from spark_datasource.kafka.offsets import (
     KafkaOffsetRange,
     KafkaRangeGroup,
     group_ranges,
@@ -29,7 +29,7 @@ from spark_datasource.kafka_offsets import (
     resolve_offsets,
     to_json_offsets,
 )
-from spark_datasource.kafka_options import KafkaOptions, parse_kafka_options
+from spark_datasource.kafka.options import KafkaOptions, parse_kafka_options
 
 BASE = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "t"}
 
@@ -41,7 +41,7 @@ def _opts(**options: str) -> KafkaOptions:
 def test_the_planning_and_the_executor_read_import_no_pyspark() -> None:
     code = (
         "import sys\n"
-        "import spark_datasource.kafka_offsets, spark_datasource.kafka_fetch\n"
+        "import spark_datasource.kafka.offsets, spark_datasource.kafka.fetch\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'pandas')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -8,12 +8,12 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.arrow_checksum import arrow_checksum
+from clickhouse_tx.conversion.checksum import arrow_checksum
+from clickhouse_tx.conversion.schema import Column, TableInfo, check_schema
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import CommitModeIO, Mode
 from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup_chunks import Rechunker, dedup_token
-from clickhouse_tx.schema import Column, TableInfo, check_schema
 
 
 def _table(n: int = 1000) -> pa.Table:

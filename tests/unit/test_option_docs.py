@@ -10,12 +10,12 @@ import pytest
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.retry import RetryPolicy
-from spark_datasource.kafka_option_specs import KAFKA_OPTIONS
-from spark_datasource.kafka_options import parse_kafka_options
+from spark_datasource.kafka.option_specs import KAFKA_OPTIONS
+from spark_datasource.kafka.options import parse_kafka_options
 from spark_datasource.option_docs import DOCS, TABLES, main, render_table, rewrite
-from spark_datasource.option_spec import POSITIVE_INT, TEXT, OptionFamily, OptionSpec
-from spark_datasource.writer_option_specs import WRITER_OPTIONS
-from spark_datasource.writer_options import WriterOptions
+from spark_datasource.options.spec import POSITIVE_INT, TEXT, OptionFamily, OptionSpec
+from spark_datasource.options.writer import WriterOptions
+from spark_datasource.options.writer_specs import WRITER_OPTIONS
 
 
 def table_in_docs(doc: str, name: str) -> str:

@@ -7,9 +7,9 @@ import pickle
 
 from pyspark.sql.types import LongType, StructField, StructType
 
-from spark_datasource.job_writers import OverwriteWriter
-from spark_datasource.overwrite import OverwriteStage
-from spark_datasource.writer_options import WriterOptions
+from spark_datasource.options.writer import WriterOptions
+from spark_datasource.sink.job_writers import OverwriteWriter
+from spark_datasource.sink.overwrite import OverwriteStage
 
 
 def test_building_the_overwrite_writer_runs_no_ddl_and_it_pickles_with_its_stage() -> None:

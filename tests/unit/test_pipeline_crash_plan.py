@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from clickhouse_tx.faults import STREAMING_STEPS
+from clickhouse_tx.protocol.faults import STREAMING_STEPS
 from spark_datasource.testing.foreach_sinks import FOREACH_FAULT_STEP
 from spark_datasource.testing.pipeline_config import PipelineConfig, plan_crashes
 

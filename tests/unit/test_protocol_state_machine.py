@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
+from clickhouse_tx.admin.recovery import gc_stale, resolve_in_doubt
 from clickhouse_tx.errors import ClickHouseTxError, LostTransactionError
 from clickhouse_tx.interfaces import Prepared, WriteContext
-from clickhouse_tx.recovery import gc_stale, resolve_in_doubt
 from tests.unit.fakes import TARGET, Crash, World
 
 #: schedules (hypothesis examples) run in this process; reported by tests/unit/conftest.py

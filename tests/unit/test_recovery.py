@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from clickhouse_tx.admin.recovery import gc_stale, resolve_in_doubt, status_summary
 from clickhouse_tx.interfaces import Prepared, WriteContext
-from clickhouse_tx.recovery import gc_stale, resolve_in_doubt, status_summary
 from tests.unit.fakes import TARGET, Crash, FakeDecisionLog, World, arrow_batches
 
 
@@ -135,7 +135,7 @@ def test_recovery_and_gc_act_only_on_the_queries_they_are_given() -> None:
 
 
 def test_gc_of_a_mode_without_stage_tables_never_looks_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    from clickhouse_tx import recovery
+    from clickhouse_tx.admin import recovery
 
     def leftover_stages(target):  # would ask the server for tables named like stages
         raise AssertionError("listed stage tables for a mode that has none")

@@ -1,4 +1,4 @@
-"""One credential-free form of a URL (:func:`clickhouse_tx.http_client.safe_url`) for
+"""One credential-free form of a URL (:func:`clickhouse_tx.client.http.safe_url`) for
 everything that records or logs one."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from clickhouse_tx.coordinator import Coordinator
+from clickhouse_tx.client.http import safe_url
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx.http_client import safe_url
 from clickhouse_tx.interfaces import WriteContext
-from spark_datasource.writer_options import WriterOptions
+from clickhouse_tx.protocol.coordinator import Coordinator
+from spark_datasource.options.writer import WriterOptions
 from tests.unit.fakes import TARGET, World, arrow_batches
 
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx.shard_placement import (
+from clickhouse_tx.sharding.placement import (
     ShardPlacement,
     fnv1a64,
     parse_shard_urls,
@@ -15,7 +15,7 @@ from clickhouse_tx.shard_placement import (
     split_by_shard,
     stable_hash,
 )
-from spark_datasource.writer_options import WriterOptions
+from spark_datasource.options.writer import WriterOptions
 
 URLS = (("http://a:8123", "http://b:8123"), ("http://c:8123",))
 

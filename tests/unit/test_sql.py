@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clickhouse_tx import sql as q
+from clickhouse_tx.client import sql as q
 
 HOSTILE = [
     "plain",

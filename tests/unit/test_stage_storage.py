@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.modes.base import distributed_hint
 from clickhouse_tx.modes.stage_tables import STAGE_PATH_SUFFIX, stage_storage
-from clickhouse_tx.schema import TableInfo
 
 S = "_ctx_stage_x"
 

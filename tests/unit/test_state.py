@@ -7,7 +7,15 @@ import itertools
 import pytest
 
 from clickhouse_tx.errors import IllegalTransitionError, TransactionFinishedError
-from clickhouse_tx.state import TRANSITIONS, TxState, as_state, can_transition, is_finished, next_state, predecessors
+from clickhouse_tx.protocol.state import (
+    TRANSITIONS,
+    TxState,
+    as_state,
+    can_transition,
+    is_finished,
+    next_state,
+    predecessors,
+)
 
 S = TxState
 # The design's lifecycle, written as each state's successors (the table lists pairs):

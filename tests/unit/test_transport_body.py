@@ -15,9 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.errors import RowsNotWrittenError
-from clickhouse_tx.http_client import ClickHouseHTTP
-from clickhouse_tx.http_errors import ReplyLostError
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import ReplyLostError, RowsNotWrittenError
 from clickhouse_tx.interfaces import Target
 
 

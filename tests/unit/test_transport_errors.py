@@ -9,16 +9,22 @@ import pytest
 import requests
 import urllib3.exceptions as u3
 
-from clickhouse_tx._transport.reply_mapping import error_from_connection, error_from_reply, parse_clickhouse_error
+from clickhouse_tx.client._transport.reply_mapping import (
+    error_from_connection,
+    error_from_reply,
+    parse_clickhouse_error,
+)
+from clickhouse_tx.client.codes import KeeperError, is_keeper_error, keeper_error
 from clickhouse_tx.errors import (
     NotCommittedError,
     OutcomeUnknownError,
+    ReplyLostError,
+    RequestNotSentError,
     ServerBusyError,
     ServerError,
     ServerOutcomeUnknownError,
     TransientError,
 )
-from clickhouse_tx.http_errors import KeeperError, ReplyLostError, RequestNotSentError, is_keeper_error, keeper_error
 from clickhouse_tx.retry import is_transient, is_transient_or_unknown
 
 

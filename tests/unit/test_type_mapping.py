@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from clickhouse_tx.chtypes import CHType, parse_clickhouse_type
+from clickhouse_tx.conversion.chtypes import CHType, parse_clickhouse_type
+from clickhouse_tx.conversion.schema import Column, TableInfo, check_schema
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx.schema import Column, TableInfo, check_schema
-from spark_datasource.table_ddl import create_table_sql, quote_identifier
-from spark_datasource.type_mapping import arrow_to_clickhouse, spark_schema_to_arrow, spark_to_clickhouse
+from spark_datasource.sink.table_ddl import create_table_sql, quote_identifier
+from spark_datasource.sink.type_mapping import arrow_to_clickhouse, spark_schema_to_arrow, spark_to_clickhouse
 
 # ---------------------------------------------------------------- Spark -> ClickHouse
 

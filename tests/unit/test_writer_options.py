@@ -12,8 +12,8 @@ import pytest
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Mode, Target
-from spark_datasource.writer_option_specs import MIN_SESSION_TIMEOUT_S, WRITER_OPTIONS
-from spark_datasource.writer_options import WriterOptions
+from spark_datasource.options.writer import WriterOptions
+from spark_datasource.options.writer_specs import MIN_SESSION_TIMEOUT_S, WRITER_OPTIONS
 
 SECRET = "s3cr3t-Pa55"
 BASE = {"url": "http://127.0.0.1:8123", "table": "db.events"}
@@ -195,9 +195,9 @@ def test_a_first_explicit_id_is_stored_and_then_kept_without_the_option(tmp_path
 
 
 def test_an_earlier_versions_decision_log_is_adopted_on_upgrade(tmp_path: Path) -> None:
-    from clickhouse_tx.decision_log import FileDecisionLog
     from clickhouse_tx.ids import legacy_txn_id
     from clickhouse_tx.interfaces import Decision
+    from clickhouse_tx.store.decision_log import FileDecisionLog
 
     chk = spark_checkpoint(tmp_path / "chk")
     old = legacy_txn_id("q1", f"{chk}/")
@@ -250,8 +250,8 @@ def test_batch_jobs_with_the_same_transactional_id_are_still_keyed_apart():
 
 
 def test_a_batch_job_with_its_own_id_and_decision_log_is_resumable_and_refused_once_done(tmp_path: Path) -> None:
-    from clickhouse_tx.decision_log import FileDecisionLog
     from clickhouse_tx.interfaces import Decision, Prepared
+    from clickhouse_tx.store.decision_log import FileDecisionLog
 
     o = parse(transactional_id="nightly", decision_log=str(tmp_path))
     assert o.transactional_id == "nightly" and o.resumable_batch_job
@@ -468,7 +468,7 @@ def test_tables_resolve_bare_names_in_the_database_and_reach_the_target_deduplic
 def test_retry_options_become_the_coordinators_retry_policy():
     # Reproduced: retry.attempts / retry.max_seconds were parsed but nothing read them.
     from clickhouse_tx.retry import RetryPolicy
-    from spark_datasource.writer import coordinator_for
+    from spark_datasource.sink.writer import coordinator_for
 
     o = parse(**{"retry.attempts": "2", "retry.max_seconds": "7.5"})
     assert o.retry_policy() == RetryPolicy(max_attempts=2, max_total_s=7.5)

@@ -1,0 +1,180 @@
+"""The two-phase commit of one micro-batch (`docs/design.md` §3, §5).
+
+:class:`Coordinator` is the one object the writers use: :meth:`~Coordinator.prepare`
+on the executors, :meth:`~Coordinator.commit_batch` and :meth:`~Coordinator.abort_batch`
+on the driver. It keeps no state between calls (Spark builds a fresh writer for
+every commit) and delegates each phase to the module that holds it:
+
+- :mod:`clickhouse_tx.protocol.commit_plan`: what to commit and roll back, pure;
+- :mod:`clickhouse_tx.protocol.tx_ops`: the idempotent steps of one xid (also recovery's);
+- :mod:`clickhouse_tx.protocol.batch_ops`: the batch-wide steps a commit and an abort share;
+- :mod:`clickhouse_tx.protocol.prepare`: the executor's prepare of one partition attempt;
+- :mod:`clickhouse_tx.protocol.batch_commit`: the driver's commit of one batch.
+
+Order of effects for one batch (each step is idempotent, so a replay after a crash
+at any point redoes what is missing and nothing twice):
+
+1. no decision yet: choose one message per partition and write the Decision;
+2. for each chosen xid: registry COMMITTING, COMMIT, registry COMMITTED; a chosen
+   xid that definitely cannot commit is fenced (ABORTING), replaced by a message of
+   the same partition under a new decision version, rolled back (ABORTED);
+3. every other xid of the batch (messages, zombies and speculative attempts in the
+   registry): ABORTING, ROLLBACK, ABORTED;
+4. mark the batch done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Iterator, Sequence
+
+import pyarrow as pa
+
+from clickhouse_tx.conversion.convert import ConversionPlan
+from clickhouse_tx.ids import new_xid
+from clickhouse_tx.interfaces import CommitModeIO, DecisionLogIO, Prepared, RegistryIO, Target, WriteContext
+from clickhouse_tx.protocol.batch_commit import BatchCommitter, CommitReport
+from clickhouse_tx.protocol.batch_ops import STRAGGLER_WAIT_S, BatchOps
+from clickhouse_tx.protocol.prepare import prepare_attempt
+from clickhouse_tx.protocol.tx_ops import TxOps
+from clickhouse_tx.retry import RetryPolicy
+
+
+@dataclasses.dataclass(frozen=True)
+class AbortReport:
+    """What one :meth:`Coordinator.abort_batch` call did."""
+
+    batch: int
+    rolled_back: tuple[str, ...]
+    kept: tuple[str, ...]
+    left: tuple[str, ...] = ()  # fenced, not rolled back (session busy): GC finishes them
+
+
+class Coordinator:
+    """Two-phase commit of micro-batches of one query (``txn_id``) into one target.
+
+    Built fresh wherever it is used: on executors for :meth:`prepare`, on the driver
+    for :meth:`validate`, :meth:`commit_batch` and :meth:`abort_batch`. It holds no
+    state of its own between calls; it is picklable if its I/O objects are.
+
+    Parameters
+    ----------
+    txn_id:
+        Stable id of the query (see :func:`clickhouse_tx.ids.default_txn_id`).
+    target, mode_io, registry, log:
+        Where rows go and the three I/O protocols.
+    retry:
+        Policy for transient errors of every I/O call (default :class:`RetryPolicy`).
+    parallelism:
+        How many decided partitions are committed at once (1: in partition order, as
+        the scripted unit tests need; :func:`clickhouse_tx.factory.build_coordinator`
+        uses 8).
+    clock, sleep, xid_factory:
+        Injectable for tests: wall clock (registry timestamps, durations), sleep, and
+        ``(txn_id, batch, partition, attempt) -> xid`` (default :func:`~clickhouse_tx.ids.new_xid`).
+    conversion:
+        The table's column types (built on the driver): :meth:`prepare` converts and
+        checks every value before it is sent (None: the batches go as they are).
+    """
+
+    def __init__(
+        self,
+        txn_id: str,
+        target: Target,
+        mode_io: CommitModeIO,
+        registry: RegistryIO,
+        log: DecisionLogIO,
+        *,
+        retry: RetryPolicy | None = None,
+        parallelism: int = 1,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        xid_factory: Callable[[str, int, int, int], str] = new_xid,
+        conversion: ConversionPlan | None = None,
+    ) -> None:
+        self.txn_id = txn_id
+        self.conversion = conversion
+        self.xid_factory = xid_factory
+        self.log = log
+        self.parallelism = parallelism
+        self.ops = TxOps(target, mode_io, registry, retry=retry, clock=clock, sleep=sleep)
+        # what the coordinator shares with its ops, by the same names
+        self.target, self.mode_io, self.registry = target, mode_io, registry
+        self.retry, self.clock = self.ops.retry, clock
+
+    def __repr__(self) -> str:
+        return f"Coordinator(txn_id={self.txn_id!r}, target={self.target!r}, mode={self.mode_io.mode.value})"
+
+    def batch_ops(self) -> BatchOps:
+        """The driver's batch-wide steps over this coordinator's I/O, as it is now (built
+        per call: a test may swap the mode or the parallelism of a built coordinator)."""
+        return BatchOps(self.txn_id, self.log, self.ops, parallelism=self.parallelism)
+
+    def validate(self, schema: pa.Schema) -> None:
+        """Driver, once per query/job before any task writes: check target and schema."""
+        self.mode_io.validate(self.target, schema)
+
+    def prepare(self, ctx: WriteContext, batches: Iterator[pa.RecordBatch]) -> Prepared:
+        """Executor, once per partition attempt: register, then write without committing.
+
+        See :func:`~clickhouse_tx.protocol.prepare.prepare_attempt`.
+
+        Raises
+        ------
+        NotCommittedError
+            Anything went wrong; what was written is rolled back and the xid is
+            ABORTED (best effort: GC finishes what a dying executor could not).
+        """
+        if ctx.txn_id != self.txn_id:
+            raise ValueError(f"WriteContext txn_id {ctx.txn_id!r} != coordinator's {self.txn_id!r}")
+        return prepare_attempt(self.ops, ctx, batches, xid_factory=self.xid_factory, conversion=self.conversion)
+
+    def commit_batch(self, batch: int, messages: Sequence[Prepared | None]) -> CommitReport:
+        """Driver, once per batch commit (possibly again after a crash): 2PC phase two.
+
+        Carried out by :class:`~clickhouse_tx.protocol.batch_commit.BatchCommitter`.
+
+        Raises
+        ------
+        NotCommittedError
+            Before any decision: a chosen partition's prepared transaction is gone
+            (session expired, ClickHouse restarted). Everything is rolled back.
+        LostTransactionError
+            A decided xid cannot commit, some partitions of the batch are already
+            visible, and no message of this run carries the same rows; the message
+            names what is visible and the way out. The batch is not marked done.
+        OutcomeUnknownError
+            An xid stayed in doubt; the batch is not done and a replay (or
+            ``python -m clickhouse_tx recover``, which the message spells out) resolves it.
+        """
+        return BatchCommitter(self.batch_ops()).commit_batch(batch, messages)
+
+    def abort_batch(
+        self,
+        batch: int,
+        messages: Sequence[Prepared | None],
+        *,
+        discard_decided: bool = False,
+        straggler_wait_s: float = STRAGGLER_WAIT_S,
+    ) -> AbortReport:
+        """Driver, when Spark aborts a batch: roll back everything not decided.
+
+        Decided xids are left alone: a decision means some may already be
+        committed, and the replay of the batch rolls the rest forward. With
+        ``discard_decided`` (a batch job's stage, dropped afterwards: nothing of it is
+        visible and no replay comes) they are rolled back too, so that no open
+        transaction holds the stage; one already committed into it stays.
+
+        An xid that cannot be rolled back now (a straggler task still holds its
+        session: SESSION_IS_LOCKED) is fenced, so it can never commit, and tried again
+        for up to ``straggler_wait_s`` (Spark kills a cancelled task's Python worker
+        within seconds). One still held then never makes this raise: it is listed in
+        ``left`` for GC and session expiry; Spark's own error stays the one the user sees.
+        """
+        io = self.batch_ops()
+        msgs = io.check_messages(batch, messages)
+        decision = io.read(batch)
+        keep = {p.xid for p in decision.chosen} if decision is not None and not discard_decided else set()
+        rolled, left = io.rollback_batch(batch, keep, msgs, wait_s=straggler_wait_s)
+        return AbortReport(batch=batch, rolled_back=tuple(rolled), kept=tuple(sorted(keep)), left=left)

@@ -1,0 +1,130 @@
+"""Batch appends that are all-or-nothing: the job stage, made on the driver before any task writes.
+
+``df.write.format("clickhouse_tx").mode("append")`` in modes ``transaction``,
+``staging`` and ``dedup`` (``visibility`` ``auto``, the batch jobs' default, or
+``batch``):
+
+1. Driver, in ``writer(schema, overwrite=False)``, once per job: :func:`plan_job`.
+   With an ``idempotence_key`` already recorded for the table, the job is skipped
+   (nothing is written, a log line says which job recorded it). Otherwise, where the
+   target takes a transaction (:func:`clickhouse_tx.modes.job_publish.publishability`),
+   ``CREATE TABLE <stage> AS <target>`` (and a dead-letter stage ``AS`` the dead-letter
+   table) and the mode is validated on the stage. Where it does not, ``auto`` falls back
+   to per-partition visibility with a WARNING naming why; ``batch`` is refused.
+2. Executors: prepare into the stage through the normal coordinator and mode.
+3. Driver ``commit``: commit the stage (``Coordinator.commit_batch``), then
+   :func:`clickhouse_tx.modes.job_publish.publish_job` moves it into the target in one
+   transaction with the job's row, then the stages are dropped.
+4. Driver ``abort``: roll back what was prepared and drop the stages; the target was
+   never touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from pyspark.sql.types import StructType
+
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.convert import ConversionPlan
+from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.modes.job_publish import JobRecords, JobStage, drop_stages, publishability
+from clickhouse_tx.modes.stage_tables import create_stage_table, overwrite_stage_name
+from spark_datasource.options.writer import WriterOptions
+
+log = logging.getLogger("clickhouse_tx.spark")
+
+#: Logged when a batch job cannot be published at once: what a re-run may do.
+PER_PARTITION_WARNING = (
+    "batch job into %s is published partition by partition, not at once: %s. A job stopped "
+    "after its first COMMIT leaves part of its rows visible, and running it again as it is "
+    "writes them twice; give it a transactional_id and decision_log to resume it instead "
+    "(docs/modes.md, 'Batch jobs')"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendJob:
+    """What :func:`plan_job` set up for one batch job (picklable, names only).
+
+    Attributes
+    ----------
+    options
+        The job's options aimed at the stage (executors prepare into it as into any table).
+    job
+        The stages, the transactional id and the key :func:`publish_job` needs.
+    conversion
+        The target's column types, with dead letters aimed at the dead-letter stage.
+    """
+
+    options: WriterOptions
+    job: JobStage
+    conversion: ConversionPlan
+
+
+def already_written(opts: WriterOptions) -> dict[str, object] | None:
+    """The job that recorded ``opts.idempotence_key`` for the table, or None (driver, once per job)."""
+    if not opts.idempotence_key:
+        return None
+    records = JobRecords(opts.target())
+    records.ensure_table()
+    return records.by_key(opts.idempotence_key)
+
+
+def plan_job(opts: WriterOptions, schema: StructType, txn_id: str, plan: ConversionPlan) -> AppendJob | None:
+    """The job's stages (driver, once per batch job, after the target was checked).
+
+    Returns None when the job is published per partition (``visibility=partition``, or
+    ``auto`` on a target that cannot take a transaction: logged).
+
+    Raises
+    ------
+    ConfigurationError
+        ``visibility=batch`` on a target that cannot take a transaction.
+    """
+    if opts.visibility == "partition":
+        return None
+    target = opts.target()
+    can = publishability(target)
+    refused = can.refused
+    if refused is not None:
+        if opts.visibility == "batch":
+            raise ConfigurationError(f"option visibility=batch: {refused}; use visibility=partition or auto")
+        log.warning(PER_PARTITION_WARNING, opts.qualified_table, refused)
+        return None
+    JobRecords(target).ensure_table()  # DDL is refused inside the publishing transaction
+    return _create_stages(opts, schema, txn_id, plan, can.views)
+
+
+def _create_stages(
+    opts: WriterOptions, schema: StructType, txn_id: str, plan: ConversionPlan, views: tuple[str, ...]
+) -> AppendJob:
+    """``CREATE TABLE <stage> AS <target>`` (and the dead-letter stage); dropped again on failure."""
+    from clickhouse_tx.factory import build_mode_io
+    from spark_datasource.sink.type_mapping import spark_schema_to_arrow
+
+    stage = overwrite_stage_name(txn_id)  # the job stage's prefix: gc drops a dead job's leftovers
+    letters = None
+    if opts.dead_letter_table:
+        letters = (overwrite_stage_name(txn_id), opts.dead_letter_table)
+    job = JobStage(txn_id, stage, letters, opts.idempotence_key, views)
+    target = opts.target()
+    stage_opts = dataclasses.replace(
+        opts, table=stage, create_table=False, visibility="partition", dead_letter_table=_on(opts, letters)
+    )
+    try:
+        with ClickHouseHTTP(target) as c:
+            for name, like in [(stage, (opts.database, opts.table))] + ([letters] if letters else []):
+                create_stage_table(c, opts.database, name, like, if_not_exists=False)
+        build_mode_io(opts.mode).validate(stage_opts.target(), spark_schema_to_arrow(schema))
+    except BaseException:
+        drop_stages(target, job)
+        raise
+    log.info("clickhouse_tx batch job into %s: job %s writes into stage %s", opts.qualified_table, txn_id, stage)
+    return AppendJob(stage_opts, job, dataclasses.replace(plan, dead_letter_table=_on(opts, letters)))
+
+
+def _on(opts: WriterOptions, letters: tuple[str, tuple[str, str]] | None) -> tuple[str, str] | None:
+    """The dead-letter stage as ``(database, table)``; None without dead letters."""
+    return (opts.database, letters[0]) if letters else None
