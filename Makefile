@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: bootstrap lint test test-slow demo bench clean
+.PHONY: bootstrap lint test test-unit test-slow demo bench clean
 
 bootstrap:
 	@VENV=$(VENV) bash .ci/bootstrap.sh
@@ -14,13 +14,20 @@ lint: bootstrap
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-## make test: lint, then the default suite (unit, integration, spark); slow torture/benchmarks excluded
+## make test-unit: the pure tests and the model checker at a smaller bound, no servers (the edit loop)
+test-unit: bootstrap
+	CLICKHOUSE_TX_MODEL_EXAMPLES=150 $(PY) -m pytest -q tests/unit
+
+## make test: lint, then the default suite (unit, integration, spark, one kill case); the other kill cases,
+## chaos and benchmark runs are marked slow
 test: lint
 	$(PY) -m pytest -q
 
-## make test-slow: the torture and benchmark runs marked slow
+## make test-slow: the kill, chaos and benchmark runs marked slow; PART=I runs the I-th of SLOW_PARTS parts
+## (whole modules, about as many tests each), e.g. make test-slow PART=2
+SLOW_PARTS ?= 4
 test-slow: bootstrap
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow $(if $(PART),--part $(PART)/$(SLOW_PARTS))
 
 ## make test-external: the integration, Spark and kill tests that leave the servers running, against your
 ## ClickHouse, Keeper and Kafka (CLICKHOUSE_TX_EXTERNAL_URL, _USER, _PASSWORD, _KEEPER, _KAFKA; docs/deployment.md)
@@ -29,7 +36,7 @@ test-slow: bootstrap
 .PHONY: test-external
 test-external: bootstrap
 	@test -n "$$CLICKHOUSE_TX_EXTERNAL_URL" || { echo "set CLICKHOUSE_TX_EXTERNAL_URL (docs/deployment.md)"; exit 2; }
-	$(PY) -m pytest -q -m "(integration or spark) and not slow" tests/integration tests/spark tests/torture $(EXTERNAL_ARGS)
+	$(PY) -m pytest -q -m "(integration or spark) and (not slow or kill)" tests/integration tests/spark tests/torture $(EXTERNAL_ARGS)
 
 ## make demo: Kafka -> Spark -> ClickHouse, exactly once, with driver crashes, on the embedded stack
 demo: bootstrap

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 #: Why the shared stack has no Kafka, for the ``kafka_bootstrap`` fixture to report.
 _kafka_missing_reason: list[str] = []
 
+#: ``--part I/N`` (make test-slow PART=I).
+pytest_plugins = ["tests.helpers.parts"]
+
 #: The user's servers when ``CLICKHOUSE_TX_EXTERNAL_URL`` is set (``make test-external``), else None.
 EXTERNAL = external.External.from_env()
 if EXTERNAL is not None:
@@ -188,7 +191,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark each collected test by what it needs, once per run at collection.
 
     ``spark``: everything under tests/spark (a SparkSession in this process) and
-    tests/torture (a Spark driver in a child process). ``integration``: everything under
+    tests/torture (a Spark driver in a child process). ``slow``: every kill case under
+    tests/torture but the one marked ``smoke`` (make test keeps one; the rest run in
+    ``make test-slow PART=I``). ``integration``: everything under
     tests/integration and any test using the embedded stack (``stack``/``stack_factory``,
     also through ``clickhouse_url``, ``database``, ...). So ``-m "not spark"`` or
     ``-m "not integration"`` select by need rather than by path.
@@ -201,6 +206,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if top in ("spark", "torture"):
             item.add_marker(pytest.mark.spark)
+        if top == "torture":
+            item.add_marker(pytest.mark.kill)
+            if item.get_closest_marker("smoke") is None:
+                item.add_marker(pytest.mark.slow)  # kill cases run in make test-slow's parts
         if top == "integration" or {"stack", "stack_factory", "sharded_stack"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
     if EXTERNAL is not None:

@@ -27,7 +27,7 @@ from clickhouse_tx.protocol.faults import STREAMING_STEPS
 from tests.helpers import s3
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries
-from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child, slow_except
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
 
 
 def _kill_and_recover(
@@ -59,7 +59,9 @@ def _kill_and_recover(
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("step", slow_except(STREAMING_STEPS, fast="after_commit:1"))
+@pytest.mark.parametrize(
+    "step", [pytest.param(s, marks=pytest.mark.smoke if s == "after_commit:1" else ()) for s in STREAMING_STEPS]
+)
 def test_a_driver_killed_at_a_protocol_step_and_restarted_loses_and_duplicates_nothing(
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
 ) -> None:

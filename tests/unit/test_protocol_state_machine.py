@@ -14,6 +14,7 @@ refused, as the error advises) leaves every row exactly once.
 from __future__ import annotations
 
 import itertools
+import os
 
 import pyarrow as pa
 import pytest
@@ -201,7 +202,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         SCHEDULES["finished"] += 1
 
 
-MAX_EXAMPLES = 600
+#: Schedules per run: 600 in make test; make test-unit sets CLICKHOUSE_TX_MODEL_EXAMPLES lower
+#: (a smaller bound of the same search, for the edit loop).
+MAX_EXAMPLES = int(os.environ.get("CLICKHOUSE_TX_MODEL_EXAMPLES", "600"))
 
 
 def test_random_schedules_of_crashes_and_replays_keep_every_partition_exactly_once_or_absent() -> None:
