@@ -3,6 +3,11 @@
 >>> import spark_datasource
 >>> spark_datasource.register(spark)   # registers "clickhouse_tx" and "kafka_py"
 
+Exactly-once ``foreachBatch`` (:mod:`spark_datasource.sink.foreach_batch`):
+
+>>> fn = spark_datasource.clickhouse_tx_batch(url=url, table="db.events", app_id="events-to-ch")
+>>> df.writeStream.foreachBatch(fn).option("checkpointLocation", chk).start()
+
 Spark settings the data sources run best with are in :data:`RECOMMENDED_SPARK_CONF`;
 they must be given when the session is built (``SparkSession.builder.config``).
 """
@@ -15,7 +20,14 @@ from typing import TYPE_CHECKING, Mapping
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["RECOMMENDED_SPARK_CONF", "ClickHouseTxDataSource", "KafkaDataSource", "register"]
+__all__ = [
+    "RECOMMENDED_SPARK_CONF",
+    "ClickHouseTxDataSource",
+    "KafkaDataSource",
+    "clickhouse_tx_batch",
+    "clickhouse_tx_transaction",
+    "register",
+]
 
 #: Spark settings for sessions that use these data sources (set when the session is
 #: built; Spark reads them once, at start).
@@ -36,7 +48,8 @@ RECOMMENDED_SPARK_CONF: Mapping[str, str] = MappingProxyType(
 
 
 def __getattr__(name: str) -> object:
-    """The two DataSource classes, imported on first use: importing this package needs no pyspark."""
+    """The two DataSource classes and the ``foreachBatch`` helpers, imported on first use:
+    importing this package needs no pyspark."""
     if name == "ClickHouseTxDataSource":
         from spark_datasource.datasource import ClickHouseTxDataSource
 
@@ -45,6 +58,10 @@ def __getattr__(name: str) -> object:
         from spark_datasource.kafka.reader import KafkaDataSource
 
         return KafkaDataSource
+    if name in ("clickhouse_tx_batch", "clickhouse_tx_transaction"):
+        from spark_datasource.sink import foreach_batch
+
+        return getattr(foreach_batch, name)
     raise AttributeError(f"module 'spark_datasource' has no attribute {name!r}")
 
 

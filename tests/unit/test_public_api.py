@@ -49,6 +49,8 @@ def test_every_name_in_all_is_importable_from_the_package() -> None:
         "RECOMMENDED_SPARK_CONF",
         "ClickHouseTxDataSource",
         "KafkaDataSource",
+        "clickhouse_tx_batch",
+        "clickhouse_tx_transaction",
     }
     assert issubclass(clickhouse_tx.LostTransactionError, clickhouse_tx.ClickHouseTxError)
     assert clickhouse_tx.verify.__module__ == "clickhouse_tx.verify.verifier"

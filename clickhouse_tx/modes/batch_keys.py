@@ -1,0 +1,322 @@
+"""A micro-batch written once, keyed by ``(app_id, batch_id)``: its rows and its key row in one transaction.
+
+What the exactly-once ``foreachBatch`` helper (:mod:`spark_datasource.sink.foreach_batch`, on
+the driver, once per micro-batch) stands on. Delta Lake's ``txnAppId``/``txnVersion``
+idea, with the key written in the same ClickHouse transaction as the rows:
+
+1. :meth:`BatchRecords.recorded` reads the key table :data:`BATCHES_TABLE` of the
+   target database, read-committed (``implicit_transaction = 1``): a key already
+   recorded means the batch is visible, and it is skipped; a row of the same
+   ``app_id`` written by another streaming query (another checkpoint, whose batch ids
+   restarted at 0) is refused (:func:`check_recorded`, pure).
+2. :func:`write_batch`: ``BEGIN TRANSACTION`` in an HTTP session of this attempt's
+   own, one streamed ``INSERT ... FORMAT ArrowStream`` per table (and the dead letters
+   the conversion set aside), one key row, ``COMMIT``. Any error before the COMMIT
+   rolls the transaction back: nothing of the batch is visible.
+3. A COMMIT that fails in any way (its reply lost included) is settled, never sent
+   again (:func:`settle_commit`): the session's transaction is ended, then this
+   attempt's key row says whether the COMMIT took effect. If it cannot be read,
+   :class:`~clickhouse_tx.errors.OutcomeUnknownError` names the key.
+
+Two writers of the same key at the same moment are not serialised (ClickHouse
+transactions do not conflict on inserts): a streaming query runs one micro-batch at a
+time, and Spark refuses to run two queries on one checkpoint. Needs non-replicated
+``*MergeTree`` tables and a server with transactions on, like mode ``transaction``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import uuid
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+from clickhouse_tx.client import sql as q
+from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.checksum import CountingBatches, combine, finish
+from clickhouse_tx.conversion.dead_letters import write_dead_letters
+from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError, OutcomeUnknownError
+from clickhouse_tx.ids import sanitize_txn
+from clickhouse_tx.interfaces import Hook, Target, WriteContext
+from clickhouse_tx.modes.base import peek_schema
+from clickhouse_tx.modes.session_keepalive import NO_TRANSACTION_ID
+from clickhouse_tx.modes.stage_tables import settle_session
+from clickhouse_tx.store.markers import CommittedReader
+
+log = logging.getLogger("clickhouse_tx.spark.foreach_batch")
+
+#: One row per written micro-batch, in the target's database.
+BATCHES_TABLE = "clickhouse_tx_batches"
+
+_COLUMNS = (
+    ("app_id", "String"),
+    ("batch_id", "UInt64"),
+    ("query_id", "String"),
+    ("checkpoint", "String"),
+    ("attempt", "String"),
+    ("tables", "Array(String)"),
+    ("rows", "UInt64"),
+    ("checksum", "UInt64"),
+    ("committed_at", "DateTime64(3)"),
+)
+_SELECT = ", ".join(q.quote_identifier(n) for n, _ in _COLUMNS)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchKey:
+    """Which micro-batch of which stream: the key, and the query it comes from.
+
+    Attributes
+    ----------
+    app_id
+        The user's name of the stream (one per streaming query, for its whole life).
+    batch_id
+        Spark's micro-batch id.
+    query_id
+        The streaming query's id (Spark's ``<checkpoint>/metadata``): the same across
+        restarts on one checkpoint, another on a new checkpoint.
+    checkpoint
+        The query's checkpoint location when the user gave it ('' otherwise), recorded
+        for the operator.
+    """
+
+    app_id: str
+    batch_id: int
+    query_id: str
+    checkpoint: str = ""
+
+    def __str__(self) -> str:
+        return f"(app_id={self.app_id!r}, batch_id={self.batch_id})"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableRows:
+    """Rows of one micro-batch for one table: ``batches`` is read once, while it is sent."""
+
+    database: str
+    table: str
+    batches: Iterable[pa.RecordBatch]
+
+    @property
+    def display(self) -> str:
+        return f"{self.database}.{self.table}"
+
+
+def check_recorded(rows: Sequence[Mapping[str, Any]], key: BatchKey) -> Mapping[str, Any] | None:
+    """The key's row when ``key`` is written already (skip it), None to write it (pure).
+
+    Parameters
+    ----------
+    rows
+        The key table's rows of ``key.app_id`` with ``key.batch_id`` or another query id.
+    key
+        The micro-batch about to be written.
+
+    Raises
+    ------
+    ConfigurationError
+        A row of ``key.app_id`` comes from another streaming query: a new checkpoint
+        restarts batch ids at 0, so its batches would be skipped as already written.
+    """
+    other = next((r for r in rows if str(r["query_id"]) != key.query_id), None)
+    if other is not None:
+        raise ConfigurationError(_another_query(other, key))
+    return next((r for r in rows if int(r["batch_id"]) == key.batch_id), None)
+
+
+def _another_query(row: Mapping[str, Any], key: BatchKey) -> str:
+    def query(query_id: object, checkpoint: object) -> str:
+        return f"query {query_id}" + (f" (checkpoint {checkpoint})" if checkpoint else "")
+
+    return (
+        f"option app_id={key.app_id!r} is already used by another streaming query: "
+        f"{query(row['query_id'], row['checkpoint'])} recorded batch {row['batch_id']} at {row['committed_at']}, "
+        f"and batch {key.batch_id} comes from {query(key.query_id, key.checkpoint)}. A new checkpoint "
+        "restarts batch ids at 0, so its batches would be skipped as already written. Give this query a new "
+        "app_id, or restart it on the checkpoint of the query that wrote those batches; nothing was written"
+    )
+
+
+class BatchRecords:
+    """The key table of one database: DDL, read-committed reads, the key row's INSERT."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.table = q.qualified(target.database, BATCHES_TABLE)
+
+    def ensure_table(self) -> None:
+        """``CREATE TABLE IF NOT EXISTS`` (driver, once per micro-batch; DDL is refused inside a transaction)."""
+        cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in _COLUMNS)
+        with ClickHouseHTTP(self.target) as c:
+            c.command(
+                f"CREATE TABLE IF NOT EXISTS {self.table} ({cols}) ENGINE = MergeTree ORDER BY (app_id, batch_id)",
+                idempotent=True,
+            )
+
+    def _read(self, where: str, params: Mapping[str, object]) -> list[dict[str, Any]]:
+        sql = f"SELECT {_SELECT} FROM {self.table} WHERE {where} ORDER BY committed_at LIMIT 10"
+        with ClickHouseHTTP(self.target) as c:
+            return CommittedReader(c).query_json(sql, params)
+
+    def recorded(self, key: BatchKey) -> Mapping[str, Any] | None:
+        """The key's committed row (skip the batch) or None (write it); see :func:`check_recorded`."""
+        rows = self._read(
+            "app_id = {a:String} AND (batch_id = {b:UInt64} OR query_id != {q:String})",
+            {"a": key.app_id, "b": key.batch_id, "q": key.query_id},
+        )
+        return check_recorded(rows, key)
+
+    def by_attempt(self, key: BatchKey, attempt: str) -> Mapping[str, Any] | None:
+        """The row ``attempt`` wrote for ``key``, once committed; else None."""
+        rows = self._read(
+            "app_id = {a:String} AND batch_id = {b:UInt64} AND attempt = {t:String}",
+            {"a": key.app_id, "b": key.batch_id, "t": attempt},
+        )
+        return rows[0] if rows else None
+
+    def insert_sql(self, key: BatchKey, attempt: str, tables: Sequence[str], rows: int, checksum: int) -> str:
+        """The key row's ``INSERT`` (run inside the batch's transaction)."""
+        values = (
+            q.quote_string(key.app_id),
+            str(int(key.batch_id)),
+            q.quote_string(key.query_id),
+            q.quote_string(key.checkpoint),
+            q.quote_string(attempt),
+            "[" + ", ".join(q.quote_string(t) for t in tables) + "]",
+            str(int(rows)),
+            str(int(checksum)),
+            "now64(3)",
+        )
+        return f"INSERT INTO {self.table} ({_SELECT}) VALUES ({', '.join(values)})"
+
+
+def attempt_session(key: BatchKey) -> str:
+    """A fresh session id for one attempt at writing ``key`` (its transaction lives there)."""
+    return f"clickhouse_tx_fb_{sanitize_txn(key.app_id)}_{key.batch_id}_{uuid.uuid4().hex[:12]}"
+
+
+def write_batch(target: Target, key: BatchKey, parts: Sequence[TableRows], before_commit: Hook | None = None) -> int:
+    """Write ``parts`` and ``key``'s row in one ClickHouse transaction (driver, once per micro-batch).
+
+    Parameters
+    ----------
+    target
+        Connection, settings and timeouts; the key table lives in ``target.database``.
+    key
+        The micro-batch (checked beforehand with :meth:`BatchRecords.recorded`).
+    parts
+        The rows per table, each streamed into its own INSERT.
+    before_commit
+        Runs inside the transaction just before its COMMIT (tests).
+
+    Returns
+    -------
+    int
+        The rows written (dead letters not counted).
+
+    Raises
+    ------
+    NotCommittedError
+        Nothing of the batch is visible (any error before the COMMIT is re-raised as it is).
+    OutcomeUnknownError
+        The COMMIT failed and the key row could not be read.
+    """
+    records = BatchRecords(target)
+    attempt = attempt_session(key)
+    with ClickHouseHTTP(target, session_id=attempt, session_timeout=target.session_timeout_s) as c:
+        c.command("BEGIN TRANSACTION")
+        try:
+            rows, checksum = _insert_parts(c, key, attempt, parts)
+            tables = list(dict.fromkeys(p.display for p in parts))
+            c.command(records.insert_sql(key, attempt, tables, rows, checksum), session_check=True)
+            if before_commit is not None:
+                before_commit()
+        except BaseException:
+            with contextlib.suppress(ClickHouseTxError):
+                settle_session(c)  # ROLLBACK; the session expires anyway
+            raise
+        try:
+            c.command("COMMIT", session_check=True)
+        except ClickHouseTxError as exc:
+            settle_commit(c, records, key, exc)
+    return rows
+
+
+def _insert_parts(c: ClickHouseHTTP, key: BatchKey, attempt: str, parts: Sequence[TableRows]) -> tuple[int, int]:
+    """Every part's INSERT (and dead letters) in ``c``'s open transaction: (rows, checksum)."""
+    rows, total = 0, 0
+    for i, part in enumerate(parts):
+        schema, batches = peek_schema(iter(part.batches))
+        counted = CountingBatches(batches)
+        if schema is not None:
+            _require_open_transaction(c, key)
+            # A token unique to this attempt and part: block dedup is not transactional, and a
+            # rolled-back attempt's block hashes would drop the replay's identical blocks.
+            token = f"{attempt}:{i}"
+            c.insert_arrow_stream(
+                q.qualified(part.database, part.table), schema, counted, settings={"insert_deduplication_token": token}
+            )
+        ctx = WriteContext(txn_id=key.app_id, batch=key.batch_id, partition=i, attempt=0)
+        dead = f"{attempt}:{i}:dead_letters"
+        write_dead_letters(c, part.batches, table=part.display, ctx=ctx, xid=attempt, token=dead)
+        rows += counted.rows
+        total = combine(total, counted.checksum)
+    return rows, finish(total)
+
+
+def _require_open_transaction(c: ClickHouseHTTP, key: BatchKey) -> None:
+    """The session still holds its transaction (and its idle timer restarts).
+
+    An INSERT in a session that expired would open a new session and commit on its own:
+    checked right before each one, with ``session_check`` so a gone session fails.
+    """
+    tid = c.command("SELECT transactionID()", session_check=True).strip()
+    if tid == NO_TRANSACTION_ID:
+        raise NotCommittedError(f"{key}: the batch's transaction is gone before its INSERT", xid=c.session_id)
+
+
+def settle_commit(c: ClickHouseHTTP, records: BatchRecords, key: BatchKey, exc: ClickHouseTxError) -> None:
+    """After a failed COMMIT in ``c``'s session: end the transaction, then read this attempt's key row.
+
+    Returns when the row is there (the COMMIT took effect).
+
+    Raises
+    ------
+    NotCommittedError
+        The transaction was rolled back: nothing of the batch is visible.
+    OutcomeUnknownError
+        The session or the key row could not be read; it names the key.
+    """
+    attempt = c.session_id or ""
+    try:
+        settle_session(c)
+        found = records.by_attempt(key, attempt)
+    except ClickHouseTxError as again:
+        raise OutcomeUnknownError(
+            f"{key}: COMMIT failed ({type(exc).__name__}: {exc}) and its outcome could not be read "
+            f"({again}); the row of attempt {attempt!r} in {records.table} tells whether it took effect. "
+            "Restarting the query on its checkpoint reads it: the batch is skipped if it did, written if not",
+            xid=attempt,
+        ) from exc
+    if found is not None:
+        log.info("clickhouse_tx: %s: the COMMIT took effect although it failed (%s)", key, exc)
+        return
+    raise NotCommittedError(
+        f"{key}: the batch's transaction was rolled back, nothing of it is visible ({type(exc).__name__}: {exc})",
+        xid=attempt,
+    ) from exc
+
+
+__all__: Sequence[str] = [
+    "BATCHES_TABLE",
+    "BatchKey",
+    "BatchRecords",
+    "TableRows",
+    "attempt_session",
+    "check_recorded",
+    "settle_commit",
+    "write_batch",
+]

@@ -1,0 +1,238 @@
+"""The exactly-once ``foreachBatch`` helper with a real SparkSession and the embedded stack.
+
+Each stream reads JSON files (a replay reads the same files: the same rows under the same
+batch ids), ``maxFilesPerTrigger=1`` so that each file is one micro-batch, and runs
+``availableNow`` to its end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from clickhouse_tx.errors import ValueDoesNotFitError
+from spark_datasource import clickhouse_tx_batch, clickhouse_tx_transaction
+from spark_datasource.testing import credentials
+from tests.helpers.spark_writes import (
+    actual_totals,
+    create_events_table,
+    expected_totals,
+    read_committed,
+    run_sql,
+    scalar,
+)
+
+FILES, PER_FILE = 3, 100
+N = FILES * PER_FILE
+SCHEMA = "id long, k int, s string"
+LOGGER = "clickhouse_tx.spark.foreach_batch"
+
+
+def _files(tmp_path: Path) -> Path:
+    """Ids 0..N-1 of :func:`expected_totals`, ``PER_FILE`` per file."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in range(FILES):
+        rows = ({"id": i, "k": i % 1000, "s": f"r{i}"} for i in range(f * PER_FILE, (f + 1) * PER_FILE))
+        (src / f"part-{f}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return src
+
+
+def _start(sp, src: Path, chk: Path, fn: Callable[[Any, int], None]):
+    return (
+        sp.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(src))
+        .writeStream.foreachBatch(fn)
+        .option("checkpointLocation", str(chk))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def _run(sp, src: Path, chk: Path, fn: Callable[[Any, int], None]) -> str:
+    """Run the stream to its end; the query's id."""
+    q = _start(sp, src, chk, fn)
+    q.awaitTermination(600)
+    assert q.exception() is None
+    return str(q.id)
+
+
+def _failed(sp, src: Path, chk: Path, fn: Callable[[Any, int], None]) -> str:
+    """Run the stream, which must fail; the text of its error."""
+    q = _start(sp, src, chk, fn)
+    with pytest.raises(Exception) as info:
+        q.awaitTermination(600)
+    return str(info.value)
+
+
+def _keys(url: str, database: str) -> list[list[str]]:
+    return read_committed(
+        url, f"SELECT batch_id, query_id, tables, rows FROM `{database}`.clickhouse_tx_batches ORDER BY batch_id"
+    )
+
+
+def _single(url: str, database: str, **extra: Any) -> Callable[[Any, int], None]:
+    return clickhouse_tx_batch(
+        url=url,
+        table=f"{database}.events",
+        app_id="events",
+        allow_nullable_into_non_nullable=True,
+        **credentials.writer_options(),
+        **extra,
+    )
+
+
+def test_a_file_stream_writes_every_row_once_and_a_replayed_batch_writes_nothing_with_one_info_line(
+    sp, clickhouse_url: str, database: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    create_events_table(clickhouse_url, database, "events", "transaction")
+    src, chk = _files(tmp_path), tmp_path / "chk"
+    query_id = _run(sp, src, chk, _single(clickhouse_url, database))
+    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
+    assert _keys(clickhouse_url, database) == [
+        [str(b), query_id, f"['{database}.events']", str(PER_FILE)] for b in range(FILES)
+    ]
+    # Spark forgets that batch 2 finished: the restart replays it over the same file.
+    for name in ("2", ".2.crc"):
+        (chk / "commits" / name).unlink(missing_ok=True)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert _run(sp, src, chk, _single(clickhouse_url, database)) == query_id
+    skipped = [r.getMessage() for r in caplog.records if r.name == LOGGER and "skipped" in r.getMessage()]
+    assert len(skipped) == 1 and "batch_id=2" in skipped[0], skipped
+    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
+    assert len(_keys(clickhouse_url, database)) == FILES
+
+
+def test_called_outside_the_query_with_its_checkpoint_a_written_batch_writes_nothing(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    create_events_table(clickhouse_url, database, "events", "transaction")
+    src, chk = _files(tmp_path), tmp_path / "chk"
+    _run(sp, src, chk, _single(clickhouse_url, database))
+    again = _single(clickhouse_url, database, checkpoint_location=str(chk))
+    again(sp.read.schema(SCHEMA).json(str(src / "part-0.json")), 0)
+    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
+    with pytest.raises(Exception, match="option checkpoint_location=.* is the checkpoint of query"):
+        _run(sp, src, tmp_path / "other", again)  # another query, given this query's checkpoint
+
+
+def test_a_restart_with_the_same_app_id_on_a_new_checkpoint_is_refused_naming_app_id(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    create_events_table(clickhouse_url, database, "events", "transaction")
+    src = _files(tmp_path)
+    _run(sp, src, tmp_path / "chk", _single(clickhouse_url, database))
+    text = _failed(sp, src, tmp_path / "new_chk", _single(clickhouse_url, database))
+    assert "option app_id='events' is already used by another streaming query" in text, text
+    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
+    assert len(_keys(clickhouse_url, database)) == FILES
+
+
+def _two_tables(url: str, database: str, fail: bool = False) -> Callable[[Any, int], None]:
+    """Even ids into ``a``, odd ones into ``b``, in one transaction; ``fail``: raise inside the context."""
+
+    def write(df: Any, batch_id: int) -> None:
+        options = {"allow_nullable_into_non_nullable": True, **credentials.writer_options()}
+        with clickhouse_tx_transaction(url=url, app_id="split", batch_id=batch_id, database=database, **options) as tx:
+            tx.insert("a", df.where("id % 2 = 0"))
+            tx.insert(f"{database}.b", df.where("id % 2 = 1"))
+            if fail:
+                raise RuntimeError("the user's function fails after its inserts")
+
+    return write
+
+
+def _visible(url: str, database: str, table: str) -> int:
+    """Rows of ``table`` as a plain read sees them (open transactions' rows included)."""
+    return int(run_sql(url, f"SELECT count() FROM `{database}`.`{table}` FORMAT TSV"))
+
+
+def test_a_user_function_raising_inside_the_context_leaves_nothing_of_the_batch_visible(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    for t in ("a", "b"):
+        create_events_table(clickhouse_url, database, t, "transaction")
+    src, chk = _files(tmp_path), tmp_path / "chk"
+    text = _failed(sp, src, chk, _two_tables(clickhouse_url, database, fail=True))
+    assert "the user's function fails after its inserts" in text, text
+    assert [_visible(clickhouse_url, database, t) for t in ("a", "b", "clickhouse_tx_batches")] == [0, 0, 0]
+    _run(sp, src, chk, _two_tables(clickhouse_url, database))  # the restart replays batch 0
+    a, b = (actual_totals(clickhouse_url, database, t) for t in ("a", "b"))
+    assert (a[0], b[0], a[1] + b[1]) == (N // 2, N // 2, expected_totals(N)[1])
+
+
+def test_two_tables_of_one_micro_batch_land_together_under_one_key_row(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    for t in ("a", "b"):
+        create_events_table(clickhouse_url, database, t, "transaction")
+    src = _files(tmp_path)
+    query_id = _run(sp, src, tmp_path / "chk", _two_tables(clickhouse_url, database))
+    assert _keys(clickhouse_url, database) == [
+        [str(b), query_id, f"['{database}.a','{database}.b']", str(PER_FILE)] for b in range(FILES)
+    ]
+    for t, parity in (("a", 0), ("b", 1)):
+        assert scalar(clickhouse_url, f"SELECT countIf(id % 2 = {parity}) FROM `{database}`.{t}") == N // 2
+        assert scalar(clickhouse_url, f"SELECT uniqExact(id) FROM `{database}`.{t}") == N // 2
+
+
+def test_a_value_that_does_not_fit_the_second_table_rolls_back_the_rows_sent_to_the_first(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    create_events_table(clickhouse_url, database, "a", "transaction")
+    run_sql(clickhouse_url, f"CREATE TABLE `{database}`.b (id Int64, k UInt8, s String) ENGINE = MergeTree ORDER BY id")
+    batch = sp.read.schema(SCHEMA).json(str(_files(tmp_path) / "part-1.json"))  # k 100..199: fits UInt8
+    (tmp_path / "chk").mkdir()
+    (tmp_path / "chk" / "metadata").write_text(json.dumps({"id": "a-query-of-this-test"}) + "\n")
+    login = credentials.writer_options()
+    with (
+        pytest.raises(ValueDoesNotFitError, match="k"),
+        clickhouse_tx_transaction(
+            url=clickhouse_url,
+            app_id="split",
+            batch_id=0,
+            database=database,
+            checkpoint_location=str(tmp_path / "chk"),
+            allow_nullable_into_non_nullable=True,
+            **login,
+        ) as tx,
+    ):
+        tx.insert("a", batch)
+        tx.insert("b", batch.selectExpr("id", "k * 2 AS k", "s"))  # 200..398: not all fit UInt8
+    assert [_visible(clickhouse_url, database, t) for t in ("a", "b", "clickhouse_tx_batches")] == [0, 0, 0]
+
+
+def test_values_go_into_the_table_s_own_types_as_the_sink_converts_them(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    run_sql(
+        clickhouse_url,
+        f"CREATE TABLE `{database}`.typed (id UInt64, ts DateTime, amount Float32, name LowCardinality(String)) "
+        "ENGINE = MergeTree ORDER BY id",
+    )
+    (tmp_path / "metadata").write_text(json.dumps({"id": "a-query-of-this-test"}) + "\n")
+    batch = sp.sql(
+        "SELECT id, timestamp_micros(1700000000000000 + id * 1000001) AS ts, id / 4 AS amount, "
+        "concat('n', id) AS name FROM range(1000)"
+    )
+    fn = clickhouse_tx_batch(
+        url=clickhouse_url,
+        table="typed",
+        database=database,
+        app_id="typed",
+        checkpoint_location=str(tmp_path),
+        allow_nullable_into_non_nullable=True,
+        batch_size=128,
+        **credentials.writer_options(),
+    )
+    fn(batch, 0)
+    row = read_committed(
+        clickhouse_url,
+        f"SELECT count(), sum(id), min(ts), max(ts), sum(amount), uniqExact(name) FROM `{database}`.typed",
+    )[0]
+    assert row == ["1000", "499500", "2023-11-14 22:13:20", "2023-11-14 22:29:59", "124875", "1000"]

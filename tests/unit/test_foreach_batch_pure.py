@@ -1,0 +1,154 @@
+"""The exactly-once foreachBatch helper without servers: its options, its key, its checks.
+
+The writes themselves (a real SparkSession and the embedded stack) are in
+``tests/spark/test_foreach_batch.py``; the COMMIT's settlement in
+``tests/integration/test_batch_keys.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from clickhouse_tx.errors import ConfigurationError
+from clickhouse_tx.interfaces import Mode
+from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, attempt_session, check_recorded
+from spark_datasource.options.writer import WriterOptions
+from spark_datasource.sink.foreach_batch import (
+    BatchTransaction,
+    ForeachOptions,
+    clickhouse_tx_batch,
+    clickhouse_tx_transaction,
+    query_identity,
+)
+
+URL = "http://127.0.0.1:8123"
+KEY = BatchKey("events", 3, "query-1", "/chk/events")
+
+
+def _row(batch_id: int, query_id: str = "query-1", checkpoint: str = "/chk/events") -> dict[str, object]:
+    return {
+        "app_id": "events",
+        "batch_id": batch_id,
+        "query_id": query_id,
+        "checkpoint": checkpoint,
+        "rows": 10,
+        "tables": ["db.events"],
+        "committed_at": "2026-01-02 03:04:05.000",
+    }
+
+
+def test_an_unknown_option_fails_when_the_helper_is_built_naming_a_close_match() -> None:
+    with pytest.raises(ConfigurationError, match="batch_size"):
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", bacth_size=5)
+
+
+@pytest.mark.parametrize("name", ["transactional_id", "checkpointLocation", "table_column", "shards", "visibility"])
+def test_an_option_of_the_sink_alone_is_refused_when_the_helper_is_built(name: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"option {name} is the clickhouse_tx sink's"):
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", **{name: "x"})
+
+
+def test_a_malformed_writer_option_is_refused_as_the_sink_refuses_it() -> None:
+    with pytest.raises(ConfigurationError) as sink:
+        WriterOptions.parse({"url": URL, "table": "db.events", "session_timeout": "3"}, streaming=False)
+    with pytest.raises(ConfigurationError) as helper:
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", session_timeout=3)
+    assert str(helper.value) == str(sink.value)
+
+
+def test_mode_dedup_is_refused_as_not_built_yet_and_the_other_modes_point_to_the_sink() -> None:
+    with pytest.raises(ConfigurationError, match="mode='dedup' of the foreachBatch helper is not built yet"):
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", mode="dedup")
+    with pytest.raises(ConfigurationError, match=r"writeStream.format\('clickhouse_tx'\)"):
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", mode="staging")
+
+
+@pytest.mark.parametrize("app_id", ["", "   ", "x" * 257, "tab\there"])
+def test_an_app_id_that_names_no_stream_is_refused_naming_the_option(app_id: str) -> None:
+    with pytest.raises(ConfigurationError, match="option app_id="):
+        clickhouse_tx_batch(url=URL, table="db.events", app_id=app_id)
+
+
+def test_python_values_reach_the_writer_options_as_the_strings_the_sink_takes() -> None:
+    parsed = ForeachOptions.parse(
+        app_id=" events ",
+        checkpoint_location=None,
+        options={"url": URL, "table": "events", "database": "db", "create_table": True, "batch_size": 500},
+    )
+    assert parsed.app_id == "events"
+    assert parsed.writer.create_table is True and parsed.writer.batch_size == 500
+    assert (parsed.writer.database, parsed.writer.table, parsed.writer.mode) == ("db", "events", Mode.TRANSACTION)
+    assert parsed.for_table("other", "t").target().database == "other"
+
+
+def test_a_malformed_checkpoint_location_is_refused_when_the_helper_is_built() -> None:
+    with pytest.raises(ConfigurationError, match="file: URI must be absolute"):
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", checkpoint_location="file://host/chk")
+
+
+def test_the_context_keeps_its_key_table_in_the_database_it_is_given() -> None:
+    tx = clickhouse_tx_transaction(url=URL, app_id="orders", batch_id=7, database="shop")
+    assert (tx.options.writer.database, tx.options.writer.table) == ("shop", "clickhouse_tx_batches")
+    assert tx.batch_id == 7 and tx.key is None and not tx.skipped
+
+
+@pytest.mark.parametrize("batch_id", [-1, True, "3", 2.0])
+def test_a_batch_id_that_spark_would_not_give_is_refused(batch_id: object) -> None:
+    parsed = ForeachOptions.parse(app_id="a", checkpoint_location=None, options={"url": URL, "table": "db.t"})
+    with pytest.raises(ConfigurationError, match="batch_id="):
+        BatchTransaction(parsed, batch_id)  # type: ignore[arg-type]
+
+
+def test_a_recorded_key_is_skipped_and_an_unrecorded_one_is_written() -> None:
+    assert check_recorded([_row(3)], KEY) == _row(3)
+    assert check_recorded([], KEY) is None
+
+
+def test_a_row_of_the_app_id_from_another_query_is_refused_naming_app_id_and_both_queries() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        check_recorded([_row(41, query_id="query-0", checkpoint="/chk/old")], KEY)
+    text = str(info.value)
+    assert "option app_id='events'" in text
+    assert "query query-0 (checkpoint /chk/old) recorded batch 41" in text
+    assert "batch 3 comes from query query-1 (checkpoint /chk/events)" in text
+    assert "nothing was written" in text
+
+
+def test_the_key_row_quotes_what_the_user_named() -> None:
+    key = BatchKey("it's", 5, "q'1", "/chk/o'k")
+    sql = BatchRecords(WriterOptions.parse({"url": URL, "table": "db.t"}, streaming=False).target()).insert_sql(
+        key, "attempt", ["db.a", "db.b'"], 12, 34
+    )
+    assert "'it\\'s', 5, 'q\\'1', '/chk/o\\'k', 'attempt', ['db.a', 'db.b\\''], 12, 34, now64(3)" in sql
+    assert sql.startswith("INSERT INTO `db`.`clickhouse_tx_batches` (")
+
+
+def test_every_attempt_gets_a_session_of_its_own_in_safe_characters() -> None:
+    key = BatchKey("events to ch/1", 9, "q")
+    first, second = attempt_session(key), attempt_session(key)
+    assert first != second
+    assert re.fullmatch(r"clickhouse_tx_fb_[A-Za-z0-9_]+_9_[0-9a-f]{12}", first), first
+
+
+def test_outside_a_query_the_identity_comes_from_the_checkpoint_given(tmp_path: Path) -> None:
+    (tmp_path / "metadata").write_text(json.dumps({"id": "0b6f-query"}) + "\n")
+    assert query_identity(None, str(tmp_path)) == ("0b6f-query", str(tmp_path))
+    assert query_identity(None, f"file://{tmp_path}/") == ("0b6f-query", str(tmp_path))
+
+
+def test_a_checkpoint_without_spark_metadata_is_refused_naming_checkpoint_location(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="option checkpoint_location="):
+        query_identity(None, str(tmp_path))
+
+
+def test_outside_a_query_and_without_a_checkpoint_the_helper_asks_for_checkpoint_location() -> None:
+    from pyspark.sql import SparkSession
+
+    if SparkSession.getActiveSession() is not None:
+        pytest.skip("a SparkSession of another test is active in this process")
+    with pytest.raises(ConfigurationError, match="give it checkpoint_location"):
+        query_identity(None, None)
