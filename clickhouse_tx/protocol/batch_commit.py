@@ -28,7 +28,7 @@ from clickhouse_tx.errors import (
     sessions_gone_runbook,
 )
 from clickhouse_tx.interfaces import Decision, Prepared
-from clickhouse_tx.protocol.batch_ops import BatchOps
+from clickhouse_tx.protocol.batch_ops import BatchOps, StepTimes
 from clickhouse_tx.protocol.commit_plan import plan_commit, plan_rollback
 from clickhouse_tx.protocol.state import TxState
 from clickhouse_tx.retry import is_transient_or_unknown
@@ -87,48 +87,40 @@ class BatchCommitter:
     def commit_batch(self, batch: int, messages: Sequence[Prepared | None]) -> CommitReport:
         """Driver, once per batch commit: what :meth:`Coordinator.commit_batch
         <clickhouse_tx.protocol.coordinator.Coordinator.commit_batch>` does (and raises)."""
-        t0 = self.clock()
-        msgs = self.io.check_messages(batch, messages)
-        self._check_layout(batch, msgs)
-        registered = self.io.entries(batch)
-        plan = plan_commit(self.io.read(batch), msgs, registered, txn_id=self.txn_id, batch=batch)
-        durations: dict[str, float] = {"plan": self.clock() - t0}
+        step = StepTimes(self.clock)
+        with step("plan"):
+            msgs = self.io.check_messages(batch, messages)
+            self._check_layout(batch, msgs)
+            registered = self.io.entries(batch)
+            plan = plan_commit(self.io.read(batch), msgs, registered, txn_id=self.txn_id, batch=batch)
         assert plan.decision is not None
         if plan.already_done:
-            return self._replay_of_done(plan.decision, msgs, t0, durations)
+            return self._replay_of_done(plan.decision, msgs, step)
         run = _Run(plan.decision, dict(plan.spares))
         if plan.write_decision:
-            t = self.clock()
-            self._check_sessions(run, msgs)
-            durations["session_check"] = self.clock() - t
-            t = self.clock()
-            self.io.write(run.decision)
-            durations["decision_write"] = self.clock() - t
-
-        t = self.clock()
-        first_pass = self._commit_all(run)
-        if plan.replay and run.chosen and msgs and not any(first_pass.values()):
-            first_pass = self._redecide(run, msgs) or first_pass
-        self._replace_dead(run, first_pass)
-        durations["commit"] = self.clock() - t
-
-        t = self.clock()
-        keep = {p.xid for p in run.chosen.values()}
-        # The plan's listing, not a new one: once the decision is durable no other attempt
-        # can be chosen, so rolling back one registered since is GC's job either way.
-        todo = plan_rollback(keep | set(run.rolled), msgs, registered)
-        run.rolled += self.io.rollback_all(todo, quiet=True)
-        durations["rollback"] = self.clock() - t
+            with step("session_check"):
+                self._check_sessions(run, msgs)
+            with step("decision_write"):
+                self.io.write(run.decision)
+        with step("commit"):
+            first_pass = self._commit_all(run)
+            if plan.replay and run.chosen and msgs and not any(first_pass.values()):
+                first_pass = self._redecide(run, msgs) or first_pass
+            self._replace_dead(run, first_pass)
+        with step("rollback"):
+            keep = {p.xid for p in run.chosen.values()}
+            # The plan's listing, not a new one: once the decision is durable no other attempt
+            # can be chosen, so rolling back one registered since is GC's job either way.
+            todo = plan_rollback(keep | set(run.rolled), msgs, registered)
+            run.rolled += self.io.rollback_all(todo, quiet=True)
         if run.lost:
             self.io.record_committed(run.unrecorded)
             raise LostTransactionError(self._lost_message(run, msgs), xid=run.lost[0].xid)
-        t = self.clock()
-        self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
-        durations["mark_done"] = self.clock() - t
-        t = self.clock()
-        self.io.forget(keep | set(run.rolled) | {e.xid for e in registered}, committed=run.unrecorded)
-        durations["forget"] = self.clock() - t
-        durations["total"] = self.clock() - t0
+        with step("mark_done"):
+            self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
+        with step("forget"):
+            self.io.forget(keep | set(run.rolled) | {e.xid for e in registered}, committed=run.unrecorded)
+        durations = step.done()
         chosen = run.chosen
         return CommitReport(
             batch=batch,
@@ -145,21 +137,18 @@ class BatchCommitter:
         """A mode that records how a batch was cut (dedup) refuses a run that cut it otherwise."""
         self.ops.call(lambda: self.mode_io.check_layout(self.target, batch, msgs), is_transient_or_unknown)
 
-    def _replay_of_done(
-        self, decision: Decision, msgs: Sequence[Prepared], t0: float, durations: dict[str, float]
-    ) -> CommitReport:
+    def _replay_of_done(self, decision: Decision, msgs: Sequence[Prepared], step: "StepTimes") -> CommitReport:
         """A done batch again (Spark replays it after a crash past mark_done): roll back only.
 
         The crash may have come before the batch's entries were dropped: they are
         dropped now, its chosen xids from COMMITTING too (every one is committed).
         """
-        t = self.clock()
-        keep = {p.xid for p in decision.chosen}
-        registered = self.io.entries(decision.batch)
-        rolled = self.io.rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
-        durations["rollback"] = self.clock() - t
+        with step("rollback"):
+            keep = {p.xid for p in decision.chosen}
+            registered = self.io.entries(decision.batch)
+            rolled = self.io.rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
         self.io.forget(set(rolled) | {e.xid for e in registered}, committed=sorted(keep))
-        durations["total"] = self.clock() - t0
+        durations = step.done()
         return CommitReport(
             batch=decision.batch,
             committed=tuple(sorted(keep)),

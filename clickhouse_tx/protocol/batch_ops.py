@@ -10,9 +10,10 @@ the partitions of a batch handled ``parallelism`` at a time. Per-xid steps are
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from clickhouse_tx.errors import DecisionConflictError, OutcomeUnknownError
 from clickhouse_tx.interfaces import Decision, DecisionLogIO, Prepared, RegistryEntry
@@ -33,12 +34,36 @@ STRAGGLER_WAIT_S = 30.0
 STRAGGLER_POLL_S = 0.5
 
 
+class StepTimes:
+    """The wall time of each step of one commit call, by name, and ``total`` since it was built.
+
+    ``with step("commit"): ...`` adds the block's seconds to ``commit``; :meth:`done` gives
+    the durations a :class:`~clickhouse_tx.protocol.batch_commit.CommitReport` carries."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._t0 = clock()
+        self._durations: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t = self._clock()
+        try:
+            yield
+        finally:
+            self._durations[name] = self._durations.get(name, 0.0) + self._clock() - t
+
+    def done(self) -> dict[str, float]:
+        return {**self._durations, "total": self._clock() - self._t0}
+
+
 class BatchOps:
     """The batch-wide I/O of one query (``txn_id``) on the driver, over its decision log
     and the per-xid steps ``ops``.
 
-    Built once per :class:`~clickhouse_tx.protocol.coordinator.Coordinator`; holds no state
-    between calls. ``parallelism``: how many partitions :meth:`each` handles at once.
+    Built by :meth:`~clickhouse_tx.protocol.coordinator.Coordinator.batch_ops` for each
+    driver call (commit or abort); holds no state between calls. ``parallelism``: how many
+    partitions :meth:`each` handles at once.
     """
 
     def __init__(self, txn_id: str, log: DecisionLogIO, ops: TxOps, *, parallelism: int = 1) -> None:

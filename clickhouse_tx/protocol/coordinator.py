@@ -11,16 +11,24 @@ every commit) and delegates each phase to the module that holds it:
 - :mod:`clickhouse_tx.protocol.prepare`: the executor's prepare of one partition attempt;
 - :mod:`clickhouse_tx.protocol.batch_commit`: the driver's commit of one batch.
 
-Order of effects for one batch (each step is idempotent, so a replay after a crash
-at any point redoes what is missing and nothing twice):
+Order of effects for one batch's commit (each step is idempotent, so a replay after a
+crash at any point redoes what is missing and nothing twice; the names are the keys
+of :attr:`CommitReport.durations <clickhouse_tx.protocol.batch_commit.CommitReport.durations>`):
 
-1. no decision yet: choose one message per partition and write the Decision;
-2. for each chosen xid: registry COMMITTING, COMMIT, registry COMMITTED; a chosen
-   xid that definitely cannot commit is fenced (ABORTING), replaced by a message of
-   the same partition under a new decision version, rolled back (ABORTED);
-3. every other xid of the batch (messages, zombies and speculative attempts in the
-   registry): ABORTING, ROLLBACK, ABORTED;
-4. mark the batch done.
+1. ``plan``: the messages checked, the decision and the registry entries read, the
+   commit planned (:func:`~clickhouse_tx.protocol.commit_plan.plan_commit`); a batch
+   already marked done only rolls back what is left and drops its entries;
+2. no decision yet: ``session_check`` (each chosen session renewed; a dead one swapped
+   for a live spare of its partition, or nothing is decided) and ``decision_write``;
+3. ``commit``: the chosen xids moved COMMITTING in bulk, committed ``parallelism`` at a
+   time, their outcome looked up where unknown; a chosen xid that definitely cannot
+   commit is fenced, replaced by a message of the same partition under a new decision
+   version, rolled back; on a replay with nothing of the batch visible, the batch is
+   decided again from the replay's messages;
+4. ``rollback``: every other xid of the batch (messages, zombies and speculative
+   attempts in the registry): ABORTING, ROLLBACK, ABORTED;
+5. ``mark_done``, then ``forget``: the batch's registry entries dropped (its committed
+   xids straight from COMMITTING).
 """
 
 from __future__ import annotations
