@@ -103,6 +103,17 @@ def column_list(names: Iterable[str]) -> str:
     return "(" + ", ".join(items) + ")"
 
 
+def record_table_ddl(fq: str, columns: Iterable[tuple[str, str]], order_by: Iterable[str], settings: str = "") -> str:
+    """``CREATE TABLE IF NOT EXISTS <fq> (<columns>) ENGINE = MergeTree ORDER BY (<order_by>)``:
+    the DDL of every table the project keeps its own records in (markers, jobs, batch keys,
+    dead letters). ``fq`` is already quoted; column names are quoted here; ``settings``
+    is appended as ``SETTINGS ...`` when given."""
+    cols = ", ".join(f"{quote_identifier(name)} {ch_type}" for name, ch_type in columns)
+    keys = ", ".join(quote_identifier(name) for name in order_by)
+    tail = f" SETTINGS {settings}" if settings else ""
+    return f"CREATE TABLE IF NOT EXISTS {fq} ({cols}) ENGINE = MergeTree ORDER BY ({keys}){tail}"
+
+
 def format_param(value: object) -> str:
     """Format a Python value as the text of a ``param_<name>`` URL parameter.
 

@@ -90,9 +90,9 @@ def dead_letter_ddl(database: str, table: str, *, dedup_window: bool = False) ->
     replay's copy by its token; mode ``transaction`` needs none (a rolled-back attempt
     leaves nothing) and its table gets none.
     """
-    cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in DEAD_LETTER_COLUMNS)
-    window = " SETTINGS non_replicated_deduplication_window = 1000" if dedup_window else ""
-    return (
-        f"CREATE TABLE IF NOT EXISTS {q.qualified(database, table)} ({cols}) "
-        f"ENGINE = MergeTree ORDER BY (txn_id, batch, `partition`, `row`){window}"
+    return q.record_table_ddl(
+        q.qualified(database, table),
+        DEAD_LETTER_COLUMNS,
+        ("txn_id", "batch", "partition", "row"),
+        "non_replicated_deduplication_window = 1000" if dedup_window else "",
     )

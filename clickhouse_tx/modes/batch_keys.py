@@ -149,12 +149,8 @@ class BatchRecords:
 
     def ensure_table(self) -> None:
         """``CREATE TABLE IF NOT EXISTS`` (driver, once per micro-batch; DDL is refused inside a transaction)."""
-        cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in _COLUMNS)
         with ClickHouseHTTP(self.target) as c:
-            c.command(
-                f"CREATE TABLE IF NOT EXISTS {self.table} ({cols}) ENGINE = MergeTree ORDER BY (app_id, batch_id)",
-                idempotent=True,
-            )
+            c.command(q.record_table_ddl(self.table, _COLUMNS, ("app_id", "batch_id")), idempotent=True)
 
     def _read(self, where: str, params: Mapping[str, object]) -> list[dict[str, Any]]:
         sql = f"SELECT {_SELECT} FROM {self.table} WHERE {where} ORDER BY committed_at LIMIT 10"

@@ -145,12 +145,9 @@ class JobRecords:
 
     def ensure_table(self) -> None:
         """``CREATE TABLE IF NOT EXISTS`` (driver, once per job; DDL is refused inside a transaction)."""
-        cols = ", ".join(f"{q.quote_identifier(n)} {t}" for n, t in _JOBS_COLUMNS)
         with ClickHouseHTTP(self.target) as c:
             c.command(
-                f"CREATE TABLE IF NOT EXISTS {self.table} ({cols}) ENGINE = MergeTree "
-                "ORDER BY (`table`, idempotence_key, txn_id)",
-                idempotent=True,
+                q.record_table_ddl(self.table, _JOBS_COLUMNS, ("table", "idempotence_key", "txn_id")), idempotent=True
             )
 
     def _one(

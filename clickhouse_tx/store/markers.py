@@ -101,11 +101,7 @@ class CommitMarkers:
         key = (self.target.url, self.fq)
         if key in _CREATED:
             return
-        cols = ", ".join(f"{q.quote_identifier(c)} {t}" for c, t in _COLUMNS)
-        ddl = (
-            f"CREATE TABLE IF NOT EXISTS {self.fq} ({cols}) ENGINE = MergeTree "
-            f"ORDER BY (txn_id, batch, `partition`, xid)"
-        )
+        ddl = q.record_table_ddl(self.fq, _COLUMNS, ("txn_id", "batch", "partition", "xid"))
         try:
             self.client.command(ddl, idempotent=True)
         except ServerError as e:

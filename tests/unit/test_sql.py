@@ -86,3 +86,12 @@ def test_format_param_uses_the_escaped_text_format() -> None:
 def test_format_param_refuses_unsupported_types() -> None:
     with pytest.raises(TypeError):
         q.format_param(object())
+
+
+def test_a_record_table_ddl_quotes_every_column_and_key_and_appends_its_settings() -> None:
+    ddl = q.record_table_ddl("`d`.`t`", [("partition", "Int64"), ("x`y", "String")], ["partition"], "a = 1")
+    assert ddl == (
+        "CREATE TABLE IF NOT EXISTS `d`.`t` (`partition` Int64, `x\\`y` String) "
+        "ENGINE = MergeTree ORDER BY (`partition`) SETTINGS a = 1"
+    )
+    assert not q.record_table_ddl("`d`.`t`", [("a", "Int8")], ["a"]).endswith("SETTINGS ")
