@@ -50,8 +50,10 @@ class RowsNotWrittenError(ServerError):
     the task fails, and its attempt is rolled back like any failed insert.
     Built by :mod:`clickhouse_tx.client._transport.reply_mapping`."""
 
-    sent: int
-    written: int
+    def __init__(self, message: str, *, sent: int = 0, written: int = 0, xid: str | None = None) -> None:
+        super().__init__(message, xid=xid)
+        self.sent = sent
+        self.written = written
 
 
 class NotCommittedError(ClickHouseTxError):

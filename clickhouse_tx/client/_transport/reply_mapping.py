@@ -159,15 +159,15 @@ def unwritten_rows_error(
         )
     if written >= sent or (written == 0 and may_deduplicate):
         return None
-    err = RowsNotWrittenError(
+    return RowsNotWrittenError(
         f"{what}: the server answered success but wrote {written} of the {sent} rows sent (X-ClickHouse-Summary); "
         "nothing of this attempt is claimed written. An error the server did not report (a read-only replica, "
         "a refused part), asynchronous inserts (async_insert=1 in the user's profile), or a table whose own "
         "deduplication window dropped identical blocks",
+        sent=sent,
+        written=written,
         xid=xid,
     )
-    err.sent, err.written = sent, written
-    return err
 
 
 def error_from_connection(
