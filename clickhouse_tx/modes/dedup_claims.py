@@ -29,6 +29,9 @@ the barrier (executor, before a chunk no earlier record binds)
     partition an earlier run inserted has re-checked, with the same rows, every chunk
     recorded there. Then the earlier runs' rows are rows of this run at the same
     places, and the unbound rows, being other rows of this run, were never inserted.
+first run (executor, once per partition attempt, before its claim)
+    ``<txn>/<batch>/first_run`` -> ``{"run"}``, created if absent: in a batch this run
+    reached first, no claim of another run binds it, and the barrier needs no scan.
 seal (driver, at the start of every commit of the batch, before its decision)
     ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows and
     checksum, from the commit messages, created if absent. Before sealing, every
@@ -37,7 +40,7 @@ seal (driver, at the start of every commit of the batch, before its decision)
     or one that was empty), or holds with another first chunk, is refused; so is a
     commit whose messages differ from the seal.
 
-Both are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry) written as
+All are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry) written as
 finished registry entries, the way the decision log's arbiter claims versions: an
 ``INSERT`` under ``keeper_map_strict_mode`` fails on an existing key, so the first
 writer wins and every later one compares. The checks themselves are pure functions
@@ -61,8 +64,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: The KeeperMap table of the layout records (in the registry's database).
 LAYOUT_TABLE = "clickhouse_tx_layouts"
-#: The ``partition`` column of a seal (claims hold their partition number).
-SEAL_PARTITION = 2**32 - 1
+#: The ``partition`` column of a seal and of a first-run record (claims hold their partition).
+SEAL_PARTITION, FIRST_RUN_PARTITION = 2**32 - 1, 2**32 - 2
 
 #: One partition of a layout: {"first": "<rows>:<digest>" | "", "rows": n, "checksum": c}.
 Part = Mapping[str, object]
@@ -100,8 +103,7 @@ def describe(layout: Mapping[int, Part]) -> str:
             return f"{p}: committed"
         return f"{p}: {part.get('rows', '?')} rows" if part.get("first") else f"{p}: empty"
 
-    shown = ", ".join(one(p) for p in sorted(layout))
-    return f"{len(layout)} partitions ({shown})"
+    return f"{len(layout)} partitions ({', '.join(one(p) for p in sorted(layout))})"
 
 
 def check_partition(
@@ -306,17 +308,24 @@ class ClaimRecords:
         entries = self.registry.list_batch(txn_id, batch)
         return _seal_in(entries), _claims_in(entries)
 
+    def first_run(self, txn_id: str, batch: int, run: str) -> tuple[dict[int, Part] | None, str]:
+        """The batch's seal (None before its first commit) and the first run that reached
+        its claims (``run`` if none had: then recorded so): one point read, one create."""
+        seal_key, run_key = self.key(txn_id, batch, None), f"{txn_id}/{batch}/first_run"
+        found = self.registry.records(seal_key, run_key)
+        seal = None if seal_key not in found else {int(p): v for p, v in _body(seal_key, found[seal_key]).items()}
+        if run_key in found:
+            return seal, str(_body(run_key, found[run_key]).get("run"))
+        return seal, str(self._create(run_key, txn_id, batch, FIRST_RUN_PARTITION, {"run": run}).get("run"))
+
     def claim(self, txn_id: str, batch: int, partition: int, claim: Claim) -> Claim:
         """Claim ``partition`` with ``claim`` (:func:`run_claim`) unless claimed; the stored claim."""
         return self._create(self.key(txn_id, batch, partition), txn_id, batch, partition, dict(claim))
 
     def chunk(self, txn_id: str, batch: int, partition: int, chunk: int, fingerprint: str, run: str) -> str:
-        """Record chunk ``chunk`` (> 0) of ``partition`` unless recorded; the recorded fingerprint.
-
-        Key ``<txn>/<batch>/<partition>/<chunk>``, the chunk number in the entry's
-        ``attempt`` column: one create-if-absent (``INSERT``), plus one read when an
-        earlier attempt recorded it first.
-        """
+        """Record chunk ``chunk`` (> 0) of ``partition`` unless recorded (key
+        ``<txn>/<batch>/<partition>/<chunk>``, the chunk number in the ``attempt`` column:
+        one create-if-absent, one read more if recorded first); the recorded fingerprint."""
         body = self.registry.create_record(
             f"{self.key(txn_id, batch, partition)}/{chunk}",
             json.dumps({"chunk": fingerprint, "run": run}, sort_keys=True),
@@ -348,7 +357,7 @@ class ClaimRecords:
         )
 
     def claims(self, txn_id: str, batch: int) -> dict[int, Claim]:
-        """Every partition claim of the batch (one KeeperMap scan; the table stays small)."""
+        """Every partition claim of the batch (one scan of the query's records, all keys)."""
         return _claims_in(self.registry.list_batch(txn_id, batch))
 
     def at_commit(self, txn_id: str, batch: int) -> tuple[dict[int, Part] | None, dict[int, Claim], list[str]]:
@@ -387,5 +396,5 @@ def _claims_in(entries: Sequence[RegistryEntry]) -> dict[int, Claim]:
     return {
         e.partition: _body(e.xid, str(e.payload["body"]))
         for e in entries
-        if e.partition != SEAL_PARTITION and e.attempt == 0  # not a chunk record
+        if e.partition < FIRST_RUN_PARTITION and e.attempt == 0  # not a chunk record
     }

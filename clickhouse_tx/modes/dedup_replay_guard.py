@@ -20,6 +20,7 @@ from clickhouse_tx.modes import dedup_claims
 from clickhouse_tx.modes.dedup_claims import (
     Claim,
     ClaimRecords,
+    Part,
     barrier,
     check_chunk,
     check_messages,
@@ -44,7 +45,8 @@ class ReplayGuard:
     def first_chunk(self, ctx: WriteContext, first: str, xid: str) -> bool:
         """Executor, before a partition's first chunk: refuse a batch cut otherwise.
 
-        One scan of the batch's records (its seal and claims); before the batch's first
+        The batch's seal and the claims its barrier must see (:meth:`_batch_view`: a
+        point read in a batch this run reached first, else a scan); before the batch's first
         commit, one claim of this partition (create-if-absent) and, for a partition no
         earlier run claimed, reads of the batch's claims until every one is caught up
         by this run (:func:`~clickhouse_tx.modes.dedup_claims.barrier`). Returns True
@@ -54,7 +56,7 @@ class ReplayGuard:
         """
         records = self.records
         try:
-            sealed, claims = records.of_batch(ctx.txn_id, ctx.batch)
+            sealed, claims = self._batch_view(ctx)
             check_partition(ctx.txn_id, ctx.batch, ctx.partition, first, sealed, None)
             # Once sealed, the sealing run had finished every partition (each has its
             # ``end``): every later chunk of a replay is bound by a record.
@@ -62,6 +64,25 @@ class ReplayGuard:
         except DedupLayoutError as exc:
             exc.xid = xid  # the task fails with this error as it is, not wrapped
             raise
+
+    def _batch_view(self, ctx: WriteContext) -> tuple[dict[int, Part] | None, Mapping[int, Claim]]:
+        """The batch's seal and the claims :meth:`_claim`'s barrier must see.
+
+        In a batch this run reached first (its first-run record names this run), every
+        claim is this run's or was made after the record by a task of another run: such
+        a task finds the record not its own and scans, and its barrier waits for this
+        run's inserted claims. So this run's barrier waits for nothing and needs no scan:
+        one point read (seal, first run) instead of a scan of the batch's records, which
+        grew with its partitions, in every task. Otherwise (a replay, a writer without a
+        run id) one scan, as always.
+        """
+        records = self.records
+        if not ctx.run:
+            return records.of_batch(ctx.txn_id, ctx.batch)
+        sealed, first = records.first_run(ctx.txn_id, ctx.batch, ctx.run)
+        if first == ctx.run:
+            return sealed, {}
+        return records.of_batch(ctx.txn_id, ctx.batch)
 
     def later_chunk(self, ctx: WriteContext, chunk: int, fingerprint: str, xid: str, catching_up: bool) -> bool:
         """Executor, before each chunk after the first (and once past the last): refuse a

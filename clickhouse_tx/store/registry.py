@@ -370,8 +370,11 @@ class KeeperMapRegistry:
 
     def record(self, key: str) -> str | None:
         """The body a :meth:`create_record` stored under ``key``, or None."""
-        e = self.get(key)
-        return None if e is None else str(e.payload["body"])
+        return self.records(key).get(key)
+
+    def records(self, *keys: str) -> dict[str, str]:
+        """The bodies :meth:`create_record` stored under ``keys`` (absent ones left out): one point read."""
+        return {e.xid: str(e.payload["body"]) for e in self._select(f"xid IN {q.quote_strings(keys)}", {})}
 
     def list_batch(self, txn_id: str, batch: int) -> list[RegistryEntry]:
         """Every entry of (``txn_id``, ``batch``), in (partition, attempt, xid) order."""

@@ -120,8 +120,9 @@ def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_co
 def test_a_partition_with_nothing_to_wait_for_is_claimed_inserted_in_one_request(
     admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A new batch: one scan of its records (no seal, no claim to wait for), the claim
-    # created already inserted and caught up, and the end record; no update of the claim.
+    # A new batch: one point read (no seal; the batch's first run is this one, so no claim
+    # to wait for and no scan of the batch's records, which grow with its partitions),
+    # the claim created already inserted and caught up, and the end record.
     target = make_table(admin, database)
     co = dedup_coordinator(target, tmp_path)
     co.prepare(WriteContext(TXN, 0, 0, 0, run="r1"), batches(rows(300), 100))
@@ -129,7 +130,8 @@ def test_a_partition_with_nothing_to_wait_for_is_claimed_inserted_in_one_request
     co.prepare(WriteContext(TXN, 0, 1, 0, run="r1"), batches(rows(300, start=300), 100))
     monkeypatch.undo()
     layouts = [r for r in sent if LAYOUT_TABLE in r]
-    assert [r.split(" b'", 1)[1].split()[0] for r in layouts] == ["SELECT", "INSERT", "INSERT"]
+    assert [r.split(" b", 1)[1][1:].split()[0] for r in layouts] == ["SELECT", "INSERT", "INSERT"]
+    assert "WHERE xid IN" in layouts[0] and "txn_id =" not in layouts[0]
     claim = dedup_claims.ClaimRecords.beside(target, co.mode_io.registry).claim_of(TXN, 0, 1)
     assert claim is not None and claim["inserted"] is True and claim["caught_up"] == "r1"
     assert committed_count(admin, target) == 600
@@ -175,6 +177,26 @@ def test_before_any_commit_a_partition_the_first_run_never_started_waits_and_is_
     msgs = [co.prepare(WriteContext(TXN, 0, p, 0, run="r4"), batches(t, 100)) for p, t in enumerate(first)]
     co.commit_batch(0, msgs)
     assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
+
+
+def test_a_task_of_another_run_scans_the_batch_and_waits_for_the_claims_of_the_run_that_reached_it_first(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # r2 reached batch 0 first and inserted partition 0 under its cut. A late task of r1
+    # (an earlier run's zombie) finds the batch's first run not its own: it scans the
+    # batch's records, and its barrier waits for r2's claim, so it inserts nothing.
+    target = make_table(admin, database)
+    r2 = cut(rows(N), 3)
+    dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0, run="r2"), batches(r2[0], 100))
+    assert committed_count(admin, target) == 400
+    monkeypatch.setattr(dedup_claims, "WAIT_S", 1.0)
+    sent = recording_requests(monkeypatch)
+    with pytest.raises(DedupLayoutError, match=r"partitions \[0\]"):
+        r1 = cut(rows(N), 2)
+        dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 1, 0, run="r1"), batches(r1[1], 100))
+    monkeypatch.undo()
+    assert any(LAYOUT_TABLE in r and "txn_id =" in r for r in sent)  # the scan
+    assert committed_count(admin, target) == 400
 
 
 def part(*ranges: tuple[int, int]) -> pa.Table:
