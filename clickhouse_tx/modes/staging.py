@@ -20,7 +20,11 @@ commit (driver)
     TABLE <target>``, then the same from the dead-letter stage into the dead-letter
     table; then the marker row; then ``DROP TABLE`` of the dead-letter stage and of the
     stage. MOVE empties the source partition, so re-running a half-done commit moves
-    only what is left: roll-forward is idempotent.
+    only what is left: roll-forward is idempotent. A batch's xids go through these
+    steps together first (:meth:`StagingMode.commit_together`: one markers read, one
+    COMMENT read, one partitions read, the MOVEs, one INSERT of the markers, one
+    DROP), the same steps in the same order per stage; what that leaves undone, xid
+    by xid.
 rollback (driver, GC)
     ``DROP TABLE IF EXISTS`` of both stages, unless some partitions of either were
     moved already (a commit was under way): that cannot be undone and raises instead.
@@ -43,6 +47,7 @@ from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.checksum import CountingBatches
 from clickhouse_tx.conversion.dead_letters import write_dead_letters
 from clickhouse_tx.errors import (
+    ClickHouseTxError,
     ConfigurationError,
     IllegalTransitionError,
     NotCommittedError,
@@ -51,7 +56,7 @@ from clickhouse_tx.errors import (
 )
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
-from clickhouse_tx.modes.stage_publish import publish_batch, publish_xid, settle_batch_of
+from clickhouse_tx.modes.stage_publish import publish_batch, publish_partitions, publish_xid, settle_batch_of
 from clickhouse_tx.modes.stage_tables import (
     batch_session,
     create_stage_table,
@@ -77,6 +82,9 @@ class StagingMode(ModeBase):
 
     def __init__(self, *, whole_batch: bool = False) -> None:
         self.whole_batch = whole_batch
+        # Driver: xids of the batch being committed that commit_together published
+        # (moved, marked, dropped), so their per-xid commit has nothing left to do.
+        self._published: set[str] = set()
         # Driver: whether each target has materialized views, read once per mode object
         # (Spark builds one per batch job and per streaming commit).
         self._has_views: dict[tuple[str, str, str], bool] = {}
@@ -186,6 +194,8 @@ class StagingMode(ModeBase):
         # registry entry, whose details may be empty): its dead-letter stage was never
         # created, so two of the commit's round trips (its COMMENT, its DROP) are skipped.
         letters = p.details.get("dead_letters") != 0
+        if p.xid in self._published:
+            return
         with self.client(target) as c:
             try:
                 if markers.lookup(p.xid) is not None:
@@ -235,15 +245,32 @@ class StagingMode(ModeBase):
         return self._has_views[key]
 
     def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:
-        """Driver, once per batch commit, before the per-xid commits: publish ``ps`` at once
-        (:func:`~clickhouse_tx.modes.stage_publish.publish_batch`, which says what it raises).
+        """Driver, once per batch commit, before the per-xid commits: publish ``ps`` together.
 
-        A no-op unless ``visibility=batch``. ``before_commit`` runs just before the COMMIT
-        (the test-only fault hooks).
+        With ``visibility=batch``, in one transaction
+        (:func:`~clickhouse_tx.modes.stage_publish.publish_batch`, which says what it
+        raises). Otherwise, into a target without views, with the batch's requests
+        batched (:func:`~clickhouse_tx.modes.stage_publish.publish_partitions`): it only
+        saves round trips, so any error but a lost reply leaves the partitions to
+        :meth:`commit`, one by one, as before. ``before_commit`` runs inside either (the
+        test-only fault hooks).
         """
-        if not self.whole_batch or not ps:
+        self._published = set()  # one batch's at a time
+        if not ps:
             return
-        publish_batch(target, ps, by_insert=self.publishes_by_insert(target), before_commit=before_commit)
+        if self.whole_batch:
+            publish_batch(target, ps, by_insert=self.publishes_by_insert(target), before_commit=before_commit)
+            return
+        if self.publishes_by_insert(target):
+            return  # each stage in its own transaction with its marker (publish_xid)
+        try:
+            publish_partitions(target, ps, before_commit=before_commit)
+        except OutcomeUnknownError:
+            raise
+        except ClickHouseTxError as exc:
+            log.info("batch %d: stages not published together (%s); publishing them one by one", ps[0].batch, exc)
+            return
+        self._published.update(p.xid for p in ps)
 
     def rollback(self, target: Target, p: Prepared) -> None:
         """Driver or GC: drop both stages; refuse if partitions of either were already moved."""

@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Sequence
 
 import pyarrow as pa
 import pytest
@@ -27,6 +28,7 @@ from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
 from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, stage_name
 from clickhouse_tx.modes.staging import StagingMode
 from clickhouse_tx.modes.transaction import TransactionMode
+from clickhouse_tx.protocol.faults import FaultPlan, InjectedFault, with_faults
 from clickhouse_tx.store.registry import DEFAULT_TABLE, KeeperMapRegistry
 from spark_datasource.testing.credentials import target_fields
 from tests.helpers.tables import (
@@ -162,7 +164,11 @@ def test_a_plain_select_outside_a_transaction_does_see_uncommitted_rows(
 
 @dataclasses.dataclass
 class CrashOnCommit:
-    """Delegates to a real mode; the driver "dies" on the ``n``-th commit call."""
+    """Delegates to a real mode; the driver "dies" on the ``n``-th commit call.
+
+    The batch's step (``commit_together``) is skipped, so every xid takes the per-xid
+    commit: the path a failed batched step falls back to.
+    """
 
     inner: CommitModeIO
     n: int
@@ -174,6 +180,9 @@ class CrashOnCommit:
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
+
+    def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: object = None) -> None:
+        pass
 
     def commit(self, target: Target, p: Prepared) -> None:
         self.calls += 1
@@ -343,6 +352,43 @@ def test_a_staging_commit_without_dead_letters_never_asks_for_a_dead_letter_stag
     assert sent and not [r for r in sent if "_ctx_dlstage_" in r]
     assert committed_count(admin, target) == 400
     assert stage_name(p.xid) not in tables(admin, database)
+
+
+def test_a_staging_batch_is_published_with_its_reads_markers_and_drops_batched(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per stage only its MOVEs; the batch's COMMENTs, partitions and drops are one request each."""
+    target = make_table(admin, database)
+    co = build_coordinator(target, "staging", TXN, str(tmp_path))
+    msgs = [co.prepare(WriteContext(TXN, 0, p, 0), batches(rows(100, start=100 * p))) for p in range(6)]
+    sent = recording_requests(monkeypatch)
+    build_coordinator(target, "staging", TXN, str(tmp_path)).commit_batch(0, msgs)
+    monkeypatch.undo()
+    on_stages = [r for r in sent if STAGE_PREFIX in r]
+    moves = sum(len(p.details["partitions"]) for p in msgs)
+    assert moves > 6 and len([r for r in on_stages if "MOVE PARTITION" in r]) == moves
+    assert len(on_stages) == moves + 3
+    assert committed_count(admin, target) == 600 and distinct_ids(admin, target) == 600
+    assert len(markers(admin, database)) == 6
+    assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
+
+
+def test_a_staging_batch_stopped_after_its_first_stage_moved_is_rolled_forward_once(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path
+) -> None:
+    """A crash inside the batched publish (one stage moved, no marker) leaves what a
+    per-xid commit rolls forward: the replay publishes every row once."""
+    target = make_table(admin, database)
+    co = build_coordinator(target, "staging", TXN, str(tmp_path))
+    msgs = [co.prepare(WriteContext(TXN, 0, p, 0), batches(rows(100, start=100 * p))) for p in range(4)]
+    plan = FaultPlan("in_batch_transaction", "raise")
+    faulty = with_faults(build_coordinator(target, "staging", TXN, str(tmp_path)), plan)
+    with pytest.raises(InjectedFault):
+        faulty.commit_batch(0, msgs)
+    assert 0 < committed_count(admin, target) < 400 and not markers(admin, database)  # one stage partition moved
+    build_coordinator(target, "staging", TXN, str(tmp_path)).commit_batch(0, msgs)
+    assert committed_count(admin, target) == 400 and distinct_ids(admin, target) == 400
+    assert len(markers(admin, database)) == 4
 
 
 def test_a_rolled_back_stage_is_not_committed(admin: ClickHouseHTTP, database: str) -> None:

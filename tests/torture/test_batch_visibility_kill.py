@@ -5,8 +5,10 @@ The streaming job of :mod:`tests.helpers.torture` in mode ``staging`` with
 restarted on the same checkpoint until it drains the topic. ``in_batch_transaction``
 fires inside the transaction that moves every stage of the batch, just before its
 COMMIT: the restart must settle the open transaction (its session outlives the driver),
-wait out the parts its rolled-back MOVEs locked, and publish the batch once. Every
-record must then be in ClickHouse exactly once, with no registry entry or stage left.
+wait out the parts its rolled-back MOVEs locked, and publish the batch once. With
+``visibility=partition`` the same step fires inside the batched publish, after the first
+stage's MOVEs and before any marker: the restart rolls the half-moved batch forward.
+Every record must then be in ClickHouse exactly once, with no registry entry or stage left.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ from tests.helpers.spark_streams import assert_exactly, create_target, make_topi
 from tests.helpers.spark_writes import open_registry_entries, table_names
 from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
 
-STEPS = ["after_decision", "in_batch_transaction", "after_commit:1"]
-OPTIONS = {"mode": "staging", "visibility": "batch"}
+CASES = [
+    *(("batch", step) for step in ("after_decision", "in_batch_transaction", "after_commit:1")),
+    ("partition", "in_batch_transaction"),
+]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize(("visibility", "step"), CASES)
 def test_a_driver_killed_around_the_batch_transaction_and_restarted_loses_and_duplicates_nothing(
-    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, visibility: str, step: str
 ) -> None:
     topic, expected = make_topic(stack, kafka_bootstrap, PARTITIONS, PER_PARTITION)
     create_target(clickhouse_url, database)
@@ -40,7 +44,7 @@ def test_a_driver_killed_around_the_batch_transaction_and_restarted_loses_and_du
         database,
         tmp_path / "chk",
         name=f"vis_{uuid.uuid4().hex[:6]}",
-        options=OPTIONS,
+        options={"mode": "staging", "visibility": visibility},
     )
     codes = [run_child({**args, "fault": kill_at(step, tmp_path)}, timeout_s=600)]
     for _ in range(4):
