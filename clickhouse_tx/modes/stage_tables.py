@@ -42,6 +42,12 @@ STAGE_PATH_SUFFIX = "_clickhouse_tx_stages"
 #: ``Replicated*MergeTree('<path>'`` / ``Shared*MergeTree('<path>'`` at the start of ``engine_full``.
 _KEEPER_PATH_ARG = re.compile(r"((?:Replicated|Shared)\w*MergeTree)\s*\(\s*'((?:[^'\\]|\\.)*)'")
 _REPLICATED_ENGINE = re.compile(r"(?:Replicated|Shared)\w*MergeTree\b")
+#: How long a process reuses what it read of a non-replicated table for the stages it
+#: creates (a reused Python worker creates one per task; the read cost a request each).
+#: Such a stage is ``AS <table>``: were the table re-created as a replicated one
+#: meanwhile, the stage's DDL or MOVE fails, never silently.
+ENGINE_CACHE_S = 60.0
+_engines: dict[tuple[str, str, str], tuple[float, str, str]] = {}
 
 
 def stage_name(xid: str) -> str:
@@ -164,20 +170,35 @@ def create_stage_table(
     c: ClickHouseHTTP, database: str, stage: str, like: tuple[str, str], *, if_not_exists: bool
 ) -> None:
     """``CREATE TABLE <database>.<stage> AS <like>``, with a Keeper path of its own when ``like``
-    is replicated (:func:`stage_storage`). One read of ``like``'s engine, one DDL."""
-    rows = c.query_json(
-        "SELECT engine_full, toString(uuid) AS uuid FROM system.tables "
-        "WHERE database = {d:String} AND name = {t:String}",
-        params={"d": like[0], "t": like[1]},
-    )
-    engine, fresh_uuid = (
-        stage_storage(str(rows[0]["engine_full"]), str(rows[0]["uuid"]), stage) if rows else (None, False)
-    )
+    is replicated (:func:`stage_storage`). One DDL, and one read of ``like``'s engine
+    unless this process read it, non-replicated, within :data:`ENGINE_CACHE_S`."""
+    found = _engine_of(c, like)
+    engine, fresh_uuid = stage_storage(found[0], found[1], stage) if found else (None, False)
     sql = f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{q.qualified(database, stage)}"
     if fresh_uuid:
         sql += f" UUID {q.quote_string(str(uuid.uuid4()))}"
     sql += f" AS {q.qualified(*like)}" + (f" ENGINE = {engine}" if engine else "")
     c.command(sql, idempotent=if_not_exists)
+
+
+def _engine_of(c: ClickHouseHTTP, table: tuple[str, str]) -> tuple[str, str] | None:
+    """(``engine_full``, UUID) of ``table`` (None: no such table); a non-replicated one's
+    read at most every :data:`ENGINE_CACHE_S`."""
+    key = (c.target.url, *table)
+    cached = _engines.get(key)
+    if cached is not None and time.monotonic() - cached[0] < ENGINE_CACHE_S:
+        return cached[1], cached[2]
+    rows = c.query_json(
+        "SELECT engine_full, toString(uuid) AS uuid FROM system.tables "
+        "WHERE database = {d:String} AND name = {t:String}",
+        params={"d": table[0], "t": table[1]},
+    )
+    if not rows:
+        return None
+    found = str(rows[0]["engine_full"]), str(rows[0]["uuid"])
+    if _REPLICATED_ENGINE.match(found[0].strip()) is None:
+        _engines[key] = (time.monotonic(), *found)
+    return found
 
 
 def record_plan(c: ClickHouseHTTP, stage: str, plan: dict[str, Any]) -> None:
