@@ -35,13 +35,11 @@ class Throttle:
             yield b
 
 
-def start_stream(spark: Any, args: dict[str, Any]) -> Any:
-    """Start the query on ``spark`` (classic or Connect); its ``StreamingQuery``.
+def kafka_rows(spark: Any, args: dict[str, Any]) -> Any:
+    """The streaming DataFrame of rows ``(p, o, v)`` read by ``kafka_py`` from ``args["topic"]``.
 
-    ``args``: ``bootstrap``, ``topic``, ``database``, ``chk`` (absolute), ``url`` (none
-    when ``options`` name ``shards``), optional ``max_offsets``, ``delay_s``,
-    ``repartition`` (another partitioning than the Kafka partitions), ``name`` (the
-    query name), ``options`` and ``fault`` (more writer options; ``fault`` wins).
+    ``args``: ``bootstrap``, ``topic``, optional ``max_offsets`` (1500), ``delay_s`` and
+    ``repartition`` (as for :func:`start_stream`).
     """
     df = (
         spark.readStream.format("kafka_py")
@@ -59,6 +57,17 @@ def start_stream(spark: Any, args: dict[str, Any]) -> Any:
     df = df.selectExpr("partition as p", "offset as o", "cast(value as string) as v")
     if args.get("repartition"):
         df = df.repartition(int(args["repartition"]))
+    return df
+
+
+def start_stream(spark: Any, args: dict[str, Any]) -> Any:
+    """Start the query on ``spark`` (classic or Connect); its ``StreamingQuery``.
+
+    ``args``: those of :func:`kafka_rows`, and ``database``, ``chk`` (absolute), ``url`` (none
+    when ``options`` name ``shards``), optional ``name`` (the query name), ``options`` and
+    ``fault`` (more writer options; ``fault`` wins).
+    """
+    df = kafka_rows(spark, args)
     writer = (
         df.writeStream.format("clickhouse_tx")
         .option("database", args["database"])

@@ -50,8 +50,8 @@ def new_stream(
     return expected, dict(bootstrap=bootstrap, topic=topic, url=url, database=database, chk=chk, name=name)
 
 
-def create_target(url: str, database: str) -> None:
-    run_sql(url, f"CREATE TABLE `{database}`.events (p Int32, o Int64, v String) ENGINE = MergeTree ORDER BY (p, o)")
+def create_target(url: str, database: str, table: str = "events") -> None:
+    run_sql(url, f"CREATE TABLE `{database}`.`{table}` (p Int32, o Int64, v String) ENGINE = MergeTree ORDER BY (p, o)")
 
 
 def start_query(
@@ -97,15 +97,15 @@ def start_query(
     return writer.start()
 
 
-def target_rows(url: str, database: str) -> list[tuple[int, int, str]]:
-    return [(int(p), int(o), v) for p, o, v in read_committed(url, f"SELECT p, o, v FROM `{database}`.events")]
+def target_rows(url: str, database: str, table: str = "events") -> list[tuple[int, int, str]]:
+    return [(int(p), int(o), v) for p, o, v in read_committed(url, f"SELECT p, o, v FROM `{database}`.`{table}`")]
 
 
-def assert_exactly(url: str, database: str, expected: set[tuple[int, int, str]]) -> None:
-    rows = target_rows(url, database)
-    assert len(rows) == len(set(rows)), "duplicates in the target"
+def assert_exactly(url: str, database: str, expected: set[tuple[int, int, str]], table: str = "events") -> None:
+    rows = target_rows(url, database, table)
+    assert len(rows) == len(set(rows)), f"duplicates in {table}: {len(rows) - len(set(rows))}"
     missing, extra = expected - set(rows), set(rows) - expected
-    assert not missing and not extra, f"{len(missing)} missing, {len(extra)} unexpected rows"
+    assert not missing and not extra, f"{table}: {len(missing)} missing, {len(extra)} unexpected rows"
 
 
 def assert_exactly_once_by_offsets(url: str, database: str, expected: set[tuple[int, int, str]]) -> None:

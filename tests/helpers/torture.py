@@ -126,8 +126,9 @@ def run_child(
     *,
     during: Callable[[], None] | None = None,
     check: bool = True,
+    module: str = "tests.helpers.torture",
 ) -> int:
-    """Run the job to its end (or SIGKILL it after ``kill_after_s``); its exit code.
+    """Run the job (``python -m <module> run``) to its end (or SIGKILL it after ``kill_after_s``); its exit code.
 
     ``during`` runs in a thread while the job does (e.g. a server crash). Raises
     AssertionError when the job failed otherwise than by SIGKILL, unless ``check`` is
@@ -136,7 +137,7 @@ def run_child(
     of a failing query (64 KiB) and blocks the job until the timeout.
     """
     with tempfile.TemporaryFile() as log:
-        proc = start_child(args, cwd=cwd, stderr=log)
+        proc = start_child(args, cwd=cwd, stderr=log, module=module)
         side = threading.Thread(target=during, daemon=True) if during else None
         if side:
             side.start()

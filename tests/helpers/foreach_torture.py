@@ -1,0 +1,160 @@
+"""The streaming job of the ``foreachBatch`` helper's kill tests, run as a child process.
+
+``python -m tests.helpers.foreach_torture run <json args>``, started by
+:func:`tests.helpers.torture.run_child` (``module=JOB``) in a session of its own: rows
+``(p, o, v)`` of ``kafka_py`` (:func:`tests.helpers.cluster_job.kafka_rows`), trigger
+``availableNow``, each micro-batch written by the exactly-once helper in mode ``transaction``:
+
+- ``tables`` ``["events"]``: ``foreachBatch(clickhouse_tx_batch(...))`` into ``events``;
+- ``tables`` ``["a", "b"]``: a function opening ``clickhouse_tx_transaction``, the even
+  offsets into ``a`` and the odd ones into ``b``, in one transaction under one key row.
+
+``fault`` (the options of :func:`tests.helpers.torture.kill_at`) SIGKILLs the process
+group (driver Python, JVM, workers) once, at one of :data:`STEPS` of one micro-batch:
+
+- ``after_insert:N``: inside the batch's transaction, once the N-th table's INSERT
+  returned, before the next table's is sent (two tables);
+- ``in_batch_transaction``: inside it, after every INSERT and the key row, just before COMMIT;
+- ``after_commit``: the helper returned (its COMMIT done), before Spark's commit log
+  records the batch: a restart replays it.
+
+The helper takes no ``fault.*`` option. The first two steps fire in this job's
+``write_batch``, which it puts in place of the helper's in this process only: the
+helper's own, given a ``before_commit`` hook and a hook before each next table's rows.
+The job logs the helper's INFO lines (a skipped batch) to the file ``log``.
+
+The helper runs with ``session_timeout`` :data:`SESSION_TIMEOUT_S`: a restart does not end
+the transaction of an attempt killed inside it (its session id is that attempt's own,
+random), the server rolls it back when the session expires. With the default 3600 s it
+would stay open an hour, its rows seen by plain reads and a ``DROP TABLE`` waiting for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+
+from clickhouse_tx.interfaces import Hook, Target
+from clickhouse_tx.modes.batch_keys import BatchKey, TableRows
+from clickhouse_tx.protocol.faults import FaultPlan, check_enabled
+
+JOB = "tests.helpers.foreach_torture"
+APP_ID = "kill-test"
+#: The helper's ``session_timeout`` (the writer's floor): how long a killed attempt's transaction stays open.
+SESSION_TIMEOUT_S = 10
+#: The helper's steps where the tests kill the driver, in the order a micro-batch reaches them.
+STEPS = ("after_insert:1", "in_batch_transaction", "after_commit")
+#: The tables of a multi-table micro-batch, each with the parity of the offsets it takes.
+SPLIT = {"a": 0, "b": 1}
+
+
+def fault_plan(fault: dict[str, str] | None) -> FaultPlan | None:
+    """The plan of ``fault`` (:func:`tests.helpers.torture.kill_at`'s options), None without one.
+
+    Built here, not by :meth:`FaultPlan.parse`: ``after_insert`` is a step of the
+    ``foreachBatch`` functions, not of the writer (as in :mod:`spark_datasource.testing.foreach_sinks`).
+    """
+    if not fault:
+        return None
+    check_enabled(fault)
+    step, _, nth = fault["fault.step"].partition(":")
+    return FaultPlan(
+        step=step,
+        action=fault.get("fault.action", "kill"),
+        nth=int(nth or 1),
+        batch=int(fault["fault.batch"]),
+        once_file=fault["fault.once_file"],
+    )
+
+
+def _after(hook: Hook, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches``, once ``hook`` ran: when the INSERT that sends them asks for the first one."""
+    hook()
+    yield from batches
+
+
+def faulty_write_batch(plan: FaultPlan) -> Callable[..., int]:
+    """The helper's ``write_batch`` firing ``plan`` after each table's INSERT and before the COMMIT."""
+    from clickhouse_tx.modes import batch_keys
+
+    def write_batch(
+        target: Target, key: BatchKey, parts: Sequence[TableRows], before_commit: Hook | None = None
+    ) -> int:
+        def after_insert(n: int) -> Hook:
+            return lambda: plan.hit("after_insert", key.batch_id, n)
+
+        hooked = [
+            p if n == 0 else dataclasses.replace(p, batches=_after(after_insert(n), p.batches))
+            for n, p in enumerate(parts)
+        ]
+        return batch_keys.write_batch(
+            target, key, hooked, before_commit=lambda: plan.hit("in_batch_transaction", key.batch_id)
+        )
+
+    return write_batch
+
+
+def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callable[[Any, int], None]:
+    """The ``foreachBatch`` function of the job: the helper into ``args["tables"]``, then ``after_commit``."""
+    from spark_datasource import clickhouse_tx_batch, clickhouse_tx_transaction
+    from spark_datasource.testing.credentials import writer_options
+
+    url, database = args["url"], args["database"]
+    options: dict[str, Any] = {
+        "allow_nullable_into_non_nullable": True,
+        "session_timeout": SESSION_TIMEOUT_S,
+        **writer_options(),
+    }
+    single = None
+    if args["tables"] == ["events"]:
+        single = clickhouse_tx_batch(url=url, table=f"{database}.events", app_id=APP_ID, **options)
+
+    def write(df: Any, batch_id: int) -> None:
+        if single is not None:
+            single(df, batch_id)
+        else:
+            with clickhouse_tx_transaction(
+                url=url, app_id=APP_ID, batch_id=batch_id, database=database, **options
+            ) as tx:
+                for table, parity in SPLIT.items():
+                    tx.insert(table, df.where(f"o % 2 = {parity}"))
+        if plan is not None:
+            plan.hit("after_commit", batch_id)
+
+    return write
+
+
+def run(args: dict[str, Any]) -> None:
+    """The job (child process): drain the topic through the helper, then exit 0."""
+    from spark_datasource.sink import foreach_batch
+    from tests.helpers.cluster_job import kafka_rows
+    from tests.helpers.torture import MAX_OFFSETS, spark_session
+
+    log = logging.getLogger(foreach_batch.log.name)
+    log.setLevel(logging.INFO)
+    log.addHandler(logging.FileHandler(args["log"]))
+    spark = spark_session(args)
+    plan = fault_plan(args.get("fault"))
+    if plan is not None:
+        foreach_batch.write_batch = faulty_write_batch(plan)  # type: ignore[assignment]
+    query = (
+        kafka_rows(spark, {"max_offsets": MAX_OFFSETS, **args})
+        .writeStream.foreachBatch(micro_batch_function(args, plan))
+        .option("checkpointLocation", args["chk"])
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        run(json.loads(sys.argv[2]))
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}")

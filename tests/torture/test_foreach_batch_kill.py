@@ -1,0 +1,126 @@
+"""The exactly-once ``foreachBatch`` helper under SIGKILL of the whole driver, in mode ``transaction``.
+
+Each case runs the streaming job of :mod:`tests.helpers.foreach_torture` (``kafka_py`` ->
+``foreachBatch`` of the helper, trigger ``availableNow``, 6,000 records in micro-batches of
+at most 1,500) in a child process started in its own session. A fault plan SIGKILLs its
+process group (driver Python, JVM, workers) once, in micro-batch 1, at one of the helper's
+steps; the job is then restarted on the same checkpoint, without the fault, until it
+drains the topic. Every record must then be in every table exactly once (read
+committed), under one key row per micro-batch; the restart must skip micro-batch 1
+(one INFO line) when the kill came after its COMMIT, and write it when it came before.
+Plain reads (no ``implicit_transaction``) must see the same once the killed attempt's
+session expired (``SESSION_TIMEOUT_S``): the server rolled its open transaction back.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.foreach_torture import APP_ID, JOB, SESSION_TIMEOUT_S, SPLIT, STEPS
+from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
+from tests.helpers.spark_writes import read_committed, run_sql
+from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
+
+Rows = set[tuple[int, int, str]]
+
+
+def _kill_and_restart(
+    stack, bootstrap: str, url: str, database: str, tmp_path: Path, step: str, tables: list[str]
+) -> tuple[Rows, list[str]]:
+    """Kill the job at ``step`` of micro-batch 1, restart it until it drains the topic.
+
+    The records, and the helper's INFO lines of skipped batches over all runs.
+    """
+    topic, expected = make_topic(stack, bootstrap, PARTITIONS, PER_PARTITION)
+    for table in tables:
+        create_target(url, database, table)
+    log = tmp_path / "foreach_batch.log"
+    args = job_args(bootstrap, topic, url, database, tmp_path / "chk", tables=tables, log=str(log))
+    codes = [run_child({**args, "fault": kill_at(step, tmp_path)}, timeout_s=600, module=JOB)]
+    for _ in range(4):
+        if codes[-1] == 0:
+            break
+        codes.append(run_child(args, timeout_s=600, module=JOB))
+    print(f"killed at {step} of micro-batch 1 ({len(tables)} tables): exit codes {codes}")
+    assert (tmp_path / "fault.once").exists(), f"the kill at {step} never fired: exit codes {codes}"
+    assert codes[0] == -signal.SIGKILL and codes[-1] == 0, f"exit codes {codes}"
+    skipped = [line for line in log.read_text().splitlines() if "skipped" in line]
+    return expected, skipped
+
+
+def _assert_one_key_row_per_batch(url: str, database: str, records: int) -> None:
+    """Key rows of micro-batches 0..n-1, one each, whose row counts add up to ``records``."""
+    keys = read_committed(
+        url,
+        f"SELECT batch_id, count(), sum(rows) FROM `{database}`.clickhouse_tx_batches "
+        f"WHERE app_id = '{APP_ID}' GROUP BY batch_id ORDER BY batch_id",
+    )
+    assert [int(b) for b, _, _ in keys] == list(range(len(keys))) and len(keys) >= 2, keys
+    assert all(n == "1" for _, n, _ in keys), f"a micro-batch has several key rows: {keys}"
+    assert sum(int(r) for _, _, r in keys) == records, keys
+
+
+def _assert_plain_reads_count(url: str, database: str, table: str, rows: int) -> None:
+    """A plain read of ``table`` counts ``rows`` once the killed attempt's session expired.
+
+    Plain reads see the rows of open transactions; the killed attempt's stays open until
+    its session expires and the server rolls it back (several times the timeout allowed).
+    """
+    deadline = time.monotonic() + 6 * SESSION_TIMEOUT_S
+    while True:
+        seen = int(run_sql(url, f"SELECT count() FROM `{database}`.`{table}` FORMAT TSV"))
+        if seen == rows or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert seen == rows, f"plain reads of {table} see {seen} rows, {rows} committed: a transaction is still open"
+
+
+def _assert_replay(step: str, skipped: list[str]) -> None:
+    """Micro-batch 1 skipped by the restart (one INFO line) if it committed before the kill, else written."""
+    if step == "after_commit":
+        assert len(skipped) == 1 and "batch_id=1)" in skipped[0], skipped
+    else:
+        assert skipped == [], skipped
+
+
+@pytest.mark.timeout(1200)
+def test_a_driver_killed_after_the_insert_before_the_commit_restarts_and_writes_every_record_once(
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, "in_batch_transaction", ["events"])
+    expected, skipped = _kill_and_restart(*args)
+    assert_exactly(clickhouse_url, database, expected)
+    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
+    _assert_replay("in_batch_transaction", skipped)
+    _assert_plain_reads_count(clickhouse_url, database, "events", len(expected))
+
+
+@pytest.mark.timeout(1200)
+def test_a_driver_killed_after_the_commit_before_spark_logs_the_batch_restarts_and_skips_its_replay(
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, "after_commit", ["events"])
+    expected, skipped = _kill_and_restart(*args)
+    assert_exactly(clickhouse_url, database, expected)
+    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
+    _assert_replay("after_commit", skipped)
+    _assert_plain_reads_count(clickhouse_url, database, "events", len(expected))
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("step", STEPS)
+def test_a_driver_killed_during_a_two_table_micro_batch_restarts_and_each_table_has_every_record_once(
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
+) -> None:
+    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, step, list(SPLIT))
+    expected, skipped = _kill_and_restart(*args)
+    for table, parity in SPLIT.items():
+        rows = {r for r in expected if r[1] % 2 == parity}
+        assert_exactly(clickhouse_url, database, rows, table)
+        _assert_plain_reads_count(clickhouse_url, database, table, len(rows))
+    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
+    _assert_replay(step, skipped)
