@@ -17,7 +17,6 @@ import posixpath
 import re
 import secrets
 import uuid
-from typing import Sequence
 
 from clickhouse_tx.errors import ConfigurationError
 
@@ -74,21 +73,6 @@ def parse_xid(xid: str) -> XidParts:
     if not m:
         raise ValueError(f"not a clickhouse_tx xid: {xid!r}")
     return XidParts(m["txn"], int(m["batch"]), int(m["partition"]), int(m["attempt"]), m["rand"])
-
-
-def legacy_txn_id(query_name: str | None, checkpoint_location: str) -> str:
-    """The streaming default of earlier versions: ``<queryName>-<hash>`` or ``chk-<hash>``.
-
-    It hashed the checkpoint location *as spelled*, so ``/chk/x`` and ``/chk/x/``, or
-    adding a query name, gave another id. Kept only so that a query that ran under it
-    adopts its decision log (:func:`choose_stream_txn_id`) instead of re-writing a batch
-    committed under it. Pure; runs on the driver when the stream writer is built.
-    """
-    h = _short_hash(checkpoint_location, 16)
-    if query_name:
-        name = re.sub(r"[^A-Za-z0-9_.\-]", "_", query_name)[:96] or "q"
-        return f"{name}-{h}"
-    return f"chk-{h}"
 
 
 def txn_id_for_spark_query(spark_query_id: str) -> str:
@@ -192,17 +176,14 @@ def choose_stream_txn_id(
     explicit: str | None,
     stored: StoredQueryId | None,
     spark_query_id: str,
-    legacy_dirs: Sequence[str],
-    legacy_id: str | None,
     where: str,
 ) -> IdChoice:
     """The transactional id of a streaming query, from what its checkpoint holds; pure.
 
     Runs on the driver each time the stream writer is built (query start and every
     commit). In order: the stored id wins (an explicit id must equal it); else an
-    explicit id; else the decision-log directory of an earlier version's default id
-    (``legacy_dirs``: the txn directories that hold decisions) is adopted; else the id
-    derives from Spark's query id. Anything else is refused rather than guessed.
+    explicit id; else the id derives from Spark's query id. Anything else is refused
+    rather than guessed.
 
     Parameters
     ----------
@@ -212,19 +193,14 @@ def choose_stream_txn_id(
         The record in the checkpoint, or None on first use.
     spark_query_id
         The ``id`` of ``<checkpointLocation>/metadata``.
-    legacy_dirs
-        Names of txn directories with decisions under the decision log root.
-    legacy_id
-        What the earlier default would be for the options as spelled now.
     where
         The checkpoint location, for messages.
 
     Raises
     ------
     ConfigurationError
-        The checkpoint's Spark query id changed since the id was stored, an explicit id
-        differs from the stored one (or from the only one with decisions), or several
-        earlier ids have decisions and none is named.
+        The checkpoint's Spark query id changed since the id was stored, or an explicit
+        id differs from the stored one.
     """
     if stored is not None:
         if stored.spark_query_id != spark_query_id:
@@ -244,25 +220,5 @@ def choose_stream_txn_id(
             )
         return IdChoice(stored.transactional_id, False, "stored in the checkpoint")
     if explicit:
-        others = sorted(set(legacy_dirs) - {explicit})
-        if others and explicit not in legacy_dirs:
-            raise ConfigurationError(
-                f"option transactional_id={explicit!r}: checkpoint {where} already holds "
-                f"decisions under {', '.join(map(repr, others))}. Changing the id would re-write "
-                "batches committed under the old one. Remove the option (or set it to the old "
-                "id); a different id needs a new checkpointLocation"
-            )
         return IdChoice(explicit, True, "the transactional_id option")
-    others = sorted(legacy_dirs)
-    if legacy_id is not None and legacy_id in legacy_dirs:
-        return IdChoice(legacy_id, True, "adopted: the decision log of the earlier default id")
-    if len(others) == 1:
-        return IdChoice(others[0], True, "adopted: the only decision log in the checkpoint (earlier default id)")
-    if others:
-        raise ConfigurationError(
-            f"checkpoint {where} holds decision logs of several transactional ids "
-            f"({', '.join(map(repr, others))}), written by earlier versions under different "
-            "spellings of the location or query name. Set the option transactional_id to the "
-            "one holding the highest batch number (the latest run); it is then stored"
-        )
     return IdChoice(txn_id_for_spark_query(spark_query_id), True, "derived from Spark's query id")

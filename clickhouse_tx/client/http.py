@@ -42,6 +42,7 @@ and error messages are built from the URL without its user-info part.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -365,4 +366,14 @@ class ClickHouseHTTP:
             raise unwritten
 
 
-__all__ = ["ClickHouseHTTP", "safe_url"]
+def reuse_or_open(target: Target, client: ClickHouseHTTP | None) -> contextlib.AbstractContextManager[ClickHouseHTTP]:
+    """``with reuse_or_open(target, client) as c:``: the caller's ``client``, left open, else
+    a session-less client of ``target`` closed at the end of the block.
+
+    For a helper that a caller may hand the client of a run of requests (one connection
+    pool for a whole driver step) and that opens its own when called alone.
+    """
+    return contextlib.nullcontext(client) if client is not None else ClickHouseHTTP(target)
+
+
+__all__ = ["ClickHouseHTTP", "reuse_or_open", "safe_url"]

@@ -42,6 +42,8 @@ class TableInfo:
     """What the modes need to know about a target table, read by :func:`describe_table`.
 
     The dedup windows are the table's own settings, else the server's MergeTree defaults.
+    ``engine_full`` and ``uuid`` are what a stage ``AS`` the table is made from
+    (:func:`clickhouse_tx.modes.stage_tables.create_stage_table`).
     """
 
     database: str
@@ -51,6 +53,8 @@ class TableInfo:
     create_query: str
     non_replicated_dedup_window: int
     replicated_dedup_window: int
+    engine_full: str = ""
+    uuid: str = ""
 
     @property
     def display(self) -> str:
@@ -77,7 +81,8 @@ def describe_table(client: ClickHouseHTTP, database: str, table: str) -> TableIn
         The table (or database) does not exist.
     """
     rows = client.query_json(
-        "SELECT engine, create_table_query FROM system.tables WHERE database = {d:String} AND name = {t:String}",
+        "SELECT engine, create_table_query, engine_full, toString(uuid) AS uuid FROM system.tables "
+        "WHERE database = {d:String} AND name = {t:String}",
         params={"d": database, "t": table},
     )
     if not rows:
@@ -110,6 +115,8 @@ def describe_table(client: ClickHouseHTTP, database: str, table: str) -> TableIn
         ddl,
         window,
         rwindow,
+        str(rows[0]["engine_full"]),
+        str(rows[0]["uuid"]),
     )
 
 

@@ -31,8 +31,8 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from clickhouse_tx.client import sql as q
-from clickhouse_tx.client.http import ClickHouseHTTP
-from clickhouse_tx.conversion.schema import describe_table
+from clickhouse_tx.client.http import ClickHouseHTTP, reuse_or_open
+from clickhouse_tx.conversion.schema import TableInfo, describe_table
 from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Hook, Target
@@ -108,44 +108,56 @@ class Publishability:
     views: tuple[str, ...] = ()
 
 
-def publishability(target: Target) -> Publishability:
+def publishability(c: ClickHouseHTTP, target: Target, info: TableInfo) -> Publishability:
     """Whether a job into ``target`` can be published in one transaction (driver, once per batch job).
 
     ClickHouse transactions take non-replicated ``*MergeTree`` tables only, on a server
     with ``allow_experimental_transactions`` (probed with an implicit transaction, which
     leaves nothing open): the target, and every table its materialized views write into.
+
+    Parameters
+    ----------
+    c
+        The job's session-less client: the probe and the views' reads run on it.
+    target
+        The user's table.
+    info
+        ``target`` as the caller described it (:func:`describe_table`), once per job.
     """
-    with ClickHouseHTTP(target) as c:
-        info = describe_table(c, target.database, target.table)
-        if not info.is_merge_tree or info.is_replicated:
+    if not info.is_merge_tree or info.is_replicated:
+        return Publishability(
+            f"table {info.display} has engine {info.engine} (transactions take non-replicated *MergeTree)"
+        )
+    try:
+        c.command("SELECT 1", settings={"implicit_transaction": 1}, idempotent=True)
+    except ClickHouseTxError as exc:
+        return Publishability(f"the server refused a transaction ({exc.message})")
+    views = dependent_views(target, c)
+    for v in views:
+        into = describe_table(c, *v.target) if v.target is not None else None
+        if into is None or not into.is_merge_tree or into.is_replicated:
+            what = f"{into.display} is {into.engine}" if into else "the server does not say which table"
             return Publishability(
-                f"table {info.display} has engine {info.engine} (transactions take non-replicated *MergeTree)"
+                f"materialized view {v.display} writes into a table a transaction cannot hold ({what})"
             )
-        try:
-            c.command("SELECT 1", settings={"implicit_transaction": 1}, idempotent=True)
-        except ClickHouseTxError as exc:
-            return Publishability(f"the server refused a transaction ({exc.message})")
-        views = dependent_views(target)
-        for v in views:
-            into = describe_table(c, *v.target) if v.target is not None else None
-            if into is None or not into.is_merge_tree or into.is_replicated:
-                what = f"{into.display} is {into.engine}" if into else "the server does not say which table"
-                return Publishability(
-                    f"materialized view {v.display} writes into a table a transaction cannot hold ({what})"
-                )
     return Publishability(None, tuple(f"{v.view[0]}.{v.view[1]}" for v in views))
 
 
 class JobRecords:
-    """The published jobs of one database (:data:`JOBS_TABLE`); read-committed reads."""
+    """The published jobs of one database (:data:`JOBS_TABLE`); read-committed reads.
 
-    def __init__(self, target: Target) -> None:
+    ``client``: a session-less client for the DDL and the reads outside a transaction
+    (the caller's, left open); None: one of ``target``'s per call, closed after.
+    """
+
+    def __init__(self, target: Target, client: ClickHouseHTTP | None = None) -> None:
         self.target = target
+        self.client = client
         self.table = q.qualified(target.database, JOBS_TABLE)
 
     def ensure_table(self) -> None:
         """``CREATE TABLE IF NOT EXISTS`` (driver, once per job; DDL is refused inside a transaction)."""
-        with ClickHouseHTTP(self.target) as c:
+        with reuse_or_open(self.target, self.client) as c:
             c.command(
                 q.record_table_ddl(self.table, _JOBS_COLUMNS, ("table", "idempotence_key", "txn_id")), idempotent=True
             )
@@ -157,7 +169,7 @@ class JobRecords:
         if client is not None:  # inside the publishing transaction: its snapshot, no setting
             rows = client.query_json(sql, params=params)
         else:
-            with ClickHouseHTTP(self.target) as c:
+            with reuse_or_open(self.target, self.client) as c:
                 rows = c.query_json(sql + READ_COMMITTED, params=params)
         return rows[0] if rows else None
 
@@ -295,9 +307,13 @@ def _after_failed_publish(c: ClickHouseHTTP, records: JobRecords, job: JobStage,
     ) from exc
 
 
-def drop_stages(target: Target, job: JobStage) -> None:
-    """``DROP TABLE IF EXISTS ... SYNC`` for the job's stages (driver; idempotent)."""
-    with ClickHouseHTTP(target) as c:
+def drop_stages(target: Target, job: JobStage, client: ClickHouseHTTP | None = None) -> None:
+    """``DROP TABLE IF EXISTS ... SYNC`` for the job's stages (driver; idempotent).
+
+    ``client``: a session-less client to run them on (the caller's, left open); None:
+    one of ``target``'s, closed after.
+    """
+    with reuse_or_open(target, client) as c:
         for name in job.stages():
             c.command(f"DROP TABLE IF EXISTS {q.qualified(target.database, name)} SYNC", idempotent=True)
 

@@ -19,6 +19,7 @@ from typing import Any
 from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.codes import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND
 from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.errors import ClickHouseTxError, OutcomeUnknownError, ReplyLostError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Target
@@ -167,13 +168,28 @@ def stage_storage(engine_full: str, table_uuid: str, stage: str) -> tuple[str | 
 
 
 def create_stage_table(
-    c: ClickHouseHTTP, database: str, stage: str, like: tuple[str, str], *, if_not_exists: bool
+    c: ClickHouseHTTP,
+    database: str,
+    stage: str,
+    like: tuple[str, str],
+    *,
+    if_not_exists: bool,
+    like_info: TableInfo | None = None,
 ) -> None:
     """``CREATE TABLE <database>.<stage> AS <like>``, with a Keeper path of its own when ``like``
     is replicated (:func:`stage_storage`). One DDL, and one read of ``like``'s engine
-    unless this process read it, non-replicated, within :data:`ENGINE_CACHE_S`."""
-    found = _engine_of(c, like)
-    engine, fresh_uuid = stage_storage(found[0], found[1], stage) if found else (None, False)
+    unless this process read it, non-replicated, within :data:`ENGINE_CACHE_S`.
+
+    ``like_info``: ``like`` as the caller described it already
+    (:func:`clickhouse_tx.conversion.schema.describe_table`); its ``engine_full`` and
+    ``uuid`` then stand for the read.
+    """
+    if like_info is None:
+        engine_full, table_uuid = _storage_of(c, like)
+    else:
+        engine_full, table_uuid = like_info.engine_full, like_info.uuid
+    # An empty engine_full (no such table: the CREATE then fails naming it) keeps ``AS <like>`` alone.
+    engine, fresh_uuid = stage_storage(engine_full, table_uuid, stage)
     sql = f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{q.qualified(database, stage)}"
     if fresh_uuid:
         sql += f" UUID {q.quote_string(str(uuid.uuid4()))}"
@@ -181,9 +197,9 @@ def create_stage_table(
     c.command(sql, idempotent=if_not_exists)
 
 
-def _engine_of(c: ClickHouseHTTP, table: tuple[str, str]) -> tuple[str, str] | None:
-    """(``engine_full``, UUID) of ``table`` (None: no such table); a non-replicated one's
-    read at most every :data:`ENGINE_CACHE_S`."""
+def _storage_of(c: ClickHouseHTTP, table: tuple[str, str]) -> tuple[str, str]:
+    """``table``'s ``engine_full`` and UUID (empty strings when there is no such table); a
+    non-replicated one's read at most every :data:`ENGINE_CACHE_S`."""
     key = (c.target.url, *table)
     cached = _engines.get(key)
     if cached is not None and time.monotonic() - cached[0] < ENGINE_CACHE_S:
@@ -194,7 +210,7 @@ def _engine_of(c: ClickHouseHTTP, table: tuple[str, str]) -> tuple[str, str] | N
         params={"d": table[0], "t": table[1]},
     )
     if not rows:
-        return None
+        return "", ""
     found = str(rows[0]["engine_full"]), str(rows[0]["uuid"])
     if _REPLICATED_ENGINE.match(found[0].strip()) is None:
         _engines[key] = (time.monotonic(), *found)

@@ -22,7 +22,7 @@ import dataclasses
 import re
 from typing import Sequence
 
-from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP, reuse_or_open
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Target
 
@@ -54,21 +54,30 @@ class DependentView:
         return f"{self.view[0]}.{self.view[1]} -> {into}"
 
 
-def dependent_views(target: Target) -> list[DependentView]:
+def dependent_views(target: Target, client: ClickHouseHTTP | None = None) -> list[DependentView]:
     """Every materialized view an insert into ``target`` runs, recursively, in dependency order.
 
-    Driver (each mode's ``validate``, once per batch job or streaming commit) and
-    ``verify``. A view comes after the view whose table it reads (breadth first from
-    the target); a view reached twice (two views into one table) is listed once.
+    Driver (each mode's ``validate``, once per batch job or streaming commit; a batch
+    job's plan) and ``verify``. A view comes after the view whose table it reads
+    (breadth first from the target); a view reached twice (two views into one table)
+    is listed once.
 
     A target that does not exist has no views (the mode's table check names it).
+
+    Parameters
+    ----------
+    target
+        The table an insert goes into.
+    client
+        A session-less client to read through (the caller's, left open); None: one of
+        ``target``'s, closed after.
 
     Raises
     ------
     ConfigurationError
         More than :data:`MAX_VIEWS` views (a cycle).
     """
-    with ClickHouseHTTP(target) as c:
+    with reuse_or_open(target, client) as c:
         out: list[DependentView] = []
         seen: set[tuple[str, str]] = set()
         todo: list[tuple[str, str]] = [(target.database, target.table)]

@@ -18,9 +18,8 @@ import uuid
 import pyarrow.fs as pafs
 
 from clickhouse_tx.errors import ConfigurationError
-from clickhouse_tx.ids import StoredQueryId, choose_stream_txn_id, legacy_txn_id
+from clickhouse_tx.ids import StoredQueryId, choose_stream_txn_id
 from clickhouse_tx.store import checkpoint_paths
-from clickhouse_tx.store.decision_log import txn_ids_with_decisions
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +85,15 @@ def _store(fs: pafs.FileSystem, path: str, record: StoredQueryId) -> StoredQuery
     return record if data is None else StoredQueryId.from_json(data, path)
 
 
-def resolve_stream_txn_id(
-    *, checkpoint: str, raw_checkpoint: str, query_name: str | None, explicit: str | None, decision_root: str
-) -> str:
+def resolve_stream_txn_id(*, checkpoint: str, explicit: str | None) -> str:
     """The query's transactional id; stored in the checkpoint on first use.
 
     Parameters
     ----------
     checkpoint
         The canonical checkpoint location (:func:`clickhouse_tx.ids.canonical_location`).
-    raw_checkpoint, query_name
-        The options as given, for the id earlier versions derived from them.
     explicit
         The ``transactional_id`` option, or None.
-    decision_root
-        Root of the decision logs (``clickhouse_tx/<txn_id>/`` below it).
 
     Raises
     ------
@@ -112,22 +105,12 @@ def resolve_stream_txn_id(
     path = checkpoint_paths.query_record_path(root)
     data = _read(fs, path)
     stored = None if data is None else StoredQueryId.from_json(data, path)
-    legacy = [] if stored else txn_ids_with_decisions(decision_root)
-    choice = choose_stream_txn_id(
-        explicit=explicit,
-        stored=stored,
-        spark_query_id=query_id,
-        legacy_dirs=legacy,
-        legacy_id=legacy_txn_id(query_name, raw_checkpoint),
-        where=checkpoint,
-    )
+    choice = choose_stream_txn_id(explicit=explicit, stored=stored, spark_query_id=query_id, where=checkpoint)
     if not choice.store:
         return choice.txn_id
     kept = _store(fs, path, StoredQueryId(choice.txn_id, query_id))
     # A concurrent first use stored another record: apply the same rules to it.
-    txn_id = choose_stream_txn_id(
-        explicit=explicit, stored=kept, spark_query_id=query_id, legacy_dirs=(), legacy_id=None, where=checkpoint
-    ).txn_id
+    txn_id = choose_stream_txn_id(explicit=explicit, stored=kept, spark_query_id=query_id, where=checkpoint).txn_id
     log.info(
         "clickhouse_tx: checkpoint %s: transactional_id %r (%s), stored in %s", checkpoint, txn_id, choice.reason, path
     )

@@ -1,7 +1,7 @@
 """Who the writer writes as: its transactional id and decision log, and the checkpoint I/O behind them.
 
-The options ``transactional_id``, ``decision_log``, ``checkpointLocation`` and
-``queryName`` decide under which id the coordinator decides each batch and where it
+The options ``transactional_id``, ``decision_log`` and ``checkpointLocation``
+decide under which id the coordinator decides each batch and where it
 writes the decisions. :func:`identity` derives them from the options alone (driver,
 whenever the options are parsed); :func:`settle_stream_txn_id` and
 :func:`refuse_finished_batch_job` then read the checkpoint or the decision log (driver,
@@ -35,7 +35,6 @@ def identity(opts: Mapping[str, str], streaming: bool) -> dict[str, Any]:
         A malformed id or log, or a streaming write with neither a checkpoint nor both.
     """
     chk: str | None = WRITER_OPTIONS["checkpointLocation"].read(opts)
-    qname: str | None = WRITER_OPTIONS["queryName"].read(opts)
     explicit: str | None = WRITER_OPTIONS["transactional_id"].read(opts) if "transactional_id" in opts else None
     if streaming and chk is None and ("transactional_id" not in opts or "decision_log" not in opts):
         raise ConfigurationError(
@@ -55,7 +54,6 @@ def identity(opts: Mapping[str, str], streaming: bool) -> dict[str, Any]:
     return {
         "transactional_id": txn,
         "checkpoint_location": chk,
-        "query_name": qname,
         "decision_log": _decision_log(opts, streaming, chk),
         "resumable_batch_job": resumable,
     }
@@ -88,7 +86,7 @@ def _decision_log(opts: Mapping[str, str], streaming: bool, chk: str | None) -> 
     return batch_log()
 
 
-def settle_stream_txn_id(checkpoint_location: str, query_name: str | None, explicit: str, decision_log: str) -> str:
+def settle_stream_txn_id(checkpoint_location: str, explicit: str) -> str:
     """Driver: the streaming query's transactional id, read from (or stored in) its checkpoint.
 
     Runs when the stream writer is built, before any task writes, and again before
@@ -105,11 +103,7 @@ def settle_stream_txn_id(checkpoint_location: str, query_name: str | None, expli
     from clickhouse_tx.store.query_identity import resolve_stream_txn_id
 
     return resolve_stream_txn_id(
-        checkpoint=canonical_location(checkpoint_location, os.getcwd()),
-        raw_checkpoint=checkpoint_location,
-        query_name=query_name,
-        explicit=explicit or None,
-        decision_root=decision_log,
+        checkpoint=canonical_location(checkpoint_location, os.getcwd()), explicit=explicit or None
     )
 
 

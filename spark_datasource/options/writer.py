@@ -63,7 +63,6 @@ class WriterOptions:
     transactional_id: str = ""
     streaming: bool = False
     checkpoint_location: str | None = None
-    query_name: str | None = None
     decision_log: str = ""
     batch_size: int
     batch_bytes: int
@@ -146,9 +145,7 @@ class WriterOptions:
         """
         if not self.streaming or self.checkpoint_location is None:
             return self
-        txn = writer_identity.settle_stream_txn_id(
-            self.checkpoint_location, self.query_name, self.transactional_id, self.decision_log
-        )
+        txn = writer_identity.settle_stream_txn_id(self.checkpoint_location, self.transactional_id)
         return dataclasses.replace(self, transactional_id=txn)
 
     def check_batch_job_not_done(self) -> None:
@@ -254,8 +251,9 @@ class WriterOptions:
             The data source's ``self.options`` (any case; keys are compared
             lower-cased, as Spark delivers them). Values are strings.
         streaming
-            True when building a stream writer: then ``transactional_id`` and
-            ``decision_log`` default from ``queryName``/``checkpointLocation``.
+            True when building a stream writer: then ``decision_log`` defaults from
+            ``checkpointLocation`` (the ``transactional_id`` is settled afterwards, by
+            :meth:`with_query_identity`).
 
         Raises
         ------

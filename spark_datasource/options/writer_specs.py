@@ -185,7 +185,8 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         "queryName",
         None,
         OPTIONAL_TEXT,
-        "Set with `.queryName(...)`; Spark forwards it.",
+        "Set with `.queryName(...)`; Spark forwards it. Accepted, not used: the transactional id does not depend "
+        "on it.",
         blank_is_default=True,
         shown_default="—",
     ),

@@ -9,8 +9,10 @@
    (nothing is written, a log line says which job recorded it). Otherwise, where the
    target takes a transaction (:func:`clickhouse_tx.modes.job_publish.publishability`),
    ``CREATE TABLE <stage> AS <target>`` (and a dead-letter stage ``AS`` the dead-letter
-   table) and the mode is validated on the stage. Where it does not, ``auto`` falls back
-   to per-partition visibility with a WARNING naming why; ``batch`` is refused.
+   table) and the mode is validated on the stage: one client of the target and one
+   description of it for the whole plan (the mode's validate has its own). Where it
+   does not, ``auto`` falls back to per-partition visibility with a WARNING naming
+   why; ``batch`` is refused.
 2. Executors: prepare into the stage through the normal coordinator and mode.
 3. Driver ``commit``: commit the stage (``Coordinator.commit_batch``), then
    :func:`clickhouse_tx.modes.job_publish.publish_job` moves it into the target in one
@@ -28,6 +30,7 @@ from pyspark.sql.types import StructType
 
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.convert import ConversionPlan
+from clickhouse_tx.conversion.schema import TableInfo, describe_table
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.modes.job_publish import JobRecords, JobStage, drop_stages, publishability
 from clickhouse_tx.modes.stage_tables import create_stage_table, overwrite_stage_name
@@ -75,8 +78,22 @@ def already_written(opts: WriterOptions) -> dict[str, object] | None:
 def plan_job(opts: WriterOptions, schema: StructType, txn_id: str, plan: ConversionPlan) -> AppendJob | None:
     """The job's stages (driver, once per batch job, after the target was checked).
 
-    Returns None when the job is published per partition (``visibility=partition``, or
-    ``auto`` on a target that cannot take a transaction: logged).
+    Parameters
+    ----------
+    opts
+        The job's options (the target, ``visibility``, ``dead_letter_table``, ``idempotence_key``).
+    schema
+        The Spark schema of the rows (the mode is validated on the stage with it).
+    txn_id
+        The job's transactional id (the stages' names start with it).
+    plan
+        The target's column types (:func:`spark_datasource.sink.setup.prepare_target`).
+
+    Returns
+    -------
+    AppendJob or None
+        None when the job is published per partition (``visibility=partition``, or
+        ``auto`` on a target that cannot take a transaction: logged).
 
     Raises
     ------
@@ -86,43 +103,55 @@ def plan_job(opts: WriterOptions, schema: StructType, txn_id: str, plan: Convers
     if opts.visibility == "partition":
         return None
     target = opts.target()
-    can = publishability(target)
-    refused = can.refused
-    if refused is not None:
-        if opts.visibility == "batch":
-            raise ConfigurationError(f"option visibility=batch: {refused}; use visibility=partition or auto")
-        log.warning(PER_PARTITION_WARNING, opts.qualified_table, refused)
-        return None
-    JobRecords(target).ensure_table()  # DDL is refused inside the publishing transaction
-    return _create_stages(opts, schema, txn_id, plan, can.views)
+    # One client and one description of the target for the whole plan: publishability,
+    # the job table, the stage made AS the target and a failed plan's drop all read or
+    # write the same server (a connection and a system.tables read per step otherwise).
+    with ClickHouseHTTP(target) as c:
+        info = describe_table(c, target.database, target.table)
+        can = publishability(c, target, info)
+        if can.refused is not None:
+            if opts.visibility == "batch":
+                raise ConfigurationError(f"option visibility=batch: {can.refused}; use visibility=partition or auto")
+            log.warning(PER_PARTITION_WARNING, opts.qualified_table, can.refused)
+            return None
+        JobRecords(target, c).ensure_table()  # DDL is refused inside the publishing transaction
+        job = _job_stage(opts, txn_id, can.views)
+        stage_opts = _create_stages(c, info, opts, schema, job)
+    log.info("clickhouse_tx batch job into %s: job %s writes into stage %s", opts.qualified_table, txn_id, job.stage)
+    return AppendJob(stage_opts, job, dataclasses.replace(plan, dead_letter_table=stage_opts.dead_letter_table))
+
+
+def _job_stage(opts: WriterOptions, txn_id: str, views: tuple[str, ...]) -> JobStage:
+    """The job's stage names (and the dead-letter stage's, with its table); nothing created yet."""
+    stage = overwrite_stage_name(txn_id)  # the job stage's prefix: gc drops a dead job's leftovers
+    letters = (overwrite_stage_name(txn_id), opts.dead_letter_table) if opts.dead_letter_table else None
+    return JobStage(txn_id, stage, letters, opts.idempotence_key, views)
 
 
 def _create_stages(
-    opts: WriterOptions, schema: StructType, txn_id: str, plan: ConversionPlan, views: tuple[str, ...]
-) -> AppendJob:
-    """``CREATE TABLE <stage> AS <target>`` (and the dead-letter stage); dropped again on failure."""
+    c: ClickHouseHTTP, info: TableInfo, opts: WriterOptions, schema: StructType, job: JobStage
+) -> WriterOptions:
+    """``CREATE TABLE <stage> AS <target>`` (and the dead-letter stage), the mode validated on
+    the stage; dropped again on failure. Returns the options aimed at the stage."""
     from clickhouse_tx.factory import build_mode_io
     from spark_datasource.sink.type_mapping import spark_schema_to_arrow
 
-    stage = overwrite_stage_name(txn_id)  # the job stage's prefix: gc drops a dead job's leftovers
-    letters = None
-    if opts.dead_letter_table:
-        letters = (overwrite_stage_name(txn_id), opts.dead_letter_table)
-    job = JobStage(txn_id, stage, letters, opts.idempotence_key, views)
-    target = opts.target()
+    letters = job.dead_letter_stage
     stage_opts = dataclasses.replace(
-        opts, table=stage, create_table=False, visibility="partition", dead_letter_table=_on(opts, letters)
+        opts, table=job.stage, create_table=False, visibility="partition", dead_letter_table=_on(opts, letters)
     )
     try:
-        with ClickHouseHTTP(target) as c:
-            for name, like in [(stage, (opts.database, opts.table))] + ([letters] if letters else []):
-                create_stage_table(c, opts.database, name, like, if_not_exists=False)
+        # ``info`` is the target's description: its engine makes the stage without a second read.
+        create_stage_table(
+            c, opts.database, job.stage, (opts.database, opts.table), if_not_exists=False, like_info=info
+        )
+        if letters:
+            create_stage_table(c, opts.database, letters[0], letters[1], if_not_exists=False)
         build_mode_io(opts.mode).validate(stage_opts.target(), spark_schema_to_arrow(schema))
     except BaseException:
-        drop_stages(target, job)
+        drop_stages(opts.target(), job, c)
         raise
-    log.info("clickhouse_tx batch job into %s: job %s writes into stage %s", opts.qualified_table, txn_id, stage)
-    return AppendJob(stage_opts, job, dataclasses.replace(plan, dead_letter_table=_on(opts, letters)))
+    return stage_opts
 
 
 def _on(opts: WriterOptions, letters: tuple[str, tuple[str, str]] | None) -> tuple[str, str] | None:

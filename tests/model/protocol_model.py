@@ -105,9 +105,7 @@ def checkpoint_identity(root: Path, resolve: Callable[[str, str], str] | None = 
 
     def real(raw: str, cwd: str) -> str:
         loc = canonical_location(raw, cwd)
-        return resolve_stream_txn_id(
-            checkpoint=loc, raw_checkpoint=raw, query_name=None, explicit=None, decision_root=loc
-        )
+        return resolve_stream_txn_id(checkpoint=loc, explicit=None)
 
     return [(raw, (resolve or real)(raw, cwd)) for raw, cwd in spellings(root)]
 

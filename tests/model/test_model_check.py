@@ -10,13 +10,13 @@ the pytest run (``tests/model/conftest.py``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from clickhouse_tx.ids import legacy_txn_id
 from clickhouse_tx.interfaces import Decision
 from clickhouse_tx.protocol import batch_commit, commit_plan
 from clickhouse_tx.protocol.batch_commit import BatchCommitter
@@ -129,10 +129,15 @@ def test_a_coordinator_that_commits_before_writing_its_decision_is_caught(
     assert "no decision" in v.args[0]
 
 
+def _hashed_as_spelled(raw: str, cwd: str) -> str:
+    """The planted bug: the first build's default id, a hash of the location as spelled."""
+    return "chk-" + hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
 def test_a_transactional_id_taken_from_the_checkpoint_as_spelled_is_caught(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ids = checkpoint_identity(tmp_path, resolve=lambda raw, cwd: legacy_txn_id(None, raw))
+    ids = checkpoint_identity(tmp_path, resolve=_hashed_as_spelled)
     assert len({txn for _, txn in ids}) > 1
     model = ProtocolModel(SMALL, ids)
     v = _found(explore(model), capsys, model)

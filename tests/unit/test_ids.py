@@ -14,7 +14,6 @@ from clickhouse_tx.ids import (
     StoredQueryId,
     canonical_location,
     choose_stream_txn_id,
-    legacy_txn_id,
     new_xid,
     parse_xid,
     sanitize_txn,
@@ -55,15 +54,6 @@ def test_negative_numbers_and_foreign_strings_are_refused() -> None:
         new_xid("q", -1, 0, 0)
     with pytest.raises(ValueError, match="not a clickhouse_tx xid"):
         parse_xid("q-b1-p2")
-
-
-def test_the_earlier_default_id_hashed_the_spelling_and_the_query_name() -> None:
-    named = legacy_txn_id("events", "/chk/a")
-    assert named.startswith("events-") and named != legacy_txn_id("events", "/chk/b")
-    assert legacy_txn_id(None, "/chk/a").startswith("chk-")
-    assert legacy_txn_id("bad name/1", "/chk/a").startswith("bad_name_1-")
-    # the bug it leaves behind: one checkpoint, three ids
-    assert len({legacy_txn_id(None, "/chk/a"), legacy_txn_id(None, "/chk/a/"), legacy_txn_id("q", "/chk/a")}) == 3
 
 
 # ------------------------------------------------------------------ one spelling per checkpoint
@@ -114,7 +104,7 @@ QID = "428ab10a-d7f3-4ae3-8ebe-651c8978a8c3"
 
 
 def choose(**kw):
-    args = dict(explicit=None, stored=None, spark_query_id=QID, legacy_dirs=(), legacy_id="chk-1", where="/chk/x")
+    args = dict(explicit=None, stored=None, spark_query_id=QID, where="/chk/x")
     return choose_stream_txn_id(**{**args, **kw})
 
 
@@ -124,11 +114,10 @@ def test_a_new_query_takes_its_id_from_sparks_query_id_and_stores_it() -> None:
     assert c.store and SAFE.match(c.txn_id) and sanitize_txn(c.txn_id) == c.txn_id
 
 
-def test_a_stored_id_wins_over_every_spelling_and_query_name() -> None:
+def test_a_stored_id_wins_and_is_not_stored_again() -> None:
     stored = StoredQueryId("stored_id", QID)
-    for legacy in ("chk-1", "renamed-2"):
-        c = choose(stored=stored, legacy_id=legacy, legacy_dirs=("x",))
-        assert (c.txn_id, c.store) == ("stored_id", False)
+    c = choose(stored=stored)
+    assert (c.txn_id, c.store) == ("stored_id", False)
     assert choose(stored=stored, explicit="stored_id").txn_id == "stored_id"
 
 
@@ -143,23 +132,9 @@ def test_a_recreated_spark_metadata_under_a_kept_record_is_refused() -> None:
         choose(stored=StoredQueryId("stored_id", "00000000-0000-0000-0000-000000000000"))
 
 
-def test_an_earlier_versions_decision_log_is_adopted_not_rewritten() -> None:
-    assert choose(legacy_dirs=("chk-1", "other-2"), legacy_id="chk-1").txn_id == "chk-1"
-    c = choose(legacy_dirs=("q-9",), legacy_id="chk-1")  # respelled since: the only one
-    assert (c.txn_id, c.store) == ("q-9", True) and "adopted" in c.reason
-
-
-def test_several_earlier_decision_logs_and_none_named_is_refused_listing_them() -> None:
-    with pytest.raises(ConfigurationError) as e:
-        choose(legacy_dirs=("a-1", "b-2"), legacy_id="chk-1")
-    assert "'a-1'" in str(e.value) and "'b-2'" in str(e.value) and "transactional_id" in str(e.value)
-    assert choose(legacy_dirs=("a-1", "b-2"), explicit="b-2").txn_id == "b-2"
-
-
-def test_a_first_explicit_id_is_stored_unless_the_checkpoint_holds_other_decisions() -> None:
-    assert (choose(explicit="mine").txn_id, choose(explicit="mine").store) == ("mine", True)
-    with pytest.raises(ConfigurationError, match="'chk-1'"):
-        choose(explicit="mine", legacy_dirs=("chk-1",))
+def test_a_first_explicit_id_is_stored() -> None:
+    c = choose(explicit="mine")
+    assert (c.txn_id, c.store) == ("mine", True)
 
 
 def test_a_spark_query_id_that_is_not_a_uuid_is_refused() -> None:

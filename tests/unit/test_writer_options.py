@@ -194,19 +194,6 @@ def test_a_first_explicit_id_is_stored_and_then_kept_without_the_option(tmp_path
     assert resolved(checkpointLocation=chk).transactional_id == "events.v1"
 
 
-def test_an_earlier_versions_decision_log_is_adopted_on_upgrade(tmp_path: Path) -> None:
-    from clickhouse_tx.ids import legacy_txn_id
-    from clickhouse_tx.interfaces import Decision
-    from clickhouse_tx.store.decision_log import FileDecisionLog
-
-    chk = spark_checkpoint(tmp_path / "chk")
-    old = legacy_txn_id("q1", f"{chk}/")
-    FileDecisionLog(str(chk), old).write(Decision(txn_id=old, batch=0, chosen=(), version=1))
-    (chk / "clickhouse_tx" / "metrics.jsonl").write_text("{}\n")  # files are not id directories
-    assert resolved(checkpointLocation=str(chk), queryName="renamed").transactional_id == old
-    assert resolved(checkpointLocation=str(chk)).transactional_id == old  # stored since
-
-
 def test_a_checkpoint_without_sparks_metadata_is_refused_with_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError) as e:
         resolved(checkpointLocation=str(tmp_path / "nothing"))
