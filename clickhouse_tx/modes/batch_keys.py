@@ -9,10 +9,15 @@ idea, with the key written in the same ClickHouse transaction as the rows:
    recorded means the batch is visible, and it is skipped; a row of the same
    ``app_id`` written by another streaming query (another checkpoint, whose batch ids
    restarted at 0) is refused (:func:`check_recorded`, pure).
-2. :func:`write_batch`: ``BEGIN TRANSACTION`` in an HTTP session of this attempt's
-   own, one streamed ``INSERT ... FORMAT ArrowStream`` per table (and the dead letters
-   the conversion set aside), one key row, ``COMMIT``. Any error before the COMMIT
-   rolls the transaction back: nothing of the batch is visible.
+   Before it, :func:`settle_key` ends what an earlier attempt left in the key's HTTP
+   session (:func:`key_session`, named by the key): a driver killed inside its
+   transaction left it open, its rows seen by plain reads until the session expired
+   (an hour by default), and ``DROP ... SYNC`` of its tables waiting; its ROLLBACK now
+   comes from the replay, and a COMMIT still running is waited out.
+2. :func:`write_batch`: ``BEGIN TRANSACTION`` in the key's session, one streamed
+   ``INSERT ... FORMAT ArrowStream`` per table (and the dead letters the conversion set
+   aside), one key row naming this attempt (:func:`attempt_id`), ``COMMIT``. Any error
+   before the COMMIT rolls the transaction back: nothing of the batch is visible.
 3. A COMMIT that fails in any way (its reply lost included) is settled, never sent
    again (:func:`settle_commit`): the session's transaction is ended, then this
    attempt's key row says whether the COMMIT took effect. If it cannot be read,
@@ -20,7 +25,9 @@ idea, with the key written in the same ClickHouse transaction as the rows:
 
 Two writers of the same key at the same moment are not serialised (ClickHouse
 transactions do not conflict on inserts): a streaming query runs one micro-batch at a
-time, and Spark refuses to run two queries on one checkpoint. Needs non-replicated
+time, and Spark refuses to run two queries on one checkpoint. Were two to run anyway,
+the second's :func:`settle_key` rolls back the first's open transaction, which then
+fails: never both written. Needs non-replicated
 ``*MergeTree`` tables and a server with transactions on, like mode ``transaction``.
 """
 
@@ -189,9 +196,23 @@ class BatchRecords:
         return f"INSERT INTO {self.table} ({_SELECT}) VALUES ({', '.join(values)})"
 
 
-def attempt_session(key: BatchKey) -> str:
-    """A fresh session id for one attempt at writing ``key`` (its transaction lives there)."""
-    return f"clickhouse_tx_fb_{sanitize_txn(key.app_id)}_{key.batch_id}_{uuid.uuid4().hex[:12]}"
+def key_session(key: BatchKey) -> str:
+    """The HTTP session of ``key``'s transaction: every attempt at the key writes in it."""
+    return f"clickhouse_tx_fb_{sanitize_txn(key.app_id)}_{key.batch_id}"
+
+
+def attempt_id(key: BatchKey) -> str:
+    """A fresh id of one attempt at writing ``key``: its key row's and its tokens' (safe characters)."""
+    return f"{key_session(key)}_{uuid.uuid4().hex[:12]}"
+
+
+def settle_key(target: Target, key: BatchKey) -> None:
+    """Driver, before a micro-batch's key is read: end what an earlier attempt left in
+    :func:`key_session` (ROLLBACK an open transaction, wait for a running COMMIT), so the
+    key row read next is final. Raises :class:`OutcomeUnknownError` when a COMMIT runs on."""
+    with ClickHouseHTTP(target, session_id=key_session(key), session_timeout=target.session_timeout_s) as c:
+        if settle_session(c):
+            log.warning("clickhouse_tx: %s: rolled back the transaction an earlier attempt left open", key)
 
 
 def write_batch(target: Target, key: BatchKey, parts: Sequence[TableRows], before_commit: Hook | None = None) -> int:
@@ -221,8 +242,8 @@ def write_batch(target: Target, key: BatchKey, parts: Sequence[TableRows], befor
         The COMMIT failed and the key row could not be read.
     """
     records = BatchRecords(target)
-    attempt = attempt_session(key)
-    with ClickHouseHTTP(target, session_id=attempt, session_timeout=target.session_timeout_s) as c:
+    attempt = attempt_id(key)
+    with ClickHouseHTTP(target, session_id=key_session(key), session_timeout=target.session_timeout_s) as c:
         c.command("BEGIN TRANSACTION")
         try:
             rows, checksum = _insert_parts(c, key, attempt, parts)
@@ -237,7 +258,7 @@ def write_batch(target: Target, key: BatchKey, parts: Sequence[TableRows], befor
         try:
             c.command("COMMIT", session_check=True)
         except ClickHouseTxError as exc:
-            settle_commit(c, records, key, exc)
+            settle_commit(c, records, key, attempt, exc)
     return rows
 
 
@@ -274,8 +295,10 @@ def _require_open_transaction(c: ClickHouseHTTP, key: BatchKey) -> None:
         raise NotCommittedError(f"{key}: the batch's transaction is gone before its INSERT", xid=c.session_id)
 
 
-def settle_commit(c: ClickHouseHTTP, records: BatchRecords, key: BatchKey, exc: ClickHouseTxError) -> None:
-    """After a failed COMMIT in ``c``'s session: end the transaction, then read this attempt's key row.
+def settle_commit(
+    c: ClickHouseHTTP, records: BatchRecords, key: BatchKey, attempt: str, exc: ClickHouseTxError
+) -> None:
+    """After a failed COMMIT in ``c``'s session: end the transaction, then read ``attempt``'s key row.
 
     Returns when the row is there (the COMMIT took effect).
 
@@ -286,7 +309,6 @@ def settle_commit(c: ClickHouseHTTP, records: BatchRecords, key: BatchKey, exc: 
     OutcomeUnknownError
         The session or the key row could not be read; it names the key.
     """
-    attempt = c.session_id or ""
     try:
         settle_session(c)
         found = records.by_attempt(key, attempt)
@@ -311,8 +333,10 @@ __all__: Sequence[str] = [
     "BatchKey",
     "BatchRecords",
     "TableRows",
-    "attempt_session",
+    "attempt_id",
     "check_recorded",
+    "key_session",
     "settle_commit",
+    "settle_key",
     "write_batch",
 ]

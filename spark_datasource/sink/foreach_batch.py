@@ -40,7 +40,7 @@ from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.interfaces import Mode
-from clickhouse_tx.modes.batch_keys import BATCHES_TABLE, BatchKey, BatchRecords, TableRows, write_batch
+from clickhouse_tx.modes.batch_keys import BATCHES_TABLE, BatchKey, BatchRecords, TableRows, settle_key, write_batch
 from clickhouse_tx.store.query_identity import spark_query_id
 from spark_datasource.options.writer import WriterOptions
 from spark_datasource.sink.setup import prepare_target
@@ -227,8 +227,10 @@ class BatchTransaction:
     def __enter__(self) -> "BatchTransaction":
         query_id, checkpoint = query_identity(self.spark, self.options.checkpoint_location)
         self.key = BatchKey(self.options.app_id, self.batch_id, query_id, checkpoint)
-        records = BatchRecords(self.options.writer.target())
+        target = self.options.writer.target()
+        records = BatchRecords(target)
         records.ensure_table()
+        settle_key(target, self.key)  # an attempt killed inside its transaction left it open
         found = records.recorded(self.key)
         if found is not None:
             self.skipped = True

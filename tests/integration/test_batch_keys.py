@@ -1,6 +1,7 @@
 """A micro-batch's COMMIT whose reply is lost (``clickhouse_tx.modes.batch_keys``), on real servers.
 
-The embedded stack's ClickHouse behind the chaos proxy
+A transaction a killed attempt left open, settled by the next attempt; and the embedded
+stack's ClickHouse behind the chaos proxy
 (:class:`spark_datasource.testing.chaos.proxy.FaultProxy`): the proxy drops the COMMIT's
 reply after the server ran it, or stops before the COMMIT is sent. The outcome is settled
 by reading the attempt's key row, never by writing again.
@@ -17,7 +18,7 @@ import pytest
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import OutcomeUnknownError
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, TableRows, write_batch
+from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, TableRows, key_session, settle_key, write_batch
 from clickhouse_tx.modes.stage_tables import settle_session
 from clickhouse_tx.retry import RetryPolicy
 from server_patches.stack_files import StackInfo
@@ -78,7 +79,32 @@ def test_a_commit_whose_outcome_cannot_be_read_raises_outcome_unknown_naming_the
     assert _counts(clickhouse_url, database) == [0, 0]
     # What the restart does: the transaction settled on the server, the key row read.
     direct = _target(clickhouse_url, database)
-    with ClickHouseHTTP(direct, session_id=info.value.xid) as c:
+    assert info.value.xid.startswith(key_session(key) + "_")  # the attempt, in the key's session
+    with ClickHouseHTTP(direct, session_id=key_session(key)) as c:
         assert settle_session(c) is True  # it was still open: rolled back now
     assert BatchRecords(direct).recorded(key) is None
     assert _counts(clickhouse_url, database) == [0, 0]
+
+
+def test_a_transaction_a_killed_attempt_left_open_is_rolled_back_before_the_key_is_read_and_written_once(
+    clickhouse_url: str, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A driver SIGKILLed inside its transaction sends no ROLLBACK: the rows stay in an open
+    # transaction, seen by plain reads, until its session expires. The next attempt at the
+    # key writes in the same session, and settles it first.
+    parts = _ready(clickhouse_url, database)
+    key = BatchKey("killed-inside", 2, "query-1")
+    target = _target(clickhouse_url, database)
+    dead = ClickHouseHTTP(target, session_id=key_session(key), session_timeout=60)
+    dead.command("BEGIN TRANSACTION")
+    dead.command(f"INSERT INTO `{database}`.t SELECT number FROM numbers({ROWS})")
+    plain = f"SELECT count() FROM `{database}`.t"
+    assert int(run_sql(clickhouse_url, plain).strip()) == ROWS  # the open transaction's rows
+    with caplog.at_level(logging.WARNING, logger="clickhouse_tx.modes.batch_keys"):
+        settle_key(target, key)
+    assert "rolled back the transaction an earlier attempt left open" in caplog.text
+    assert int(run_sql(clickhouse_url, plain).strip()) == 0
+    assert BatchRecords(target).recorded(key) is None
+    assert write_batch(target, key, parts) == ROWS
+    assert _counts(clickhouse_url, database) == [ROWS, 1]
+    assert int(run_sql(clickhouse_url, plain).strip()) == ROWS

@@ -15,7 +15,7 @@ import pytest
 
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode
-from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, attempt_session, check_recorded
+from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, attempt_id, check_recorded, key_session
 from spark_datasource.options.writer import WriterOptions
 from spark_datasource.sink.foreach_batch import (
     BatchTransaction,
@@ -127,11 +127,12 @@ def test_the_key_row_quotes_what_the_user_named() -> None:
     assert sql.startswith("INSERT INTO `db`.`clickhouse_tx_batches` (")
 
 
-def test_every_attempt_gets_a_session_of_its_own_in_safe_characters() -> None:
+def test_every_attempt_at_a_key_writes_in_the_keys_session_under_an_id_of_its_own() -> None:
     key = BatchKey("events to ch/1", 9, "q")
-    first, second = attempt_session(key), attempt_session(key)
-    assert first != second
-    assert re.fullmatch(r"clickhouse_tx_fb_[A-Za-z0-9_]+_9_[0-9a-f]{12}", first), first
+    first, second = attempt_id(key), attempt_id(key)
+    assert first != second and key_session(key) == key_session(BatchKey("events to ch/1", 9, "q"))
+    assert re.fullmatch(r"clickhouse_tx_fb_[A-Za-z0-9_]+_9", key_session(key)), key_session(key)
+    assert first.startswith(key_session(key) + "_") and re.fullmatch(r"[A-Za-z0-9_]+_[0-9a-f]{12}", first)
 
 
 def test_outside_a_query_the_identity_comes_from_the_checkpoint_given(tmp_path: Path) -> None:
