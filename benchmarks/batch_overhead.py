@@ -52,6 +52,7 @@ from pyspark.sql.datasource import (
 )
 
 from benchmarks import http_trace
+from benchmarks.bench_session import run_micro_batches
 from benchmarks.results_file import machine, write_result
 from benchmarks.spark_write import run_sql
 from spark_datasource.testing.foreach_sinks import foreach_batch
@@ -157,18 +158,7 @@ def run_query(spark, sink: str, url: str, db: str, rows: int, batches: int, work
     writer = _stream(spark, rows).writeStream.trigger(processingTime="0 seconds")
     writer = writer.option("checkpointLocation", f"file://{workdir}/{sink}_{uuid.uuid4().hex[:6]}")
     writer = _with_sink(writer, sink, url, db)
-    query = writer.start()
-    try:
-        deadline = time.monotonic() + 60 + 10 * (batches + WARMUP)
-        while len([p for p in query.recentProgress if p.numInputRows]) < batches + WARMUP:
-            if query.exception() is not None:
-                raise RuntimeError(f"{sink}: {query.exception()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{sink}: {len(query.recentProgress)} micro-batches before the deadline")
-            time.sleep(0.2)
-    finally:
-        query.stop()
-    progress = [json.loads(p.json) for p in query.recentProgress if p.numInputRows]
+    progress = run_micro_batches(writer.start(), batches + WARMUP, 60 + 10 * (batches + WARMUP), sink)
     measured = progress[WARMUP : WARMUP + batches]
     if sink in TABLE_SINKS:
         got = int(run_sql(url, f"SELECT count() FROM {db}.{sink} SETTINGS implicit_transaction = 1").strip())

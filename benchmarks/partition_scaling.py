@@ -42,6 +42,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
+from benchmarks.bench_session import run_micro_batches
 from benchmarks.results_file import machine, save_figure, write_result
 from benchmarks.spark_write import run_sql
 
@@ -96,17 +97,8 @@ def run_query(
         .options(url=url, database=db, table=table, mode=mode)
         .start()
     )
-    try:
-        deadline = time.monotonic() + 120 + 3 * parts * (batches + WARMUP)
-        while len([p for p in query.recentProgress if p.numInputRows]) < batches + WARMUP:
-            if query.exception() is not None:
-                raise RuntimeError(f"{mode} P={parts}: {query.exception()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{mode} P={parts}: no {batches + WARMUP} micro-batches before the deadline")
-            time.sleep(0.2)
-    finally:
-        query.stop()
-    progress = [json.loads(p.json) for p in query.recentProgress if p.numInputRows][WARMUP : WARMUP + batches]
+    count = batches + WARMUP
+    progress = run_micro_batches(query, count, 120 + 3 * parts * count, f"{mode} P={parts}")[WARMUP:count]
     metrics = {m["batch"]: m for m in read_metrics(chk) if m["status"] == "committed"}
     _check_rows(url, db, table, metrics, exact=mode in ("transaction", "staging"))
     return [{"progress": p, "metrics": metrics[p["batchId"]]} for p in progress]

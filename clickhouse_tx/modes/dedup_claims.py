@@ -292,10 +292,13 @@ class ClaimRecords:
     def key(txn_id: str, batch: int, partition: int | None) -> str:
         return f"{txn_id}/{batch}/{'all' if partition is None else partition}"
 
-    def _create(self, key: str, txn_id: str, batch: int, partition: int, body: dict[str, Any]) -> dict[str, Any]:
+    def _create(
+        self, key: str, txn_id: str, batch: int, partition: int, body: dict[str, Any], attempt: int = 0
+    ) -> dict[str, Any]:
         """Create ``key`` holding ``body`` unless it exists; the body that is stored."""
+        text = json.dumps(body, sort_keys=True)
         stored = self.registry.create_record(
-            key, json.dumps(body, sort_keys=True), txn_id=txn_id, batch=batch, partition=partition, mode=Mode.DEDUP
+            key, text, txn_id=txn_id, batch=batch, partition=partition, attempt=attempt, mode=Mode.DEDUP
         )
         return _body(key, stored)
 
@@ -313,7 +316,7 @@ class ClaimRecords:
         its claims (``run`` if none had: then recorded so): one point read, one create."""
         seal_key, run_key = self.key(txn_id, batch, None), f"{txn_id}/{batch}/first_run"
         found = self.registry.records(seal_key, run_key)
-        seal = None if seal_key not in found else {int(p): v for p, v in _body(seal_key, found[seal_key]).items()}
+        seal = None if seal_key not in found else _by_partition(_body(seal_key, found[seal_key]))
         if run_key in found:
             return seal, str(_body(run_key, found[run_key]).get("run"))
         return seal, str(self._create(run_key, txn_id, batch, FIRST_RUN_PARTITION, {"run": run}).get("run"))
@@ -326,16 +329,8 @@ class ClaimRecords:
         """Record chunk ``chunk`` (> 0) of ``partition`` unless recorded (key
         ``<txn>/<batch>/<partition>/<chunk>``, the chunk number in the ``attempt`` column:
         one create-if-absent, one read more if recorded first); the recorded fingerprint."""
-        body = self.registry.create_record(
-            f"{self.key(txn_id, batch, partition)}/{chunk}",
-            json.dumps({"chunk": fingerprint, "run": run}, sort_keys=True),
-            txn_id=txn_id,
-            batch=batch,
-            partition=partition,
-            attempt=chunk,
-            mode=Mode.DEDUP,
-        )
-        return str(_body(f"chunk {chunk}", body).get("chunk"))
+        key, body = f"{self.key(txn_id, batch, partition)}/{chunk}", {"chunk": fingerprint, "run": run}
+        return str(self._create(key, txn_id, batch, partition, body, attempt=chunk).get("chunk"))
 
     def recorded_chunk(self, txn_id: str, batch: int, partition: int, chunk: int) -> str | None:
         """The fingerprint recorded for chunk ``chunk`` of ``partition`` (None: none yet). One read."""
@@ -372,7 +367,7 @@ class ClaimRecords:
         body = self._create(
             self.key(txn_id, batch, None), txn_id, batch, SEAL_PARTITION, {str(p): dict(v) for p, v in layout.items()}
         )
-        return {int(p): v for p, v in body.items()}
+        return _by_partition(body)
 
     def forget(self, keys: Sequence[str]) -> None:
         """Drop these records (the query's earlier batches: Spark replays none of them)."""
@@ -388,7 +383,12 @@ def run_claim(first: str, run: str, *, inserted: bool) -> dict[str, Any]:
 def _seal_in(entries: Sequence[RegistryEntry]) -> dict[int, Part] | None:
     """The seal among one batch's records, or None."""
     seal = next((e for e in entries if e.partition == SEAL_PARTITION), None)
-    return None if seal is None else {int(p): v for p, v in _body(seal.xid, str(seal.payload["body"])).items()}
+    return None if seal is None else _by_partition(_body(seal.xid, str(seal.payload["body"])))
+
+
+def _by_partition(body: Mapping[str, Any]) -> dict[int, Part]:
+    """A seal's body (JSON keys are strings) by partition number."""
+    return {int(p): v for p, v in body.items()}
 
 
 def _claims_in(entries: Sequence[RegistryEntry]) -> dict[int, Claim]:

@@ -86,7 +86,7 @@ def publish_partitions(target: Target, ps: Sequence[Prepared], before_commit: Ho
     per-xid commit (:meth:`~clickhouse_tx.modes.staging.StagingMode.commit`) makes, in
     the same order per stage (MOVEs, marker, drop), so a crash anywhere leaves what that
     commit rolls forward: a stage whose partitions are moved, or some of them, and no
-    marker yet. ``before_commit`` runs after the first stage's MOVEs (the test-only
+    marker yet. ``before_commit`` runs after the batch's first MOVE (the test-only
     fault hooks: the batch is then part moved, no marker written).
 
     Raises
@@ -96,10 +96,10 @@ def publish_partitions(target: Target, ps: Sequence[Prepared], before_commit: Ho
     OutcomeUnknownError
         A request's reply was lost: the commit stops in doubt, as a per-xid one would.
     """
-    markers = CommitMarkers(target)
-    done = {str(m["xid"]) for m in markers.list(ps[0].txn_id, ps[0].batch)}
-    todo = [p for p in ps if p.xid not in done]
     with ClickHouseHTTP(target) as c:
+        markers = CommitMarkers(target, c)
+        done = {str(m["xid"]) for m in markers.list(ps[0].txn_id, ps[0].batch)}
+        todo = [p for p in ps if p.xid not in done]
         if todo:
             moves = publish_sql(c, target, todo, by_insert=False)
             for i, sql in enumerate(moves):

@@ -189,13 +189,13 @@ class StagingMode(ModeBase):
     # -- driver --------------------------------------------------------------------------
     def commit(self, target: Target, p: Prepared) -> None:
         """Driver: move what is left of both stages, write the marker, drop the stages."""
+        if p.xid in self._published:
+            return
         markers = self.markers(target)
         # The prepare of this xid said it staged no dead letter (a message, not a
         # registry entry, whose details may be empty): its dead-letter stage was never
         # created, so two of the commit's round trips (its COMMENT, its DROP) are skipped.
         letters = p.details.get("dead_letters") != 0
-        if p.xid in self._published:
-            return
         with self.client(target) as c:
             try:
                 if markers.lookup(p.xid) is not None:

@@ -5,7 +5,7 @@ commit path (``before_decision``, ``after_decision``, ``after_commit:N`` for the
 COMMIT of the batch, ``before_mark_done``) and the executor's prepare path
 (``after_prepare``); ``in_batch_transaction`` fires inside the one transaction of a
 ``visibility=batch`` commit, just before its COMMIT; in mode ``staging`` with
-``visibility=partition``, after the first stage's MOVEs of the batched publish; and in
+``visibility=partition``, after the first MOVE of the batched publish; and in
 mode ``dedup`` just before the one INSERT of the batch's markers. A batch job published at once
 (:mod:`clickhouse_tx.modes.job_publish`) adds ``before_publish`` (its stage committed),
 ``in_publish`` (inside the publishing transaction, before its COMMIT) and

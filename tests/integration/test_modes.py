@@ -373,10 +373,10 @@ def test_a_staging_batch_is_published_with_its_reads_markers_and_drops_batched(
     assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
 
 
-def test_a_staging_batch_stopped_after_its_first_stage_moved_is_rolled_forward_once(
+def test_a_staging_batch_stopped_after_its_first_move_is_rolled_forward_once(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
-    """A crash inside the batched publish (one stage moved, no marker) leaves what a
+    """A crash inside the batched publish (one stage partition moved, no marker) leaves what a
     per-xid commit rolls forward: the replay publishes every row once."""
     target = make_table(admin, database)
     co = build_coordinator(target, "staging", TXN, str(tmp_path))

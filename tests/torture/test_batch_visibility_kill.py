@@ -6,8 +6,8 @@ restarted on the same checkpoint until it drains the topic. ``in_batch_transacti
 fires inside the transaction that moves every stage of the batch, just before its
 COMMIT: the restart must settle the open transaction (its session outlives the driver),
 wait out the parts its rolled-back MOVEs locked, and publish the batch once. With
-``visibility=partition`` the same step fires inside the batched publish, after the first
-stage's MOVEs and before any marker: the restart rolls the half-moved batch forward.
+``visibility=partition`` the same step fires inside the batched publish, after its first
+MOVE and before any marker: the restart rolls the half-moved batch forward.
 Every record must then be in ClickHouse exactly once, with no registry entry or stage left.
 """
 

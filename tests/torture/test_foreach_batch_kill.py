@@ -79,28 +79,29 @@ def _assert_replay(step: str, skipped: list[str]) -> None:
         assert skipped == [], skipped
 
 
+def _one_table_case(stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str) -> None:
+    """The job into ``events`` killed at ``step`` and restarted: every record once, one key
+    row per micro-batch, micro-batch 1 skipped or written as ``step`` says, plain reads exact."""
+    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, step, ["events"])
+    expected, skipped = _kill_and_restart(*args)
+    assert_exactly(clickhouse_url, database, expected)
+    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
+    _assert_replay(step, skipped)
+    _assert_plain_reads_count(clickhouse_url, database, "events", len(expected))
+
+
 @pytest.mark.timeout(1200)
 def test_a_driver_killed_after_the_insert_before_the_commit_restarts_and_writes_every_record_once(
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, "in_batch_transaction", ["events"])
-    expected, skipped = _kill_and_restart(*args)
-    assert_exactly(clickhouse_url, database, expected)
-    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
-    _assert_replay("in_batch_transaction", skipped)
-    _assert_plain_reads_count(clickhouse_url, database, "events", len(expected))
+    _one_table_case(stack, kafka_bootstrap, clickhouse_url, database, tmp_path, "in_batch_transaction")
 
 
 @pytest.mark.timeout(1200)
 def test_a_driver_killed_after_the_commit_before_spark_logs_the_batch_restarts_and_skips_its_replay(
     stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
-    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, "after_commit", ["events"])
-    expected, skipped = _kill_and_restart(*args)
-    assert_exactly(clickhouse_url, database, expected)
-    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
-    _assert_replay("after_commit", skipped)
-    _assert_plain_reads_count(clickhouse_url, database, "events", len(expected))
+    _one_table_case(stack, kafka_bootstrap, clickhouse_url, database, tmp_path, "after_commit")
 
 
 @pytest.mark.timeout(1200)
