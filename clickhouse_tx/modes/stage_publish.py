@@ -111,7 +111,7 @@ def publish_partitions(target: Target, ps: Sequence[Prepared], before_commit: Ho
         stages = [n for p in ps for n in (dead_letter_stage_name(p.xid), stage_name(p.xid))]
         names = [q.qualified(target.database, n) for n in stages]
         # Not SYNC: the moved stages hold no rows, and the server frees what is left of
-        # them in the background (a SYNC drop of 1,024 stages took 1.2 s here).
+        # them in the background instead of the commit waiting for each one's files.
         c.command(f"DROP TABLE IF EXISTS {', '.join(names)}", idempotent=True)
 
 
