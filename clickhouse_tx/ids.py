@@ -75,6 +75,22 @@ def parse_xid(xid: str) -> XidParts:
     return XidParts(m["txn"], int(m["batch"]), int(m["partition"]), int(m["attempt"]), m["rand"])
 
 
+#: Prefix of the registry key Spark's abort writes for one run's batch (:func:`run_fence_key`).
+RUN_FENCE_PREFIX = "abort-fence/"
+
+
+def run_fence_key(txn_id: str, batch: int, run: str) -> str:
+    """The registry key that Spark's abort of ``batch`` in ``run`` writes, ABORTED, before it
+    lists the batch: an attempt of that run that reads it after writing rolls itself back.
+    Keyed by run, so a restarted query's replay of the batch is not fenced."""
+    return f"{RUN_FENCE_PREFIX}{sanitize_txn(txn_id)}/{batch}/{run}"
+
+
+def is_run_fence(key: str) -> bool:
+    """True for a key made by :func:`run_fence_key` (never an xid)."""
+    return key.startswith(RUN_FENCE_PREFIX)
+
+
 def txn_id_for_spark_query(spark_query_id: str) -> str:
     """The default txn_id of a streaming query: ``q_<Spark's query id, hex>``.
 

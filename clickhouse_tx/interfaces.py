@@ -308,6 +308,10 @@ class RegistryIO(Protocol):
 
     def get(self, xid: str) -> "RegistryEntry | None": ...
 
+    def get_many(self, xids: Sequence[str]) -> dict[str, "RegistryEntry"]:
+        """The entries of ``xids`` that exist, by xid, in one point read where the store
+        allows it (an executor's check of its own entry and its run's abort fence)."""
+
     def list_batch(self, txn_id: str, batch: int) -> list["RegistryEntry"]: ...
 
     def list_txn(self, txn_id: str) -> list["RegistryEntry"]:

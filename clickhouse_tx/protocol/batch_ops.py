@@ -15,7 +15,8 @@ import logging
 import time
 from typing import Callable, Iterable, Iterator, Sequence
 
-from clickhouse_tx.errors import DecisionConflictError, OutcomeUnknownError
+from clickhouse_tx.errors import AlreadyRegisteredError, DecisionConflictError, OutcomeUnknownError
+from clickhouse_tx.ids import run_fence_key
 from clickhouse_tx.interfaces import Decision, DecisionLogIO, Prepared, RegistryEntry
 from clickhouse_tx.protocol.commit_plan import plan_rollback
 from clickhouse_tx.protocol.state import TxState
@@ -139,6 +140,27 @@ class BatchOps:
                     exc,
                 )
         return done
+
+    def fence_run(self, batch: int, run: str) -> None:
+        """Spark's abort, before it lists ``batch``: record the abort of ``run``'s batch.
+
+        An attempt of ``run`` that registers after the listing is never seen by it; it
+        reads this fence after writing and rolls itself back
+        (:func:`~clickhouse_tx.protocol.prepare.prepare_attempt`). Best effort: without
+        the fence such an attempt is left to GC and session expiry, as before it.
+        """
+        now = self.ops.now_ms()
+        key = run_fence_key(self.txn_id, batch, run)
+        fence = RegistryEntry(
+            key, f"{self.txn_id}/aborted-runs", batch, 0, 0, self.ops.mode_io.mode, "", "",
+            TxState.ABORTED.value, {"run": run}, now, now,
+        )  # fmt: skip
+        try:
+            self.ops.call(lambda: self.ops.registry.register(fence))
+        except AlreadyRegisteredError:
+            pass  # an abort repeated
+        except Exception as exc:  # the abort itself goes on
+            log.warning("could not record the abort of batch %d of run %s: %s", batch, run, exc)
 
     def rollback_batch(
         self, batch: int, keep: set[str], messages: Sequence[Prepared], *, wait_s: float

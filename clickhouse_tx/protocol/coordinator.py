@@ -165,6 +165,7 @@ class Coordinator:
         *,
         discard_decided: bool = False,
         straggler_wait_s: float = STRAGGLER_WAIT_S,
+        run: str = "",
     ) -> AbortReport:
         """Driver, when Spark aborts a batch: roll back everything not decided.
 
@@ -179,9 +180,16 @@ class Coordinator:
         for up to ``straggler_wait_s`` (Spark kills a cancelled task's Python worker
         within seconds). One still held then never makes this raise: it is listed in
         ``left`` for GC and session expiry; Spark's own error stays the one the user sees.
+
+        With ``run`` (the writer's id of this run of the job or query), the abort is
+        first recorded for the run's batch (:meth:`BatchOps.fence_run`): an attempt that
+        registers after the listing, which Spark lets finish while it fails the job,
+        finds it after writing and rolls itself back.
         """
         io = self.batch_ops()
         msgs = io.check_messages(batch, messages)
+        if run:
+            io.fence_run(batch, run)  # before the listing: a later attempt of the run sees it
         decision = io.read(batch)
         keep = {p.xid for p in decision.chosen} if decision is not None and not discard_decided else set()
         rolled, left = io.rollback_batch(batch, keep, msgs, wait_s=straggler_wait_s)

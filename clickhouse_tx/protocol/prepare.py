@@ -15,6 +15,7 @@ import pyarrow as pa
 from clickhouse_tx.client.http import safe_url
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.errors import IllegalTransitionError, NotCommittedError, ValueDoesNotFitError
+from clickhouse_tx.ids import run_fence_key
 from clickhouse_tx.interfaces import Prepared, RegistryEntry, WriteContext
 from clickhouse_tx.protocol.state import TxState
 from clickhouse_tx.protocol.tx_ops import TxOps
@@ -70,15 +71,18 @@ def prepare_attempt(
         written = mode_io.prepare(target, ctx, xid, batches)
         if written.xid != xid:
             raise IllegalTransitionError(f"mode returned xid {written.xid!r} for {xid!r}", xid=xid)
-        state = ops.state(xid)
-        if state is not TxState.INITIALIZED:
-            # The driver fenced this attempt while it wrote. Its rollback may have run
-            # before this attempt's work existed (no session yet: a no-op), and abort
-            # skips an ABORTED xid: so this attempt rolls back what it wrote itself.
-            # Otherwise its transaction stayed open, kept alive by the keep-alive,
-            # and a DROP TABLE ... SYNC of the target waited behind it.
+        fence = run_fence_key(ctx.txn_id, ctx.batch, ctx.run) if ctx.run else None
+        state, aborted = ops.state_and_fence(xid, fence)
+        if state is not TxState.INITIALIZED or aborted:
+            # The driver fenced this attempt while it wrote, or Spark's abort of this
+            # run's batch ran before this attempt registered and so never listed it.
+            # Either way no rollback of the driver reached this attempt's work (no
+            # session yet, or no entry), so it rolls back what it wrote itself.
+            # Otherwise its transaction stayed open, kept alive by the keep-alive of a
+            # reused Python worker, and a DROP TABLE ... SYNC of the target waited behind it.
             ops.rollback(written)
-            raise NotCommittedError(f"fenced while writing: registry says {state.value}", xid=xid)
+            why = "Spark aborted this batch of the run" if aborted else f"registry says {state.value}"
+            raise NotCommittedError(f"fenced while writing: {why}", xid=xid)
         return written
     except Exception as exc:
         ops.abort_quietly(written or provisional)

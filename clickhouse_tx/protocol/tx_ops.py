@@ -75,6 +75,13 @@ class TxOps:
         e = self.call(lambda: self.registry.get(xid), is_transient_or_unknown)
         return as_state(e.state if e is not None else None)
 
+    def state_and_fence(self, xid: str, fence: str | None) -> tuple[TxState, bool]:
+        """``xid``'s state, and whether ``fence`` (its run's abort fence) exists: one read."""
+        keys = [xid, fence] if fence else [xid]
+        found = self.call(lambda: self.registry.get_many(keys), is_transient_or_unknown)
+        e = found.get(xid)
+        return as_state(e.state if e is not None else None), bool(fence) and fence in found
+
     def move(self, xid: str, new: TxState, payload: Mapping[str, object] | None = None) -> None:
         """Bring ``xid`` to ``new`` (a no-op if it is there already) or raise."""
         expected = [s.value for s in predecessors(new) if s is not TxState.UNKNOWN]

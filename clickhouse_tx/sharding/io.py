@@ -12,6 +12,7 @@ of every (partition, shard) of a batch (``docs/design.md`` §5).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -20,8 +21,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 import pyarrow as pa
 
 from clickhouse_tx.client.http import ClickHouseHTTP, safe_url
-from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError
-from clickhouse_tx.ids import parse_xid
+from clickhouse_tx.errors import AlreadyRegisteredError, ClickHouseTxError, NotCommittedError
+from clickhouse_tx.ids import is_run_fence, parse_xid
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Hook, Prepared, RegistryEntry, Target, WriteContext
 from clickhouse_tx.protocol.coordinator import Coordinator
 from clickhouse_tx.sharding.placement import ShardPlacement, split_by_shard
@@ -97,7 +98,13 @@ class ShardedRegistry:
         return out
 
     def register(self, entry: RegistryEntry) -> None:
-        self.of(entry.xid).register(entry)
+        if not is_run_fence(entry.xid):
+            self.of(entry.xid).register(entry)
+            return
+        # Each shard's attempts check their run's fence in their own shard's registry.
+        for registry in self.registries:
+            with contextlib.suppress(AlreadyRegisteredError):  # an abort repeated
+                registry.register(entry)
 
     def transition(
         self, xid: str, expected: Sequence[str], new: str, payload: Mapping[str, object] | None = None
@@ -114,6 +121,13 @@ class ShardedRegistry:
 
     def get(self, xid: str) -> RegistryEntry | None:
         return self.of(xid).get(xid)
+
+    def get_many(self, xids: Sequence[str]) -> dict[str, RegistryEntry]:
+        fences = [x for x in xids if is_run_fence(x)]
+        found = self.registries[0].get_many(fences) if fences else {}
+        for shard, some in self._by_shard(x for x in xids if not is_run_fence(x)).items():
+            found.update(self.registries[shard].get_many(some))
+        return found
 
     def list_batch(self, txn_id: str, batch: int) -> list[RegistryEntry]:
         return [e for r in self.registries for e in r.list_batch(txn_id, batch)]

@@ -25,8 +25,7 @@ our token means our write landed, anything else means it did not. This also
 resolves a write whose reply was lost. ``tests/integration/test_registry.py`` races
 threads on one transition and checks exactly one wins.
 
-Reads are plain SELECTs (KeeperMap is not transactional; ``implicit_transaction``
-does not apply to it).
+Reads are plain SELECTs (KeeperMap is not transactional: no ``implicit_transaction``).
 """
 
 from __future__ import annotations
@@ -337,7 +336,11 @@ class KeeperMapRegistry:
 
     def get(self, xid: str) -> RegistryEntry | None:
         """The entry of ``xid`` or None."""
-        return self._get_with_token(xid, read_back=False)[0]
+        return self.get_many([xid]).get(xid)
+
+    def get_many(self, xids: Sequence[str]) -> dict[str, RegistryEntry]:
+        """The entries of ``xids`` that exist, by xid: one point read."""
+        return {e.xid: e for e in self._select(f"xid IN {q.quote_strings(xids)}", {})}
 
     def create_record(
         self,
@@ -374,7 +377,7 @@ class KeeperMapRegistry:
 
     def records(self, *keys: str) -> dict[str, str]:
         """The bodies :meth:`create_record` stored under ``keys`` (absent ones left out): one point read."""
-        return {e.xid: str(e.payload["body"]) for e in self._select(f"xid IN {q.quote_strings(keys)}", {})}
+        return {x: str(e.payload["body"]) for x, e in self.get_many(keys).items()}
 
     def list_batch(self, txn_id: str, batch: int) -> list[RegistryEntry]:
         """Every entry of (``txn_id``, ``batch``), in (partition, attempt, xid) order."""
@@ -431,10 +434,9 @@ class KeeperMapRegistry:
 
     # ------------------------------------------------------------------ helpers
 
-    def _get_with_token(self, xid: str, *, read_back: bool = True) -> tuple[RegistryEntry | None, str | None]:
+    def _get_with_token(self, xid: str) -> tuple[RegistryEntry | None, str | None]:
         self.ensure_table()
-        sql, params = f"SELECT {_SELECT} FROM {self._fq} WHERE xid = {{x:String}}", {"x": xid}
-        rows = self._read_back(sql, params) if read_back else self.client.query_json(sql, params=params)
+        rows = self._read_back(f"SELECT {_SELECT} FROM {self._fq} WHERE xid = {{x:String}}", {"x": xid})
         if not rows:
             return None, None
         return _entry(rows[0]), rows[0]["cas_token"]
@@ -447,10 +449,8 @@ class KeeperMapRegistry:
         return [_entry(r) for r in rows]
 
     def _read_back(self, sql: str, params: Mapping[str, object]) -> list[dict[str, Any]]:
-        """The read that decides a write whose outcome is unknown, repeated within
-        ``self.retry`` while it fails transiently (a read is idempotent, so a lost reply
-        or Keeper connection is retried too): without it the write's outcome stays
-        unknown to the caller, who cannot repeat the write blindly."""
+        """The read that decides a write whose outcome is unknown (the caller cannot repeat the
+        write blindly), retried within ``self.retry`` while it fails or its reply is lost."""
         return retry_call(
             lambda: self.client.query_json(sql, params=params),
             self.retry,

@@ -239,7 +239,7 @@ class _WriterBase:
         started = time.monotonic()
         prepared = _prepared(messages)
         coordinator = coordinator_for(self.opts, self.txn_id)
-        report = coordinator.abort_batch(batch, prepared, discard_decided=self.discard_decided)
+        report = coordinator.abort_batch(batch, prepared, discard_decided=self.discard_decided, run=self.run)
         log.warning(
             "clickhouse_tx %s batch %d aborted (%d prepared partitions, %d xids rolled back, "
             "%d fenced and left to GC: %s)",

@@ -84,3 +84,27 @@ def test_an_attempt_fenced_before_its_work_existed_rolls_its_own_work_back_and_d
     assert committed_count(admin, target) == 0 and markers(admin, database) == []
     assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
     _ddl_finishes(admin, target)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["transaction", "staging"])
+def test_an_attempt_that_registers_after_spark_aborted_its_runs_batch_rolls_back_and_ddl_does_not_wait(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, mode: str
+) -> None:
+    # Spark fails a job on one task's error and calls abort while another task has not
+    # registered yet: the abort's listing misses it. That task then wrote, returned its
+    # message to a driver that no longer listened, and its transaction stayed open in a
+    # reused Python worker's keep-alive; a CI run's DROP DATABASE ... SYNC timed out.
+    target = make_table(admin, database)
+    co = build_coordinator(target, mode, TXN, str(tmp_path))
+    co.validate(rows(1).schema)
+    assert co.abort_batch(0, [], run="run-1").rolled_back == ()
+    with pytest.raises(NotCommittedError, match="Spark aborted this batch of the run"):
+        co.prepare(WriteContext(TXN, 0, 0, 0, run="run-1"), batches(rows(100)))
+    assert co.registry.list_batch(TXN, 0)[0].state == "aborted"
+    assert committed_count(admin, target) == 0 and markers(admin, database) == []
+    assert not [t for t in tables(admin, database) if t.startswith(STAGE_PREFIX)]
+    # A restarted query's attempt of the same batch is not fenced (then rolled back by its abort).
+    replay = co.prepare(WriteContext(TXN, 0, 0, 0, run="run-2"), batches(rows(100)))
+    assert co.abort_batch(0, [replay], run="run-2").rolled_back == (replay.xid,)
+    _ddl_finishes(admin, target)

@@ -10,7 +10,9 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
+from clickhouse_tx.errors import NotCommittedError
 from clickhouse_tx.factory import build_coordinator
+from clickhouse_tx.ids import run_fence_key
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
 from clickhouse_tx.protocol.coordinator import Coordinator
 from clickhouse_tx.sharding.io import build_sharded_coordinator, prepare_sharded
@@ -38,14 +40,14 @@ def _one(mode: str, log: Path):
 
 
 def _prepare(
-    placement: ShardPlacement, target: Target, mode: str, log: Path, data: pa.Table, parts: int
+    placement: ShardPlacement, target: Target, mode: str, log: Path, data: pa.Table, parts: int, run: str = ""
 ) -> list[Prepared]:
     """One Spark-like task per slice of ``data``: slice i is partition i."""
     per = data.num_rows // parts
     build = _one(mode, log)
     out: list[Prepared] = []
     for p in range(parts):
-        ctx = WriteContext(TXN, 0, p, 0)
+        ctx = WriteContext(TXN, 0, p, 0, run)
         out += prepare_sharded(
             placement,
             lambda shard, url: build(dataclasses.replace(target, url=url)),
@@ -101,6 +103,21 @@ def test_an_aborted_sharded_batch_leaves_no_row_on_any_shard(
     report = build_sharded_coordinator(target, placement, _one(mode, tmp_path)).abort_batch(0, msgs)
     assert sorted(report.rolled_back) == sorted(m.xid for m in msgs)
     assert counts(ids_per_shard(sharded_stack, target)) == [0, 0]
+
+
+def test_an_attempt_on_any_shard_that_registers_after_its_runs_abort_rolls_itself_back(
+    sharded_stack: StackInfo, target: Target, tmp_path: Path
+) -> None:
+    placement = ShardPlacement(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
+    co = build_sharded_coordinator(target, placement, _one("transaction", tmp_path))
+    assert co.abort_batch(0, [], run="run-1").rolled_back == ()
+    fence = run_fence_key(TXN, 0, "run-1")  # each shard's attempts read it in their own shard's registry
+    assert [fence in r.get_many([fence]) for r in co.registry.registries] == [True, True]
+    with pytest.raises(NotCommittedError, match="Spark aborted this batch of the run"):
+        _prepare(placement, target, "transaction", tmp_path, rows(400), parts=1, run="run-1")
+    msgs = _prepare(placement, target, "transaction", tmp_path, rows(400), parts=2, run="run-2")
+    co.commit_batch(0, msgs)
+    assert counts(ids_per_shard(sharded_stack, target)) == _expected_by_key(placement, list(range(400)))
 
 
 def test_a_decision_logged_before_the_driver_died_is_rolled_forward_on_every_shard(

@@ -319,6 +319,10 @@ class FakeRegistry:
         self._hit("get", "before")
         return self.entries.get(xid)
 
+    def get_many(self, xids: Sequence[str]) -> dict[str, RegistryEntry]:
+        self._hit("get", "before")
+        return {x: self.entries[x] for x in xids if x in self.entries}
+
     def list_batch(self, txn_id: str, batch: int) -> list[RegistryEntry]:
         self._hit("list_batch", "before")
         return [e for e in self.entries.values() if e.txn_id == txn_id and e.batch == batch]

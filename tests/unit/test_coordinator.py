@@ -61,8 +61,8 @@ def entry(p: Prepared, state: TxState) -> RegistryEntry:
     return RegistryEntry.of_attempt(p, state.value, 0)
 
 
-def prepare(c: Coordinator, partition: int, attempt: int, batch: int = 0) -> Prepared:
-    return c.prepare(WriteContext(c.txn_id, batch, partition, attempt), arrow_batches(ROWS, partition))
+def prepare(c: Coordinator, partition: int, attempt: int, batch: int = 0, run: str = "") -> Prepared:
+    return c.prepare(WriteContext(c.txn_id, batch, partition, attempt, run), arrow_batches(ROWS, partition))
 
 
 def assert_exactly_once(w: World, batch: int = 0, parts: int = PARTS) -> None:
@@ -416,6 +416,27 @@ def test_an_attempt_fenced_while_writing_rolls_itself_back() -> None:
     with pytest.raises(NotCommittedError, match="fenced"):
         prepare(c, 0, 0)
     assert all(t.status == "rolled_back" for t in w.ch.tx.values())
+
+
+def test_an_attempt_that_registers_after_spark_aborted_its_runs_batch_rolls_itself_back() -> None:
+    # Spark fails a job and calls abort while a slow task has not registered yet: the
+    # abort's listing misses it, the task finishes, and its transaction stayed open.
+    w = World()
+    w.coordinator().abort_batch(0, [], run="run-1")
+    with pytest.raises(NotCommittedError, match="Spark aborted this batch of the run") as info:
+        prepare(w.coordinator(), 0, 0, run="run-1")
+    assert w.registry.everything[info.value.xid].state == "aborted"
+    assert all(t.status == "rolled_back" for t in w.ch.tx.values())
+
+
+def test_the_abort_of_one_run_does_not_fence_the_next_runs_replay_of_the_batch() -> None:
+    w = World()
+    w.coordinator().abort_batch(0, [], run="run-1")
+    w.coordinator().abort_batch(0, [], run="run-1")  # an abort repeated records nothing twice
+    c = w.coordinator()
+    ms = [prepare(c, p, 0, run="run-2") for p in range(PARTS)]
+    c.commit_batch(0, ms)
+    assert_exactly_once(w)
 
 
 def test_a_failed_registration_writes_nothing() -> None:
