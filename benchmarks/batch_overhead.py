@@ -8,8 +8,9 @@ after 3 warm-up batches. Sinks: ``noop`` (Spark's JVM no-op sink), ``noop_python
 Python data source machinery itself), ``foreach_connect`` (``foreachBatch`` with
 ``toArrow()`` and clickhouse-connect's ``insert_arrow``, the peer (b) of
 :mod:`benchmarks.peers`, which runs in the driver's own Python and needs none of that
-machinery) and ``clickhouse_tx`` in modes ``none``, ``transaction``, ``staging`` and
-``dedup``. One session runs every sink in turn, so each starts with Spark's Python
+machinery), ``foreach_tx`` (``foreachBatch`` with the exactly-once helper
+``clickhouse_tx_batch``) and ``clickhouse_tx`` in modes ``none``, ``transaction``,
+``staging`` and ``dedup``. One session runs every sink in turn, so each starts with Spark's Python
 workers already up: what is compared is the cost of a micro-batch once a query runs.
 
 Per sink: the median and p90 of ``triggerExecution``, ``addBatch`` (the write and the
@@ -62,8 +63,10 @@ RESULT = ROOT / "benchmarks" / "results" / "batch_overhead.json"
 MODES = ("none", "transaction", "staging", "dedup")
 #: The peer without Spark's Python sink: ``foreachBatch`` + clickhouse-connect.
 FOREACH = "foreach_connect"
+#: ``foreachBatch`` with the exactly-once helper ``clickhouse_tx_batch``.
+FOREACH_TX = "foreach_tx"
 #: The sinks that write rows into a table (each run checks their count).
-TABLE_SINKS = (*MODES, FOREACH)
+TABLE_SINKS = (*MODES, FOREACH, FOREACH_TX)
 SINKS = ("noop", "noop_python", *TABLE_SINKS)
 WARMUP = 3
 PARTITIONS = 8
@@ -141,7 +144,7 @@ def _with_sink(writer, sink: str, url: str, db: str):  # (DataStreamWriter, ...)
         return writer.format("noop_python_stream")
     settings = " SETTINGS non_replicated_deduplication_window = 1000" if sink == "dedup" else ""
     run_sql(url, f"CREATE TABLE {db}.{sink} (id Int64, k Int32, v Float64) ENGINE = MergeTree ORDER BY id{settings}")
-    if sink == FOREACH:
+    if sink in (FOREACH, FOREACH_TX):
         return writer.foreachBatch(foreach_batch(sink, url, f"{db}.{sink}", None, None, None))
     return (
         writer.format("clickhouse_tx")
@@ -237,7 +240,7 @@ def _epoch(stamp: str) -> float:
 
 def _report(results: dict[str, Any], rows: int, batches: int, trace: bool) -> dict[str, Any]:
     ratios: dict[str, float] = {}
-    for mode in (*MODES, "noop_python"):
+    for mode in (*MODES, "noop_python", FOREACH_TX):
         if mode not in results:
             continue
         for base in ("noop_python", "none", FOREACH):

@@ -4,7 +4,7 @@
 on chdb, ZooKeeper, the dev Kafka broker) and writes the pipeline's JSON events
 (:func:`~spark_datasource.testing.source_and_target.event_json`, ``--partitions``
 partitions) into the pipeline's MergeTree table
-(:func:`~spark_datasource.testing.source_and_target.create_target`) by four peers
+(:func:`~spark_datasource.testing.source_and_target.create_target`) by five peers
 (:data:`~benchmarks.peers_figures.PEERS`):
 
 (a) ``transaction``: ``kafka_py`` → ``clickhouse_tx`` mode ``transaction``;
@@ -13,9 +13,11 @@ partitions) into the pipeline's MergeTree table
 (c) ``kafka_engine``: ClickHouse's Kafka table engine and a materialized view, the
     consumer group's offsets in Kafka;
 (d) ``kafka_engine_keeper``: the same with the offsets in Keeper (``kafka_keeper_path``,
-    ``kafka_replica_name``, ``allow_experimental_kafka_offsets_storage_in_keeper``).
+    ``kafka_replica_name``, ``allow_experimental_kafka_offsets_storage_in_keeper``);
+(e) ``foreach_tx``: ``kafka_py`` → ``foreachBatch`` with the exactly-once helper
+    ``clickhouse_tx_batch`` (one transaction per micro-batch, keyed by its batch id).
 
-1. **Throughput**, ``--rounds`` rounds interleaved (a, b, c, d at each batch size, then
+1. **Throughput**, ``--rounds`` rounds interleaved (a, b, e, c, d at each batch size, then
    the next round): ``--events`` produced up front, the Spark peers with
    ``Trigger.AvailableNow``, ``maxOffsetsPerTrigger`` = each of ``--batch-sizes`` and,
    with ``--max-partitions``, the source's ``maxPartitions`` (rows / Σ
@@ -30,7 +32,7 @@ partitions) into the pipeline's MergeTree table
    steady rate over ``--fault-duration`` seconds (so every peer is mid-stream when hit;
    the Spark peers at a 1 s trigger, the engine at its default flush), ClickHouse
    SIGKILLed and started again after 2 s at 30 % and 65 % of that duration after the
-   run started, and for (a) and (b) the driver SIGKILLed twice and restarted
+   run started, and for (a), (b) and (e) the driver SIGKILLed twice and restarted
    on its checkpoint: once in the window where a batch's rows are written but Spark's
    commit log does not record it yet (``peers_spark.DRIVER_KILLS``), once at random (a
    job that fails by itself, a query stopped by the ClickHouse kill, is restarted too,

@@ -6,17 +6,18 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-#: The four ways into the same MergeTree table, in the order each round runs them:
+#: The ways into the same MergeTree table, in the order each round runs them:
 #: name → (letter, what it is).
 PEERS: dict[str, tuple[str, str]] = {
     "transaction": ("a", "kafka_py → clickhouse_tx, mode transaction"),
     "foreach_batch": ("b", "kafka_py → foreachBatch: toArrow() + clickhouse-connect insert_arrow"),
+    "foreach_tx": ("e", "kafka_py → foreachBatch: clickhouse_tx_batch, the exactly-once helper"),
     "kafka_engine": ("c", "ClickHouse Kafka engine + materialized view, offsets in Kafka"),
     "kafka_engine_keeper": ("d", "ClickHouse Kafka engine + materialized view, offsets in Keeper"),
 }
 
 #: The peers that run a Spark job (the others run inside ClickHouse).
-SPARK_PEERS = ("transaction", "foreach_batch")
+SPARK_PEERS = ("transaction", "foreach_batch", "foreach_tx")
 
 #: Cap of the events one latency run produces: the dev broker keeps ~5 MiB (~60,000 of
 #: these events) per partition and drops the oldest beyond that; 50,000 a partition is

@@ -1,9 +1,10 @@
-"""Peers (a) and (b) of :mod:`benchmarks.peers`: the pipeline's streaming job, one run each
+"""Peers (a), (b) and (e) of :mod:`benchmarks.peers`: the pipeline's streaming job, one run each
 through :func:`spark_datasource.testing.pipeline.run_pipeline`.
 
 (a) writes with ``format("clickhouse_tx")`` in mode ``transaction``; (b) is the same
 job's ``foreachBatch`` with ``toArrow()`` and clickhouse-connect's ``insert_arrow``
-(``streaming_job`` sink ``foreach_connect``). The harness produces the events, runs the
+(``streaming_job`` sink ``foreach_connect``); (e) the same ``foreachBatch`` with the
+exactly-once helper ``clickhouse_tx_batch`` (sink ``foreach_tx``). The harness produces the events, runs the
 job in its own process (SIGKILLing and restarting it as planned, restarting it when it
 fails by itself under a fault) and checks every record.
 
@@ -22,7 +23,7 @@ from spark_datasource.testing.pipeline import run_pipeline
 from spark_datasource.testing.pipeline_config import PipelineConfig
 
 #: The streaming job's ``--sink`` of each Spark peer.
-SINK = {"transaction": "clickhouse_tx", "foreach_batch": "foreach_connect"}
+SINK = {"transaction": "clickhouse_tx", "foreach_batch": "foreach_connect", "foreach_tx": "foreach_tx"}
 
 #: Where each Spark peer's driver is killed under faults: once its batch's rows are
 #: written and before Spark's commit log records the batch (every COMMIT of the
@@ -30,6 +31,7 @@ SINK = {"transaction": "clickhouse_tx", "foreach_batch": "foreach_connect"}
 DRIVER_KILLS = {
     "transaction": ("before_mark_done", "random"),
     "foreach_batch": (FOREACH_FAULT_STEP, "random"),
+    "foreach_tx": (FOREACH_FAULT_STEP, "random"),
 }
 
 #: Restarts of a job that failed by itself (a query stopped by a ClickHouse kill) in a

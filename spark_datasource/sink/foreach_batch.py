@@ -41,8 +41,8 @@ from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.interfaces import Mode
 from clickhouse_tx.modes.batch_keys import BATCHES_TABLE, BatchKey, BatchRecords, TableRows, settle_key, write_batch
-from clickhouse_tx.store.query_identity import spark_query_id
 from spark_datasource.options.writer import WriterOptions
+from spark_datasource.sink.foreach_query import RunMemory, query_identity, run_memory
 from spark_datasource.sink.setup import prepare_target
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,9 +51,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BatchTransaction", "ForeachOptions", "clickhouse_tx_batch", "clickhouse_tx_transaction", "collect_arrow"]
 
 log = logging.getLogger("clickhouse_tx.spark.foreach_batch")
-
-#: The local property Spark sets to the streaming query's id while it runs a micro-batch.
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 #: Writer options of the sink that mean nothing to the helper (lower-cased): the helper's
 #: key is ``(app_id, batch_id)``, it writes one server, and Spark's checkpoint is its own.
@@ -158,52 +155,6 @@ def collect_arrow(df: "DataFrame") -> list[pa.RecordBatch]:
     return list(df.toArrow().to_batches())
 
 
-def _running_query_id(spark: "SparkSession | None") -> str | None:
-    """The id of the streaming query running this micro-batch, or None (not inside one)."""
-    if spark is None:
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession()
-    if spark is None:
-        return None
-    try:
-        value = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-    except Exception:  # Spark Connect has no SparkContext: checkpoint_location tells instead
-        return None
-    return value or None
-
-
-def query_identity(spark: "SparkSession | None", checkpoint_location: str | None) -> tuple[str, str]:
-    """``(query id, canonical checkpoint or '')`` of the micro-batch being written (driver).
-
-    Raises
-    ------
-    ConfigurationError
-        No query is known (neither running nor given), the checkpoint has no Spark
-        metadata, or it belongs to another query than the running one.
-    """
-    running = _running_query_id(spark)
-    if checkpoint_location is None:
-        if running is None:
-            raise ConfigurationError(
-                "the foreachBatch helper cannot tell which streaming query this batch comes from "
-                "(not called by a running query's foreachBatch, or on Spark Connect): give it "
-                "checkpoint_location, the query's checkpointLocation"
-            )
-        return running, ""
-    where = canonical_location(checkpoint_location, os.getcwd())
-    try:
-        stored = spark_query_id(where)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"option checkpoint_location={checkpoint_location!r}: {exc.message}") from None
-    if running is not None and running != stored:
-        raise ConfigurationError(
-            f"option checkpoint_location={checkpoint_location!r} is the checkpoint of query {stored}, but "
-            f"this micro-batch comes from query {running}: give the running query's own checkpointLocation"
-        )
-    return stored, where
-
-
 class BatchTransaction:
     """One micro-batch written in one ClickHouse transaction, with its key row (driver).
 
@@ -223,15 +174,22 @@ class BatchTransaction:
         #: Rows written when the block ended (0 when skipped).
         self.rows = 0
         self._pending: list[tuple[str, str, "DataFrame"]] = []
+        self._run: RunMemory | None = None
 
     def __enter__(self) -> "BatchTransaction":
         query_id, checkpoint = query_identity(self.spark, self.options.checkpoint_location)
         self.key = BatchKey(self.options.app_id, self.batch_id, query_id, checkpoint)
         target = self.options.writer.target()
+        self._run = run_memory(self.spark, query_id, self.options.app_id, target.url, target.database)
+        if self._run is not None and self._run.follows(self.batch_id):
+            return self  # a later batch of the run: no earlier attempt at its key exists
         records = BatchRecords(target)
-        records.ensure_table()
+        if self._run is None or not self._run.key_table_ready:
+            records.ensure_table()
         settle_key(target, self.key)  # an attempt killed inside its transaction left it open
         found = records.recorded(self.key)
+        if self._run is not None:
+            self._run.key_table_ready = True
         if found is not None:
             self.skipped = True
             log.info(
@@ -257,14 +215,28 @@ class BatchTransaction:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is None and not self.skipped and self.key is not None:
-            self.rows = self._write(self.key)
+        try:
+            if exc_type is None and not self.skipped and self.key is not None:
+                self.rows = self._write(self.key)
+        except BaseException:
+            exc_type = BaseException
+            raise
+        finally:
+            if self._run is not None:
+                self._run.done(self.batch_id) if exc_type is None else self._run.failed()
+
+    def _plan(self, database: str, table: str, df: "DataFrame") -> ConversionPlan:
+        """The table checked (and created with ``create_table``) for ``df``'s schema: once per run."""
+        if self._run is None:
+            return prepare_target(self.options.for_table(database, table), df.schema)
+        key = (database, table, df.schema.json())
+        if key not in self._run.plans:
+            self._run.plans[key] = prepare_target(self.options.for_table(database, table), df.schema)
+        return self._run.plans[key]
 
     def _write(self, key: BatchKey) -> int:
         """Check every table, collect every DataFrame, then one transaction for all (driver)."""
-        plans: list[ConversionPlan] = [
-            prepare_target(self.options.for_table(db, t), df.schema) for db, t, df in self._pending
-        ]
+        plans = [self._plan(db, t, df) for db, t, df in self._pending]
         parts = [TableRows(db, t, plan.apply(collect_arrow(df))) for (db, t, df), plan in zip(self._pending, plans)]
         rows = write_batch(self.options.writer.target(), key, parts)
         log.debug("clickhouse_tx: %s written: %d rows into %d tables", key, rows, len(parts))

@@ -1,10 +1,12 @@
-"""The ``foreachBatch`` sinks of the streaming job: what users write without the writer.
+"""The ``foreachBatch`` sinks of the streaming job: what users write without the writer, and the helper.
 
-Each writes every micro-batch at least once: a batch replayed after a crash between its
-INSERT and Spark's commit log is inserted again. ``foreach_insert`` is a plain HTTP INSERT
-of Arrow (a diagnostic without the writer); ``foreach_connect`` is clickhouse-connect's
-``insert_arrow`` of ``toArrow()``, today's practice, which :mod:`benchmarks.peers`
-compares with the writer.
+``foreach_insert`` and ``foreach_connect`` write every micro-batch at least once: a batch
+replayed after a crash between its INSERT and Spark's commit log is inserted again.
+``foreach_insert`` is a plain HTTP INSERT of Arrow (a diagnostic without the writer);
+``foreach_connect`` is clickhouse-connect's ``insert_arrow`` of ``toArrow()``, today's
+practice, which :mod:`benchmarks.peers` compares with the writer. ``foreach_tx`` is the
+exactly-once helper :func:`~spark_datasource.sink.foreach_batch.clickhouse_tx_batch`: a
+replayed batch is skipped.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from spark_datasource.testing.credentials import http_auth
 #: ``--sink``: ``clickhouse_tx`` (the writer), or a ``foreachBatch`` function writing each
 #: micro-batch at least once: ``foreach_insert`` (a plain HTTP INSERT of Arrow, a diagnostic
 #: without the writer) or ``foreach_connect`` (clickhouse-connect's ``insert_arrow`` of
-#: ``toArrow()``: what users do today, :mod:`benchmarks.peers` compares it with the writer).
-SINKS = ("clickhouse_tx", "foreach_insert", "foreach_connect")
+#: ``toArrow()``: what users do today, :mod:`benchmarks.peers` compares it with the writer),
+#: or ``foreach_tx`` (the exactly-once helper ``clickhouse_tx_batch``).
+SINKS = ("clickhouse_tx", "foreach_insert", "foreach_connect", "foreach_tx")
 #: ``--fault-step`` of a ``foreachBatch`` sink: the driver killed once a batch's INSERT
 #: returned, before Spark's commit log records the batch (the window of its duplicates).
 FOREACH_FAULT_STEP = "after_insert"
@@ -50,6 +53,8 @@ def foreach_batch(
         return _plain_insert(url, table, fault)
     if sink == "foreach_connect":
         return _connect_insert(url, table, fault)
+    if sink == "foreach_tx":
+        return _helper_insert(url, table, fault)
     raise ValueError(f"not a foreachBatch sink: {sink!r} (one of {', '.join(SINKS[1:])})")
 
 
@@ -114,6 +119,26 @@ def _connect_insert(url: str, table: str, fault: FaultPlan | None = None):
                 )
             )
         client[0].insert_arrow(t, tbl, database=db)
+        _after_insert(fault, batch_id)
+
+    return insert
+
+
+def _helper_insert(url: str, table: str, fault: FaultPlan | None = None):
+    """foreachBatch function: the exactly-once helper, keyed by ``(table, batch_id)`` (driver, once per batch).
+
+    The fault ``after_insert`` fires once the helper's transaction committed, before
+    Spark's commit log records the batch: the replay finds the key and skips the batch.
+    """
+    from spark_datasource.sink.foreach_batch import clickhouse_tx_batch
+
+    write = clickhouse_tx_batch(
+        url=url, table=table, app_id=f"foreach_tx-{table}", allow_nullable_into_non_nullable="true",
+        **credentials.writer_options(),
+    )  # fmt: skip
+
+    def insert(batch_df, batch_id: int) -> None:
+        write(batch_df, batch_id)
         _after_insert(fault, batch_id)
 
     return insert

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from clickhouse_tx.errors import ValueDoesNotFitError
+from clickhouse_tx.modes.batch_keys import BatchRecords
 from spark_datasource import clickhouse_tx_batch, clickhouse_tx_transaction
 from spark_datasource.testing import credentials
 from tests.helpers.spark_writes import (
@@ -236,3 +237,36 @@ def test_values_go_into_the_table_s_own_types_as_the_sink_converts_them(
         f"SELECT count(), sum(id), min(ts), max(ts), sum(amount), uniqExact(name) FROM `{database}`.typed",
     )[0]
     assert row == ["1000", "499500", "2023-11-14 22:13:20", "2023-11-14 22:29:59", "124875", "1000"]
+
+
+def test_a_run_reads_the_key_table_for_its_first_batch_only_and_a_restart_of_the_same_function_reads_it_again(
+    sp, clickhouse_url: str, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spark replays at most a run's first batch; the later ones are new (foreach_query).
+    create_events_table(clickhouse_url, database, "events", "transaction")
+    reads: list[int] = []
+    real = BatchRecords.recorded
+    monkeypatch.setattr(BatchRecords, "recorded", lambda self, key: reads.append(key.batch_id) or real(self, key))
+    src, chk, fn = _files(tmp_path), tmp_path / "chk", _single(clickhouse_url, database)
+    _run(sp, src, chk, fn)
+    assert reads == [0]
+    for name in ("2", ".2.crc"):
+        (chk / "commits" / name).unlink(missing_ok=True)
+    _run(sp, src, chk, fn)  # another run of the same function object: batch 2 is read, and skipped
+    assert reads == [0, 2]
+    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
+    assert len(_keys(clickhouse_url, database)) == FILES
+
+
+def test_a_table_altered_between_two_runs_of_one_function_is_checked_again_at_the_restart(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    create_events_table(clickhouse_url, database, "events", "transaction")
+    src, chk, fn = _files(tmp_path), tmp_path / "chk", _single(clickhouse_url, database)
+    _run(sp, src, chk, fn)
+    run_sql(clickhouse_url, f"ALTER TABLE `{database}`.events MODIFY COLUMN k Int8")
+    rows = ({"id": i, "k": i % 1000, "s": f"r{i}"} for i in range(N, N + PER_FILE))
+    (src / f"part-{FILES}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = _failed(sp, src, chk, fn)  # k up to 399 does not fit Int8: named, nothing written
+    assert "of column `k`" in text and "does not fit ClickHouse type Int8" in text, text
+    assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.events") == N

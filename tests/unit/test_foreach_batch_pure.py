@@ -22,8 +22,8 @@ from spark_datasource.sink.foreach_batch import (
     ForeachOptions,
     clickhouse_tx_batch,
     clickhouse_tx_transaction,
-    query_identity,
 )
+from spark_datasource.sink.foreach_query import query_identity
 
 URL = "http://127.0.0.1:8123"
 KEY = BatchKey("events", 3, "query-1", "/chk/events")
