@@ -24,6 +24,7 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -127,9 +128,7 @@ def instrument(coord: Any, spans: Spans) -> None:
     """Wrap a coordinator's three I/O objects (mode, registry, decision log) in :class:`Timed`."""
     mode, reg = Timed(coord.mode_io, "mode", spans), Timed(coord.registry, "registry", spans)
     log = Timed(coord.log, "log", spans)
-    coord.mode_io = coord.ops.mode_io = mode
-    coord.registry = coord.ops.registry = reg
-    coord.log = log
+    coord.context = dataclasses.replace(coord.context, mode_io=mode, registry=reg, log=log)
 
 
 def prepare_all(coord: Any, txn: str, batch: int, parts: list[Any]) -> list[Any]:

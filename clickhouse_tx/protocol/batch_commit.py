@@ -30,7 +30,9 @@ from clickhouse_tx.errors import (
 from clickhouse_tx.interfaces import Decision, Prepared
 from clickhouse_tx.protocol.batch_ops import BatchOps, StepTimes
 from clickhouse_tx.protocol.commit_plan import plan_commit, plan_rollback
+from clickhouse_tx.protocol.context import CommitContext
 from clickhouse_tx.protocol.state import TxState
+from clickhouse_tx.protocol.tx_ops import TxOps
 from clickhouse_tx.retry import is_transient_or_unknown
 
 log = logging.getLogger(__name__)
@@ -71,28 +73,28 @@ class _Run:
 
 
 class BatchCommitter:
-    """The driver's commit of the batches of one query, over its batch-wide steps ``io``.
+    """The driver's commit of the batches of one query, over its commit ``context`` and the
+    per-xid steps ``tx_ops`` built from that context.
 
     Built by :meth:`~clickhouse_tx.protocol.coordinator.Coordinator.commit_batch` for each
-    call; holds nothing between calls.
+    call, with the batch-wide steps (:class:`~clickhouse_tx.protocol.batch_ops.BatchOps`)
+    over the same two; holds nothing between calls.
     """
 
-    def __init__(self, io: BatchOps) -> None:
-        self.io = io
-        # what the committer uses of the query's I/O, by the names the steps use
-        self.txn_id, self.log, self.ops = io.txn_id, io.log, io.ops
-        self.target, self.mode_io = io.ops.target, io.ops.mode_io
-        self.retry, self.clock = io.ops.retry, io.ops.clock
+    def __init__(self, context: CommitContext, tx_ops: TxOps) -> None:
+        self.context = context
+        self.tx_ops = tx_ops
+        self.batch_ops = BatchOps(context, tx_ops)
 
     def commit_batch(self, batch: int, messages: Sequence[Prepared | None]) -> CommitReport:
         """Driver, once per batch commit: what :meth:`Coordinator.commit_batch
         <clickhouse_tx.protocol.coordinator.Coordinator.commit_batch>` does (and raises)."""
-        step = StepTimes(self.clock)
+        step = StepTimes(self.context.clock)
         with step("plan"):
-            msgs = self.io.check_messages(batch, messages)
+            msgs = self.batch_ops.check_messages(batch, messages)
             self._check_layout(batch, msgs)
-            registered = self.io.entries(batch)
-            plan = plan_commit(self.io.read(batch), msgs, registered, txn_id=self.txn_id, batch=batch)
+            registered = self.batch_ops.entries(batch)
+            plan = plan_commit(self.batch_ops.read(batch), msgs, registered, txn_id=self.context.txn_id, batch=batch)
         assert plan.decision is not None
         if plan.already_done:
             return self._replay_of_done(plan.decision, msgs, step)
@@ -101,7 +103,7 @@ class BatchCommitter:
             with step("session_check"):
                 self._check_sessions(run, msgs)
             with step("decision_write"):
-                self.io.write(run.decision)
+                self.batch_ops.write(run.decision)
         with step("commit"):
             first_pass = self._commit_all(run)
             if plan.replay and run.chosen and msgs and not any(first_pass.values()):
@@ -112,14 +114,14 @@ class BatchCommitter:
             # The plan's listing, not a new one: once the decision is durable no other attempt
             # can be chosen, so rolling back one registered since is GC's job either way.
             todo = plan_rollback(keep | set(run.rolled), msgs, registered)
-            run.rolled += self.io.rollback_all(todo, quiet=True)
+            run.rolled += self.batch_ops.rollback_all(todo, quiet=True)
         if run.lost:
-            self.io.record_committed(run.unrecorded)
+            self.batch_ops.record_committed(run.unrecorded)
             raise LostTransactionError(self._lost_message(run, msgs), xid=run.lost[0].xid)
         with step("mark_done"):
-            self.ops.call(lambda: self.log.mark_done(batch), is_transient_or_unknown)
+            self.tx_ops.call(lambda: self.context.log.mark_done(batch), is_transient_or_unknown)
         with step("forget"):
-            self.io.forget(keep | set(run.rolled) | {e.xid for e in registered}, committed=run.unrecorded)
+            self.batch_ops.forget(keep | set(run.rolled) | {e.xid for e in registered}, committed=run.unrecorded)
         durations = step.done()
         chosen = run.chosen
         return CommitReport(
@@ -135,7 +137,8 @@ class BatchCommitter:
 
     def _check_layout(self, batch: int, msgs: Sequence[Prepared]) -> None:
         """A mode that records how a batch was cut (dedup) refuses a run that cut it otherwise."""
-        self.ops.call(lambda: self.mode_io.check_layout(self.target, batch, msgs), is_transient_or_unknown)
+        c = self.context
+        self.tx_ops.call(lambda: c.mode_io.check_layout(c.target, batch, msgs), is_transient_or_unknown)
 
     def _replay_of_done(self, decision: Decision, msgs: Sequence[Prepared], step: "StepTimes") -> CommitReport:
         """A done batch again (Spark replays it after a crash past mark_done): roll back only.
@@ -145,9 +148,9 @@ class BatchCommitter:
         """
         with step("rollback"):
             keep = {p.xid for p in decision.chosen}
-            registered = self.io.entries(decision.batch)
-            rolled = self.io.rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
-        self.io.forget(set(rolled) | {e.xid for e in registered}, committed=sorted(keep))
+            registered = self.batch_ops.entries(decision.batch)
+            rolled = self.batch_ops.rollback_all(plan_rollback(keep, msgs, registered), quiet=True)
+        self.batch_ops.forget(set(rolled) | {e.xid for e in registered}, committed=sorted(keep))
         durations = step.done()
         return CommitReport(
             batch=decision.batch,
@@ -170,25 +173,25 @@ class BatchCommitter:
         early sessions expired committed the rest and failed half-visible.
         """
         parts = sorted(run.chosen)
-        alive = self.io.each(parts, lambda part: self.ops.renew(run.chosen[part]))
+        alive = self.batch_ops.each(parts, lambda part: self.tx_ops.renew(run.chosen[part]))
         dead: list[Prepared] = []
         for part in parts:
             if alive[part]:
                 continue
-            spare = next((s for s in run.spares.get(part, ()) if self.ops.renew(s)), None)
+            spare = next((s for s in run.spares.get(part, ()) if self.tx_ops.renew(s)), None)
             if spare is None:
                 dead.append(run.chosen[part])
                 continue
             run.spares[part] = tuple(s for s in run.spares[part] if s.xid != spare.xid)
             run.chosen[part] = spare
         if dead:
-            self.io.rollback_all(plan_rollback((), msgs, self.io.entries(run.decision.batch)), quiet=True)
+            self.batch_ops.rollback_all(plan_rollback((), msgs, self.batch_ops.entries(run.decision.batch)), quiet=True)
             raise NotCommittedError(
                 sessions_gone_runbook(
                     run.decision.batch,
                     [p.partition for p in dead],
                     [p.xid for p in dead],
-                    self.target.session_timeout_s,
+                    self.context.target.session_timeout_s,
                 ),
                 xid=dead[0].xid,
             )
@@ -205,18 +208,18 @@ class BatchCommitter:
         """
         batch = run.decision.batch
         try:
-            fresh = plan_commit(None, msgs, self.io.entries(batch), txn_id=self.txn_id, batch=batch)
+            fresh = plan_commit(None, msgs, self.batch_ops.entries(batch), txn_id=self.context.txn_id, batch=batch)
         except NotCommittedError as exc:
             log.warning("batch %d: cannot decide again from this run: %s", batch, exc)
             return None
         assert fresh.decision is not None
         old = dict(run.chosen)
         for p in old.values():
-            self.ops.abort(p, known_dead=True)
+            self.tx_ops.abort(p, known_dead=True)
             run.rolled.append(p.xid)
         new = _Run(dataclasses.replace(fresh.decision, version=run.decision.version + 1), dict(fresh.spares))
         self._check_sessions(new, msgs)
-        self.io.write(new.decision)
+        self.batch_ops.write(new.decision)
         run.decision, run.chosen, run.spares = new.decision, new.chosen, new.spares
         run.replaced += [(p.xid, run.chosen[part].xid) for part, p in sorted(old.items()) if part in run.chosen]
         log.warning(
@@ -241,21 +244,21 @@ class BatchCommitter:
             spares = list(run.spares.get(part, ()))
             while not ok:
                 # definitely not committed: fence it so nothing can commit it later
-                self.ops.abort(current, known_dead=True)
+                self.tx_ops.abort(current, known_dead=True)
                 run.rolled.append(current.xid)
-                nxt = next((s for s in spares if self.ops.state(s.xid) is TxState.INITIALIZED), None)
+                nxt = next((s for s in spares if self.tx_ops.state(s.xid) is TxState.INITIALIZED), None)
                 if nxt is None:
                     run.lost.append(current)
                     break
                 spares = spares[spares.index(nxt) + 1 :]
                 run.chosen[part] = nxt
                 run.decision = Decision(
-                    txn_id=self.txn_id,
+                    txn_id=self.context.txn_id,
                     batch=batch,
                     version=run.decision.version + 1,
                     chosen=tuple(run.chosen[p] for p in sorted(run.chosen)),
                 )
-                self.io.write(run.decision)  # before the replacement's COMMIT, as for v1
+                self.batch_ops.write(run.decision)  # before the replacement's COMMIT, as for v1
                 run.replaced.append((current.xid, nxt.xid))
                 log.warning(
                     "batch %d partition %d: xid %s cannot commit, replaced by %s (decision v%d)",
@@ -266,18 +269,18 @@ class BatchCommitter:
                     run.decision.version,
                 )
                 current = nxt
-                ok = self.ops.ensure_committed(current, payload={"decision_version": run.decision.version})
+                ok = self.tx_ops.ensure_committed(current, payload={"decision_version": run.decision.version})
 
     def _lost_message(self, run: "_Run", msgs: Sequence[Prepared]) -> str:
         lost = {p.partition: p.xid for p in run.lost}
         return lost_partitions_runbook(
             batch=run.decision.batch,
-            txn_id=self.txn_id,
+            txn_id=self.context.txn_id,
             lost=lost,
             visible_rows={part: p.rows for part, p in sorted(run.chosen.items()) if part not in lost},
             decided=len(run.chosen),
             this_run=len({m.partition for m in msgs}),
-            log_root=self.log.root_uri,
+            log_root=self.context.log.root_uri,
         )
 
     def _commit_all(self, run: "_Run") -> dict[int, bool]:
@@ -304,7 +307,7 @@ class BatchCommitter:
         chosen, version = run.chosen, run.decision.version
         payload = {"decision_version": version}
         parts = sorted(chosen)
-        ready = self.ops.bulk_move(
+        ready = self.tx_ops.bulk_move(
             [chosen[p].xid for p in parts] if len(parts) > 1 else [],
             (TxState.INITIALIZED, TxState.COMMITTING),
             TxState.COMMITTING,
@@ -317,37 +320,38 @@ class BatchCommitter:
             p = chosen[part]
             try:
                 if p.xid not in ready:
-                    return self.ops.ensure_committed(p, payload=payload)
+                    return self.tx_ops.ensure_committed(p, payload=payload)
                 try:
-                    return self.ops.commit_committing(p)
+                    return self.tx_ops.commit_committing(p)
                 except Exception as exc:  # its lookup failed: once more, then in doubt
-                    return self.ops.settle(p, exc)
+                    return self.tx_ops.settle(p, exc)
             except Exception as exc:  # in doubt after its lookup; the others still commit; raised below
                 doubt[part] = exc
                 return False
 
-        results = self.io.each(parts, commit_one)
+        results = self.batch_ops.each(parts, commit_one)
         run.unrecorded += [chosen[p].xid for p in parts if results[p] and chosen[p].xid in ready]
         if doubt:
-            self.io.record_committed(run.unrecorded)
+            self.batch_ops.record_committed(run.unrecorded)
             run.unrecorded.clear()
             part = min(doubt)
             first = doubt[part]
+            c = self.context
             raise OutcomeUnknownError(
                 in_doubt_runbook(
                     batch=run.decision.batch,
-                    txn_id=self.txn_id,
+                    txn_id=c.txn_id,
                     doubt=sorted(doubt),
                     first=first,
-                    attempts=self.retry.max_attempts,
+                    attempts=c.retry.max_attempts,
                     committed=sorted(p for p in parts if results[p]),
-                    log_root=self.log.root_uri,
+                    log_root=c.log.root_uri,
                     recover=recover_command(
-                        safe_url(self.target.url),
-                        f"{self.target.database}.{self.target.table}",
-                        self.mode_io.mode.value,
-                        self.txn_id,
-                        self.log.root_uri,
+                        safe_url(c.target.url),
+                        f"{c.target.database}.{c.target.table}",
+                        c.mode_io.mode.value,
+                        c.txn_id,
+                        c.log.root_uri,
                     ),
                 ),
                 xid=chosen[part].xid,
@@ -370,7 +374,8 @@ class BatchCommitter:
         if not ps:
             return
         try:
-            self.ops.call(lambda: self.mode_io.commit_together(self.target, ps))
+            c = self.context
+            self.tx_ops.call(lambda: c.mode_io.commit_together(c.target, ps))
         except (NotCommittedError, ServerError) as exc:
             if isinstance(exc, OutcomeUnknownError):
                 raise

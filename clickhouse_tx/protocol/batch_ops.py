@@ -17,8 +17,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from clickhouse_tx.errors import AlreadyRegisteredError, DecisionConflictError, OutcomeUnknownError
 from clickhouse_tx.ids import run_fence_key
-from clickhouse_tx.interfaces import Decision, DecisionLogIO, Prepared, RegistryEntry
+from clickhouse_tx.interfaces import Decision, Prepared, RegistryEntry
 from clickhouse_tx.protocol.commit_plan import plan_rollback
+from clickhouse_tx.protocol.context import CommitContext
 from clickhouse_tx.protocol.state import TxState
 from clickhouse_tx.protocol.tx_ops import TxOps
 from clickhouse_tx.retry import is_transient_or_unknown
@@ -59,19 +60,18 @@ class StepTimes:
 
 
 class BatchOps:
-    """The batch-wide I/O of one query (``txn_id``) on the driver, over its decision log
-    and the per-xid steps ``ops``.
+    """The batch-wide I/O of one query on the driver, over its commit ``context`` and the
+    per-xid steps ``tx_ops`` built from that context.
 
-    Built by :meth:`~clickhouse_tx.protocol.coordinator.Coordinator.batch_ops` for each
-    driver call (commit or abort); holds no state between calls. ``parallelism``: how many
-    partitions :meth:`each` handles at once.
+    Built for each driver call and dropped after it: an abort's by
+    :meth:`~clickhouse_tx.protocol.coordinator.Coordinator.batch_ops`, a commit's by its
+    :class:`~clickhouse_tx.protocol.batch_commit.BatchCommitter`. Holds nothing but the
+    two; :meth:`each` handles ``context.parallelism`` partitions at once.
     """
 
-    def __init__(self, txn_id: str, log: DecisionLogIO, ops: TxOps, *, parallelism: int = 1) -> None:
-        self.txn_id = txn_id
-        self.log = log
-        self.ops = ops
-        self.parallelism = parallelism
+    def __init__(self, context: CommitContext, tx_ops: TxOps) -> None:
+        self.context = context
+        self.tx_ops = tx_ops
 
     def check_messages(self, batch: int, messages: Iterable[Prepared | None]) -> list[Prepared]:
         """Spark's commit messages of ``batch``, without the None of tasks that sent none.
@@ -85,26 +85,27 @@ class BatchOps:
                 continue  # Spark passes None for tasks that sent no message
             if not isinstance(m, Prepared):
                 raise TypeError(f"commit message must be a Prepared, got {type(m).__name__}")
-            if m.txn_id != self.txn_id or m.batch != batch:
+            if m.txn_id != self.context.txn_id or m.batch != batch:
                 raise ValueError(
                     f"message {m.xid} is of txn_id={m.txn_id!r} batch={m.batch}, "
-                    f"not of txn_id={self.txn_id!r} batch={batch}"
+                    f"not of txn_id={self.context.txn_id!r} batch={batch}"
                 )
             out.append(m)
         return out
 
     def read(self, batch: int) -> Decision | None:
         """The logged decision of ``batch`` (None if none), read within the retry budget."""
-        return self.ops.call(lambda: self.log.read(batch), is_transient_or_unknown)
+        return self.tx_ops.call(lambda: self.context.log.read(batch), is_transient_or_unknown)
 
     def entries(self, batch: int) -> list[RegistryEntry]:
         """Every registry entry of ``batch`` of this query, read within the retry budget."""
-        return self.ops.call(lambda: self.ops.registry.list_batch(self.txn_id, batch), is_transient_or_unknown)
+        c = self.context
+        return self.tx_ops.call(lambda: c.registry.list_batch(c.txn_id, batch), is_transient_or_unknown)
 
     def write(self, decision: Decision) -> None:
         """Write a decision version; a lost reply or a conflict is resolved by reading back."""
         try:
-            self.ops.call(lambda: self.log.write(decision))
+            self.tx_ops.call(lambda: self.context.log.write(decision))
             return
         except (OutcomeUnknownError, DecisionConflictError):
             back = self.read(decision.batch)
@@ -127,7 +128,7 @@ class BatchOps:
         done = []
         for p in ps:
             try:
-                if self.ops.abort(p):
+                if self.tx_ops.abort(p):
                     done.append(p.xid)
             except Exception as exc:  # only when quiet, see below
                 if not quiet:
@@ -149,14 +150,15 @@ class BatchOps:
         (:func:`~clickhouse_tx.protocol.prepare.prepare_attempt`). Best effort: without
         the fence such an attempt is left to GC and session expiry, as before it.
         """
-        now = self.ops.now_ms()
-        key = run_fence_key(self.txn_id, batch, run)
+        c = self.context
+        now = self.tx_ops.now_ms()
+        key = run_fence_key(c.txn_id, batch, run)
         fence = RegistryEntry(
-            key, f"{self.txn_id}/aborted-runs", batch, 0, 0, self.ops.mode_io.mode, "", "",
+            key, f"{c.txn_id}/aborted-runs", batch, 0, 0, c.mode_io.mode, "", "",
             TxState.ABORTED.value, {"run": run}, now, now,
         )  # fmt: skip
         try:
-            self.ops.call(lambda: self.ops.registry.register(fence))
+            self.tx_ops.call(lambda: c.registry.register(fence))
         except AlreadyRegisteredError:
             pass  # an abort repeated
         except Exception as exc:  # the abort itself goes on
@@ -182,15 +184,16 @@ class BatchOps:
             left = tuple(p.xid for p in todo if p.xid not in rolled)
             if not left or time.monotonic() + STRAGGLER_POLL_S > deadline:
                 break
-            self.ops.sleep(STRAGGLER_POLL_S)
+            self.context.sleep(STRAGGLER_POLL_S)
         return rolled, left
 
     def each(self, parts: Sequence[int], fn: Callable[[int], bool]) -> dict[int, bool]:
         """``fn`` over the partitions, ``parallelism`` at a time; the first error is raised."""
-        if self.parallelism <= 1 or len(parts) <= 1:
+        parallelism = self.context.parallelism
+        if parallelism <= 1 or len(parts) <= 1:
             return {part: fn(part) for part in parts}
         with concurrent.futures.ThreadPoolExecutor(
-            min(self.parallelism, len(parts)), thread_name_prefix="clickhouse-tx-commit"
+            min(parallelism, len(parts)), thread_name_prefix="clickhouse-tx-commit"
         ) as pool:
             futures = {part: pool.submit(fn, part) for part in parts}
         results: dict[int, bool] = {}
@@ -216,7 +219,8 @@ class BatchOps:
         COMMITTING even then is found committed by its lookup (``recover``, GC).
         """
         try:
-            self.ops.call(lambda: self.ops.registry.forget(sorted(xids), sorted(committed)), is_transient_or_unknown)
+            c = self.context
+            self.tx_ops.call(lambda: c.registry.forget(sorted(xids), sorted(committed)), is_transient_or_unknown)
         except Exception as exc:  # housekeeping never fails a commit
             log.info("could not drop finished registry entries: %s", exc)
             if committed:
@@ -230,9 +234,9 @@ class BatchOps:
         xid for what it did not move.
         """
         try:
-            done = self.ops.bulk_move(xids, (TxState.COMMITTING,), TxState.COMMITTED)
+            done = self.tx_ops.bulk_move(xids, (TxState.COMMITTING,), TxState.COMMITTED)
         except Exception:  # xid by xid below
             done = set()
         for xid in xids:
             if xid not in done:
-                self.ops.record_committed(xid)
+                self.tx_ops.record_committed(xid)

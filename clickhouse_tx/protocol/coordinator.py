@@ -3,7 +3,10 @@
 :class:`Coordinator` is the one object the writers use: :meth:`~Coordinator.prepare`
 on the executors, :meth:`~Coordinator.commit_batch` and :meth:`~Coordinator.abort_batch`
 on the driver. It keeps no state between calls (Spark builds a fresh writer for
-every commit) and delegates each phase to the module that holds it:
+every commit). What its commit depends on (target, the three I/O protocols, retry
+policy, clock, sleep, parallelism) is one frozen
+:class:`~clickhouse_tx.protocol.context.CommitContext`, built in its constructor and
+handed to each object below; each phase is delegated to the module that holds it:
 
 - :mod:`clickhouse_tx.protocol.commit_plan`: what to commit and roll back, pure;
 - :mod:`clickhouse_tx.protocol.tx_ops`: the idempotent steps of one xid (also recovery's);
@@ -12,21 +15,28 @@ every commit) and delegates each phase to the module that holds it:
 - :mod:`clickhouse_tx.protocol.batch_commit`: the driver's commit of one batch.
 
 Order of effects for one batch's commit (each step is idempotent, so a replay after a
-crash at any point redoes what is missing and nothing twice; the names are the keys
-of :attr:`CommitReport.durations <clickhouse_tx.protocol.batch_commit.CommitReport.durations>`):
+crash at any point redoes what is missing and nothing twice). The names are the keys
+of :attr:`CommitReport.durations <clickhouse_tx.protocol.batch_commit.CommitReport.durations>`,
+each the seconds of its step, with ``total`` the whole call's:
 
-1. ``plan``: the messages checked, the decision and the registry entries read, the
-   commit planned (:func:`~clickhouse_tx.protocol.commit_plan.plan_commit`); a batch
-   already marked done only rolls back what is left and drops its entries;
+1. ``plan``: the messages checked, the mode's check of how the batch was cut (mode
+   ``dedup``), the registry entries and the decision read, the commit planned
+   (:func:`~clickhouse_tx.protocol.commit_plan.plan_commit`). A batch already marked
+   done goes no further than ``rollback`` (what is left of it); its entries are then
+   dropped, its chosen xids straight from COMMITTING, outside any timed step;
 2. no decision yet: ``session_check`` (each chosen session renewed; a dead one swapped
-   for a live spare of its partition, or nothing is decided) and ``decision_write``;
-3. ``commit``: the chosen xids moved COMMITTING in bulk, committed ``parallelism`` at a
-   time, their outcome looked up where unknown; a chosen xid that definitely cannot
-   commit is fenced, replaced by a message of the same partition under a new decision
-   version, rolled back; on a replay with nothing of the batch visible, the batch is
-   decided again from the replay's messages;
-4. ``rollback``: every other xid of the batch (messages, zombies and speculative
-   attempts in the registry): ABORTING, ROLLBACK, ABORTED;
+   for a live spare of its partition, or everything is rolled back and nothing is
+   decided), then ``decision_write``;
+3. ``commit``: the chosen xids moved COMMITTING in bulk, published in one step where
+   the mode offers it (``visibility=batch``), committed ``parallelism`` at a time,
+   each outcome looked up where unknown. On a replay where no chosen xid committed,
+   the batch is decided again from the replay's messages. A chosen xid that
+   definitely cannot commit is then fenced (rolled back, ABORTED) and replaced by a
+   spare of the same partition under a new decision version, written before its COMMIT;
+4. ``rollback``: every other xid of the batch (messages, and the zombies and
+   speculative attempts the plan's listing found): ABORTING, ROLLBACK, ABORTED. A
+   partition left without a committable xid stops the commit here
+   (:class:`~clickhouse_tx.errors.LostTransactionError`): the batch is not marked done;
 5. ``mark_done``, then ``forget``: the batch's registry entries dropped (its committed
    xids straight from COMMITTING).
 """
@@ -44,6 +54,7 @@ from clickhouse_tx.ids import new_xid
 from clickhouse_tx.interfaces import CommitModeIO, DecisionLogIO, Prepared, RegistryIO, Target, WriteContext
 from clickhouse_tx.protocol.batch_commit import BatchCommitter, CommitReport
 from clickhouse_tx.protocol.batch_ops import STRAGGLER_WAIT_S, BatchOps
+from clickhouse_tx.protocol.context import CommitContext
 from clickhouse_tx.protocol.prepare import prepare_attempt
 from clickhouse_tx.protocol.tx_ops import TxOps
 from clickhouse_tx.retry import RetryPolicy
@@ -65,6 +76,12 @@ class Coordinator:
     Built fresh wherever it is used: on executors for :meth:`prepare`, on the driver
     for :meth:`validate`, :meth:`commit_batch` and :meth:`abort_batch`. It holds no
     state of its own between calls; it is picklable if its I/O objects are.
+
+    Every parameter but ``xid_factory`` and ``conversion`` (the prepare's alone) goes into
+    its :attr:`context`, a frozen :class:`~clickhouse_tx.protocol.context.CommitContext`;
+    ``txn_id``, ``target``, ``mode_io``, ``registry``, ``log``, ``retry``, ``clock`` and
+    ``parallelism`` are read-only views of it. The per-xid steps (:attr:`ops`) and the
+    batch-wide ones (:meth:`batch_ops`) are built from the context on each call.
 
     Parameters
     ----------
@@ -101,23 +118,69 @@ class Coordinator:
         xid_factory: Callable[[str, int, int, int], str] = new_xid,
         conversion: ConversionPlan | None = None,
     ) -> None:
-        self.txn_id = txn_id
+        self.context = CommitContext(
+            txn_id,
+            target,
+            mode_io,
+            registry,
+            log,
+            retry=retry or RetryPolicy(),
+            clock=clock,
+            sleep=sleep,
+            parallelism=parallelism,
+        )
+        # the executor's prepare alone uses these: they are not the commit's
         self.conversion = conversion
         self.xid_factory = xid_factory
-        self.log = log
-        self.parallelism = parallelism
-        self.ops = TxOps(target, mode_io, registry, retry=retry, clock=clock, sleep=sleep)
-        # what the coordinator shares with its ops, by the same names
-        self.target, self.mode_io, self.registry = target, mode_io, registry
-        self.retry, self.clock = self.ops.retry, clock
 
     def __repr__(self) -> str:
         return f"Coordinator(txn_id={self.txn_id!r}, target={self.target!r}, mode={self.mode_io.mode.value})"
 
+    # Read-only views of the context: a test changes a built coordinator's I/O by
+    # replacing ``context`` as a whole, so that every step sees the same objects.
+    @property
+    def txn_id(self) -> str:
+        return self.context.txn_id
+
+    @property
+    def target(self) -> Target:
+        return self.context.target
+
+    @property
+    def mode_io(self) -> CommitModeIO:
+        return self.context.mode_io
+
+    @property
+    def registry(self) -> RegistryIO:
+        return self.context.registry
+
+    @property
+    def log(self) -> DecisionLogIO:
+        return self.context.log
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self.context.retry
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.context.clock
+
+    @property
+    def parallelism(self) -> int:
+        return self.context.parallelism
+
+    @property
+    def ops(self) -> TxOps:
+        """The per-xid steps over the context's registry and mode (built per call, like
+        :meth:`batch_ops`, from the context as it is then)."""
+        c = self.context
+        return TxOps(c.target, c.mode_io, c.registry, retry=c.retry, clock=c.clock, sleep=c.sleep)
+
     def batch_ops(self) -> BatchOps:
-        """The driver's batch-wide steps over this coordinator's I/O, as it is now (built
-        per call: a test may swap the mode or the parallelism of a built coordinator)."""
-        return BatchOps(self.txn_id, self.log, self.ops, parallelism=self.parallelism)
+        """The driver's batch-wide steps over the context (an abort's; a commit's are its
+        :class:`~clickhouse_tx.protocol.batch_commit.BatchCommitter`'s)."""
+        return BatchOps(self.context, self.ops)
 
     def validate(self, schema: pa.Schema) -> None:
         """Driver, once per query/job before any task writes: check target and schema."""
@@ -136,7 +199,9 @@ class Coordinator:
         """
         if ctx.txn_id != self.txn_id:
             raise ValueError(f"WriteContext txn_id {ctx.txn_id!r} != coordinator's {self.txn_id!r}")
-        return prepare_attempt(self.ops, ctx, batches, xid_factory=self.xid_factory, conversion=self.conversion)
+        return prepare_attempt(
+            self.context, self.ops, ctx, batches, xid_factory=self.xid_factory, conversion=self.conversion
+        )
 
     def commit_batch(self, batch: int, messages: Sequence[Prepared | None]) -> CommitReport:
         """Driver, once per batch commit (possibly again after a crash): 2PC phase two.
@@ -156,7 +221,7 @@ class Coordinator:
             An xid stayed in doubt; the batch is not done and a replay (or
             ``python -m clickhouse_tx recover``, which the message spells out) resolves it.
         """
-        return BatchCommitter(self.batch_ops()).commit_batch(batch, messages)
+        return BatchCommitter(self.context, self.ops).commit_batch(batch, messages)
 
     def abort_batch(
         self,

@@ -17,12 +17,14 @@ from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.errors import IllegalTransitionError, NotCommittedError, ValueDoesNotFitError
 from clickhouse_tx.ids import run_fence_key
 from clickhouse_tx.interfaces import Prepared, RegistryEntry, WriteContext
+from clickhouse_tx.protocol.context import CommitContext
 from clickhouse_tx.protocol.state import TxState
 from clickhouse_tx.protocol.tx_ops import TxOps
 
 
 def prepare_attempt(
-    ops: TxOps,
+    context: CommitContext,
+    tx_ops: TxOps,
     ctx: WriteContext,
     batches: Iterator[pa.RecordBatch],
     *,
@@ -33,8 +35,10 @@ def prepare_attempt(
 
     Parameters
     ----------
-    ops
-        The per-xid steps over the query's registry and commit mode.
+    context
+        The query's commit context: its target, mode I/O and registry.
+    tx_ops
+        The per-xid steps built from ``context``.
     ctx
         Which attempt of which partition of which batch.
     batches
@@ -51,16 +55,16 @@ def prepare_attempt(
         Anything went wrong; what was written is rolled back and the xid is
         ABORTED (best effort: GC finishes what a dying executor could not).
     """
-    target, mode_io = ops.target, ops.mode_io
+    target, mode_io = context.target, context.mode_io
     xid = xid_factory(ctx.txn_id, ctx.batch, ctx.partition, ctx.attempt)
     provisional = Prepared.for_attempt(
         ctx, xid, mode_io.mode, safe_url(target.url), f"{target.database}.{target.table}"
     )
-    entry = RegistryEntry.of_attempt(provisional, TxState.INITIALIZED.value, ops.now_ms())
+    entry = RegistryEntry.of_attempt(provisional, TxState.INITIALIZED.value, tx_ops.now_ms())
     try:
-        ops.call(lambda: ops.registry.register(entry))
+        tx_ops.call(lambda: context.registry.register(entry))
     except Exception as exc:
-        ops.abort_quietly(provisional)
+        tx_ops.abort_quietly(provisional)
         raise NotCommittedError(f"could not register the transaction: {exc}", xid=xid) from exc
     written: Prepared | None = None
     try:
@@ -72,7 +76,7 @@ def prepare_attempt(
         if written.xid != xid:
             raise IllegalTransitionError(f"mode returned xid {written.xid!r} for {xid!r}", xid=xid)
         fence = run_fence_key(ctx.txn_id, ctx.batch, ctx.run) if ctx.run else None
-        state, aborted = ops.state_and_fence(xid, fence)
+        state, aborted = tx_ops.state_and_fence(xid, fence)
         if state is not TxState.INITIALIZED or aborted:
             # The driver fenced this attempt while it wrote, or Spark's abort of this
             # run's batch ran before this attempt registered and so never listed it.
@@ -80,12 +84,12 @@ def prepare_attempt(
             # session yet, or no entry), so it rolls back what it wrote itself.
             # Otherwise its transaction stayed open, kept alive by the keep-alive of a
             # reused Python worker, and a DROP TABLE ... SYNC of the target waited behind it.
-            ops.rollback(written)
+            tx_ops.rollback(written)
             why = "Spark aborted this batch of the run" if aborted else f"registry says {state.value}"
             raise NotCommittedError(f"fenced while writing: {why}", xid=xid)
         return written
     except Exception as exc:
-        ops.abort_quietly(written or provisional)
+        tx_ops.abort_quietly(written or provisional)
         if isinstance(exc, ValueDoesNotFitError):
             exc.xid = xid  # keep its type: the task failed on the data, not on I/O
         if isinstance(exc, NotCommittedError) and exc.xid == xid:

@@ -38,6 +38,10 @@ class TxOps:
     Each registry move is a compare-and-set checked against the transition table:
     if the CAS fails (or its reply is lost) the current state is read back; being
     already in the target state is a no-op, anything else illegal raises.
+
+    Takes its I/O one by one: the coordinator's from its
+    :class:`~clickhouse_tx.protocol.context.CommitContext`, recovery's (which serves no
+    one query) from the target it sweeps.
     """
 
     def __init__(

@@ -7,6 +7,7 @@ read-committed reader sees.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -99,7 +100,7 @@ def dedup_coordinator(
     sizing), every xid ``xid`` if given."""
     co = build_coordinator(target, "dedup", DEDUP_TXN, str(tmp_path))
     sizing = chunk_rows if isinstance(chunk_rows, ChunkSizing) else ChunkSizing.fixed(chunk_rows)
-    co.mode_io = co.ops.mode_io = DedupMode(sizing, registry=co.registry)
+    co.context = dataclasses.replace(co.context, mode_io=DedupMode(sizing, registry=co.registry))
     if xid is not None:
         co.xid_factory = lambda *_: xid
     return co

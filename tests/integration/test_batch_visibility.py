@@ -7,6 +7,7 @@ operator's per-xid commit do with it.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -51,7 +52,7 @@ def _prepared_batch(target: Target, tmp_path: Path, n: int = 2000, parts: int = 
 
 def _die_inside_the_batch_transaction(target: Target, tmp_path: Path, msgs: list[Prepared]) -> None:
     co = build_coordinator(target, "staging", TXN, str(tmp_path), visibility="batch")
-    co.mode_io = co.ops.mode_io = DiesInsideTheBatchTransaction()
+    co.context = dataclasses.replace(co.context, mode_io=DiesInsideTheBatchTransaction())
     with pytest.raises(DriverDied):
         co.commit_batch(0, msgs)
 

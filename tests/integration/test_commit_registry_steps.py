@@ -52,7 +52,7 @@ def test_a_replay_of_a_done_batch_drops_the_entries_a_crash_left_committing(
     target, coord, msgs = _prepared_batch(admin, database, tmp_path)
     txn = coord.txn_id
     crashed = build_coordinator(target, "transaction", txn, str(tmp_path))
-    crashed.ops.registry.forget = lambda xids, committed=(): None  # killed before it dropped them
+    crashed.registry.forget = lambda xids, committed=(): None  # killed before it dropped them
     crashed.commit_batch(0, msgs)
     left = build_registry(target).list_batch(txn, 0)
     assert {e.state for e in left} == {"committing"} and len(left) == PARTS

@@ -199,7 +199,7 @@ def test_a_driver_crash_between_commits_is_rolled_forward_on_replay(
     co = build_coordinator(target, mode, TXN, str(tmp_path))
     data = rows(2000)
     msgs = prepare_all(co, data)
-    co.mode_io = co.ops.mode_io = CrashOnCommit(mode_io_for(mode), n=2)
+    co.context = dataclasses.replace(co.context, mode_io=CrashOnCommit(mode_io_for(mode), n=2))
     with pytest.raises(SimulatedCrash):
         co.commit_batch(0, msgs)
     assert committed_count(admin, target) == 1000  # the first partition only
@@ -489,7 +489,7 @@ def test_a_retried_dedup_attempt_with_other_batch_sizes_is_deduplicated(
 ) -> None:
     target = make_table(admin, database)
     co = build_coordinator(target, "dedup", TXN, str(tmp_path))
-    co.mode_io = co.ops.mode_io = DedupMode(ChunkSizing.fixed(300))
+    co.context = dataclasses.replace(co.context, mode_io=DedupMode(ChunkSizing.fixed(300)))
     data = rows(1000)
     a0 = co.prepare(WriteContext(TXN, 0, 0, 0), batches(data, 70))
     a1 = co.prepare(WriteContext(TXN, 0, 0, 1), batches(data, 999))

@@ -15,6 +15,7 @@ from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.ids import run_fence_key
 from clickhouse_tx.interfaces import Prepared, Target, WriteContext
 from clickhouse_tx.protocol.coordinator import Coordinator
+from clickhouse_tx.protocol.tx_ops import TxOps
 from clickhouse_tx.sharding.io import build_sharded_coordinator, prepare_sharded
 from clickhouse_tx.sharding.placement import ShardPlacement, stable_hash
 from server_patches import crashes
@@ -121,26 +122,26 @@ def test_an_attempt_on_any_shard_that_registers_after_its_runs_abort_rolls_itsel
 
 
 def test_a_decision_logged_before_the_driver_died_is_rolled_forward_on_every_shard(
-    sharded_stack: StackInfo, target: Target, tmp_path: Path
+    sharded_stack: StackInfo, target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     placement = ShardPlacement(tuple((u,) for (u,) in sharded_stack.clickhouse_urls), key="id")
     msgs = _prepare(placement, target, "transaction", tmp_path, rows(1000), parts=2)
     co = build_sharded_coordinator(target, placement, _one("transaction", tmp_path))
     committed_one: list[str] = []
-    real_commit = co.ops.commit_committing
+    real_commit = TxOps.commit_committing
 
     class DriverDied(BaseException):
         pass
 
-    def commit_then_die(p: Prepared) -> bool:
+    def commit_then_die(self: TxOps, p: Prepared) -> bool:
         if committed_one:
             raise DriverDied()
         committed_one.append(p.xid)
-        return real_commit(p)
+        return real_commit(self, p)
 
-    co.parallelism = 1
-    co.ops.commit_committing = commit_then_die  # type: ignore[method-assign]
-    with pytest.raises(DriverDied):
+    co.context = dataclasses.replace(co.context, parallelism=1)
+    with monkeypatch.context() as patched, pytest.raises(DriverDied):
+        patched.setattr(TxOps, "commit_committing", commit_then_die)
         co.commit_batch(0, msgs)
     assert 0 < sum(counts(ids_per_shard(sharded_stack, target))) < 1000
     # The replay (a new driver, a later task attempt's messages included) finishes the decision.

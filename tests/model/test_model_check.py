@@ -119,7 +119,7 @@ def test_a_coordinator_that_commits_before_writing_its_decision_is_caught(
     def commit_then_write(self: BatchCommitter, run: batch_commit._Run) -> dict[int, bool]:
         out = commit_all(self, run)
         if run.decision.version == 1:
-            write(self.io, run.decision)
+            write(self.batch_ops, run.decision)
         return out
 
     monkeypatch.setattr(BatchOps, "write", late_write)
