@@ -20,21 +20,9 @@ from clickhouse_tx.retry import RetryPolicy
 
 @dataclasses.dataclass(frozen=True)
 class CommitContext:
-    """The dependencies of one query's (``txn_id``) commit path into one target.
-
-    Parameters
-    ----------
-    txn_id:
-        Stable id of the query (see :func:`clickhouse_tx.ids.default_txn_id`).
-    target, mode_io, registry, log:
-        Where rows go and the three I/O protocols.
-    retry:
-        Policy for transient errors of every I/O call.
-    clock, sleep:
-        Wall clock (registry timestamps, durations) and sleep; injectable for tests.
-    parallelism:
-        How many decided partitions are committed at once.
-    """
+    """The dependencies of one query's (``txn_id``) commit path into one target: the
+    :class:`~clickhouse_tx.protocol.coordinator.Coordinator` parameters of the same names,
+    which say what each one is."""
 
     txn_id: str
     target: Target

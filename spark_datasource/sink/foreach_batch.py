@@ -215,15 +215,16 @@ class BatchTransaction:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        ok = False
         try:
             if exc_type is None and not self.skipped and self.key is not None:
                 self.rows = self._write(self.key)
-        except BaseException:
-            exc_type = BaseException
-            raise
+            ok = exc_type is None
         finally:
-            if self._run is not None:
-                self._run.done(self.batch_id) if exc_type is None else self._run.failed()
+            if self._run is not None and ok:
+                self._run.done(self.batch_id)
+            elif self._run is not None:
+                self._run.failed()
 
     def _plan(self, database: str, table: str, df: "DataFrame") -> ConversionPlan:
         """The table checked (and created with ``create_table``) for ``df``'s schema: once per run."""

@@ -81,12 +81,13 @@ def run_memory(spark: "SparkSession | None", query_id: str, app_id: str, url: st
 def running_run_id(spark: "SparkSession | None", query_id: str) -> str | None:
     """The run id of the active streaming query ``query_id`` (a new one at each start), or None.
 
-    Spark sets no local property for it; the query manager knows it. The micro-batch's
-    own session is a clone whose manager may not list the query; the active session's does.
+    Spark sets no local property for it; the query manager knows it. The active session's
+    manager lists the query while its micro-batch runs; the micro-batch's own session, a
+    clone, is asked only when there is no active one (one py4j round trip in the usual case).
     """
     from pyspark.sql import SparkSession
 
-    for session in (spark, SparkSession.getActiveSession()):
+    for session in (SparkSession.getActiveSession(), spark):
         try:
             query = session.streams.get(query_id) if session is not None else None
         except Exception:  # Spark Connect, or a session being stopped: every step is taken

@@ -71,6 +71,12 @@ def _failed(sp, src: Path, chk: Path, fn: Callable[[Any, int], None]) -> str:
     return str(info.value)
 
 
+def _forget_last_commit(chk: Path) -> None:
+    """Spark forgets that batch 2 (the last) finished: the restart replays it over the same file."""
+    for name in (str(FILES - 1), f".{FILES - 1}.crc"):
+        (chk / "commits" / name).unlink(missing_ok=True)
+
+
 def _keys(url: str, database: str) -> list[list[str]]:
     return read_committed(
         url, f"SELECT batch_id, query_id, tables, rows FROM `{database}`.clickhouse_tx_batches ORDER BY batch_id"
@@ -98,9 +104,7 @@ def test_a_file_stream_writes_every_row_once_and_a_replayed_batch_writes_nothing
     assert _keys(clickhouse_url, database) == [
         [str(b), query_id, f"['{database}.events']", str(PER_FILE)] for b in range(FILES)
     ]
-    # Spark forgets that batch 2 finished: the restart replays it over the same file.
-    for name in ("2", ".2.crc"):
-        (chk / "commits" / name).unlink(missing_ok=True)
+    _forget_last_commit(chk)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert _run(sp, src, chk, _single(clickhouse_url, database)) == query_id
     skipped = [r.getMessage() for r in caplog.records if r.name == LOGGER and "skipped" in r.getMessage()]
@@ -250,8 +254,7 @@ def test_a_run_reads_the_key_table_for_its_first_batch_only_and_a_restart_of_the
     src, chk, fn = _files(tmp_path), tmp_path / "chk", _single(clickhouse_url, database)
     _run(sp, src, chk, fn)
     assert reads == [0]
-    for name in ("2", ".2.crc"):
-        (chk / "commits" / name).unlink(missing_ok=True)
+    _forget_last_commit(chk)
     _run(sp, src, chk, fn)  # another run of the same function object: batch 2 is read, and skipped
     assert reads == [0, 2]
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
