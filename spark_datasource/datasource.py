@@ -16,7 +16,9 @@ import time
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.convert import ConversionPlan
+from clickhouse_tx.conversion.schema import TableInfo
 from spark_datasource.options.writer import WriterOptions
 from spark_datasource.sink.batch_append import already_written, plan_job
 from spark_datasource.sink.job_writers import AppendJobWriter, OverwriteWriter, SkippedJobWriter
@@ -67,36 +69,44 @@ class ClickHouseTxDataSource(DataSource):
     def name(cls) -> str:
         return "clickhouse_tx"
 
-    def _validated(self, schema: StructType, streaming: bool) -> tuple[WriterOptions, str, ConversionPlan]:
+    def _parsed(self, streaming: bool) -> tuple[WriterOptions, str]:
+        """The options, parsed and checked, and the transactional id they give."""
         opts = WriterOptions.parse(self.options, streaming=streaming)
         reject_unsupported(opts)
         # Streaming: the id is read from (or first stored in) the checkpoint, before any
         # task writes; an explicit id that differs from the stored one is refused here.
         opts = opts.with_query_identity()
         opts.check_batch_job_not_done()
-        txn_id = opts.txn_id()
-        from spark_datasource.sink.setup import prepare_target
-
-        # Spark calls streamWriter before every commit, in a reused Python worker: a
-        # target checked moments ago for the same options and schema is not checked
-        # again (a few round trips per micro-batch otherwise). Batch jobs always check.
-        key = (repr(sorted((k.lower(), v) for k, v in dict(self.options).items())), schema.json())
-        now = time.monotonic()
-        checked_at, plan = _CHECKED.get(key, (-_RECHECK_S, None))
-        if not streaming or plan is None or now - checked_at >= _RECHECK_S:
-            plan = prepare_target(opts, schema)
-            if streaming:
-                _CHECKED[key] = (now, plan)
-        return opts, txn_id, plan
+        return opts, opts.txn_id()
 
     def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
         """Driver, once per batch job; the writer is pickled to executors and the commit."""
+        from clickhouse_tx.client.tls import check_tls
+        from spark_datasource.sink.setup import check_target
+
         if overwrite:
             opts = WriterOptions.parse(self.options, streaming=False)
             reject_unsupported(opts, overwrite=True)
             return OverwriteWriter(opts, schema, create_stage(opts, schema))
-        opts, txn_id, plan = self._validated(schema, streaming=False)
-        done = already_written(opts)
+        opts, txn_id = self._parsed(streaming=False)
+        check_tls(opts.target())  # before the client is built: each error names its option
+        # One client of the target and one description of it for the job's driver set-up:
+        # the checks, the key, the stages (the mode's validate has its own).
+        with ClickHouseHTTP(opts.target()) as client:
+            plan, info = check_target(client, opts, schema)
+            return self._job_writer(opts, schema, txn_id, (plan, info), client)
+
+    @staticmethod
+    def _job_writer(
+        opts: WriterOptions,
+        schema: StructType,
+        txn_id: str,
+        checked: tuple[ConversionPlan, TableInfo | None],
+        client: ClickHouseHTTP,
+    ) -> ClickHouseTxBatchWriter:
+        """The batch job's writer: skipped (its key recorded), published at once, or per partition."""
+        plan, info = checked
+        done = already_written(opts, client)
         if done is not None:
             log.warning(
                 "clickhouse_tx batch job into %s skipped: idempotence_key %r was recorded by job %s at %s "
@@ -114,12 +124,23 @@ class ClickHouseTxDataSource(DataSource):
             txn_id,
             "resumable: its own id and decision_log" if opts.resumable_batch_job else "fresh per job",
         )
-        job = plan_job(opts, schema, txn_id, plan)
+        job = plan_job(opts, schema, txn_id, plan, client, info)
         if job is not None:
             return AppendJobWriter(opts, schema, job)
         return ClickHouseTxBatchWriter(dataclasses.replace(opts, visibility="partition"), schema, txn_id, plan)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
         """Driver, at query start and before every commit (fresh worker each time)."""
-        opts, txn_id, plan = self._validated(schema, streaming=True)
+        from spark_datasource.sink.setup import prepare_target
+
+        opts, txn_id = self._parsed(streaming=True)
+        # Spark calls streamWriter before every commit, in a reused Python worker: a
+        # target checked moments ago for the same options and schema is not checked
+        # again (a few round trips per micro-batch otherwise).
+        key = (repr(sorted((k.lower(), v) for k, v in dict(self.options).items())), schema.json())
+        now = time.monotonic()
+        checked_at, plan = _CHECKED.get(key, (-_RECHECK_S, None))
+        if plan is None or now - checked_at >= _RECHECK_S:
+            plan = prepare_target(opts, schema)
+            _CHECKED[key] = (now, plan)
         return ClickHouseTxStreamWriter(opts, schema, txn_id, plan)

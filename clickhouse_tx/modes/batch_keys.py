@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 
 from clickhouse_tx.client import sql as q
-from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP, reuse_or_open
 from clickhouse_tx.conversion.checksum import CountingBatches, combine, finish
 from clickhouse_tx.conversion.dead_letters import write_dead_letters
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError, OutcomeUnknownError
@@ -148,20 +148,25 @@ def _another_query(row: Mapping[str, Any], key: BatchKey) -> str:
 
 
 class BatchRecords:
-    """The key table of one database: DDL, read-committed reads, the key row's INSERT."""
+    """The key table of one database: DDL, read-committed reads, the key row's INSERT.
 
-    def __init__(self, target: Target) -> None:
+    ``client``: a session-less client for the DDL and the reads (the caller's, left
+    open); None: one of ``target``'s per call, closed after.
+    """
+
+    def __init__(self, target: Target, client: ClickHouseHTTP | None = None) -> None:
         self.target = target
+        self.client = client
         self.table = q.qualified(target.database, BATCHES_TABLE)
 
     def ensure_table(self) -> None:
         """``CREATE TABLE IF NOT EXISTS`` (driver, once per micro-batch; DDL is refused inside a transaction)."""
-        with ClickHouseHTTP(self.target) as c:
+        with reuse_or_open(self.target, self.client) as c:
             c.command(q.record_table_ddl(self.table, _COLUMNS, ("app_id", "batch_id")), idempotent=True)
 
     def _read(self, where: str, params: Mapping[str, object]) -> list[dict[str, Any]]:
         sql = f"SELECT {_SELECT} FROM {self.table} WHERE {where} ORDER BY committed_at LIMIT 10"
-        with ClickHouseHTTP(self.target) as c:
+        with reuse_or_open(self.target, self.client) as c:
             return CommittedReader(c).query_json(sql, params)
 
     def recorded(self, key: BatchKey) -> Mapping[str, Any] | None:

@@ -38,7 +38,7 @@ from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Hook, Target
 from clickhouse_tx.modes.stage_tables import settle_session
 from clickhouse_tx.modes.views import dependent_views
-from clickhouse_tx.store.markers import READ_COMMITTED
+from clickhouse_tx.store.markers import CommittedReader
 
 log = logging.getLogger("clickhouse_tx.publish")
 
@@ -170,7 +170,7 @@ class JobRecords:
             rows = client.query_json(sql, params=params)
         else:
             with reuse_or_open(self.target, self.client) as c:
-                rows = c.query_json(sql + READ_COMMITTED, params=params)
+                rows = CommittedReader(c).query_json(sql, params)
         return rows[0] if rows else None
 
     def by_key(self, key: str, client: ClickHouseHTTP | None = None) -> dict[str, Any] | None:

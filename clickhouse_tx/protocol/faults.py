@@ -38,6 +38,7 @@ demo's job (``spark_datasource/testing/job_launcher.py``), whose crashes are the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import signal
@@ -259,16 +260,15 @@ class FaultyModeIO:
 
 
 def with_faults(coordinator: Coordinator, plan: FaultPlan) -> Coordinator:
-    """The same coordinator with its mode I/O and decision log wrapped by ``plan``."""
-    from clickhouse_tx.protocol.coordinator import Coordinator
+    """The same coordinator with its mode I/O and decision log wrapped by ``plan``.
 
-    return Coordinator(
-        coordinator.txn_id,
-        coordinator.target,
-        FaultyModeIO(coordinator.mode_io, plan),
-        coordinator.registry,
-        FaultyDecisionLog(coordinator.log, plan),
-        retry=coordinator.retry,
-        parallelism=coordinator.parallelism,
-        clock=coordinator.clock,
+    A shallow copy with its context replaced: everything else it was built with (the
+    conversion, the xid factory, the clock and sleep, the retry policy) is kept.
+    """
+    faulty = copy.copy(coordinator)
+    faulty.context = dataclasses.replace(
+        coordinator.context,
+        mode_io=FaultyModeIO(coordinator.mode_io, plan),
+        log=FaultyDecisionLog(coordinator.log, plan),
     )
+    return faulty

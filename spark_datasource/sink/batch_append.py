@@ -28,7 +28,7 @@ import logging
 
 from pyspark.sql.types import StructType
 
-from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP, reuse_or_open
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.conversion.schema import TableInfo, describe_table
 from clickhouse_tx.errors import ConfigurationError
@@ -66,16 +66,26 @@ class AppendJob:
     conversion: ConversionPlan
 
 
-def already_written(opts: WriterOptions) -> dict[str, object] | None:
-    """The job that recorded ``opts.idempotence_key`` for the table, or None (driver, once per job)."""
+def already_written(opts: WriterOptions, client: ClickHouseHTTP | None = None) -> dict[str, object] | None:
+    """The job that recorded ``opts.idempotence_key`` for the table, or None (driver, once per job).
+
+    ``client``: the job's session-less client of the target (left open); None: one of its own.
+    """
     if not opts.idempotence_key:
         return None
-    records = JobRecords(opts.target())
+    records = JobRecords(opts.target(), client)
     records.ensure_table()
     return records.by_key(opts.idempotence_key)
 
 
-def plan_job(opts: WriterOptions, schema: StructType, txn_id: str, plan: ConversionPlan) -> AppendJob | None:
+def plan_job(
+    opts: WriterOptions,
+    schema: StructType,
+    txn_id: str,
+    plan: ConversionPlan,
+    client: ClickHouseHTTP | None = None,
+    info: TableInfo | None = None,
+) -> AppendJob | None:
     """The job's stages (driver, once per batch job, after the target was checked).
 
     Parameters
@@ -88,6 +98,11 @@ def plan_job(opts: WriterOptions, schema: StructType, txn_id: str, plan: Convers
         The job's transactional id (the stages' names start with it).
     plan
         The target's column types (:func:`spark_datasource.sink.setup.prepare_target`).
+    client
+        The job's session-less client of the target (left open); None: one of its own.
+    info
+        The target's description the checks read (:func:`spark_datasource.sink.setup.check_target`);
+        None: read here.
 
     Returns
     -------
@@ -106,8 +121,8 @@ def plan_job(opts: WriterOptions, schema: StructType, txn_id: str, plan: Convers
     # One client and one description of the target for the whole plan: publishability,
     # the job table, the stage made AS the target and a failed plan's drop all read or
     # write the same server (a connection and a system.tables read per step otherwise).
-    with ClickHouseHTTP(target) as c:
-        info = describe_table(c, target.database, target.table)
+    with reuse_or_open(target, client) as c:
+        info = info or describe_table(c, target.database, target.table)
         can = publishability(c, target, info)
         if can.refused is not None:
             if opts.visibility == "batch":

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 import pyarrow as pa
 
+from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.client.sql import split_table
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.errors import ConfigurationError
@@ -183,11 +184,12 @@ class BatchTransaction:
         self._run = run_memory(self.spark, query_id, self.options.app_id, target.url, target.database)
         if self._run is not None and self._run.follows(self.batch_id):
             return self  # a later batch of the run: no earlier attempt at its key exists
-        records = BatchRecords(target)
-        if self._run is None or not self._run.key_table_ready:
-            records.ensure_table()
-        settle_key(target, self.key)  # an attempt killed inside its transaction left it open
-        found = records.recorded(self.key)
+        with ClickHouseHTTP(target) as client:  # the key table's DDL and its read share one connection
+            records = BatchRecords(target, client)
+            if self._run is None or not self._run.key_table_ready:
+                records.ensure_table()
+            settle_key(target, self.key)  # an attempt killed inside its transaction left it open
+            found = records.recorded(self.key)
         if self._run is not None:
             self._run.key_table_ready = True
         if found is not None:

@@ -12,7 +12,7 @@ import dataclasses
 
 from pyspark.sql.types import StructType
 
-from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.client.http import ClickHouseHTTP, reuse_or_open
 from clickhouse_tx.client.tls import check_tls
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.conversion.dead_letters import DEAD_LETTER_COLUMNS, dead_letter_ddl
@@ -26,7 +26,7 @@ from spark_datasource.sink.type_mapping import spark_schema_to_arrow
 _AUTH_ERRORS = {"AUTHENTICATION_FAILED", "REQUIRED_PASSWORD", "WRONG_PASSWORD", "UNKNOWN_USER"}
 
 
-def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
+def prepare_target(opts: WriterOptions, schema: StructType, client: ClickHouseHTTP | None = None) -> ConversionPlan:
     """Check (and with ``create_table`` create) the target; raise ConfigurationError.
 
     Parameters
@@ -35,6 +35,11 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
         The parsed writer options.
     schema
         The Spark schema of the rows to write.
+    client
+        An open session-less client of ``opts.target()`` that the caller's other driver
+        steps share (a batch job's: one per job), built after the caller's
+        :func:`~clickhouse_tx.client.tls.check_tls`; left open. None: TLS is checked here,
+        and a client of its own is closed at the end (sharded writes: one per server).
 
     Returns
     -------
@@ -42,11 +47,33 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
         The column types every executor converts the data to (for routing: the
         types all routed tables share; for shards: the types every server's table shares).
     """
-    check_tls(opts.target())  # files readable and parsed, each error naming its option
+    if client is None:
+        check_tls(opts.target())  # files readable and parsed, each error naming its option
+    with reuse_or_open(opts.target(), client) as c:
+        return check_target(c, opts, schema)[0]
+
+
+def check_target(
+    client: ClickHouseHTTP, opts: WriterOptions, schema: StructType
+) -> tuple[ConversionPlan, TableInfo | None]:
+    """:func:`prepare_target`'s checks on the caller's ``client`` (TLS checked already).
+
+    Returns the conversion plan and the target's description, which a batch job's plan
+    reuses instead of reading it again (None for routing and shards: several tables).
+    """
     if opts.shards:
-        return _prepare_shards(opts, schema)
-    target = opts.target()
-    client = ClickHouseHTTP(target)
+        return _prepare_shards(opts, schema), None
+    _check_reachable(client, opts)
+    if not opts.table_column:
+        return _check_table(client, opts, opts.target(), schema)
+    # Routing: every listed table is checked before any task writes (the `table`
+    # option's table only anchors the registry and markers and need not exist).
+    _check_routing_column(opts, schema)
+    return _one_plan(opts, [_check_table(client, opts, r, schema)[0] for r in opts.route_targets()]), None
+
+
+def _check_reachable(client: ClickHouseHTTP, opts: WriterOptions) -> None:
+    """``SELECT 1``: the server answers and takes the credentials (errors name the option)."""
     where = f"ClickHouse at {opts.url} as user {opts.user!r}"
     try:
         client.command("SELECT 1", idempotent=True)
@@ -63,27 +90,26 @@ def prepare_target(opts: WriterOptions, schema: StructType) -> ConversionPlan:
     except ClickHouseTxError as exc:
         raise ConfigurationError(f"cannot reach {where} (option url): {exc.message}") from None
 
-    if opts.table_column:
-        # Routing: every listed table is checked before any task writes (the `table`
-        # option's table only anchors the registry and markers and need not exist).
-        if opts.table_column not in schema.fieldNames():
-            raise ConfigurationError(
-                f"option table_column={opts.table_column!r}: the data has no such column "
-                f"(columns: {', '.join(schema.fieldNames())})"
-            )
-        routing_type = schema[opts.table_column].dataType.simpleString()
-        if routing_type != "string":
-            raise ConfigurationError(
-                f"option table_column={opts.table_column!r}: the column must be a string "
-                f"(db.table or table), not {routing_type}"
-            )
-        plans = [_check_table(client, opts, r, schema) for r in opts.route_targets()]
-        return _one_plan(opts, plans)
-    return _check_table(client, opts, target, schema)
+
+def _check_routing_column(opts: WriterOptions, schema: StructType) -> None:
+    """``table_column`` names a string column of the data."""
+    if opts.table_column not in schema.fieldNames():
+        raise ConfigurationError(
+            f"option table_column={opts.table_column!r}: the data has no such column "
+            f"(columns: {', '.join(schema.fieldNames())})"
+        )
+    routing_type = schema[opts.table_column].dataType.simpleString()
+    if routing_type != "string":
+        raise ConfigurationError(
+            f"option table_column={opts.table_column!r}: the column must be a string "
+            f"(db.table or table), not {routing_type}"
+        )
 
 
-def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target, schema: StructType) -> ConversionPlan:
-    """One table: exists (or is created), can take ``schema`` minus the routing column."""
+def _check_table(
+    client: ClickHouseHTTP, opts: WriterOptions, target: Target, schema: StructType
+) -> tuple[ConversionPlan, TableInfo]:
+    """One table: exists (or is created), can take ``schema`` minus the routing column; its description."""
     from clickhouse_tx.factory import build_mode_io
 
     data = _without(schema, opts.table_column)
@@ -93,7 +119,7 @@ def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target, sc
     build_mode_io(opts.mode, visibility=opts.commit_visibility()).validate(target, arrow)
     if opts.dead_letter_table:
         _prepare_dead_letter_table(client, opts.mode, *opts.dead_letter_table)
-    return ConversionPlan(
+    plan = ConversionPlan(
         info.display,
         conversion_columns(info, arrow),
         allow_nullable_into_non_nullable=opts.allow_nullable_into_non_nullable,
@@ -102,6 +128,7 @@ def _check_table(client: ClickHouseHTTP, opts: WriterOptions, target: Target, sc
         batch_bytes=opts.batch_bytes,
         dead_letter_table=opts.dead_letter_table,
     )
+    return plan, info
 
 
 def _prepare_dead_letter_table(client: ClickHouseHTTP, mode: Mode, database: str, table: str) -> None:

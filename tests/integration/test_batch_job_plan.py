@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pyspark.sql import types as T
 
+from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.errors import ConfigurationError
@@ -136,3 +137,25 @@ def test_a_plan_that_fails_on_the_stage_drops_it_through_the_same_client(
     (client,) = traced.clients_of("events")
     assert {i for i, _, _ in traced.requests} == {client}
     assert [sql for _, sql, _ in traced.requests if sql.startswith("DROP TABLE")]
+
+
+@pytest.mark.parametrize("mode", ["transaction", "staging", "dedup"])
+def test_a_batch_jobs_whole_driver_set_up_runs_on_one_client_and_describes_the_target_once(
+    clickhouse_url: str, database: str, traced: Traced, mode: str
+) -> None:
+    # writer(): the server and table checks, the idempotence_key's read, the plan. The
+    # mode's validate of the target and of the stage builds clients of its own.
+    from spark_datasource import ClickHouseTxDataSource
+
+    create_events_table(clickhouse_url, database, "events", mode)
+    options = writer_options(clickhouse_url, database, "events", mode, idempotence_key="load-1")
+    writer = ClickHouseTxDataSource(options).writer(SCHEMA, False)
+
+    first = traced.clients_of("events")[0]  # the job's: built before any check runs
+    on_first = [sql for i, sql, _ in traced.requests if i == first]
+    assert on_first[0] == "SELECT 1"
+    assert {i for i, sql, _ in traced.requests if "clickhouse_tx_jobs" in sql} == {first}, "the key's DDL and read"
+    stage = q.qualified(database, writer.job.stage)
+    assert [sql for sql in on_first if sql.startswith(f"CREATE TABLE {stage} ")], "the stage"
+    engines = [sql for sql in on_first if "FROM system.tables" in sql and "engine_full" in sql]
+    assert len(engines) == 1, "the plan reuses the checks' description of the target"

@@ -89,3 +89,20 @@ def test_a_process_started_without_the_variable_refuses_a_writer_with_fault_opti
         check=True,
     ).stdout
     assert out.startswith("ConfigurationError") and TEST_FAULTS_ENV in out, out
+
+
+def test_a_coordinator_with_faults_keeps_everything_it_was_built_with_but_the_two_it_wraps() -> None:
+    from clickhouse_tx.conversion.convert import ConversionPlan
+    from clickhouse_tx.protocol.faults import FaultyDecisionLog, FaultyModeIO, with_faults
+    from tests.unit.fakes import World
+
+    world = World()
+    conversion = ConversionPlan("db.events", [])
+    plain = world.coordinator(conversion=conversion, parallelism=3)
+    faulty = with_faults(plain, FaultPlan(step="after_decision"))
+    assert isinstance(faulty.mode_io, FaultyModeIO) and faulty.mode_io.inner is world.ch
+    assert isinstance(faulty.log, FaultyDecisionLog)
+    assert faulty.conversion is conversion and faulty.xid_factory == world.next_xid
+    kept = ("txn_id", "target", "registry", "retry", "clock", "sleep", "parallelism")
+    assert all(getattr(faulty.context, f) is getattr(plain.context, f) for f in kept)
+    assert plain.mode_io is world.ch  # the original is left as it was
