@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import itertools
 import logging
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -49,7 +48,14 @@ from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DedupWin
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes import dedup_claims
 from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
-from clickhouse_tx.modes.dedup_chunks import ChunkSizing, Rechunker, chunk_digest, chunk_messages, dedup_token
+from clickhouse_tx.modes.dedup_chunks import (
+    ChunkSizing,
+    chunk_digest,
+    chunk_insert_settings,
+    chunk_messages,
+    cut_rows,
+    dedup_token,
+)
 from clickhouse_tx.modes.dedup_claims import ClaimRecords
 from clickhouse_tx.modes.dedup_replay_guard import ReplayGuard
 from clickhouse_tx.modes.dedup_window import (
@@ -238,7 +244,7 @@ class DedupMode(ModeBase):
         first = ""
         chunks = 0  # inserted so far: the number of the next chunk
         catching_up = False  # re-checking an earlier run's chunks of this partition
-        rows, cutter = self._cut(batches)
+        rows, cutter = cut_rows(batches, self.sizing)
         views = view_targets(target)
         first_views: dict[str, int] = {}
         with self.client(target) as c:
@@ -270,15 +276,6 @@ class DedupMode(ModeBase):
             self._guard(target).later_chunk(ctx, chunks, dedup_claims.END, xid, catching_up)
         return chunks, rows, first_block, first, first_views
 
-    def _cut(self, batches: Iterator[pa.RecordBatch]) -> tuple[int, Rechunker]:
-        """Rows per chunk, from the partition's first ``sizing.sample_rows`` rows, and the cutter of all its rows."""
-        head = Rechunker(batches, self.sizing.sample_rows)
-        if not head.has_more():
-            return self.sizing.min_rows, head
-        sample = pa.concat_batches(list(head.chunk()))
-        rows = self.sizing.rows_for(sample.num_rows, sample.serialize().size)
-        return rows, Rechunker(itertools.chain([sample], head.rest()), rows)
-
     def _dead_letters(self, target: Target, ctx: WriteContext, xid: str, converted: object) -> int:
         """Insert the partition's dead letters, visible at once like its rows.
 
@@ -303,16 +300,7 @@ class DedupMode(ModeBase):
             messages,
             rows=rows,
             may_deduplicate=True,
-            settings={
-                "insert_deduplicate": "1",
-                "insert_deduplication_token": token,
-                # The target's materialized views drop a replayed block too (their tables'
-                # windows are checked with the target's); the default differs by version.
-                "deduplicate_blocks_in_dependent_materialized_views": "1",
-                "min_insert_block_size_rows": str(rows),
-                "min_insert_block_size_bytes": "0",
-                "max_insert_block_size": str(rows),
-            },
+            settings=chunk_insert_settings(token, rows),
         )
 
     def commit_together(self, target: Target, ps: Sequence[Prepared], before_commit: Hook | None = None) -> None:

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 from typing import Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from clickhouse_tx.errors import ConfigurationError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +62,98 @@ class ChunkSizing:
         if sample_rows <= 0 or sample_bytes <= 0:
             return self.min_rows
         return max(self.min_rows, min(self.max_rows, self.target_bytes * sample_rows // sample_bytes))
+
+
+def cut_rows(batches: Iterator[pa.RecordBatch], sizing: ChunkSizing) -> tuple[int, "Rechunker"]:
+    """Rows per chunk, from the first ``sizing.sample_rows`` rows, and the cutter of all the rows."""
+    head = Rechunker(batches, sizing.sample_rows)
+    if not head.has_more():
+        return sizing.min_rows, head
+    sample = pa.concat_batches(list(head.chunk()))
+    rows = sizing.rows_for(sample.num_rows, sample.serialize().size)
+    return rows, Rechunker(itertools.chain([sample], head.rest()), rows)
+
+
+def chunk_insert_settings(token: str, rows: int) -> dict[str, str]:
+    """The settings of one chunk's INSERT: one block of ``rows`` rows, named by ``token``."""
+    return {
+        "insert_deduplicate": "1",
+        "insert_deduplication_token": token,
+        # The target's materialized views drop a replayed block too (their tables'
+        # windows are checked with the target's); the default differs by version.
+        "deduplicate_blocks_in_dependent_materialized_views": "1",
+        "min_insert_block_size_rows": str(rows),
+        "min_insert_block_size_bytes": "0",
+        "max_insert_block_size": str(rows),
+    }
+
+
+def canonical_order(table: pa.Table, display: str) -> pa.Table:
+    """``table``'s rows in an order their values alone decide (pure).
+
+    For rows collected in an order a replay need not repeat (a shuffle's output): the
+    same rows in any order come out the same, so they cut into the same chunks with the
+    same tokens. Rows are ordered by every column that can be ordered (floats by their
+    bits, so ``-0.0`` and ``0.0`` differ as their bytes do; dictionaries by their values).
+    Rows equal on all of those are equal as bytes, unless the table has columns that
+    cannot be ordered (arrays, maps, tuples): two such rows are refused.
+
+    Raises
+    ------
+    ConfigurationError
+        Two rows agree on every column that can be ordered and the table has others
+        (named, with ``display``, the table's name): their order could differ on a replay.
+    """
+    for i, column in enumerate(table.columns):  # a dictionary's bytes depend on the rows' order
+        if pa.types.is_dictionary(column.type):
+            table = table.set_column(
+                i, table.field(i).with_type(column.type.value_type), column.cast(column.type.value_type)
+            )
+    keys: dict[str, pa.ChunkedArray] = {}
+    unordered: list[str] = []
+    for i, (name, column) in enumerate(zip(table.column_names, table.columns)):
+        key = _order_key(column)
+        if key is None:
+            unordered.append(name)
+        else:
+            keys[f"k{i}"] = key
+    if table.num_rows < 2:
+        return table
+    by = pa.table(keys) if keys else pa.table({"k": pa.array([0] * table.num_rows, pa.int8())})
+    order = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in by.column_names])
+    if unordered:
+        tie = _first_tie(by.take(order))
+        if tie is not None:
+            raise ConfigurationError(
+                f"mode 'dedup' orders a micro-batch's rows by their values, so that a replay cuts the "
+                f"same chunks; rows {tie} and {tie + 1} of {display} (in that order) agree on every column "
+                f"but {', '.join(unordered)}, which cannot be ordered; add a column that tells them apart "
+                "(an offset, an id), or use mode 'transaction'"
+            )
+    return table.take(order)
+
+
+def _order_key(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
+    """What orders ``column`` (None: nothing can)."""
+    t = column.type
+    if pa.types.is_floating(t):
+        bits = {16: pa.int16(), 32: pa.int32(), 64: pa.int64()}[t.bit_width]
+        return pa.chunked_array([c.view(bits) for c in column.chunks], type=bits)
+    if pa.types.is_nested(t) or pa.types.is_union(t) or isinstance(t, pa.ExtensionType):
+        return None
+    return column
+
+
+def _first_tie(ordered: pa.Table) -> int | None:
+    """The first row equal to the next on every column of ``ordered`` (nulls equal), or None."""
+    n = ordered.num_rows
+    same: pa.ChunkedArray | pa.Array | None = None
+    for column in ordered.columns:
+        a, b = column.slice(0, n - 1), column.slice(1)
+        equal = pc.or_kleene(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+        same = equal if same is None else pc.and_(same, equal)
+    where = pc.index(same, True).as_py() if same is not None else -1
+    return None if where < 0 else int(where)
 
 
 def chunk_messages(pieces: Iterator[pa.RecordBatch], message_rows: int) -> tuple[int, list[pa.Buffer]]:

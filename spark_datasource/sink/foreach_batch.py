@@ -8,8 +8,10 @@ replays after a restart, with the same batch id over the same source offsets). E
 collects the micro-batch to the driver as Arrow record batches, converts them to the
 table's column types (the sink's :class:`~clickhouse_tx.conversion.convert.ConversionPlan`,
 built by :func:`spark_datasource.sink.setup.prepare_target`), and writes them with one key
-row in one ClickHouse transaction (:mod:`clickhouse_tx.modes.batch_keys`). A key already
-recorded is skipped with one INFO line of the logger ``clickhouse_tx.spark.foreach_batch``.
+row in one ClickHouse transaction (:mod:`clickhouse_tx.modes.batch_keys`), or in mode
+``dedup`` as chunks named by the key and their rows, then the key row
+(:mod:`clickhouse_tx.modes.batch_dedup`). A key already recorded is skipped with one INFO
+line of the logger ``clickhouse_tx.spark.foreach_batch``.
 
 The key is tied to the streaming query: the row records the query's id, which Spark keeps
 in the checkpoint (the same across restarts on it, another on a new checkpoint). It is read
@@ -41,6 +43,7 @@ from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.ids import canonical_location
 from clickhouse_tx.interfaces import Mode
+from clickhouse_tx.modes.batch_dedup import write_batch_dedup
 from clickhouse_tx.modes.batch_keys import BATCHES_TABLE, BatchKey, BatchRecords, TableRows, settle_key, write_batch
 from spark_datasource.options.writer import WriterOptions
 from spark_datasource.sink.foreach_query import RunMemory, query_identity, run_memory
@@ -87,7 +90,7 @@ class ForeachOptions:
         ------
         ConfigurationError
             An unknown or malformed option, an option of the sink only, a mode other than
-            ``transaction``, or a malformed ``app_id`` or ``checkpoint_location``.
+            ``transaction`` and ``dedup``, or a malformed ``app_id`` or ``checkpoint_location``.
         """
         texts = {str(k): _option_text(v) for k, v in options.items()}
         for name in texts:
@@ -114,17 +117,12 @@ def _option_text(value: object) -> str:
 
 
 def _check_mode(mode: Mode) -> None:
-    if mode is Mode.TRANSACTION:
+    if mode in (Mode.TRANSACTION, Mode.DEDUP):
         return
-    if mode is Mode.DEDUP:
-        raise ConfigurationError(
-            "option mode='dedup' of the foreachBatch helper is not built yet; use mode 'transaction' "
-            "(non-replicated MergeTree), or for a Replicated target the sink "
-            "(writeStream.format('clickhouse_tx') with mode 'staging' or 'dedup')"
-        )
     raise ConfigurationError(
-        f"option mode={mode.value!r}: the foreachBatch helper writes in mode 'transaction' "
-        "(one ClickHouse transaction per micro-batch); for other modes use writeStream.format('clickhouse_tx')"
+        f"option mode={mode.value!r}: the foreachBatch helper writes in mode 'transaction' (one "
+        "ClickHouse transaction per micro-batch) or 'dedup' (Replicated and Cloud tables: chunks "
+        "named by the key and their rows); for other modes use writeStream.format('clickhouse_tx')"
     )
 
 
@@ -157,7 +155,8 @@ def collect_arrow(df: "DataFrame") -> list[pa.RecordBatch]:
 
 
 class BatchTransaction:
-    """One micro-batch written in one ClickHouse transaction, with its key row (driver).
+    """One micro-batch written in one ClickHouse transaction with its key row, or in mode
+    ``dedup`` chunk by chunk, then its key row (driver).
 
     Built by :func:`clickhouse_tx_transaction` (or the single-table helper). ``with``
     checks the key (:attr:`skipped` when it is recorded already); :meth:`insert`
@@ -188,7 +187,8 @@ class BatchTransaction:
             records = BatchRecords(target, client)
             if self._run is None or not self._run.key_table_ready:
                 records.ensure_table()
-            settle_key(target, self.key)  # an attempt killed inside its transaction left it open
+            if self.options.writer.mode is Mode.TRANSACTION:
+                settle_key(target, self.key)  # an attempt killed inside its transaction left it open
             found = records.recorded(self.key)
         if self._run is not None:
             self._run.key_table_ready = True
@@ -238,10 +238,13 @@ class BatchTransaction:
         return self._run.plans[key]
 
     def _write(self, key: BatchKey) -> int:
-        """Check every table, collect every DataFrame, then one transaction for all (driver)."""
+        """Check every table, collect every DataFrame, then write them all (one transaction, or dedup's chunks)."""
         plans = [self._plan(db, t, df) for db, t, df in self._pending]
         parts = [TableRows(db, t, plan.apply(collect_arrow(df))) for (db, t, df), plan in zip(self._pending, plans)]
-        rows = write_batch(self.options.writer.target(), key, parts)
+        if self.options.writer.mode is Mode.DEDUP:
+            rows = write_batch_dedup(self.options.writer.target(), key, parts)
+        else:
+            rows = write_batch(self.options.writer.target(), key, parts)
         log.debug("clickhouse_tx: %s written: %d rows into %d tables", key, rows, len(parts))
         return rows
 
@@ -262,9 +265,11 @@ def clickhouse_tx_batch(
     replayed one): it collects the micro-batch to the driver as Arrow (the whole
     micro-batch is in driver memory), checks the table and converts the values as the
     sink does, and writes the rows and a key row ``(app_id, batch_id)`` of
-    ``<database>.clickhouse_tx_batches`` in one ClickHouse transaction. A batch whose key
-    is recorded already is skipped with one INFO log line. Exactly once for non-replicated
-    ``*MergeTree`` tables on a server with transactions on.
+    ``<database>.clickhouse_tx_batches`` in one ClickHouse transaction (mode ``dedup``:
+    chunks named by the key and their rows, then the key row). A batch whose key is
+    recorded already is skipped with one INFO log line. Exactly once for non-replicated
+    ``*MergeTree`` tables on a server with transactions on; in mode ``dedup`` exactly once
+    while a killed attempt's blocks are within the table's deduplication window.
 
     Parameters
     ----------
@@ -275,7 +280,9 @@ def clickhouse_tx_batch(
         new checkpoint needs a new one (its batch ids restart at 0): its first batch is
         refused otherwise.
     mode
-        ``transaction`` (the only one built; ``dedup`` is refused as not built yet).
+        ``transaction`` (non-replicated ``*MergeTree``, server transactions on) or
+        ``dedup`` (``Replicated*MergeTree``, Cloud: a table with a deduplication window;
+        rows visible as they are inserted; docs/writer.md, "Mode ``dedup``").
     checkpoint_location
         The query's ``checkpointLocation``. Optional in classic Spark, where the running
         query's id is read from Spark; when given it must be the running query's, and
@@ -325,7 +332,8 @@ def clickhouse_tx_transaction(
     spark: "SparkSession | None" = None,
     **options: object,
 ) -> BatchTransaction:
-    """A context writing several tables of one micro-batch in one transaction, exactly once.
+    """A context writing several tables of one micro-batch in one transaction, exactly once
+    (mode ``dedup``: one table after the other, each exactly once within its window).
 
     Opened inside the user's ``foreachBatch`` function, on the driver, once per micro-batch::
 

@@ -3,7 +3,8 @@
 ``python -m tests.helpers.foreach_torture run <json args>``, started by
 :func:`tests.helpers.torture.run_child` (``module=JOB``) in a session of its own: rows
 ``(p, o, v)`` of ``kafka_py`` (:func:`tests.helpers.cluster_job.kafka_rows`), trigger
-``availableNow``, each micro-batch written by the exactly-once helper in mode ``transaction``:
+``availableNow``, each micro-batch written by the exactly-once helper in ``mode``
+(``transaction``, or ``dedup``: the target a table with a deduplication window):
 
 - ``tables`` ``["events"]``: ``foreachBatch(clickhouse_tx_batch(...))`` into ``events``;
 - ``tables`` ``["a", "b"]``: a function opening ``clickhouse_tx_transaction``, the even
@@ -15,12 +16,18 @@ group (driver Python, JVM, workers) once, at one of :data:`STEPS` of one micro-b
 - ``after_insert:N``: inside the batch's transaction, once the N-th table's INSERT
   returned, before the next table's is sent (two tables);
 - ``in_batch_transaction``: inside it, after every INSERT and the key row, just before COMMIT;
-- ``after_commit``: the helper returned (its COMMIT done), before Spark's commit log
-  records the batch: a restart replays it.
+- ``before_key_row`` (``dedup``): every chunk inserted (visible), before the key row;
+- ``after_commit``: the helper returned (its COMMIT or key row done), before Spark's
+  commit log records the batch: a restart replays it.
 
-The helper takes no ``fault.*`` option. The first two steps fire in this job's
-``write_batch``, which it puts in place of the helper's in this process only: the
-helper's own, given a ``before_commit`` hook and a hook before each next table's rows.
+``repartition`` (restarts): the micro-batch is repartitioned into that many partitions
+before the helper gets it, so a replay's rows come in another order than the killed
+attempt's (``dedup`` orders them by value).
+
+The helper takes no ``fault.*`` option. The steps before ``after_commit`` fire in this
+job's ``write_batch`` (``write_batch_dedup``), which it puts in place of the helper's in
+this process only: the helper's own, given a ``before_commit`` (``before_key``) hook and
+a hook before each next table's rows.
 The job logs the helper's INFO lines (a skipped batch) to the file ``log``.
 
 The helper runs with its default ``session_timeout`` (an hour): the transaction of an
@@ -46,6 +53,8 @@ JOB = "tests.helpers.foreach_torture"
 APP_ID = "kill-test"
 #: The helper's steps where the tests kill the driver, in the order a micro-batch reaches them.
 STEPS = ("after_insert:1", "in_batch_transaction", "after_commit")
+#: The same in mode ``dedup``, where no transaction holds the rows.
+DEDUP_STEPS = ("after_insert:1", "before_key_row", "after_commit")
 #: The tables of a multi-table micro-batch, each with the parity of the offsets it takes.
 SPLIT = {"a": 0, "b": 1}
 
@@ -75,6 +84,17 @@ def _after(hook: Hook, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordB
     yield from batches
 
 
+def _hooked(plan: FaultPlan, key: BatchKey, parts: Sequence[TableRows]) -> list[TableRows]:
+    """``parts``, each after the first firing ``after_insert:N`` when its rows are first asked for."""
+
+    def after_insert(n: int) -> Hook:
+        return lambda: plan.hit("after_insert", key.batch_id, n)
+
+    return [
+        p if n == 0 else dataclasses.replace(p, batches=_after(after_insert(n), p.batches)) for n, p in enumerate(parts)
+    ]
+
+
 def faulty_write_batch(plan: FaultPlan) -> Callable[..., int]:
     """The helper's ``write_batch`` firing ``plan`` after each table's INSERT and before the COMMIT."""
     from clickhouse_tx.modes import batch_keys
@@ -82,18 +102,26 @@ def faulty_write_batch(plan: FaultPlan) -> Callable[..., int]:
     def write_batch(
         target: Target, key: BatchKey, parts: Sequence[TableRows], before_commit: Hook | None = None
     ) -> int:
-        def after_insert(n: int) -> Hook:
-            return lambda: plan.hit("after_insert", key.batch_id, n)
-
-        hooked = [
-            p if n == 0 else dataclasses.replace(p, batches=_after(after_insert(n), p.batches))
-            for n, p in enumerate(parts)
-        ]
         return batch_keys.write_batch(
-            target, key, hooked, before_commit=lambda: plan.hit("in_batch_transaction", key.batch_id)
+            target,
+            key,
+            _hooked(plan, key, parts),
+            before_commit=lambda: plan.hit("in_batch_transaction", key.batch_id),
         )
 
     return write_batch
+
+
+def faulty_write_batch_dedup(plan: FaultPlan) -> Callable[..., int]:
+    """The helper's ``write_batch_dedup`` firing ``plan`` after each table's chunks and before the key row."""
+    from clickhouse_tx.modes import batch_dedup
+
+    def write_batch_dedup(target: Target, key: BatchKey, parts: Sequence[TableRows], **_: Any) -> int:
+        return batch_dedup.write_batch_dedup(
+            target, key, _hooked(plan, key, parts), before_key=lambda: plan.hit("before_key_row", key.batch_id)
+        )
+
+    return write_batch_dedup
 
 
 def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callable[[Any, int], None]:
@@ -104,13 +132,17 @@ def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callab
     url, database = args["url"], args["database"]
     options: dict[str, Any] = {
         "allow_nullable_into_non_nullable": True,
+        "mode": args.get("mode", "transaction"),
         **writer_options(),
     }
+    parts = args.get("repartition")
     single = None
     if args["tables"] == ["events"]:
         single = clickhouse_tx_batch(url=url, table=f"{database}.events", app_id=APP_ID, **options)
 
     def write(df: Any, batch_id: int) -> None:
+        if parts:
+            df = df.repartition(int(parts))
         if single is not None:
             single(df, batch_id)
         else:
@@ -138,6 +170,7 @@ def run(args: dict[str, Any]) -> None:
     plan = fault_plan(args.get("fault"))
     if plan is not None:
         foreach_batch.write_batch = faulty_write_batch(plan)  # type: ignore[assignment]
+        foreach_batch.write_batch_dedup = faulty_write_batch_dedup(plan)  # type: ignore[assignment]
     query = (
         kafka_rows(spark, {"max_offsets": MAX_OFFSETS, **args})
         .writeStream.foreachBatch(micro_batch_function(args, plan))

@@ -50,8 +50,13 @@ def new_stream(
     return expected, dict(bootstrap=bootstrap, topic=topic, url=url, database=database, chk=chk, name=name)
 
 
-def create_target(url: str, database: str, table: str = "events") -> None:
-    run_sql(url, f"CREATE TABLE `{database}`.`{table}` (p Int32, o Int64, v String) ENGINE = MergeTree ORDER BY (p, o)")
+def create_target(url: str, database: str, table: str = "events", dedup_window: bool = False) -> None:
+    """The ``(p, o, v)`` table of the Kafka streams; ``dedup_window``: one that drops a block by its token."""
+    window = " SETTINGS non_replicated_deduplication_window = 1000" if dedup_window else ""
+    run_sql(
+        url,
+        f"CREATE TABLE `{database}`.`{table}` (p Int32, o Int64, v String) ENGINE = MergeTree ORDER BY (p, o){window}",
+    )
 
 
 def start_query(

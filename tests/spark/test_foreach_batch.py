@@ -138,6 +138,27 @@ def test_a_restart_with_the_same_app_id_on_a_new_checkpoint_is_refused_naming_ap
     assert len(_keys(clickhouse_url, database)) == FILES
 
 
+def test_in_mode_dedup_a_batch_replayed_under_another_partitioning_without_its_key_row_adds_every_row_once(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    # The state a driver killed between the last chunk and the key row leaves: rows in,
+    # no key row, Spark's commit log without the batch. The restart shuffles the rows
+    # into another order (repartition(3) instead of 1): the chunks' order is their values'.
+    create_events_table(clickhouse_url, database, "events", "dedup")
+    src, chk = _files(tmp_path), tmp_path / "chk"
+    helper = _single(clickhouse_url, database, mode="dedup")
+    _run(sp, src, chk, lambda df, batch_id: helper(df.repartition(1), batch_id))
+    run_sql(
+        clickhouse_url,
+        f"ALTER TABLE `{database}`.clickhouse_tx_batches DELETE WHERE batch_id = {FILES - 1} "
+        "SETTINGS mutations_sync = 2",
+    )
+    _forget_last_commit(chk)
+    _run(sp, src, chk, lambda df, batch_id: helper(df.repartition(3), batch_id))
+    assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
+    assert [k[0] for k in _keys(clickhouse_url, database)] == [str(b) for b in range(FILES)]
+
+
 def _two_tables(url: str, database: str, fail: bool = False) -> Callable[[Any, int], None]:
     """Even ids into ``a``, odd ones into ``b``, in one transaction; ``fail``: raise inside the context."""
 

@@ -1,4 +1,4 @@
-"""The exactly-once ``foreachBatch`` helper under SIGKILL of the whole driver, in mode ``transaction``.
+"""The exactly-once ``foreachBatch`` helper under SIGKILL of the whole driver, in modes ``transaction`` and ``dedup``.
 
 Each case runs the streaming job of :mod:`tests.helpers.foreach_torture` (``kafka_py`` ->
 ``foreachBatch`` of the helper, trigger ``availableNow``, 6,000 records in micro-batches of
@@ -10,6 +10,11 @@ committed), under one key row per micro-batch; the restart must skip micro-batch
 (one INFO line) when the kill came after its COMMIT, and write it when it came before.
 Plain reads (no ``implicit_transaction``) must see the same right after the restart: the
 restart rolled back the transaction the killed attempt left open in the key's session.
+
+In mode ``dedup`` the tables drop a block by its token (a deduplication window), the
+rows of a killed attempt are visible at once, and the restarts repartition each
+micro-batch into 3 partitions, so the replay's rows reach the helper in another order
+than the killed attempt's.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.foreach_torture import APP_ID, JOB, SPLIT, STEPS
+from tests.helpers.foreach_torture import APP_ID, DEDUP_STEPS, JOB, SPLIT, STEPS
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import read_committed, run_sql
 from tests.helpers.torture import PARTITIONS, PER_PARTITION, job_args, kill_at, run_child
@@ -28,7 +33,14 @@ Rows = set[tuple[int, int, str]]
 
 
 def _kill_and_restart(
-    stack, bootstrap: str, url: str, database: str, tmp_path: Path, step: str, tables: list[str]
+    stack,
+    bootstrap: str,
+    url: str,
+    database: str,
+    tmp_path: Path,
+    step: str,
+    tables: list[str],
+    mode: str = "transaction",
 ) -> tuple[Rows, list[str]]:
     """Kill the job at ``step`` of micro-batch 1, restart it until it drains the topic.
 
@@ -36,14 +48,15 @@ def _kill_and_restart(
     """
     topic, expected = make_topic(stack, bootstrap, PARTITIONS, PER_PARTITION)
     for table in tables:
-        create_target(url, database, table)
+        create_target(url, database, table, dedup_window=mode == "dedup")
     log = tmp_path / "foreach_batch.log"
-    args = job_args(bootstrap, topic, url, database, tmp_path / "chk", tables=tables, log=str(log))
+    args = job_args(bootstrap, topic, url, database, tmp_path / "chk", tables=tables, log=str(log), mode=mode)
     codes = [run_child({**args, "fault": kill_at(step, tmp_path)}, timeout_s=600, module=JOB)]
+    restart = {**args, "repartition": 3} if mode == "dedup" else args
     for _ in range(4):
         if codes[-1] == 0:
             break
-        codes.append(run_child(args, timeout_s=600, module=JOB))
+        codes.append(run_child(restart, timeout_s=600, module=JOB))
     print(f"killed at {step} of micro-batch 1 ({len(tables)} tables): exit codes {codes}")
     assert (tmp_path / "fault.once").exists(), f"the kill at {step} never fired: exit codes {codes}"
     assert codes[0] == -signal.SIGKILL and codes[-1] == 0, f"exit codes {codes}"
@@ -117,3 +130,27 @@ def test_a_driver_killed_during_a_two_table_micro_batch_restarts_and_each_table_
         _assert_plain_reads_count(clickhouse_url, database, table, len(rows))
     _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
     _assert_replay(step, skipped)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("step", [s for s in DEDUP_STEPS if not s.startswith("after_insert")])
+def test_in_mode_dedup_a_driver_killed_around_the_key_row_restarts_in_another_row_order_and_writes_every_record_once(
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
+) -> None:
+    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, step, ["events"], "dedup")
+    expected, skipped = _kill_and_restart(*args)
+    assert_exactly(clickhouse_url, database, expected)
+    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
+    _assert_replay(step, skipped)
+
+
+@pytest.mark.timeout(1200)
+def test_in_mode_dedup_a_driver_killed_between_the_two_tables_of_a_micro_batch_restarts_and_each_has_every_record_once(
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, "after_insert:1", list(SPLIT), "dedup")
+    expected, skipped = _kill_and_restart(*args)
+    for table, parity in SPLIT.items():
+        assert_exactly(clickhouse_url, database, {r for r in expected if r[1] % 2 == parity}, table)
+    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
+    _assert_replay("after_insert:1", skipped)

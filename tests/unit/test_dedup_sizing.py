@@ -5,8 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from clickhouse_tx.modes.dedup import DedupMode
-from clickhouse_tx.modes.dedup_chunks import ChunkSizing, chunk_digest, chunk_messages
+from clickhouse_tx.modes.dedup_chunks import ChunkSizing, chunk_digest, chunk_messages, cut_rows
 
 SIZING = ChunkSizing(target_bytes=32_768, sample_rows=50, min_rows=50, max_rows=1_000, message_rows=64)
 
@@ -22,7 +21,7 @@ def table(n: int, width: int, nulls: bool = False) -> pa.Table:
 
 def cut(t: pa.Table, batch_rows: int, sizing: ChunkSizing = SIZING) -> tuple[int, list[tuple[int, str]]]:
     """(rows per chunk, [(rows, digest) of each chunk]) of ``t`` arriving in ``batch_rows``-row batches."""
-    rows, cutter = DedupMode(sizing)._cut(iter(t.to_batches(max_chunksize=batch_rows)))
+    rows, cutter = cut_rows(iter(t.to_batches(max_chunksize=batch_rows)), sizing)
     chunks = []
     while cutter.has_more():
         n, messages = chunk_messages(cutter.chunk(), sizing.message_rows)

@@ -60,11 +60,12 @@ def test_a_malformed_writer_option_is_refused_as_the_sink_refuses_it() -> None:
     assert str(helper.value) == str(sink.value)
 
 
-def test_mode_dedup_is_refused_as_not_built_yet_and_the_other_modes_point_to_the_sink() -> None:
-    with pytest.raises(ConfigurationError, match="mode='dedup' of the foreachBatch helper is not built yet"):
-        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", mode="dedup")
+@pytest.mark.parametrize("mode", ["staging", "none"])
+def test_the_helper_takes_modes_transaction_and_dedup_and_points_the_others_to_the_sink(mode: str) -> None:
+    for built in ("transaction", "dedup"):
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", mode=built)
     with pytest.raises(ConfigurationError, match=r"writeStream.format\('clickhouse_tx'\)"):
-        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", mode="staging")
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", mode=mode)
 
 
 @pytest.mark.parametrize("app_id", ["", "   ", "x" * 257, "tab\there"])
