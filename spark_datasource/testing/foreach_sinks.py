@@ -130,7 +130,7 @@ def _helper_insert(url: str, table: str, fault: FaultPlan | None = None):
     The fault ``after_insert`` fires once the helper's transaction committed, before
     Spark's commit log records the batch: the replay finds the key and skips the batch.
     """
-    from spark_datasource.sink.foreach_batch import clickhouse_tx_batch
+    from spark_datasource.foreach import clickhouse_tx_batch
 
     write = clickhouse_tx_batch(
         url=url, table=table, app_id=f"foreach_tx-{table}", allow_nullable_into_non_nullable="true",

@@ -16,10 +16,12 @@ group (driver Python, JVM, workers) once, at one of :data:`STEPS` of one micro-b
 - ``after_insert:N``: inside the batch's transaction, once the N-th table's INSERT
   returned, before the next table's is sent (two tables);
 - ``in_batch_transaction``: inside it, after every INSERT and the key row, just before COMMIT;
-- ``before_key_row`` (``dedup``): every chunk inserted (visible), before the key row;
+- ``before_key_row`` (``dedup``, or a micro-batch past ``driver_max_bytes``): every chunk
+  inserted (visible), or the sink's batch job published, before the key row;
 - ``after_commit``: the helper returned (its COMMIT or key row done), before Spark's
   commit log records the batch: a restart replays it.
 
+``driver_max_bytes`` is the helper's (1: every micro-batch is written from the executors).
 ``repartition`` (restarts): the micro-batch is repartitioned into that many partitions
 before the helper gets it, so a replay's rows come in another order than the killed
 attempt's (``dedup`` orders them by value).
@@ -124,6 +126,18 @@ def faulty_write_batch_dedup(plan: FaultPlan) -> Callable[..., int]:
     return write_batch_dedup
 
 
+def faulty_write_from_executors(plan: FaultPlan) -> Callable[..., int]:
+    """The helper's ``write_from_executors`` firing ``plan`` after the batch job, before the key row."""
+    from spark_datasource import foreach
+
+    real = foreach.write_from_executors
+
+    def write_from_executors(df: Any, options: Any, target: Target, key: BatchKey) -> int:
+        return real(df, options, target, key, before_key=lambda: plan.hit("before_key_row", key.batch_id))
+
+    return write_from_executors
+
+
 def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callable[[Any, int], None]:
     """The ``foreachBatch`` function of the job: the helper into ``args["tables"]``, then ``after_commit``."""
     from spark_datasource import clickhouse_tx_batch, clickhouse_tx_transaction
@@ -133,6 +147,7 @@ def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callab
     options: dict[str, Any] = {
         "allow_nullable_into_non_nullable": True,
         "mode": args.get("mode", "transaction"),
+        **({"driver_max_bytes": args["driver_max_bytes"]} if args.get("driver_max_bytes") else {}),
         **writer_options(),
     }
     parts = args.get("repartition")
@@ -159,6 +174,7 @@ def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callab
 
 def run(args: dict[str, Any]) -> None:
     """The job (child process): drain the topic through the helper, then exit 0."""
+    from spark_datasource import foreach
     from spark_datasource.sink import foreach_batch
     from tests.helpers.cluster_job import kafka_rows
     from tests.helpers.torture import MAX_OFFSETS, spark_session
@@ -171,6 +187,7 @@ def run(args: dict[str, Any]) -> None:
     if plan is not None:
         foreach_batch.write_batch = faulty_write_batch(plan)  # type: ignore[assignment]
         foreach_batch.write_batch_dedup = faulty_write_batch_dedup(plan)  # type: ignore[assignment]
+        foreach.write_from_executors = faulty_write_from_executors(plan)  # type: ignore[assignment]
     query = (
         kafka_rows(spark, {"max_offsets": MAX_OFFSETS, **args})
         .writeStream.foreachBatch(micro_batch_function(args, plan))

@@ -18,6 +18,19 @@ from clickhouse_tx.errors import ValueDoesNotFitError
 from clickhouse_tx.modes.batch_keys import BatchRecords
 from spark_datasource import clickhouse_tx_batch, clickhouse_tx_transaction
 from spark_datasource.testing import credentials
+from tests.helpers.foreach_files import (
+    FILES,
+    LOGGER,
+    PER_FILE,
+    SCHEMA,
+    N,
+    failed_stream,
+    forget_last_commit,
+    json_files,
+    key_rows,
+    run_stream,
+    single_helper,
+)
 from tests.helpers.spark_writes import (
     actual_totals,
     create_events_table,
@@ -27,115 +40,49 @@ from tests.helpers.spark_writes import (
     scalar,
 )
 
-FILES, PER_FILE = 3, 100
-N = FILES * PER_FILE
-SCHEMA = "id long, k int, s string"
-LOGGER = "clickhouse_tx.spark.foreach_batch"
-
-
-def _files(tmp_path: Path) -> Path:
-    """Ids 0..N-1 of :func:`expected_totals`, ``PER_FILE`` per file."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for f in range(FILES):
-        rows = ({"id": i, "k": i % 1000, "s": f"r{i}"} for i in range(f * PER_FILE, (f + 1) * PER_FILE))
-        (src / f"part-{f}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return src
-
-
-def _start(sp, src: Path, chk: Path, fn: Callable[[Any, int], None]):
-    return (
-        sp.readStream.schema(SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .json(str(src))
-        .writeStream.foreachBatch(fn)
-        .option("checkpointLocation", str(chk))
-        .trigger(availableNow=True)
-        .start()
-    )
-
-
-def _run(sp, src: Path, chk: Path, fn: Callable[[Any, int], None]) -> str:
-    """Run the stream to its end; the query's id."""
-    q = _start(sp, src, chk, fn)
-    q.awaitTermination(600)
-    assert q.exception() is None
-    return str(q.id)
-
-
-def _failed(sp, src: Path, chk: Path, fn: Callable[[Any, int], None]) -> str:
-    """Run the stream, which must fail; the text of its error."""
-    q = _start(sp, src, chk, fn)
-    with pytest.raises(Exception) as info:
-        q.awaitTermination(600)
-    return str(info.value)
-
-
-def _forget_last_commit(chk: Path) -> None:
-    """Spark forgets that batch 2 (the last) finished: the restart replays it over the same file."""
-    for name in (str(FILES - 1), f".{FILES - 1}.crc"):
-        (chk / "commits" / name).unlink(missing_ok=True)
-
-
-def _keys(url: str, database: str) -> list[list[str]]:
-    return read_committed(
-        url, f"SELECT batch_id, query_id, tables, rows FROM `{database}`.clickhouse_tx_batches ORDER BY batch_id"
-    )
-
-
-def _single(url: str, database: str, **extra: Any) -> Callable[[Any, int], None]:
-    return clickhouse_tx_batch(
-        url=url,
-        table=f"{database}.events",
-        app_id="events",
-        allow_nullable_into_non_nullable=True,
-        **credentials.writer_options(),
-        **extra,
-    )
-
 
 def test_a_file_stream_writes_every_row_once_and_a_replayed_batch_writes_nothing_with_one_info_line(
     sp, clickhouse_url: str, database: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
-    src, chk = _files(tmp_path), tmp_path / "chk"
-    query_id = _run(sp, src, chk, _single(clickhouse_url, database))
+    src, chk = json_files(tmp_path), tmp_path / "chk"
+    query_id = run_stream(sp, src, chk, single_helper(clickhouse_url, database))
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
-    assert _keys(clickhouse_url, database) == [
+    assert key_rows(clickhouse_url, database) == [
         [str(b), query_id, f"['{database}.events']", str(PER_FILE)] for b in range(FILES)
     ]
-    _forget_last_commit(chk)
+    forget_last_commit(chk)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        assert _run(sp, src, chk, _single(clickhouse_url, database)) == query_id
+        assert run_stream(sp, src, chk, single_helper(clickhouse_url, database)) == query_id
     skipped = [r.getMessage() for r in caplog.records if r.name == LOGGER and "skipped" in r.getMessage()]
     assert len(skipped) == 1 and "batch_id=2" in skipped[0], skipped
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
-    assert len(_keys(clickhouse_url, database)) == FILES
+    assert len(key_rows(clickhouse_url, database)) == FILES
 
 
 def test_called_outside_the_query_with_its_checkpoint_a_written_batch_writes_nothing(
     sp, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
-    src, chk = _files(tmp_path), tmp_path / "chk"
-    _run(sp, src, chk, _single(clickhouse_url, database))
-    again = _single(clickhouse_url, database, checkpoint_location=str(chk))
+    src, chk = json_files(tmp_path), tmp_path / "chk"
+    run_stream(sp, src, chk, single_helper(clickhouse_url, database))
+    again = single_helper(clickhouse_url, database, checkpoint_location=str(chk))
     again(sp.read.schema(SCHEMA).json(str(src / "part-0.json")), 0)
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
     with pytest.raises(Exception, match="option checkpoint_location=.* is the checkpoint of query"):
-        _run(sp, src, tmp_path / "other", again)  # another query, given this query's checkpoint
+        run_stream(sp, src, tmp_path / "other", again)  # another query, given this query's checkpoint
 
 
 def test_a_restart_with_the_same_app_id_on_a_new_checkpoint_is_refused_naming_app_id(
     sp, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
-    src = _files(tmp_path)
-    _run(sp, src, tmp_path / "chk", _single(clickhouse_url, database))
-    text = _failed(sp, src, tmp_path / "new_chk", _single(clickhouse_url, database))
+    src = json_files(tmp_path)
+    run_stream(sp, src, tmp_path / "chk", single_helper(clickhouse_url, database))
+    text = failed_stream(sp, src, tmp_path / "new_chk", single_helper(clickhouse_url, database))
     assert "option app_id='events' is already used by another streaming query" in text, text
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
-    assert len(_keys(clickhouse_url, database)) == FILES
+    assert len(key_rows(clickhouse_url, database)) == FILES
 
 
 def test_in_mode_dedup_a_batch_replayed_under_another_partitioning_without_its_key_row_adds_every_row_once(
@@ -145,18 +92,18 @@ def test_in_mode_dedup_a_batch_replayed_under_another_partitioning_without_its_k
     # no key row, Spark's commit log without the batch. The restart shuffles the rows
     # into another order (repartition(3) instead of 1): the chunks' order is their values'.
     create_events_table(clickhouse_url, database, "events", "dedup")
-    src, chk = _files(tmp_path), tmp_path / "chk"
-    helper = _single(clickhouse_url, database, mode="dedup")
-    _run(sp, src, chk, lambda df, batch_id: helper(df.repartition(1), batch_id))
+    src, chk = json_files(tmp_path), tmp_path / "chk"
+    helper = single_helper(clickhouse_url, database, mode="dedup")
+    run_stream(sp, src, chk, lambda df, batch_id: helper(df.repartition(1), batch_id))
     run_sql(
         clickhouse_url,
         f"ALTER TABLE `{database}`.clickhouse_tx_batches DELETE WHERE batch_id = {FILES - 1} "
         "SETTINGS mutations_sync = 2",
     )
-    _forget_last_commit(chk)
-    _run(sp, src, chk, lambda df, batch_id: helper(df.repartition(3), batch_id))
+    forget_last_commit(chk)
+    run_stream(sp, src, chk, lambda df, batch_id: helper(df.repartition(3), batch_id))
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
-    assert [k[0] for k in _keys(clickhouse_url, database)] == [str(b) for b in range(FILES)]
+    assert [k[0] for k in key_rows(clickhouse_url, database)] == [str(b) for b in range(FILES)]
 
 
 def _two_tables(url: str, database: str, fail: bool = False) -> Callable[[Any, int], None]:
@@ -183,11 +130,11 @@ def test_a_user_function_raising_inside_the_context_leaves_nothing_of_the_batch_
 ) -> None:
     for t in ("a", "b"):
         create_events_table(clickhouse_url, database, t, "transaction")
-    src, chk = _files(tmp_path), tmp_path / "chk"
-    text = _failed(sp, src, chk, _two_tables(clickhouse_url, database, fail=True))
+    src, chk = json_files(tmp_path), tmp_path / "chk"
+    text = failed_stream(sp, src, chk, _two_tables(clickhouse_url, database, fail=True))
     assert "the user's function fails after its inserts" in text, text
     assert [_visible(clickhouse_url, database, t) for t in ("a", "b", "clickhouse_tx_batches")] == [0, 0, 0]
-    _run(sp, src, chk, _two_tables(clickhouse_url, database))  # the restart replays batch 0
+    run_stream(sp, src, chk, _two_tables(clickhouse_url, database))  # the restart replays batch 0
     a, b = (actual_totals(clickhouse_url, database, t) for t in ("a", "b"))
     assert (a[0], b[0], a[1] + b[1]) == (N // 2, N // 2, expected_totals(N)[1])
 
@@ -197,9 +144,9 @@ def test_two_tables_of_one_micro_batch_land_together_under_one_key_row(
 ) -> None:
     for t in ("a", "b"):
         create_events_table(clickhouse_url, database, t, "transaction")
-    src = _files(tmp_path)
-    query_id = _run(sp, src, tmp_path / "chk", _two_tables(clickhouse_url, database))
-    assert _keys(clickhouse_url, database) == [
+    src = json_files(tmp_path)
+    query_id = run_stream(sp, src, tmp_path / "chk", _two_tables(clickhouse_url, database))
+    assert key_rows(clickhouse_url, database) == [
         [str(b), query_id, f"['{database}.a','{database}.b']", str(PER_FILE)] for b in range(FILES)
     ]
     for t, parity in (("a", 0), ("b", 1)):
@@ -212,7 +159,7 @@ def test_a_value_that_does_not_fit_the_second_table_rolls_back_the_rows_sent_to_
 ) -> None:
     create_events_table(clickhouse_url, database, "a", "transaction")
     run_sql(clickhouse_url, f"CREATE TABLE `{database}`.b (id Int64, k UInt8, s String) ENGINE = MergeTree ORDER BY id")
-    batch = sp.read.schema(SCHEMA).json(str(_files(tmp_path) / "part-1.json"))  # k 100..199: fits UInt8
+    batch = sp.read.schema(SCHEMA).json(str(json_files(tmp_path) / "part-1.json"))  # k 100..199: fits UInt8
     (tmp_path / "chk").mkdir()
     (tmp_path / "chk" / "metadata").write_text(json.dumps({"id": "a-query-of-this-test"}) + "\n")
     login = credentials.writer_options()
@@ -272,25 +219,25 @@ def test_a_run_reads_the_key_table_for_its_first_batch_only_and_a_restart_of_the
     reads: list[int] = []
     real = BatchRecords.recorded
     monkeypatch.setattr(BatchRecords, "recorded", lambda self, key: reads.append(key.batch_id) or real(self, key))
-    src, chk, fn = _files(tmp_path), tmp_path / "chk", _single(clickhouse_url, database)
-    _run(sp, src, chk, fn)
+    src, chk, fn = json_files(tmp_path), tmp_path / "chk", single_helper(clickhouse_url, database)
+    run_stream(sp, src, chk, fn)
     assert reads == [0]
-    _forget_last_commit(chk)
-    _run(sp, src, chk, fn)  # another run of the same function object: batch 2 is read, and skipped
+    forget_last_commit(chk)
+    run_stream(sp, src, chk, fn)  # another run of the same function object: batch 2 is read, and skipped
     assert reads == [0, 2]
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
-    assert len(_keys(clickhouse_url, database)) == FILES
+    assert len(key_rows(clickhouse_url, database)) == FILES
 
 
 def test_a_table_altered_between_two_runs_of_one_function_is_checked_again_at_the_restart(
     sp, clickhouse_url: str, database: str, tmp_path: Path
 ) -> None:
     create_events_table(clickhouse_url, database, "events", "transaction")
-    src, chk, fn = _files(tmp_path), tmp_path / "chk", _single(clickhouse_url, database)
-    _run(sp, src, chk, fn)
+    src, chk, fn = json_files(tmp_path), tmp_path / "chk", single_helper(clickhouse_url, database)
+    run_stream(sp, src, chk, fn)
     run_sql(clickhouse_url, f"ALTER TABLE `{database}`.events MODIFY COLUMN k Int8")
     rows = ({"id": i, "k": i % 1000, "s": f"r{i}"} for i in range(N, N + PER_FILE))
     (src / f"part-{FILES}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = _failed(sp, src, chk, fn)  # k up to 399 does not fit Int8: named, nothing written
+    text = failed_stream(sp, src, chk, fn)  # k up to 399 does not fit Int8: named, nothing written
     assert "of column `k`" in text and "does not fit ClickHouse type Int8" in text, text
     assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.events") == N

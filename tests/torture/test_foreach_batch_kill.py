@@ -41,6 +41,7 @@ def _kill_and_restart(
     step: str,
     tables: list[str],
     mode: str = "transaction",
+    **more: object,
 ) -> tuple[Rows, list[str]]:
     """Kill the job at ``step`` of micro-batch 1, restart it until it drains the topic.
 
@@ -50,7 +51,7 @@ def _kill_and_restart(
     for table in tables:
         create_target(url, database, table, dedup_window=mode == "dedup")
     log = tmp_path / "foreach_batch.log"
-    args = job_args(bootstrap, topic, url, database, tmp_path / "chk", tables=tables, log=str(log), mode=mode)
+    args = job_args(bootstrap, topic, url, database, tmp_path / "chk", tables=tables, log=str(log), mode=mode, **more)
     codes = [run_child({**args, "fault": kill_at(step, tmp_path)}, timeout_s=600, module=JOB)]
     restart = {**args, "repartition": 3} if mode == "dedup" else args
     for _ in range(4):
@@ -154,3 +155,20 @@ def test_in_mode_dedup_a_driver_killed_between_the_two_tables_of_a_micro_batch_r
         assert_exactly(clickhouse_url, database, {r for r in expected if r[1] % 2 == parity}, table)
     _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
     _assert_replay("after_insert:1", skipped)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("step", ["before_key_row", "after_commit"])
+def test_micro_batches_past_driver_max_bytes_killed_around_the_key_row_restart_and_write_every_record_once(
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, step: str
+) -> None:
+    # driver_max_bytes=1: every micro-batch goes through the sink's batch job (published at
+    # once under the key); killed after it published, before or after the key row.
+    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, step, ["events"])
+    expected, skipped = _kill_and_restart(*args, driver_max_bytes=1)
+    assert_exactly(clickhouse_url, database, expected)
+    _assert_one_key_row_per_batch(clickhouse_url, database, len(expected))
+    _assert_replay(step, skipped)
+    jobs = read_committed(clickhouse_url, f"SELECT count() FROM `{database}`.clickhouse_tx_jobs")
+    keys = read_committed(clickhouse_url, f"SELECT count() FROM `{database}`.clickhouse_tx_batches")
+    assert jobs == keys, f"one published batch job per key row: {jobs} jobs, {keys} keys"

@@ -16,13 +16,10 @@ import pytest
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode
 from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, attempt_id, check_recorded, key_session
+from spark_datasource.foreach import clickhouse_tx_batch, clickhouse_tx_transaction
+from spark_datasource.options.foreach import ForeachOptions
 from spark_datasource.options.writer import WriterOptions
-from spark_datasource.sink.foreach_batch import (
-    BatchTransaction,
-    ForeachOptions,
-    clickhouse_tx_batch,
-    clickhouse_tx_transaction,
-)
+from spark_datasource.sink.foreach_batch import BatchTransaction
 from spark_datasource.sink.foreach_query import query_identity
 
 URL = "http://127.0.0.1:8123"
@@ -152,3 +149,21 @@ def test_outside_a_query_and_without_a_checkpoint_the_helper_asks_for_checkpoint
     # so Spark's local property names no query.
     with pytest.raises(ConfigurationError, match="give it checkpoint_location"):
         query_identity(None, None)
+
+
+@pytest.mark.parametrize("value", [0, -1, "ten", True, 1.5])
+def test_a_driver_max_bytes_that_is_no_positive_integer_is_refused_naming_the_option(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="option driver_max_bytes="):
+        clickhouse_tx_batch(url=URL, table="db.events", app_id="events", driver_max_bytes=value)  # type: ignore[arg-type]
+
+
+def test_driver_max_bytes_defaults_to_256_mib_and_the_options_kept_for_the_sink_never_show_the_password() -> None:
+    parsed = ForeachOptions.parse(
+        app_id="a", checkpoint_location=None, options={"url": URL, "table": "db.t", "password": "s3cret"}
+    )
+    assert parsed.driver_max_bytes == 256 * 1024 * 1024
+    assert ("password", "s3cret") in parsed.sink_options and "s3cret" not in repr(parsed)
+    given = ForeachOptions.parse(
+        app_id="a", checkpoint_location=None, options={"url": URL, "table": "db.t"}, driver_max_bytes="1024"
+    )
+    assert given.driver_max_bytes == 1024

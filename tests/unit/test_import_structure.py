@@ -264,7 +264,15 @@ MAY_IMPORT: dict[str, dict[tuple[str, ...], tuple[str, ...]]] = {
         ("options",): (),
         ("kafka",): ("worker_gc", "options"),
         ("sink",): ("worker_gc", "options"),
-        ("datasource", "option_docs", "testing", ""): ("worker_gc", "options", "kafka", "sink", "datasource", ""),
+        ("datasource", "foreach", "option_docs", "testing", ""): (
+            "worker_gc",
+            "options",
+            "kafka",
+            "sink",
+            "datasource",
+            "foreach",
+            "",
+        ),
     },
 }
 
