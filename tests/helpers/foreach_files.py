@@ -15,7 +15,7 @@ import pytest
 
 from spark_datasource.foreach import clickhouse_tx_batch
 from spark_datasource.testing import credentials
-from tests.helpers.spark_writes import read_committed
+from tests.helpers.spark_writes import read_committed, run_sql
 
 FILES, PER_FILE = 3, 100
 N = FILES * PER_FILE
@@ -82,3 +82,14 @@ def single_helper(url: str, database: str, **extra: Any) -> Callable[[Any, int],
         **credentials.writer_options(),
         **extra,
     )
+
+
+def lose_last_key_row(url: str, database: str, chk: Path) -> None:
+    """What a driver killed after the last batch's rows went in, before its key row, leaves:
+    the key row gone and Spark's commit log without the batch (a restart replays it)."""
+    run_sql(
+        url,
+        f"ALTER TABLE `{database}`.clickhouse_tx_batches DELETE WHERE batch_id = {FILES - 1} "
+        "SETTINGS mutations_sync = 2",
+    )
+    forget_last_commit(chk)

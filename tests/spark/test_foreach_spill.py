@@ -24,13 +24,13 @@ from tests.helpers.foreach_files import (
     PER_FILE,
     N,
     failed_stream,
-    forget_last_commit,
     json_files,
     key_rows,
+    lose_last_key_row,
     run_stream,
     single_helper,
 )
-from tests.helpers.spark_writes import actual_totals, create_events_table, expected_totals, read_committed, run_sql
+from tests.helpers.spark_writes import actual_totals, create_events_table, expected_totals, read_committed
 
 
 def test_a_collect_past_its_limit_keeps_nothing_and_the_session_goes_on(sp) -> None:
@@ -66,12 +66,7 @@ def test_micro_batches_past_the_limit_are_written_from_the_executors_under_the_k
 
     # A driver that died after the last batch job published, before its key row and
     # Spark's commit log: the restart's batch job finds its key and writes nothing.
-    run_sql(
-        clickhouse_url,
-        f"ALTER TABLE `{database}`.clickhouse_tx_batches DELETE WHERE batch_id = {FILES - 1} "
-        "SETTINGS mutations_sync = 2",
-    )
-    forget_last_commit(chk)
+    lose_last_key_row(clickhouse_url, database, chk)
     run_stream(sp, src, chk, single_helper(clickhouse_url, database, driver_max_bytes=1))
     assert actual_totals(clickhouse_url, database, "events") == expected_totals(N)
     assert len(_jobs(clickhouse_url, database)) == FILES
