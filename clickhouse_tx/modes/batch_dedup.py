@@ -64,10 +64,9 @@ def write_batch_dedup(
 
     Parameters
     ----------
-    target
-        Connection, settings and timeouts; the key table lives in ``target.database``.
-    key
-        The micro-batch (checked beforehand with :meth:`BatchRecords.recorded`).
+    target, key
+        As for :func:`~clickhouse_tx.modes.batch_keys.write_batch` (``key`` checked
+        beforehand with :meth:`BatchRecords.recorded`).
     parts
         The rows per table; each table's are held in memory while they are ordered.
     sizing
