@@ -94,18 +94,18 @@ class ClickHouseTxDataSource(DataSource):
         # the checks, the key, the stages (the mode's validate has its own).
         with ClickHouseHTTP(opts.target()) as client:
             plan, info = check_target(client, opts, schema)
-            return self._job_writer(opts, schema, txn_id, (plan, info), client)
+            return self._job_writer(opts, schema, txn_id, plan, info, client)
 
     @staticmethod
     def _job_writer(
         opts: WriterOptions,
         schema: StructType,
         txn_id: str,
-        checked: tuple[ConversionPlan, TableInfo | None],
+        plan: ConversionPlan,
+        info: TableInfo | None,
         client: ClickHouseHTTP,
     ) -> ClickHouseTxBatchWriter:
         """The batch job's writer: skipped (its key recorded), published at once, or per partition."""
-        plan, info = checked
         done = already_written(opts, client)
         if done is not None:
             log.warning(

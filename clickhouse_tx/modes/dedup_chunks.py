@@ -94,7 +94,8 @@ def canonical_order(table: pa.Table, display: str) -> pa.Table:
     For rows collected in an order a replay need not repeat (a shuffle's output): the
     same rows in any order come out the same, so they cut into the same chunks with the
     same tokens. Rows are ordered by every column that can be ordered (floats by their
-    bits, so ``-0.0`` and ``0.0`` differ as their bytes do; dictionaries by their values).
+    bits, so ``-0.0`` and ``0.0`` differ as their bytes do); dictionary columns come out
+    decoded, since a dictionary's bytes depend on the rows' order.
     Rows equal on all of those are equal as bytes, unless the table has columns that
     cannot be ordered (arrays, maps, tuples): two such rows are refused.
 
@@ -104,7 +105,7 @@ def canonical_order(table: pa.Table, display: str) -> pa.Table:
         Two rows agree on every column that can be ordered and the table has others
         (named, with ``display``, the table's name): their order could differ on a replay.
     """
-    for i, column in enumerate(table.columns):  # a dictionary's bytes depend on the rows' order
+    for i, column in enumerate(table.columns):
         if pa.types.is_dictionary(column.type):
             table = table.set_column(
                 i, table.field(i).with_type(column.type.value_type), column.cast(column.type.value_type)
@@ -119,10 +120,10 @@ def canonical_order(table: pa.Table, display: str) -> pa.Table:
             keys[f"k{i}"] = key
     if table.num_rows < 2:
         return table
-    by = pa.table(keys) if keys else pa.table({"k": pa.array([0] * table.num_rows, pa.int8())})
-    order = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in by.column_names])
+    by = pa.table(keys)
+    order = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in by.column_names]) if keys else None
     if unordered:
-        tie = _first_tie(by.take(order))
+        tie = _first_tie(by.take(order)) if order is not None else 0  # no key: every row ties
         if tie is not None:
             raise ConfigurationError(
                 f"mode 'dedup' orders a micro-batch's rows by their values, so that a replay cuts the "
@@ -130,7 +131,7 @@ def canonical_order(table: pa.Table, display: str) -> pa.Table:
                 f"but {', '.join(unordered)}, which cannot be ordered; add a column that tells them apart "
                 "(an offset, an id), or use mode 'transaction'"
             )
-    return table.take(order)
+    return table.take(order) if order is not None else table
 
 
 def _order_key(column: pa.ChunkedArray) -> pa.ChunkedArray | None:

@@ -167,15 +167,15 @@ class BatchTransaction:
         return rows
 
     def _too_large(self, key: BatchKey, database: str, table: str, df: "DataFrame") -> int:
-        """A table's rows past ``driver_max_bytes``: written by :attr:`spill` (the single-table
-        helper in mode ``transaction``), else refused with nothing written."""
+        """A table's rows past ``driver_max_bytes``: written by :attr:`spill` (given by the
+        single-table helper only) in mode ``transaction``, else refused with nothing written."""
         limit = self.options.driver_max_bytes
-        if self.spill is not None and len(self._pending) == 1 and self.options.writer.mode is Mode.TRANSACTION:
+        if self.spill is not None and self.options.writer.mode is Mode.TRANSACTION:
             return self.spill(df, self.options, self.options.for_table(database, table).target(), key)
         why = (
-            "a clickhouse_tx_transaction context writes every table from the driver"
-            if len(self._pending) > 1
-            else "mode 'dedup' writes from the driver only"
+            "mode 'dedup' writes from the driver only"
+            if self.spill is not None
+            else "a clickhouse_tx_transaction context writes every table from the driver"
         )
         raise ConfigurationError(
             f"{key}: the rows for {database}.{table} pass option driver_max_bytes={limit} and {why}; nothing of "

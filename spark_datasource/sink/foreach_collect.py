@@ -22,15 +22,17 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("clickhouse_tx.spark.foreach_batch")
 
 
-def _capped_serializer(limit_bytes: int, over: list[int]):  # -> ArrowCollectSerializer (pyspark imported here only)
+def _capped_serializer(limit_bytes: int):  # -> ArrowCollectSerializer (pyspark imported here only)
     from pyspark.sql.pandas.serializers import ArrowCollectSerializer, ArrowStreamSerializer
 
     class Capped(ArrowCollectSerializer):
         """``ArrowCollectSerializer`` that drops the batches once they pass ``limit_bytes``.
 
-        It reads on to the end (the bytes counted into ``over``) rather than closing the
-        socket: a collect cut short fails its Spark job, which logs errors.
+        It reads on to the end (``over``: the bytes seen, past the limit) rather than
+        closing the socket: a collect cut short fails its Spark job, which logs errors.
         """
+
+        over: int | None = None
 
         def load_stream(self, stream: IO[bytes]) -> Iterator[pa.RecordBatch]:
             batches: list[pa.RecordBatch] = []
@@ -43,7 +45,7 @@ def _capped_serializer(limit_bytes: int, over: list[int]):  # -> ArrowCollectSer
                     batches = []  # freed: the caller gets none of them
             order = _order(stream)
             if seen > limit_bytes:
-                over.append(seen)
+                self.over = seen
                 return
             for i in order:
                 yield batches[i]
@@ -88,9 +90,10 @@ def _collect_capped(df: "DataFrame", limit_bytes: int) -> list[pa.RecordBatch] |
 
     with SCCallSiteSync(df.sparkSession.sparkContext):
         port, secret, server = df._jdf.collectAsArrowToPython()
-    over: list[int] = []
-    with _load_from_socket((port, secret), _capped_serializer(limit_bytes, over)) as stream:
+    capped = _capped_serializer(limit_bytes)
+    with _load_from_socket((port, secret), capped) as stream:
         batches = list(stream)
+    over = capped.over
     try:
         with unwrap_spark_exception():
             server.getResult()  # the JVM's error, if the job failed
@@ -98,9 +101,9 @@ def _collect_capped(df: "DataFrame", limit_bytes: int) -> list[pa.RecordBatch] |
         # Results past spark.driver.maxResultSize fail the job before they reach Python.
         if "maxResultSize" not in str(exc):
             raise
-        over.append(-1)
-    if over:
-        log.debug("clickhouse_tx: collected %s bytes, over the limit %d: dropped", over[0], limit_bytes)
+        over = -1
+    if over is not None:
+        log.debug("clickhouse_tx: collected %s bytes, over the limit %d: dropped", over, limit_bytes)
         return None
     return batches
 

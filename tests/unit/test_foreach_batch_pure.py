@@ -167,3 +167,12 @@ def test_driver_max_bytes_defaults_to_256_mib_and_the_options_kept_for_the_sink_
         app_id="a", checkpoint_location=None, options={"url": URL, "table": "db.t"}, driver_max_bytes="1024"
     )
     assert given.driver_max_bytes == 1024
+
+
+def test_a_one_table_context_past_driver_max_bytes_is_refused_as_a_context_not_as_mode_dedup() -> None:
+    tx = clickhouse_tx_transaction(url=URL, app_id="events", batch_id=3, database="db", driver_max_bytes=1)
+    tx._pending.append(("db", "events", None))  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError) as e:
+        tx._too_large(KEY, "db", "events", None)  # type: ignore[arg-type]
+    assert "a clickhouse_tx_transaction context writes every table from the driver" in str(e.value)
+    assert "driver_max_bytes=1" in str(e.value) and "nothing of the batch was written" in str(e.value)
