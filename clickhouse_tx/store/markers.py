@@ -40,6 +40,8 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 )
 _NAMES = [c for c, _ in _COLUMNS]
 _SELECT = ", ".join(q.quote_identifier(c) for c in _NAMES)
+#: The columns a marker's INSERT gives (all but ``committed_at``, the server's clock).
+_GIVEN_STRUCTURE = q.quote_string(", ".join(f"{q.quote_identifier(c)} {t}" for c, t in _COLUMNS[:-1]))
 #: Reads see committed data only (see the module docstring). Put in the query text,
 #: not in URL settings: it must apply to the SELECT alone, never to what a server
 #: front may run on the connection before it (e.g. a ``USE``).
@@ -110,9 +112,18 @@ class CommitMarkers:
         _CREATED.add(key)
 
     def insert_sql(self, p: Prepared, *more: Prepared) -> str:
-        """The ``INSERT`` of the markers of ``p`` (and ``more``), one statement (any client/session)."""
+        """The ``INSERT`` of the markers of ``p`` (and ``more``), one statement (any client/session).
+
+        The rows go through ``format(Values, ...)`` with the server's ``now64(3)`` added
+        once per block: in a plain ``VALUES`` list that call makes the server evaluate
+        every row as an expression, 41 ms for a batch of 128 markers against 9-12 ms
+        this way (the embedded server).
+        """
         rows = ", ".join(f"({', '.join(self._values(x))})" for x in (p, *more))
-        return f"INSERT INTO {self.fq} ({_SELECT}) VALUES {rows}"
+        return (
+            f"INSERT INTO {self.fq} ({_SELECT}) SELECT *, now64(3) "
+            f"FROM format(Values, {_GIVEN_STRUCTURE}, {q.quote_string(rows)})"
+        )
 
     @staticmethod
     def _values(p: Prepared) -> list[str]:
@@ -125,7 +136,6 @@ class CommitMarkers:
             str(int(p.rows)),
             str(int(p.checksum) & _MASK64),
             q.quote_string(p.mode.value),
-            "now64(3)",
         ]
 
     def insert(self, p: Prepared, client: ClickHouseHTTP | None = None) -> None:

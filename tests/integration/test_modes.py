@@ -25,7 +25,8 @@ from clickhouse_tx.modes import mode_io_for
 from clickhouse_tx.modes.dedup import DedupMode
 from clickhouse_tx.modes.dedup_chunks import ChunkSizing
 from clickhouse_tx.modes.session_keepalive import KEEP_ALIVE
-from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, stage_name
+from clickhouse_tx.modes.stage_publish import MOVES_AT_ONCE, run_moves
+from clickhouse_tx.modes.stage_tables import STAGE_PREFIX, move_sql, stage_name
 from clickhouse_tx.modes.staging import StagingMode
 from clickhouse_tx.modes.transaction import TransactionMode
 from clickhouse_tx.protocol.faults import FaultPlan, InjectedFault, with_faults
@@ -389,6 +390,28 @@ def test_a_staging_batch_stopped_after_its_first_move_is_rolled_forward_once(
     build_coordinator(target, "staging", TXN, str(tmp_path)).commit_batch(0, msgs)
     assert committed_count(admin, target) == 400 and distinct_ids(admin, target) == 400
     assert len(markers(admin, database)) == 4
+
+
+def test_a_batchs_moves_are_all_sent_though_one_fails_and_the_failure_is_raised(
+    admin: ClickHouseHTTP, database: str
+) -> None:
+    """The MOVEs go several at a time; one that fails stops neither the others nor its
+    worker's next ones, and the commit still hears of it."""
+    target = make_table(admin, database)
+    mode = StagingMode()
+    mode.validate(target, rows(1).schema)
+    ps = [
+        mode.prepare(
+            target, WriteContext(TXN, 0, part, 0), _xid(f"moves-xid-{part}"), batches(rows(10, start=10 * part))
+        )
+        for part in range(2 * MOVES_AT_ONCE)
+    ]
+    into = q.qualified(database, "events")
+    moves = [move_sql(database, stage_name(p.xid), pid, into) for p in ps for pid in p.details["partitions"]]
+    moves.insert(1, move_sql(database, "no_such_stage", "0", into))  # the first worker's first MOVE
+    with pytest.raises(ServerError):
+        run_moves(target, moves)
+    assert committed_count(admin, target) == 10 * len(ps) and distinct_ids(admin, target) == 10 * len(ps)
 
 
 def test_a_rolled_back_stage_is_not_committed(admin: ClickHouseHTTP, database: str) -> None:
