@@ -40,10 +40,11 @@ log = logging.getLogger(__name__)
 #: How long a batch commit waits for stage parts a rolled-back MOVE left locked.
 LOCKED_PARTS_WAIT_S = 120.0
 
-#: MOVEs of a batch's stages sent at once (each on its own connection). The server runs
-#: the moves into one target one at a time, but overlaps each one's request handling with
-#: the others': 128 moves take 257 ms at 8 at once and 474 ms one after the other
-#: (the embedded server, 2 cores; ``docs/performance.md``, "Partitions per micro-batch").
+#: MOVEs of a batch's stages sent at once (each worker on its own connection). The server
+#: runs the moves into one target one after the other, but overlaps the rest of each
+#: request: 128 MOVEs took a median 801 ms 8 at a time and 1,102 ms one at a time
+#: (``python -m benchmarks.stage_moves``, embedded server, 2 cores); on a server with
+#: more cores, or a Replicated target's Keeper round trips, there is more to overlap.
 MOVES_AT_ONCE = 8
 
 
@@ -123,8 +124,8 @@ def publish_partitions(target: Target, ps: Sequence[Prepared], before_commit: Ho
         c.command(f"DROP TABLE IF EXISTS {', '.join(names)}", idempotent=True)
 
 
-def run_moves(target: Target, moves: Sequence[str]) -> None:
-    """Driver: send ``moves`` (each a stage's own partition), :data:`MOVES_AT_ONCE` at a time.
+def run_moves(target: Target, moves: Sequence[str], at_once: int = MOVES_AT_ONCE) -> None:
+    """Driver: send ``moves`` (each a stage's own partition), ``at_once`` at a time.
 
     Each worker sends its share one after the other on its own connection. Every MOVE
     is sent even if one fails (a stage moved in part is what a crash leaves too, and
@@ -133,7 +134,7 @@ def run_moves(target: Target, moves: Sequence[str]) -> None:
     """
     if not moves:
         return
-    workers = min(MOVES_AT_ONCE, len(moves))
+    workers = max(1, min(at_once, len(moves)))
 
     def send(share: Sequence[str]) -> list[ClickHouseTxError]:
         errors: list[ClickHouseTxError] = []
