@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -223,7 +224,9 @@ def _three_partitions_prepared(
 
 
 def _marker_requests(sent: list[str], verb: str) -> list[str]:
-    return [r for r in sent if MARKERS_TABLE in r and verb in r]
+    """The requests on the markers table whose statement starts with ``verb`` (an INSERT's
+    ``SELECT ... FROM format(...)`` is no read)."""
+    return [r for r in sent if MARKERS_TABLE in r and re.search(rf"\}} b['\"]{verb}\b", r)]
 
 
 def test_a_dedup_batch_commit_reads_the_markers_once_and_writes_them_in_one_insert(
