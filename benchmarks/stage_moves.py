@@ -18,6 +18,7 @@ Writes ``benchmarks/results/stage_moves.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -72,22 +73,15 @@ def _moves_ms(url: str, db: str, stages: int, at_once: int) -> float:
 
 def _markers_ms(url: str, db: str, stages: int) -> dict[str, float]:
     """Milliseconds of one INSERT of ``stages`` markers: as written now, and with ``now64(3)`` per row."""
-    from clickhouse_tx.interfaces import Mode, Prepared, Target
+    from clickhouse_tx.interfaces import Mode, Prepared, Target, WriteContext
     from clickhouse_tx.store.markers import CommitMarkers
 
     markers = CommitMarkers(Target(url=url, database=db, table="events"))
     markers.ensure_table()
     txn = f"bench-{uuid.uuid4().hex[:8]}"
     ps = [
-        Prepared(
-            xid=f"{txn}-b1-p{i}-a0",
-            txn_id=txn,
-            batch=1,
-            partition=i,
-            attempt=0,
-            mode=Mode.STAGING,
-            server=url,
-            table=f"{db}.events",
+        dataclasses.replace(
+            Prepared.for_attempt(WriteContext(txn, 1, i, 0), f"{txn}-b1-p{i}-a0", Mode.STAGING, url, f"{db}.events"),
             rows=500,
             checksum=i,
         )
@@ -148,13 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.url:
         report = run(a.url, a.stages, a.rounds)
     else:
-        from server_patches.stack import start_stack, stop_stack
+        from server_patches.stack import running_stack
 
-        d = Path(tempfile.mkdtemp(prefix="bench_stack_"))
-        try:
-            report = run(start_stack(d).clickhouse_url, a.stages, a.rounds)
-        finally:
-            stop_stack(d, purge=True)
+        with tempfile.TemporaryDirectory(prefix="bench_stack_") as tmp, running_stack(Path(tmp) / "stack") as info:
+            report = run(info.clickhouse_url, a.stages, a.rounds)
     write_result(a.out, report)
     print(json.dumps({k: report[k] for k in ("moves_ms_median_by_at_once", "markers_insert_ms_median")}, indent=1))
     return 0
