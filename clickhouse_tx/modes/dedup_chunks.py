@@ -110,6 +110,8 @@ def canonical_order(table: pa.Table, display: str) -> pa.Table:
             table = table.set_column(
                 i, table.field(i).with_type(column.type.value_type), column.cast(column.type.value_type)
             )
+    if table.num_rows < 2:
+        return table
     keys: dict[str, pa.ChunkedArray] = {}
     unordered: list[str] = []
     for i, (name, column) in enumerate(zip(table.column_names, table.columns)):
@@ -118,20 +120,20 @@ def canonical_order(table: pa.Table, display: str) -> pa.Table:
             unordered.append(name)
         else:
             keys[f"k{i}"] = key
-    if table.num_rows < 2:
-        return table
-    by = pa.table(keys)
-    order = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in by.column_names]) if keys else None
-    if unordered:
-        tie = _first_tie(by.take(order)) if order is not None else 0  # no key: every row ties
-        if tie is not None:
-            raise ConfigurationError(
-                f"mode 'dedup' orders a micro-batch's rows by their values, so that a replay cuts the "
-                f"same chunks; rows {tie} and {tie + 1} of {display} (in that order) agree on every column "
-                f"but {', '.join(unordered)}, which cannot be ordered; add a column that tells them apart "
-                "(an offset, an id), or use mode 'transaction'"
-            )
-    return table.take(order) if order is not None else table
+    tie: int | None = 0 if unordered else None  # with no key to order by, every row ties
+    if keys:
+        by = pa.table(keys)
+        order = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in keys])
+        tie = _first_tie(by.take(order)) if unordered else None
+        table = table.take(order)
+    if tie is not None:
+        raise ConfigurationError(
+            f"mode 'dedup' orders a micro-batch's rows by their values, so that a replay cuts the "
+            f"same chunks; rows {tie} and {tie + 1} of {display} (in that order) agree on every column "
+            f"but {', '.join(unordered)}, which cannot be ordered; add a column that tells them apart "
+            "(an offset, an id), or use mode 'transaction'"
+        )
+    return table
 
 
 def _order_key(column: pa.ChunkedArray) -> pa.ChunkedArray | None:

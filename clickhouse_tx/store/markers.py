@@ -115,8 +115,8 @@ class CommitMarkers:
         """The ``INSERT`` of the markers of ``p`` (and ``more``), one statement (any client/session).
 
         The rows go through ``format(Values, ...)`` with the server's ``now64(3)`` added
-        once per block: in a plain ``VALUES`` list that call makes the server evaluate
-        every row as an expression: 128 markers took a median 42 ms that way and 13 ms
+        once per block. In a plain ``VALUES`` list that call makes the server evaluate
+        every row as an expression; 128 markers took a median 42 ms that way and 13 ms
         this way (``python -m benchmarks.stage_moves``, the embedded server).
         """
         rows = ", ".join(f"({', '.join(self._values(x))})" for x in (p, *more))
