@@ -10,6 +10,7 @@ every commit of a batch. Each raises :class:`~clickhouse_tx.modes.dedup_claims.D
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from typing import Mapping, Sequence
@@ -223,9 +224,16 @@ class ReplayGuard:
         now = layout_of(messages)
         sealed, claims, earlier = records.at_commit(txn_id, batch)
         check_messages(txn_id, batch, now, sealed, claims if sealed is None else {})
-        if sealed is None:
-            check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
+        # The earlier batches' records go while the seal is written: neither reads the
+        # other's keys, and the registry gives each thread its own connection.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="layout-forget") as pool:
+            pool.submit(self._forget, batch, earlier)
+            if sealed is None:
+                check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
+
+    def _forget(self, batch: int, keys: Sequence[str]) -> None:
+        """Drop the records of the query's batches before ``batch``; housekeeping never fails a commit."""
         try:
-            records.forget(earlier)
-        except ClickHouseTxError as exc:  # housekeeping never fails a commit
+            self.records.forget(keys)
+        except ClickHouseTxError as exc:
             log.info("could not drop the layout records before batch %d: %s", batch, exc)

@@ -12,6 +12,7 @@ registry and the commit messages.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 from typing import Mapping, Sequence
@@ -27,7 +28,7 @@ from clickhouse_tx.errors import (
     recover_command,
     sessions_gone_runbook,
 )
-from clickhouse_tx.interfaces import Decision, Prepared
+from clickhouse_tx.interfaces import Decision, Prepared, RegistryEntry
 from clickhouse_tx.protocol.batch_ops import BatchOps, StepTimes
 from clickhouse_tx.protocol.commit_plan import plan_commit, plan_rollback
 from clickhouse_tx.protocol.context import CommitContext
@@ -92,9 +93,8 @@ class BatchCommitter:
         step = StepTimes(self.context.clock)
         with step("plan"):
             msgs = self.batch_ops.check_messages(batch, messages)
-            self._check_layout(batch, msgs)
-            registered = self.batch_ops.entries(batch)
-            plan = plan_commit(self.batch_ops.read(batch), msgs, registered, txn_id=self.context.txn_id, batch=batch)
+            registered, logged = self._plan_reads(batch, msgs)
+            plan = plan_commit(logged, msgs, registered, txn_id=self.context.txn_id, batch=batch)
         assert plan.decision is not None
         if plan.already_done:
             return self._replay_of_done(plan.decision, msgs, step)
@@ -135,10 +135,20 @@ class BatchCommitter:
             decision_version=run.decision.version,
         )
 
-    def _check_layout(self, batch: int, msgs: Sequence[Prepared]) -> None:
-        """A mode that records how a batch was cut (dedup) refuses a run that cut it otherwise."""
+    def _plan_reads(self, batch: int, msgs: Sequence[Prepared]) -> tuple[list[RegistryEntry], Decision | None]:
+        """The batch's registry entries and logged decision, read while the mode checks its layout.
+
+        A mode that records how a batch was cut (dedup) refuses here a run that cut it
+        otherwise (and seals the layout). The two reads do not depend on that check and
+        nothing is written from them before it passes, so they run beside it: the plan
+        waits for the longer of the two, not their sum. A refusal is raised before any
+        error of the reads.
+        """
         c = self.context
-        self.tx_ops.call(lambda: c.mode_io.check_layout(c.target, batch, msgs), is_transient_or_unknown)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plan-reads") as pool:
+            reads = pool.submit(lambda: (self.batch_ops.entries(batch), self.batch_ops.read(batch)))
+            self.tx_ops.call(lambda: c.mode_io.check_layout(c.target, batch, msgs), is_transient_or_unknown)
+            return reads.result()
 
     def _replay_of_done(self, decision: Decision, msgs: Sequence[Prepared], step: "StepTimes") -> CommitReport:
         """A done batch again (Spark replays it after a crash past mark_done): roll back only.
