@@ -12,8 +12,8 @@ prepare (executor, once per partition attempt)
     same tokens (ClickHouse drops the duplicate blocks), and one that sends other
     rows sends other tokens (ClickHouse inserts them: a token never hides rows that
     were never inserted, which a positional ``partition:chunk_no`` token did).
-    Before each chunk it checks, in one registry read and one ``system.parts``
-    read, that its xid is still INITIALIZED (a fenced zombie inserts nothing more)
+    Before each chunk it checks, in one read of the registry and ``system.parts``
+    together, that its xid is still INITIALIZED (a fenced zombie inserts nothing more)
     and that fewer blocks than the dedup window were inserted into the table since
     its first chunk (else the first chunks' tokens may have left the window).
 commit (driver)
@@ -62,7 +62,7 @@ from clickhouse_tx.modes.dedup_window import (
     ensure_view_windows,
     ensure_window,
     max_block_number,
-    view_blocks,
+    state_and_blocks,
     view_targets,
 )
 from clickhouse_tx.modes.views import dependent_views
@@ -153,16 +153,28 @@ class DedupMode(ModeBase):
             self.registry = KeeperMapRegistry(target)
         return self.registry
 
-    def _fence(self, target: Target, xid: str) -> None:
-        """Refuse to insert once the xid left INITIALIZED (fenced by the driver or GC)."""
-        entry = self._registry(target).get(xid)
-        if entry is None or entry.state != TxState.INITIALIZED.value:
-            state = "not registered" if entry is None else entry.state
+    def _fence_and_blocks(self, c: ClickHouseHTTP, target: Target, xid: str, tables: Sequence[Target]) -> list[int]:
+        """Executor, before each chunk: refuse to insert once the xid left INITIALIZED
+        (fenced by the driver or GC); the highest block of each of ``tables`` (the window).
+
+        One request when the registry is on the target's server (:func:`state_and_blocks`),
+        else the registry's read, then the blocks'.
+        """
+        registry = self._registry(target)
+        if registry.target.url == target.url:  # registered before prepare: the table is there
+            fq = q.qualified(registry.database, registry.table)
+            state_sql = f"(SELECT state FROM {fq} WHERE xid = {q.quote_string(xid)} LIMIT 1)"
+            state, blocks = state_and_blocks(c, state_sql, tables)
+        else:
+            entry = registry.get(xid)
+            state, blocks = (None if entry is None else entry.state), [max_block_number(c, t) for t in tables]
+        if state != TxState.INITIALIZED.value:
             raise NotCommittedError(
-                f"dedup insert refused: the registry says this attempt is {state}, so it was "
+                f"dedup insert refused: the registry says this attempt is {state or 'not registered'}, so it was "
                 "fenced (a newer attempt or the driver's abort replaced it)",
                 xid=xid,
             )
+        return blocks
 
     def _guard(self, target: Target) -> ReplayGuard:
         return ReplayGuard(ClaimRecords.beside(target, self._registry(target)))
@@ -187,8 +199,9 @@ class DedupMode(ModeBase):
         check (:meth:`ReplayGuard.first_chunk`: a replay cut into other partitions is refused).
         Then per chunk: for every chunk after the first one layout record
         (:meth:`ReplayGuard.later_chunk`; a read before it while re-checking an earlier run's
-        chunks), one registry read (the fence), one ``system.parts`` read (the window),
-        one INSERT; one more record past the last chunk (:meth:`_insert_chunks`).
+        chunks), one read of the registry and ``system.parts`` together (the fence and
+        the window, :meth:`_fence_and_blocks`), one INSERT; one more record past the last
+        chunk (:meth:`_insert_chunks`).
         Memory: about one chunk.
         """
         done = self._committed_by(target, ctx)
@@ -262,12 +275,12 @@ class DedupMode(ModeBase):
                     catching_up = self._guard(target).first_chunk(ctx, first, xid)
                 else:
                     catching_up = self._guard(target).later_chunk(ctx, chunks, fingerprint, xid, catching_up)
-                self._fence(target, xid)
+                block, *now_views = self._fence_and_blocks(c, target, xid, [target, *views])
                 if first_block is None:
-                    first_block, first_views = max_block_number(c, target), view_blocks(c, views)
+                    first_block, first_views = block, {f"{v.database}.{v.table}": b for v, b in zip(views, now_views)}
                 else:
-                    ensure_window(c, target, first_block, xid)
-                    ensure_view_windows(c, views, first_views, xid)
+                    ensure_window(c, target, first_block, xid, block)
+                    ensure_view_windows(c, views, first_views, xid, now_views)
                 token = dedup_token(ctx.txn_id, ctx.batch, ctx.partition, digest, seen[digest])
                 self._insert(c, target, schema, messages, token, n)
                 seen[digest] += 1

@@ -35,6 +35,23 @@ def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
     return int(rows[0]["b"] or 0) if rows else 0
 
 
+def state_and_blocks(client: ClickHouseHTTP, state_sql: str, tables: Sequence[Target]) -> tuple[str | None, list[int]]:
+    """One statement: the scalar ``state_sql`` and :func:`max_block_number` of each of ``tables``.
+
+    A chunk's fence and window reads together: the server runs them one after the
+    other as two requests would, but the request's own cost is paid once
+    (``python -m benchmarks.merged_reads``).
+    """
+    blocks = ", ".join(
+        "(SELECT max(max_block_number) FROM system.parts "
+        f"WHERE database = {q.quote_string(t.database)} AND table = {q.quote_string(t.table)}) AS b{i}"
+        for i, t in enumerate(tables)
+    )
+    row = client.query_json(f"SELECT {state_sql} AS state{', ' if blocks else ''}{blocks}")[0]
+    state = row["state"]
+    return (None if state is None else str(state)), [int(row[f"b{i}"] or 0) for i in range(len(tables))]
+
+
 #: (url, database, table) -> (window, monotonic time read). Spark reuses Python
 #: workers, so most prepares skip the three queries of describe_table.
 _WINDOWS: dict[tuple[str, str, str], tuple[int, float]] = {}
@@ -54,10 +71,11 @@ def dedup_window(client: ClickHouseHTTP, target: Target, *, fresh: bool = False)
     return window
 
 
-def ensure_window(client: ClickHouseHTTP, target: Target, first_block: int, xid: str) -> int:
+def ensure_window(client: ClickHouseHTTP, target: Target, first_block: int, xid: str, block: int | None = None) -> int:
     """Raise :class:`DedupWindowError` if the table's parts since ``first_block`` fill its
-    window (a refusal is confirmed with a fresh read of the window); the current block."""
-    block = max_block_number(client, target)
+    window (a refusal is confirmed with a fresh read of the window); the current block
+    (``block`` when the caller read it, else read here)."""
+    block = max_block_number(client, target) if block is None else block
     try:
         check_window(first_block, block, dedup_window(client, target), target, xid)
     except DedupWindowError:
@@ -101,14 +119,16 @@ def view_targets(target: Target) -> list[Target]:
     return [dataclasses.replace(target, database=d, table=t) for d, t in hit[0]]
 
 
-def view_blocks(client: ClickHouseHTTP, views: Sequence[Target]) -> dict[str, int]:
-    """``db.table`` -> :func:`max_block_number` of each view's table (the first blocks of a partition)."""
-    return {f"{v.database}.{v.table}": max_block_number(client, v) for v in views}
-
-
-def ensure_view_windows(client: ClickHouseHTTP, views: Sequence[Target], first: Mapping[str, object], xid: str) -> None:
-    """:func:`ensure_window` for each view's table whose first block ``first`` holds."""
-    for v in views:
+def ensure_view_windows(
+    client: ClickHouseHTTP,
+    views: Sequence[Target],
+    first: Mapping[str, object],
+    xid: str,
+    blocks: Sequence[int] | None = None,
+) -> None:
+    """:func:`ensure_window` for each view's table whose first block ``first`` holds
+    (``blocks``: their current blocks when the caller read them, in ``views``' order)."""
+    for i, v in enumerate(views):
         block = first.get(f"{v.database}.{v.table}")
         if block is not None:
-            ensure_window(client, v, int(str(block)), xid)
+            ensure_window(client, v, int(str(block)), xid, None if blocks is None else blocks[i])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Callable, Iterator
@@ -163,6 +164,30 @@ def test_a_fenced_zombie_dedup_insert_is_refused(admin: ClickHouseHTTP, database
         co.prepare(WriteContext(TXN, 0, 0, 0), fencing_after(rows(1200), 300, fence))
     # the chunk sent before the fence is in (dedup cannot undo it); nothing after it
     assert committed_count(admin, target) == 300
+
+
+def test_a_chunks_fence_and_window_are_one_request_and_a_registry_elsewhere_still_fences(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The registry on the target's server: each chunk's fence and window in one statement.
+    target = make_table(admin, database)
+    sent = recording_requests(monkeypatch)
+    dedup_coordinator(target, tmp_path).prepare(WriteContext(TXN, 0, 0, 0), batches(rows(600)))
+    monkeypatch.undo()
+    checks = [r for r in sent if "system.parts" in r]
+    assert len(checks) == 2 and all("clickhouse_tx_registry" in r for r in checks)
+    # Under another URL the registry is read on its own, and still fences the next chunk.
+    co = dedup_coordinator(target, tmp_path, xid="zombie-1")
+    elsewhere = KeeperMapRegistry(dataclasses.replace(target, url=target.url.replace("127.0.0.1", "localhost")))
+    assert elsewhere.target.url != target.url
+    co.context = dataclasses.replace(co.context, mode_io=DedupMode(ChunkSizing.fixed(300), registry=elsewhere))
+
+    def fence() -> None:
+        assert elsewhere.transition("zombie-1", ["initialized"], "aborting")
+
+    with pytest.raises(NotCommittedError, match="fenced"):
+        co.prepare(WriteContext(TXN, 1, 0, 0), fencing_after(rows(1200, start=600), 300, fence))
+    assert committed_count(admin, target) == 900
 
 
 def test_a_dedup_prepare_stops_before_the_window_fills_and_names_the_fix(
