@@ -34,6 +34,7 @@ Replicated tables; :meth:`DedupMode.validate` refuses a table without one.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import logging
 from typing import TYPE_CHECKING, Iterator, Sequence
@@ -44,7 +45,7 @@ from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.checksum import CountingBatches
 from clickhouse_tx.conversion.dead_letters import write_dead_letters
-from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DedupWindowError, NotCommittedError
+from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DedupWindowError
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes import dedup_claims
 from clickhouse_tx.modes.base import ModeBase, distributed_hint, peek_schema
@@ -61,12 +62,10 @@ from clickhouse_tx.modes.dedup_replay_guard import ReplayGuard
 from clickhouse_tx.modes.dedup_window import (
     ensure_view_windows,
     ensure_window,
-    max_block_number,
-    state_and_blocks,
+    fence_and_blocks,
     view_targets,
 )
 from clickhouse_tx.modes.views import dependent_views
-from clickhouse_tx.protocol.state import TxState
 
 if TYPE_CHECKING:  # pragma: no cover
     from clickhouse_tx.store.registry import KeeperMapRegistry
@@ -87,6 +86,11 @@ class DedupMode(ModeBase):
         # Driver: xids of the batch being committed whose marker commit_together found
         # or wrote, so their per-xid commit needs no lookup (confirmed markers only).
         self._marked: set[str] = set()
+        # Driver: the drop of earlier batches' layout records that check_layout started.
+        self._housekeeping: "concurrent.futures.Future[None] | None" = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_housekeeping": None}  # a running drop stays with its process
 
     def __eq__(self, other: object) -> bool:  # the registry is where, not what: not compared
         return isinstance(other, DedupMode) and other.sizing == self.sizing
@@ -153,36 +157,24 @@ class DedupMode(ModeBase):
             self.registry = KeeperMapRegistry(target)
         return self.registry
 
-    def _fence_and_blocks(self, c: ClickHouseHTTP, target: Target, xid: str, tables: Sequence[Target]) -> list[int]:
-        """Executor, before each chunk: refuse to insert once the xid left INITIALIZED
-        (fenced by the driver or GC); the highest block of each of ``tables`` (the window).
-
-        One request when the registry is on the target's server (:func:`state_and_blocks`),
-        else the registry's read, then the blocks'.
-        """
-        registry = self._registry(target)
-        if registry.target.url == target.url:  # registered before prepare: the table is there
-            fq = q.qualified(registry.database, registry.table)
-            state_sql = f"(SELECT state FROM {fq} WHERE xid = {q.quote_string(xid)} LIMIT 1)"
-            state, blocks = state_and_blocks(c, state_sql, tables)
-        else:
-            entry = registry.get(xid)
-            state, blocks = (None if entry is None else entry.state), [max_block_number(c, t) for t in tables]
-        if state != TxState.INITIALIZED.value:
-            raise NotCommittedError(
-                f"dedup insert refused: the registry says this attempt is {state or 'not registered'}, so it was "
-                "fenced (a newer attempt or the driver's abort replaced it)",
-                xid=xid,
-            )
-        return blocks
-
     def _guard(self, target: Target) -> ReplayGuard:
         return ReplayGuard(ClaimRecords.beside(target, self._registry(target)))
 
     def check_layout(self, target: Target, batch: int, messages: Sequence[Prepared]) -> None:
         """Driver, at the start of every commit of a batch, before its decision: seal the
-        batch's layout (:meth:`ReplayGuard.seal`). Raises ``DedupLayoutError``."""
-        self._guard(target).seal(batch, messages)
+        batch's layout (:meth:`ReplayGuard.seal`). Raises ``DedupLayoutError``.
+
+        The drop of the earlier batches' records it starts runs beside the rest of the
+        commit; :meth:`commit_together` (or the next commit) waits for it.
+        """
+        self._finish_housekeeping()
+        self._housekeeping = self._guard(target).seal(batch, messages)
+
+    def _finish_housekeeping(self) -> None:
+        """Wait for the drop :meth:`check_layout` started, if any (it logs its own failure)."""
+        if self._housekeeping is not None:
+            self._housekeeping.result()
+            self._housekeeping = None
 
     def _committed_by(self, target: Target, ctx: WriteContext) -> str | None:
         """The xid whose marker says (txn, batch, partition) is committed, or None."""
@@ -200,7 +192,7 @@ class DedupMode(ModeBase):
         Then per chunk: for every chunk after the first one layout record
         (:meth:`ReplayGuard.later_chunk`; a read before it while re-checking an earlier run's
         chunks), one read of the registry and ``system.parts`` together (the fence and
-        the window, :meth:`_fence_and_blocks`), one INSERT; one more record past the last
+        the window, :func:`fence_and_blocks`), one INSERT; one more record past the last
         chunk (:meth:`_insert_chunks`).
         Memory: about one chunk.
         """
@@ -216,7 +208,7 @@ class DedupMode(ModeBase):
                 done,
                 xid,
             )
-            return self.prepared(target, ctx, xid, 0, 0, {"chunks": 0, "committed_by": done})
+            return self.prepared(target, ctx, xid, 0, 0, {"chunks": 0, "committed_by": done, "run": ctx.run})
         converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
@@ -237,6 +229,7 @@ class DedupMode(ModeBase):
                 "first_view_blocks": first_views,
                 "first_chunk": first,
                 "dead_letters": letters,
+                "run": ctx.run,  # the driver's seal: did this run reach the batch first?
             },
         )
 
@@ -275,7 +268,7 @@ class DedupMode(ModeBase):
                     catching_up = self._guard(target).first_chunk(ctx, first, xid)
                 else:
                     catching_up = self._guard(target).later_chunk(ctx, chunks, fingerprint, xid, catching_up)
-                block, *now_views = self._fence_and_blocks(c, target, xid, [target, *views])
+                block, *now_views = fence_and_blocks(c, self._registry(target), xid, [target, *views])
                 if first_block is None:
                     first_block, first_views = block, {f"{v.database}.{v.table}": b for v, b in zip(views, now_views)}
                 else:
@@ -342,6 +335,8 @@ class DedupMode(ModeBase):
         except ClickHouseTxError as exc:
             log.info("batch %d: markers not written together (%s); writing them one by one", ps[0].batch, exc)
             return
+        finally:
+            self._finish_housekeeping()
         self._marked.update(p.xid for p in todo)
 
     def _windows_hold(self, target: Target, ps: Sequence[Prepared]) -> bool:

@@ -34,11 +34,12 @@ first run (executor, once per partition attempt, before its claim)
     reached first, no claim of another run binds it, and the barrier needs no scan.
 seal (driver, at the start of every commit of the batch, before its decision)
     ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows and
-    checksum, from the commit messages, created if absent. Before sealing, every
-    inserted claim of the batch must match the messages. Once sealed, an executor's
-    partition that the seal does not hold (a partition number beyond the sealed count,
-    or one that was empty), or holds with another first chunk, is refused; so is a
-    commit whose messages differ from the seal.
+    checksum, from the commit messages, created if absent. Before sealing, every inserted
+    claim of the batch must match the messages (read only when the batch's first run is
+    not this one: this run's own claims match its messages, or their attempts were refused
+    and sent none). Once sealed, an executor's partition that the seal does not hold (a
+    partition number beyond the sealed count, or one that was empty), or holds with
+    another first chunk, is refused; so is a commit whose messages differ from the seal.
 
 All are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry) written as
 finished registry entries, the way the decision log's arbiter claims versions: an
@@ -46,9 +47,8 @@ finished registry entries, the way the decision log's arbiter claims versions: a
 writer wins and every later one compares. The checks themselves are pure functions
 (:func:`check_partition`, :func:`check_chunk`, :func:`barrier`, :func:`check_messages`).
 
-A writer without a run id (``WriteContext.run == ""``, not the Spark writer) does not
-wait at the barrier, so a replay of it under another cut is refused only where a
-record binds it.
+A writer without a run id (``WriteContext.run == ""``, not the Spark writer) does not wait at
+the barrier, so a replay of it under another cut is refused only where a record binds it.
 """
 
 from __future__ import annotations
@@ -69,13 +69,11 @@ SEAL_PARTITION, FIRST_RUN_PARTITION = 2**32 - 1, 2**32 - 2
 
 #: One partition of a layout: {"first": "<rows>:<digest>" | "", "rows": n, "checksum": c}.
 Part = Mapping[str, object]
-#: One partition's claim: {"first": "<rows>:<digest>", "run": run id, "inserted": bool,
-#: "caught_up": run id, "refused_by": run id}; "inserted" is set just before the
-#: partition's first insert.
+#: One partition's claim: {"first": "<rows>:<digest>", "run": run id, "inserted": bool, "caught_up":
+#: run id, "refused_by": run id}; "inserted" is set just before the partition's first insert.
 Claim = Mapping[str, object]
-#: How long a chunk no earlier record binds waits at the barrier for the partitions an
-#: earlier run inserted to be caught up by this run (then it refuses; Spark may retry
-#: the task).
+#: How long a chunk no earlier record binds waits at the barrier for the partitions an earlier
+#: run inserted to be caught up by this run (then it refuses; Spark may retry the task).
 WAIT_S = 120.0
 #: The fingerprint recorded one past a partition's last chunk (a replay longer or
 #: shorter than the earlier run's partition differs there).
@@ -311,14 +309,16 @@ class ClaimRecords:
         entries = self.registry.list_batch(txn_id, batch)
         return _seal_in(entries), _claims_in(entries)
 
-    def first_run(self, txn_id: str, batch: int, run: str) -> tuple[dict[int, Part] | None, str]:
-        """The batch's seal (None before its first commit) and the first run that reached
-        its claims (``run`` if none had: then recorded so): one point read, one create."""
+    def first_run(
+        self, txn_id: str, batch: int, run: str, *, create: bool = True
+    ) -> tuple[dict[int, Part] | None, str]:
+        """The batch's seal (None before its first commit) and the first run that reached its
+        claims (none yet: ``run``, then recorded so, or "" without ``create``): one point read."""
         seal_key, run_key = self.key(txn_id, batch, None), f"{txn_id}/{batch}/first_run"
         found = self.registry.records(seal_key, run_key)
         seal = None if seal_key not in found else _by_partition(_body(seal_key, found[seal_key]))
-        if run_key in found:
-            return seal, str(_body(run_key, found[run_key]).get("run"))
+        if run_key in found or not create:
+            return seal, str(_body(run_key, found[run_key]).get("run")) if run_key in found else ""
         return seal, str(self._create(run_key, txn_id, batch, FIRST_RUN_PARTITION, {"run": run}).get("run"))
 
     def claim(self, txn_id: str, batch: int, partition: int, claim: Claim) -> Claim:

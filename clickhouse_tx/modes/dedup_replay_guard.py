@@ -31,6 +31,8 @@ from clickhouse_tx.modes.dedup_claims import (
 )
 
 log = logging.getLogger(__name__)
+#: Runs the drop of a query's earlier layout records beside the rest of a commit (one at a time).
+_HOUSEKEEPING = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="layout-forget")
 
 
 class ReplayGuard:
@@ -207,33 +209,45 @@ class ReplayGuard:
                 )
             time.sleep(0.5)
 
-    def seal(self, batch: int, messages: Sequence[Prepared]) -> None:
+    def seal(self, batch: int, messages: Sequence[Prepared]) -> "concurrent.futures.Future[None] | None":
         """Driver, at the start of every commit of a batch, before its decision.
 
         Compares this run's messages with the batch's seal (or, before the first commit,
         with its partitions' claims), then seals the batch's layout, so a replay that cuts
-        it otherwise is refused by its executors before they insert. Drops the records
-        of the query's earlier batches (Spark replays none of them). One scan of the
-        query's records reads the seal, the claims and the earlier batches' keys.
-        Raises :class:`DedupLayoutError` (nothing is committed).
+        it otherwise is refused by its executors before they insert. The seal and the
+        batch's first-run record come from one point read. The claims are read only when
+        the batch is not sealed and its first run is not this one (or the messages carry
+        no run id): in a batch this run reached first, each claim is this run's, holding
+        the first chunk of its message (an attempt whose first chunk differed from an
+        inserted claim was refused and sent none), or was made after the record by a
+        task of another run, which waits at its barrier until this run's inserted claims
+        are caught up with the same rows. Raises :class:`DedupLayoutError` (nothing is
+        committed).
+
+        Returns the drop of the records of the query's earlier batches (Spark replays
+        none of them), running beside the rest of the commit: wait for it before the
+        next. None without messages.
         """
         if not messages:
-            return
-        txn_id = messages[0].txn_id
-        records = self.records
-        now = layout_of(messages)
-        sealed, claims, earlier = records.at_commit(txn_id, batch)
-        check_messages(txn_id, batch, now, sealed, claims if sealed is None else {})
-        # The earlier batches' records go while the seal is written: neither reads the
-        # other's keys, and the registry gives each thread its own connection.
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="layout-forget") as pool:
-            pool.submit(self._forget, batch, earlier)
-            if sealed is None:
-                check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
+            return None
+        txn_id, records, now = messages[0].txn_id, self.records, layout_of(messages)
+        runs = {str(m.details.get("run") or "") for m in messages}
+        run = runs.pop() if len(runs) == 1 else ""
+        sealed, first = records.first_run(txn_id, batch, run, create=False) if run else (None, "")
+        earlier: list[str] | None = None
+        if sealed is None and (not run or first != run):
+            sealed, claims, earlier = records.at_commit(txn_id, batch)
+            check_messages(txn_id, batch, now, sealed, claims if sealed is None else {})
+        else:
+            check_messages(txn_id, batch, now, sealed, {})
+        if sealed is None:
+            check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
+        return _HOUSEKEEPING.submit(self._forget, txn_id, batch, earlier)
 
-    def _forget(self, batch: int, keys: Sequence[str]) -> None:
-        """Drop the records of the query's batches before ``batch``; housekeeping never fails a commit."""
+    def _forget(self, txn_id: str, batch: int, keys: Sequence[str] | None) -> None:
+        """Drop the records of the query's batches before ``batch`` (``keys``, or found by a
+        scan of the query's records); housekeeping never fails a commit."""
         try:
-            self.records.forget(keys)
+            self.records.forget(self.records.at_commit(txn_id, batch)[2] if keys is None else keys)
         except ClickHouseTxError as exc:
             log.info("could not drop the layout records before batch %d: %s", batch, exc)

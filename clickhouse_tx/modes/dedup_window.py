@@ -1,4 +1,5 @@
-"""Mode ``dedup``: the deduplication window a replay relies on, read and checked.
+"""Mode ``dedup``: the deduplication window a replay relies on, read and checked (before
+each chunk in one statement with the attempt's fence).
 
 ClickHouse remembers the tokens of the last ``*_deduplication_window`` blocks of a
 table. A partition's chunks are deduplicated on replay only while its first chunk's
@@ -11,14 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.schema import describe_table
-from clickhouse_tx.errors import DedupWindowError
+from clickhouse_tx.errors import DedupWindowError, NotCommittedError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.modes.views import dependent_views, view_tables
+from clickhouse_tx.protocol.state import TxState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from clickhouse_tx.store.registry import KeeperMapRegistry
 
 
 def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
@@ -35,21 +40,38 @@ def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
     return int(rows[0]["b"] or 0) if rows else 0
 
 
-def state_and_blocks(client: ClickHouseHTTP, state_sql: str, tables: Sequence[Target]) -> tuple[str | None, list[int]]:
-    """One statement: the scalar ``state_sql`` and :func:`max_block_number` of each of ``tables``.
+def fence_and_blocks(
+    client: ClickHouseHTTP, registry: "KeeperMapRegistry", xid: str, tables: Sequence[Target]
+) -> list[int]:
+    """Executor, before each chunk: refuse to insert once ``xid`` left INITIALIZED (fenced
+    by the driver or GC); else :func:`max_block_number` of each of ``tables``.
 
-    A chunk's fence and window reads together: the server runs them one after the
-    other as two requests would, but the request's own cost is paid once
-    (``python -m benchmarks.merged_reads``).
+    One statement when the registry is on the server of ``client`` (the xid registered
+    before its prepare, so its table is there): the server runs the two reads one after
+    the other as two requests would, but the request's own cost is paid once
+    (``python -m benchmarks.merged_reads``). Else the registry's read, then the blocks'.
     """
-    blocks = ", ".join(
-        "(SELECT max(max_block_number) FROM system.parts "
-        f"WHERE database = {q.quote_string(t.database)} AND table = {q.quote_string(t.table)}) AS b{i}"
-        for i, t in enumerate(tables)
-    )
-    row = client.query_json(f"SELECT {state_sql} AS state{', ' if blocks else ''}{blocks}")[0]
-    state = row["state"]
-    return (None if state is None else str(state)), [int(row[f"b{i}"] or 0) for i in range(len(tables))]
+    if registry.target.url == client.target.url:
+        fq = q.qualified(registry.database, registry.table)
+        blocks = "".join(
+            ", (SELECT max(max_block_number) FROM system.parts "
+            f"WHERE database = {q.quote_string(t.database)} AND table = {q.quote_string(t.table)}) AS b{i}"
+            for i, t in enumerate(tables)
+        )
+        row = client.query_json(
+            f"SELECT (SELECT state FROM {fq} WHERE xid = {q.quote_string(xid)} LIMIT 1) AS s{blocks}"
+        )
+        state, found = row[0]["s"], [int(row[0][f"b{i}"] or 0) for i in range(len(tables))]
+    else:
+        entry = registry.get(xid)
+        state, found = (None if entry is None else entry.state), [max_block_number(client, t) for t in tables]
+    if state != TxState.INITIALIZED.value:
+        raise NotCommittedError(
+            f"dedup insert refused: the registry says this attempt is {state or 'not registered'}, so it "
+            "was fenced (a newer attempt or the driver's abort replaced it)",
+            xid=xid,
+        )
+    return found
 
 
 #: (url, database, table) -> (window, monotonic time read). Spark reuses Python

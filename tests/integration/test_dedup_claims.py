@@ -40,8 +40,8 @@ def cut(t: pa.Table, n: int) -> list[pa.Table]:
     return [t.take(list(range(p, t.num_rows, n))) for p in range(n)]
 
 
-def run(co, parts: list[pa.Table], attempt: int = 0) -> list[Prepared]:
-    return [co.prepare(WriteContext(TXN, 0, p, attempt), batches(t, 100)) for p, t in enumerate(parts)]
+def run(co, parts: list[pa.Table], attempt: int = 0, run_id: str = "", batch: int = 0) -> list[Prepared]:
+    return [co.prepare(WriteContext(TXN, batch, p, attempt, run_id), batches(t, 100)) for p, t in enumerate(parts)]
 
 
 def test_a_partition_whose_retry_holds_other_rows_is_refused_before_it_inserts(
@@ -79,17 +79,19 @@ def test_after_the_first_commit_started_a_partition_beyond_the_sealed_count_or_w
     assert committed_count(admin, target) == N and distinct_ids(admin, target) == N
 
 
+@pytest.mark.parametrize("runs", [("", ""), ("r1", "r2")], ids=["without run ids", "with run ids"])
 def test_a_commit_missing_a_partition_an_earlier_run_inserted_is_refused_and_commits_nothing(
-    admin: ClickHouseHTTP, database: str, tmp_path: Path
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, runs: tuple[str, str]
 ) -> None:
     # The first run inserted partitions 0..2 of 3 and died before its commit. A replay
     # whose first two partitions hold the same rows but that has no partition 2 (its
-    # rows went elsewhere) must not be committed as if it were the whole batch.
+    # rows went elsewhere) must not be committed as if it were the whole batch. With
+    # run ids, the batch's first run is the earlier one, so the commit reads the claims.
     target = make_table(admin, database)
     first = cut(rows(N), 3)
-    run(dedup_coordinator(target, tmp_path), first)
+    run(dedup_coordinator(target, tmp_path), first, run_id=runs[0])
     co = dedup_coordinator(target, tmp_path)
-    msgs = run(co, first[:2], attempt=1)
+    msgs = run(co, first[:2], attempt=1, run_id=runs[1])
     with pytest.raises(DedupLayoutError, match=r"inserted partitions \[2\]"):
         co.commit_batch(0, msgs)
     assert co.log.read(0) is None  # nothing decided
@@ -117,6 +119,28 @@ def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_co
     left = admin.query_json(f"SELECT DISTINCT batch FROM `{database}`.{LAYOUT_TABLE} ORDER BY batch")
     assert [int(r["batch"]) for r in left] == [2]  # only the last batch: Spark may replay it
     assert committed_count(admin, target) == 900 and distinct_ids(admin, target) == 900
+
+
+def test_the_commit_of_the_run_that_reached_a_batch_first_seals_it_without_a_scan_and_drops_earlier_records_after(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claims are this run's: the seal and first-run record are read by key, the seal
+    # written, and only then the query's records scanned for the earlier batch's keys.
+    target = make_table(admin, database)
+    co = dedup_coordinator(target, tmp_path)
+    co.commit_batch(0, run(co, cut(rows(N), 3), run_id="r1"))
+    msgs = run(co, cut(rows(N, start=N), 3), run_id="r1", batch=1)
+    sent = recording_requests(monkeypatch)
+    co.commit_batch(1, msgs)
+    monkeypatch.undo()
+    layouts = [r for r in sent if LAYOUT_TABLE in r]
+    verbs = [r.split(" b", 1)[1][1:].split()[0] for r in layouts]
+    assert verbs == ["SELECT", "INSERT", "SELECT", "ALTER"]
+    assert "WHERE xid IN" in layouts[0] and "txn_id =" not in layouts[0]  # by key, not a scan
+    assert "txn_id =" in layouts[2] and "DELETE" in layouts[3]
+    left = admin.query_json(f"SELECT DISTINCT batch FROM `{database}`.{LAYOUT_TABLE} ORDER BY batch")
+    assert [int(r["batch"]) for r in left] == [1]
+    assert committed_count(admin, target) == 2 * N and distinct_ids(admin, target) == 2 * N
 
 
 def test_a_partition_with_nothing_to_wait_for_is_claimed_inserted_in_one_request(
