@@ -67,12 +67,13 @@ def _one_mode(url: str, db: str, mode: str, workdir: Path, trace: Path) -> dict[
         streaming=True,
     )
     txn = opts.txn_id()
+    run_id = uuid.uuid4().hex  # one per run of the query, as the Spark writer draws it
     out: dict[str, Any] = {}
     for batch in range(BATCHES):
         t0 = time.time()
 
         def prepare(part: int, batch: int = batch) -> Any:
-            ctx = WriteContext(txn_id=txn, batch=batch, partition=part, attempt=0)
+            ctx = WriteContext(txn_id=txn, batch=batch, partition=part, attempt=0, run=run_id)
             return coordinator_for(opts, txn).prepare(ctx, iter([_rows(batch, part)]))
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
