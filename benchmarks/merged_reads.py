@@ -19,15 +19,13 @@ Writes ``benchmarks/results/merged_reads.json``.
 
 from __future__ import annotations
 
-import json
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.results_file import machine, write_result
+from benchmarks.results_file import machine, run_on_server
 from benchmarks.spark_write import run_sql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,15 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", help="ClickHouse HTTP url (default: start a private stack)")
     ap.add_argument("--out", default=str(RESULT))
     a = ap.parse_args(argv)
-    if a.url:
-        report = run(a.url, a.rounds, a.calls)
-    else:
-        from server_patches.stack import running_stack
-
-        with tempfile.TemporaryDirectory(prefix="bench_stack_") as tmp, running_stack(Path(tmp) / "stack") as info:
-            report = run(info.clickhouse_url, a.rounds, a.calls)
-    write_result(a.out, report)
-    print(json.dumps({k: report[k] for k in ("ms_median", "one_statement_over_two_requests")}, indent=1))
+    run_on_server(a.url, lambda url: run(url, a.rounds, a.calls), a.out)
     return 0
 
 

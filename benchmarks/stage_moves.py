@@ -19,15 +19,13 @@ Writes ``benchmarks/results/stage_moves.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_file import machine, write_result
+from benchmarks.results_file import machine, run_on_server
 from benchmarks.spark_write import run_sql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,15 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", help="ClickHouse HTTP url (default: start a private stack)")
     ap.add_argument("--out", default=str(RESULT))
     a = ap.parse_args(argv)
-    if a.url:
-        report = run(a.url, a.stages, a.rounds)
-    else:
-        from server_patches.stack import running_stack
-
-        with tempfile.TemporaryDirectory(prefix="bench_stack_") as tmp, running_stack(Path(tmp) / "stack") as info:
-            report = run(info.clickhouse_url, a.stages, a.rounds)
-    write_result(a.out, report)
-    print(json.dumps({k: report[k] for k in ("moves_ms_median_by_at_once", "markers_insert_ms_median")}, indent=1))
+    run_on_server(a.url, lambda url: run(url, a.stages, a.rounds), a.out)
     return 0
 
 
