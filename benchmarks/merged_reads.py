@@ -6,7 +6,8 @@ two into one statement would make a chunk's checks cheaper:
 
 - ``two_requests``: the code's own reads, ``KeeperMapRegistry.get`` then
   :func:`~clickhouse_tx.modes.dedup_window.max_block_number`, one after the other;
-- ``one_statement``: one ``SELECT`` of both as scalar subqueries (built here only);
+- ``one_statement``: both as scalar subqueries of one ``SELECT``, as the tasks send them
+  (:func:`~clickhouse_tx.modes.dedup_window.fence_and_blocks`);
 - ``select_1``: ``SELECT 1``, the cost of a request that reads nothing.
 
 Per figure the median over ``--rounds`` rounds of ``--calls`` calls each; the three
@@ -46,10 +47,9 @@ def _median_ms(call: Callable[[], object], calls: int) -> float:
 
 def _variants(url: str, db: str) -> dict[str, Callable[[], object]]:
     """The three ways to read, over one registered xid and a table with parts."""
-    from clickhouse_tx.client import sql as q
     from clickhouse_tx.client.http import ClickHouseHTTP
     from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target, WriteContext
-    from clickhouse_tx.modes.dedup_window import max_block_number
+    from clickhouse_tx.modes.dedup_window import fence_and_blocks, max_block_number
     from clickhouse_tx.store.registry import KeeperMapRegistry
 
     target = Target(url=url, database=db, table="events")
@@ -61,18 +61,9 @@ def _variants(url: str, db: str) -> dict[str, Callable[[], object]]:
     p = Prepared.for_attempt(WriteContext("bench", 1, 0, 0), xid, Mode.DEDUP, url, f"{db}.events")
     registry.register(RegistryEntry.of_attempt(p, "initialized", int(time.time() * 1000)))
     client = ClickHouseHTTP(target)
-    both = (
-        f"SELECT (SELECT state FROM {q.qualified(registry.database, registry.table)} "
-        f"WHERE xid = {q.quote_string(xid)} LIMIT 1) AS state, "
-        "(SELECT max(max_block_number) FROM system.parts WHERE database = {d:String} AND table = {t:String}) AS b"
-    )
-
-    def one_statement() -> object:
-        return client.query_json(both, params={"d": db, "t": "events"})
-
     return {
         "two_requests": lambda: (registry.get(xid), max_block_number(client, target)),
-        "one_statement": one_statement,
+        "one_statement": lambda: fence_and_blocks(client, registry, xid, [target]),
         "select_1": lambda: client.query_json("SELECT 1"),
     }
 

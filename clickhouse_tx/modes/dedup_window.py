@@ -33,11 +33,14 @@ def max_block_number(client: ClickHouseHTTP, target: Target) -> int:
     entry of the dedup window, so the difference of two readings bounds how many
     entries were added in between.
     """
-    rows = client.query_json(
-        "SELECT max(max_block_number) AS b FROM system.parts WHERE database = {d:String} AND table = {t:String}",
-        params={"d": target.database, "t": target.table},
-    )
+    rows = client.query_json(_max_block_sql(target))
     return int(rows[0]["b"] or 0) if rows else 0
+
+
+def _max_block_sql(target: Target) -> str:
+    """The ``SELECT`` of :func:`max_block_number` (column ``b``), also a scalar subquery."""
+    where = f"database = {q.quote_string(target.database)} AND table = {q.quote_string(target.table)}"
+    return f"SELECT max(max_block_number) AS b FROM system.parts WHERE {where}"
 
 
 def fence_and_blocks(
@@ -53,11 +56,7 @@ def fence_and_blocks(
     """
     if registry.target.url == client.target.url:
         fq = q.qualified(registry.database, registry.table)
-        blocks = "".join(
-            ", (SELECT max(max_block_number) FROM system.parts "
-            f"WHERE database = {q.quote_string(t.database)} AND table = {q.quote_string(t.table)}) AS b{i}"
-            for i, t in enumerate(tables)
-        )
+        blocks = "".join(f", ({_max_block_sql(t)}) AS b{i}" for i, t in enumerate(tables))
         row = client.query_json(
             f"SELECT (SELECT state FROM {fq} WHERE xid = {q.quote_string(xid)} LIMIT 1) AS s{blocks}"
         )
