@@ -57,7 +57,7 @@ from clickhouse_tx.modes.dedup_chunks import (
     cut_rows,
     dedup_token,
 )
-from clickhouse_tx.modes.dedup_claims import ClaimRecords
+from clickhouse_tx.modes.dedup_records import ClaimRecords
 from clickhouse_tx.modes.dedup_replay_guard import ReplayGuard
 from clickhouse_tx.modes.dedup_window import (
     ensure_view_windows,

@@ -33,16 +33,17 @@ first run (executor, once per partition attempt, before its claim)
     ``<txn>/<batch>/first_run`` -> ``{"run"}``, created if absent: in a batch this run
     reached first, no claim of another run binds it, and the barrier needs no scan.
 seal (driver, at the start of every commit of the batch, before its decision)
-    ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows and
-    checksum, from the commit messages, created if absent. Before sealing, every inserted
+    ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows,
+    checksum and chunk count, from the commit messages, created if absent. Before sealing, every inserted
     claim of the batch must match the messages (read only when the batch's first run is
     not this one: this run's own claims match its messages, or their attempts were refused
     and sent none). Once sealed, an executor's partition that the seal does not hold (a
     partition number beyond the sealed count, or one that was empty), or holds with
     another first chunk, is refused; so is a commit whose messages differ from the seal.
 
-All are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry) written as
-finished registry entries, the way the decision log's arbiter claims versions: an
+All are KeeperMap rows (``clickhouse_tx_layouts``, beside the registry;
+:class:`~clickhouse_tx.modes.dedup_records.ClaimRecords`) written as finished registry
+entries, the way the decision log's arbiter claims versions: an
 ``INSERT`` under ``keeper_map_strict_mode`` fails on an existing key, so the first
 writer wins and every later one compares. The checks themselves are pure functions
 (:func:`check_partition`, :func:`check_chunk`, :func:`barrier`, :func:`check_messages`).
@@ -53,21 +54,13 @@ the barrier, so a replay of it under another cut is refused only where a record 
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from clickhouse_tx.errors import DedupLayoutError
-from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target
+from clickhouse_tx.interfaces import Prepared
 
-if TYPE_CHECKING:  # pragma: no cover
-    from clickhouse_tx.store.registry import KeeperMapRegistry
-
-#: The KeeperMap table of the layout records (in the registry's database).
-LAYOUT_TABLE = "clickhouse_tx_layouts"
-#: The ``partition`` column of a seal and of a first-run record (claims hold their partition).
-SEAL_PARTITION, FIRST_RUN_PARTITION = 2**32 - 1, 2**32 - 2
-
-#: One partition of a layout: {"first": "<rows>:<digest>" | "", "rows": n, "checksum": c}.
+#: One partition of a layout: {"first": "<rows>:<digest>" | "", "rows": n, "checksum": c, "chunks": k}
+#: (seals written before the chunk count have none: the drop then scans, see dedup_records).
 Part = Mapping[str, object]
 #: One partition's claim: {"first": "<rows>:<digest>", "run": run id, "inserted": bool, "caught_up":
 #: run id, "refused_by": run id}; "inserted" is set just before the partition's first insert.
@@ -210,7 +203,12 @@ def layout_of(messages: Sequence[Prepared]) -> dict[int, Part]:
         out[m.partition] = (
             {"committed": str(done)}
             if done
-            else {"first": str(m.details.get("first_chunk") or ""), "rows": m.rows, "checksum": m.checksum}
+            else {
+                "first": str(m.details.get("first_chunk") or ""),
+                "rows": m.rows,
+                "checksum": m.checksum,
+                "chunks": int(m.details.get("chunks") or 0),
+            }
         )
     return out
 
@@ -264,137 +262,7 @@ def check_messages(
         )
 
 
-def _body(key: str, stored: str) -> dict[str, Any]:
-    """The JSON object a layout record holds."""
-    body = json.loads(stored)
-    if not isinstance(body, dict):
-        raise ValueError(f"layout record {key} holds {type(body).__name__}, not an object")
-    return body
-
-
-class ClaimRecords:
-    """The claims and seals of one target's dedup batches (KeeperMap). Picklable."""
-
-    def __init__(self, registry: "KeeperMapRegistry") -> None:
-        self.registry = registry
-
-    @classmethod
-    def beside(cls, target: Target, registry: "KeeperMapRegistry | None") -> "ClaimRecords":
-        """The records in the registry's database (the target's when there is none)."""
-        from clickhouse_tx.store.registry import KeeperMapRegistry
-
-        database = registry.database if registry is not None else target.database
-        return cls(KeeperMapRegistry(target, table=LAYOUT_TABLE, database=database))
-
-    @staticmethod
-    def key(txn_id: str, batch: int, partition: int | None) -> str:
-        return f"{txn_id}/{batch}/{'all' if partition is None else partition}"
-
-    def _create(
-        self, key: str, txn_id: str, batch: int, partition: int, body: dict[str, Any], attempt: int = 0
-    ) -> dict[str, Any]:
-        """Create ``key`` holding ``body`` unless it exists; the body that is stored."""
-        text = json.dumps(body, sort_keys=True)
-        stored = self.registry.create_record(
-            key, text, txn_id=txn_id, batch=batch, partition=partition, attempt=attempt, mode=Mode.DEDUP
-        )
-        return _body(key, stored)
-
-    def _get(self, key: str) -> dict[str, Any] | None:
-        stored = self.registry.record(key)
-        return None if stored is None else _body(key, stored)
-
-    def of_batch(self, txn_id: str, batch: int) -> tuple[dict[int, Part] | None, dict[int, Claim]]:
-        """The batch's seal (None before its first commit) and its claims: one scan of the batch."""
-        entries = self.registry.list_batch(txn_id, batch)
-        return _seal_in(entries), _claims_in(entries)
-
-    def first_run(
-        self, txn_id: str, batch: int, run: str, *, create: bool = True
-    ) -> tuple[dict[int, Part] | None, str]:
-        """The batch's seal (None before its first commit) and the first run that reached its
-        claims (none yet: ``run``, then recorded so, or "" without ``create``): one point read."""
-        seal_key, run_key = self.key(txn_id, batch, None), f"{txn_id}/{batch}/first_run"
-        found = self.registry.records(seal_key, run_key)
-        seal = None if seal_key not in found else _by_partition(_body(seal_key, found[seal_key]))
-        if run_key in found or not create:
-            return seal, str(_body(run_key, found[run_key]).get("run")) if run_key in found else ""
-        return seal, str(self._create(run_key, txn_id, batch, FIRST_RUN_PARTITION, {"run": run}).get("run"))
-
-    def claim(self, txn_id: str, batch: int, partition: int, claim: Claim) -> Claim:
-        """Claim ``partition`` with ``claim`` (:func:`run_claim`) unless claimed; the stored claim."""
-        return self._create(self.key(txn_id, batch, partition), txn_id, batch, partition, dict(claim))
-
-    def chunk(self, txn_id: str, batch: int, partition: int, chunk: int, fingerprint: str, run: str) -> str:
-        """Record chunk ``chunk`` (> 0) of ``partition`` unless recorded (key
-        ``<txn>/<batch>/<partition>/<chunk>``, the chunk number in the ``attempt`` column:
-        one create-if-absent, one read more if recorded first); the recorded fingerprint."""
-        key, body = f"{self.key(txn_id, batch, partition)}/{chunk}", {"chunk": fingerprint, "run": run}
-        return str(self._create(key, txn_id, batch, partition, body, attempt=chunk).get("chunk"))
-
-    def recorded_chunk(self, txn_id: str, batch: int, partition: int, chunk: int) -> str | None:
-        """The fingerprint recorded for chunk ``chunk`` of ``partition`` (None: none yet). One read."""
-        key = f"{self.key(txn_id, batch, partition)}/{chunk}"
-        body = self._get(key)
-        return None if body is None else str(body.get("chunk"))
-
-    def claim_of(self, txn_id: str, batch: int, partition: int) -> Claim | None:
-        """The partition's claim (None: nobody claimed it). One read."""
-        return self._get(self.key(txn_id, batch, partition))
-
-    def update(self, txn_id: str, batch: int, partition: int, claim: Claim) -> None:
-        """Overwrite a claim (confirmed or refused by a later run; the last writer wins)."""
-        self.registry.transition(
-            self.key(txn_id, batch, partition),
-            ["committed"],
-            "committed",
-            {"body": json.dumps(dict(claim), sort_keys=True)},
-        )
-
-    def claims(self, txn_id: str, batch: int) -> dict[int, Claim]:
-        """Every partition claim of the batch (one scan of the query's records, all keys)."""
-        return _claims_in(self.registry.list_batch(txn_id, batch))
-
-    def at_commit(self, txn_id: str, batch: int) -> tuple[dict[int, Part] | None, dict[int, Claim], list[str]]:
-        """The batch's seal (None before its first commit), its claims, and the keys of the
-        query's earlier batches: what a commit reads, in one KeeperMap scan of the query."""
-        entries = self.registry.list_txn(txn_id)
-        now = [e for e in entries if e.batch == batch]
-        return _seal_in(now), _claims_in(now), [e.xid for e in entries if e.batch < batch]
-
-    def seal(self, txn_id: str, batch: int, layout: Mapping[int, Part]) -> dict[int, Part]:
-        """Seal the batch's layout unless sealed; the seal that is stored."""
-        body = self._create(
-            self.key(txn_id, batch, None), txn_id, batch, SEAL_PARTITION, {str(p): dict(v) for p, v in layout.items()}
-        )
-        return _by_partition(body)
-
-    def forget(self, keys: Sequence[str]) -> None:
-        """Drop these records (the query's earlier batches: Spark replays none of them)."""
-        self.registry.forget(keys)
-
-
 def run_claim(first: str, run: str, *, inserted: bool) -> dict[str, Any]:
     """The claim ``run`` makes of a partition beginning with ``first``: inserted ones are caught up by it."""
     claim: dict[str, Any] = {"first": first, "run": run, "inserted": inserted}
     return {**claim, "caught_up": run} if inserted else claim
-
-
-def _seal_in(entries: Sequence[RegistryEntry]) -> dict[int, Part] | None:
-    """The seal among one batch's records, or None."""
-    seal = next((e for e in entries if e.partition == SEAL_PARTITION), None)
-    return None if seal is None else _by_partition(_body(seal.xid, str(seal.payload["body"])))
-
-
-def _by_partition(body: Mapping[str, Any]) -> dict[int, Part]:
-    """A seal's body (JSON keys are strings) by partition number."""
-    return {int(p): v for p, v in body.items()}
-
-
-def _claims_in(entries: Sequence[RegistryEntry]) -> dict[int, Claim]:
-    """The partition claims among one batch's records (not its seal, not its chunk records)."""
-    return {
-        e.partition: _body(e.xid, str(e.payload["body"]))
-        for e in entries
-        if e.partition < FIRST_RUN_PARTITION and e.attempt == 0  # not a chunk record
-    }

@@ -20,7 +20,6 @@ from clickhouse_tx.interfaces import Prepared, WriteContext
 from clickhouse_tx.modes import dedup_claims
 from clickhouse_tx.modes.dedup_claims import (
     Claim,
-    ClaimRecords,
     Part,
     barrier,
     check_chunk,
@@ -29,6 +28,7 @@ from clickhouse_tx.modes.dedup_claims import (
     layout_of,
     run_claim,
 )
+from clickhouse_tx.modes.dedup_records import SCAN_EVERY, ClaimRecords
 
 log = logging.getLogger(__name__)
 #: Runs the drop of a query's earlier layout records beside the rest of a commit (one at a time).
@@ -226,15 +226,18 @@ class ReplayGuard:
 
         Returns the drop of the records of the query's earlier batches (Spark replays
         none of them), running beside the rest of the commit: wait for it before the
-        next. None without messages.
+        next. None without messages. Its keys are those of the batch before, derived from
+        that batch's seal, read beside this batch's (no scan); a scan of the query's
+        records finds them where they cannot be, and every :data:`SCAN_EVERY` batches.
         """
         if not messages:
             return None
         txn_id, records, now = messages[0].txn_id, self.records, layout_of(messages)
         runs = {str(m.details.get("run") or "") for m in messages}
         run = runs.pop() if len(runs) == 1 else ""
-        sealed, first = records.first_run(txn_id, batch, run, create=False) if run else (None, "")
-        earlier: list[str] | None = None
+        sealed, first, earlier = records.at_seal(txn_id, batch) if run else (None, "", None)
+        if batch and batch % SCAN_EVERY == 0:
+            earlier = None
         if sealed is None and (not run or first != run):
             sealed, claims, earlier = records.at_commit(txn_id, batch)
             check_messages(txn_id, batch, now, sealed, claims if sealed is None else {})
@@ -242,12 +245,12 @@ class ReplayGuard:
             check_messages(txn_id, batch, now, sealed, {})
         if sealed is None:
             check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
-        return _HOUSEKEEPING.submit(self._forget, txn_id, batch, earlier)
+        return None if earlier == [] else _HOUSEKEEPING.submit(self._forget, txn_id, batch, earlier)
 
     def _forget(self, txn_id: str, batch: int, keys: Sequence[str] | None) -> None:
         """Drop the records of the query's batches before ``batch`` (``keys``, or found by a
         scan of the query's records). Housekeeping never fails a commit: any error is
-        logged, and the next commit's drop finds what this one left."""
+        logged, and a later commit's scan finds what this one left."""
         try:
             self.records.forget(self.records.at_commit(txn_id, batch)[2] if keys is None else keys)
         except Exception as exc:  # housekeeping never fails a commit

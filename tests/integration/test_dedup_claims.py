@@ -17,8 +17,8 @@ import pytest
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import DedupLayoutError, NotCommittedError
 from clickhouse_tx.interfaces import Prepared, WriteContext
-from clickhouse_tx.modes import dedup_claims
-from clickhouse_tx.modes.dedup_claims import LAYOUT_TABLE
+from clickhouse_tx.modes import dedup_claims, dedup_records, dedup_replay_guard
+from clickhouse_tx.modes.dedup_records import LAYOUT_TABLE
 from tests.helpers.tables import (
     DEDUP_TXN as TXN,
 )
@@ -121,11 +121,13 @@ def test_the_layout_records_of_earlier_batches_are_dropped_when_a_later_batch_co
     assert committed_count(admin, target) == 900 and distinct_ids(admin, target) == 900
 
 
-def test_the_commit_of_the_run_that_reached_a_batch_first_seals_it_without_a_scan_and_drops_earlier_records_after(
+def test_the_commit_of_the_run_that_reached_a_batch_first_seals_it_and_drops_the_batch_before_without_a_scan(
     admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The claims are this run's: the seal and first-run record are read by key, the seal
-    # written, and only then the query's records scanned for the earlier batch's keys.
+    # The claims are this run's: the seal, the first-run record and the batch before's
+    # seal are read by key, the seal written, and the batch before's records (claims,
+    # chunk records past each partition's last chunk, seal, first-run record) deleted by
+    # the keys its seal names.
     target = make_table(admin, database)
     co = dedup_coordinator(target, tmp_path)
     co.commit_batch(0, run(co, cut(rows(N), 3), run_id="r1"))
@@ -135,12 +137,33 @@ def test_the_commit_of_the_run_that_reached_a_batch_first_seals_it_without_a_sca
     monkeypatch.undo()
     layouts = [r for r in sent if LAYOUT_TABLE in r]
     verbs = [r.split(" b", 1)[1][1:].split()[0] for r in layouts]
-    assert verbs == ["SELECT", "INSERT", "SELECT", "ALTER"]
+    assert verbs == ["SELECT", "INSERT", "ALTER"]
     assert "WHERE xid IN" in layouts[0] and "txn_id =" not in layouts[0]  # by key, not a scan
-    assert "txn_id =" in layouts[2] and "DELETE" in layouts[3]
+    assert f"{TXN}/0/all" in layouts[0] and f"{TXN}/1/all" in layouts[0]
+    assert "DELETE" in layouts[2] and "txn_id =" not in layouts[2] and f"{TXN}/0/2/" in layouts[2]
     left = admin.query_json(f"SELECT DISTINCT batch FROM `{database}`.{LAYOUT_TABLE} ORDER BY batch")
     assert [int(r["batch"]) for r in left] == [1]
     assert committed_count(admin, target) == 2 * N and distinct_ids(admin, target) == 2 * N
+
+
+def test_records_a_seal_does_not_name_are_dropped_by_the_scan_a_commit_makes_every_scan_every_batches(
+    admin: ClickHouseHTTP, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A task of another run claimed partition 7 of batch 0, which the seal (3 partitions)
+    # does not hold: batch 1's commit drops what batch 0's seal names, and the first
+    # commit of a batch numbered SCAN_EVERY scans the query's records and drops the rest.
+    monkeypatch.setattr(dedup_records, "SCAN_EVERY", 2)
+    monkeypatch.setattr(dedup_replay_guard, "SCAN_EVERY", 2)
+    target = make_table(admin, database)
+    co = dedup_coordinator(target, tmp_path)
+    co.commit_batch(0, run(co, cut(rows(N), 3), run_id="r1"))
+    stray = dedup_records.ClaimRecords.beside(target, co.mode_io.registry)
+    stray.claim(TXN, 0, 7, dedup_claims.run_claim("1:x", "r0", inserted=False))
+    for batch in (1, 2):
+        co.commit_batch(batch, run(co, cut(rows(N, start=batch * N), 3), run_id="r1", batch=batch))
+        left = admin.query_json(f"SELECT batch, partition FROM `{database}`.{LAYOUT_TABLE} WHERE batch < {batch}")
+        assert [(int(r["batch"]), int(r["partition"])) for r in left] == ([(0, 7)] if batch == 1 else [])
+    assert committed_count(admin, target) == 3 * N and distinct_ids(admin, target) == 3 * N
 
 
 def test_a_partition_with_nothing_to_wait_for_is_claimed_inserted_in_one_request(
@@ -158,7 +181,7 @@ def test_a_partition_with_nothing_to_wait_for_is_claimed_inserted_in_one_request
     layouts = [r for r in sent if LAYOUT_TABLE in r]
     assert [r.split(" b", 1)[1][1:].split()[0] for r in layouts] == ["SELECT", "INSERT", "INSERT"]
     assert "WHERE xid IN" in layouts[0] and "txn_id =" not in layouts[0]
-    claim = dedup_claims.ClaimRecords.beside(target, co.mode_io.registry).claim_of(TXN, 0, 1)
+    claim = dedup_records.ClaimRecords.beside(target, co.mode_io.registry).claim_of(TXN, 0, 1)
     assert claim is not None and claim["inserted"] is True and claim["caught_up"] == "r1"
     assert committed_count(admin, target) == 600
 

@@ -7,6 +7,7 @@ import pytest
 from clickhouse_tx.errors import DedupLayoutError
 from clickhouse_tx.interfaces import Mode, Prepared
 from clickhouse_tx.modes.dedup_claims import END, barrier, check_chunk, check_messages, check_partition, layout_of
+from clickhouse_tx.modes.dedup_records import keys_of
 
 SEALED = {
     0: {"first": "10:a", "rows": 10, "checksum": 1},
@@ -86,9 +87,23 @@ def test_a_later_chunk_other_than_the_recorded_one_is_refused_naming_the_chunk_a
 
 def test_the_layout_of_messages_takes_the_lowest_attempt_and_marks_committed_partitions() -> None:
     layout = layout_of(
-        [msg(1, "10:b", 10, 2, attempt=1), msg(1, "10:b", 10, 2, attempt=0), msg(0, "", 0, 0, committed_by="x")]
+        [
+            msg(1, "10:b", 10, 2, attempt=1, chunks=3),
+            msg(1, "10:b", 10, 2, attempt=0, chunks=2),
+            msg(0, "", 0, 0, committed_by="x"),
+        ]
     )
-    assert layout == {0: {"committed": "x"}, 1: {"first": "10:b", "rows": 10, "checksum": 2}}
+    assert layout == {0: {"committed": "x"}, 1: {"first": "10:b", "rows": 10, "checksum": 2, "chunks": 2}}
+
+
+def test_a_seal_names_every_claim_and_chunk_record_of_its_batch_up_to_the_one_past_the_last_chunk() -> None:
+    seal = layout_of([msg(0, "10:a", 10, 1, chunks=2), msg(1, "", 0, 0, chunks=0)])
+    assert keys_of("t", 4, seal) == ["t/4/all", "t/4/first_run", "t/4/0", "t/4/0/1", "t/4/0/2", "t/4/1"]
+
+
+def test_a_seal_without_chunk_counts_or_with_a_committed_partition_names_no_keys() -> None:
+    assert keys_of("t", 4, {0: {"first": "10:a", "rows": 10, "checksum": 1}}) is None  # written before the counts
+    assert keys_of("t", 4, layout_of([msg(0, "", 0, 0, committed_by="x")])) is None
 
 
 def test_messages_matching_the_seal_pass_and_any_difference_is_refused() -> None:
