@@ -7,7 +7,8 @@ the way the writer builds one (:func:`spark_datasource.sink.writer.coordinator_f
 per-process caches behave as in a reused Python worker). Every ClickHouse HTTP
 request is recorded (:mod:`benchmarks.http_trace`); the report gives, per mode, the
 requests of one steady-state batch (the 3rd, after the per-process caches are warm) by
-side and statement kind, and the wall time of the prepare and commit phases. Counts do
+side and statement kind, the prepare's summed request time per kind, and the wall
+time of the prepare and commit phases. Counts do
 not depend on machine load; times do.
 
     python -m benchmarks.batch_round_trips            # starts its own stack
@@ -89,6 +90,7 @@ def _one_mode(url: str, db: str, mode: str, workdir: Path, trace: Path) -> dict[
                 "prepare_requests": len(prep),
                 "commit_requests": len(comm),
                 "prepare_by_kind": _kinds(prep),
+                "prepare_ms_by_kind": _kind_ms(prep),
                 "commit_by_kind": _kinds(comm),
                 "prepare_wall_s": round(t1 - t0, 4),
                 "commit_wall_s": round(t2 - t1, 4),
@@ -105,6 +107,14 @@ def _kinds(lines: list[dict[str, Any]]) -> dict[str, int]:
     for x in lines:
         counts[x["kind"]] = counts.get(x["kind"], 0) + 1
     return dict(sorted(counts.items()))
+
+
+def _kind_ms(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """Per statement kind, the summed time of its requests (ms): where a task's time goes."""
+    sums: dict[str, float] = {}
+    for x in lines:
+        sums[x["kind"]] = sums.get(x["kind"], 0.0) + x["s"] * 1000
+    return {k: round(v, 1) for k, v in sorted(sums.items())}
 
 
 def run(url: str, modes: list[str]) -> dict[str, Any]:
