@@ -90,7 +90,7 @@ def _one_mode(url: str, db: str, mode: str, workdir: Path, trace: Path) -> dict[
                 "prepare_requests": len(prep),
                 "commit_requests": len(comm),
                 "prepare_by_kind": _kinds(prep),
-                "prepare_ms_by_kind": _kind_ms(prep),
+                "prepare_ms_by_kind": _kinds(prep, ms=True),
                 "commit_by_kind": _kinds(comm),
                 "prepare_wall_s": round(t1 - t0, 4),
                 "commit_wall_s": round(t2 - t1, 4),
@@ -102,19 +102,12 @@ def _one_mode(url: str, db: str, mode: str, workdir: Path, trace: Path) -> dict[
     return out
 
 
-def _kinds(lines: list[dict[str, Any]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for x in lines:
-        counts[x["kind"]] = counts.get(x["kind"], 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def _kind_ms(lines: list[dict[str, Any]]) -> dict[str, float]:
-    """Per statement kind, the summed time of its requests (ms): where a task's time goes."""
+def _kinds(lines: list[dict[str, Any]], *, ms: bool = False) -> dict[str, Any]:
+    """Per statement kind, its requests' count, or (``ms``) their summed time: where a task's time goes."""
     sums: dict[str, float] = {}
     for x in lines:
-        sums[x["kind"]] = sums.get(x["kind"], 0.0) + x["s"] * 1000
-    return {k: round(v, 1) for k, v in sorted(sums.items())}
+        sums[x["kind"]] = sums.get(x["kind"], 0) + (x["s"] * 1000 if ms else 1)
+    return {k: round(v, 1) if ms else v for k, v in sorted(sums.items())}
 
 
 def run(url: str, modes: list[str]) -> dict[str, Any]:

@@ -33,11 +33,11 @@ first run (executor, once per partition attempt, before its claim)
     ``<txn>/<batch>/first_run`` -> ``{"run"}``, created if absent: in a batch this run
     reached first, no claim of another run binds it, and the barrier needs no scan.
 seal (driver, at the start of every commit of the batch, before its decision)
-    ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows,
-    checksum and chunk count, from the commit messages, created if absent. Before sealing, every inserted
-    claim of the batch must match the messages (read only when the batch's first run is
-    not this one: this run's own claims match its messages, or their attempts were refused
-    and sent none). Once sealed, an executor's partition that the seal does not hold (a
+    ``<txn>/<batch>/all`` -> every partition's first-chunk fingerprint, rows, checksum
+    and chunk count, from the commit messages, created if absent. Before sealing, every
+    inserted claim of the batch must match the messages (read only when the batch's
+    first run is not this one: this run's own claims match its messages, or their
+    attempts were refused and sent none). Once sealed, an executor's partition that the seal does not hold (a
     partition number beyond the sealed count, or one that was empty), or holds with
     another first chunk, is refused; so is a commit whose messages differ from the seal.
 

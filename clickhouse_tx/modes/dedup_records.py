@@ -83,30 +83,36 @@ class ClaimRecords:
     def first_run_key(txn_id: str, batch: int) -> str:
         return f"{txn_id}/{batch}/first_run"
 
+    def _heads(self, txn_id: str, batch: int, *more: str) -> tuple[dict[str, str], dict[int, Part] | None, str | None]:
+        """One point read of the batch's seal and first-run record (and ``more`` keys): the
+        bodies found, the seal (None before the batch's first commit), the first run (None)."""
+        seal_key, run_key = self.key(txn_id, batch, None), self.first_run_key(txn_id, batch)
+        found = self.registry.records(seal_key, run_key, *more)
+        seal = None if seal_key not in found else _by_partition(_body(seal_key, found[seal_key]))
+        return found, seal, None if run_key not in found else str(_body(run_key, found[run_key]).get("run"))
+
     def first_run(self, txn_id: str, batch: int, run: str) -> tuple[dict[int, Part] | None, str]:
         """The batch's seal (None before its first commit) and the first run that reached its
         claims (none yet: ``run``, then recorded so): one point read."""
-        seal_key, run_key = self.key(txn_id, batch, None), self.first_run_key(txn_id, batch)
-        found = self.registry.records(seal_key, run_key)
-        seal = None if seal_key not in found else _by_partition(_body(seal_key, found[seal_key]))
-        if run_key in found:
-            return seal, str(_body(run_key, found[run_key]).get("run"))
-        return seal, str(self._create(run_key, txn_id, batch, FIRST_RUN_PARTITION, {"run": run}).get("run"))
+        _, seal, first = self._heads(txn_id, batch)
+        if first is not None:
+            return seal, first
+        created = self._create(self.first_run_key(txn_id, batch), txn_id, batch, FIRST_RUN_PARTITION, {"run": run})
+        return seal, str(created.get("run"))
 
     def at_seal(self, txn_id: str, batch: int) -> tuple[dict[int, Part] | None, str, list[str] | None]:
         """Driver, at a commit's seal: the batch's seal (None before its first commit), its
-        first run ("" if none), and the keys of the batch before it (:func:`keys_of` of that
-        batch's seal; ``[]`` for batch 0; None if that seal is gone or names no chunk
-        counts). One point read."""
-        seal_key, run_key = self.key(txn_id, batch, None), self.first_run_key(txn_id, batch)
+        first run ("" if none), and the keys of the batch before it to drop (:func:`keys_of`
+        of that batch's seal; ``[]`` for batch 0). None instead of keys where a scan must
+        find them: that seal is gone or names no chunk counts, or the batch is a multiple
+        of :data:`SCAN_EVERY`. One point read."""
         before = self.key(txn_id, batch - 1, None)
-        found = self.registry.records(seal_key, run_key, *([before] if batch > 0 else []))
-        seal = None if seal_key not in found else _by_partition(_body(seal_key, found[seal_key]))
-        first = str(_body(run_key, found[run_key]).get("run")) if run_key in found else ""
+        found, seal, first = self._heads(txn_id, batch, *([before] if batch > 0 else []))
         if batch == 0:
-            return seal, first, []
-        earlier = keys_of(txn_id, batch - 1, _by_partition(_body(before, found[before]))) if before in found else None
-        return seal, first, earlier
+            return seal, first or "", []
+        if batch % SCAN_EVERY == 0 or before not in found:
+            return seal, first or "", None
+        return seal, first or "", keys_of(txn_id, batch - 1, _by_partition(_body(before, found[before])))
 
     def claim(self, txn_id: str, batch: int, partition: int, claim: Claim) -> Claim:
         """Claim ``partition`` with ``claim`` (:func:`run_claim`) unless claimed; the stored claim."""

@@ -28,7 +28,7 @@ from clickhouse_tx.modes.dedup_claims import (
     layout_of,
     run_claim,
 )
-from clickhouse_tx.modes.dedup_records import SCAN_EVERY, ClaimRecords
+from clickhouse_tx.modes.dedup_records import ClaimRecords
 
 log = logging.getLogger(__name__)
 #: Runs the drop of a query's earlier layout records beside the rest of a commit (one at a time).
@@ -228,7 +228,7 @@ class ReplayGuard:
         none of them), running beside the rest of the commit: wait for it before the
         next. None without messages. Its keys are those of the batch before, derived from
         that batch's seal, read beside this batch's (no scan); a scan of the query's
-        records finds them where they cannot be, and every :data:`SCAN_EVERY` batches.
+        records finds them where they cannot be (:meth:`ClaimRecords.at_seal`).
         """
         if not messages:
             return None
@@ -236,8 +236,6 @@ class ReplayGuard:
         runs = {str(m.details.get("run") or "") for m in messages}
         run = runs.pop() if len(runs) == 1 else ""
         sealed, first, earlier = records.at_seal(txn_id, batch) if run else (None, "", None)
-        if batch and batch % SCAN_EVERY == 0:
-            earlier = None
         if sealed is None and (not run or first != run):
             sealed, claims, earlier = records.at_commit(txn_id, batch)
             check_messages(txn_id, batch, now, sealed, claims if sealed is None else {})

@@ -17,7 +17,7 @@ import pytest
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.errors import DedupLayoutError, NotCommittedError
 from clickhouse_tx.interfaces import Prepared, WriteContext
-from clickhouse_tx.modes import dedup_claims, dedup_records, dedup_replay_guard
+from clickhouse_tx.modes import dedup_claims, dedup_records
 from clickhouse_tx.modes.dedup_records import LAYOUT_TABLE
 from tests.helpers.tables import (
     DEDUP_TXN as TXN,
@@ -153,7 +153,6 @@ def test_records_a_seal_does_not_name_are_dropped_by_the_scan_a_commit_makes_eve
     # does not hold: batch 1's commit drops what batch 0's seal names, and the first
     # commit of a batch numbered SCAN_EVERY scans the query's records and drops the rest.
     monkeypatch.setattr(dedup_records, "SCAN_EVERY", 2)
-    monkeypatch.setattr(dedup_replay_guard, "SCAN_EVERY", 2)
     target = make_table(admin, database)
     co = dedup_coordinator(target, tmp_path)
     co.commit_batch(0, run(co, cut(rows(N), 3), run_id="r1"))
