@@ -15,7 +15,9 @@ prepare (executor, once per partition attempt)
     Before each chunk it checks, in one read of the registry and ``system.parts``
     together, that its xid is still INITIALIZED (a fenced zombie inserts nothing more)
     and that fewer blocks than the dedup window were inserted into the table since
-    its first chunk (else the first chunks' tokens may have left the window).
+    its first chunk (else the first chunks' tokens may have left the window): counted
+    per partition on a Replicated table, whose window also ends by age
+    (:mod:`clickhouse_tx.modes.dedup_window`).
 commit (driver)
     Check the window again (blocks inserted since the partition's first chunk), then
     write the marker (rows are visible since prepare). For the batch's partitions
@@ -60,9 +62,13 @@ from clickhouse_tx.modes.dedup_chunks import (
 from clickhouse_tx.modes.dedup_records import ClaimRecords
 from clickhouse_tx.modes.dedup_replay_guard import ReplayGuard
 from clickhouse_tx.modes.dedup_window import (
+    BlockPoint,
+    earliest_first_points,
     ensure_view_windows,
     ensure_window,
     fence_and_blocks,
+    points_from_details,
+    points_to_details,
     view_targets,
 )
 from clickhouse_tx.modes.views import dependent_views
@@ -212,7 +218,7 @@ class DedupMode(ModeBase):
         converted = batches  # keeps the dead letters the conversion set aside, if any
         schema, batches = peek_schema(batches)
         counted = CountingBatches(batches)
-        first_views: dict[str, int] = {}
+        first_views: dict[str, BlockPoint] = {}
         chunks, rows, first_block, first = 0, 0, None, ""
         if schema is not None:
             chunks, rows, first_block, first, first_views = self._insert_chunks(target, ctx, xid, schema, counted)
@@ -225,8 +231,8 @@ class DedupMode(ModeBase):
             {
                 "chunks": chunks,
                 "chunk_rows": rows,
-                "first_block": first_block,
-                "first_view_blocks": first_views,
+                "first_block": None if first_block is None else first_block.to_details(),
+                "first_view_blocks": points_to_details(first_views),
                 "first_chunk": first,
                 "dead_letters": letters,
                 "run": ctx.run,  # the driver's seal: did this run reach the batch first?
@@ -235,24 +241,24 @@ class DedupMode(ModeBase):
 
     def _insert_chunks(
         self, target: Target, ctx: WriteContext, xid: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
-    ) -> tuple[int, int, int | None, str, dict[str, int]]:
+    ) -> tuple[int, int, BlockPoint | None, str, dict[str, BlockPoint]]:
         """Executor, inside :meth:`prepare`: each chunk's checks, then its INSERT.
 
         The chunk size comes from the partition's first rows (:class:`ChunkSizing`).
         Per chunk, in this order: its layout check (:meth:`ReplayGuard.first_chunk` for the
         first, :meth:`ReplayGuard.later_chunk` after), the fence, the window, its INSERT.
-        Returns (chunks inserted, rows per chunk, first block, first chunk's
-        fingerprint, the first block of each view's table). Memory: one chunk's IPC
+        Returns (chunks inserted, rows per chunk, the table's point before the first
+        chunk, first chunk's fingerprint, the point of each view's table then). Memory: one chunk's IPC
         messages, and one message's rows while it is built.
         """
         seen: collections.Counter[str] = collections.Counter()
-        first_block: int | None = None
+        first_block: BlockPoint | None = None
         first = ""
         chunks = 0  # inserted so far: the number of the next chunk
         catching_up = False  # re-checking an earlier run's chunks of this partition
         rows, cutter = cut_rows(batches, self.sizing)
         views = view_targets(target)
-        first_views: dict[str, int] = {}
+        first_views: dict[str, BlockPoint] = {}
         with self.client(target) as c:
             while cutter.has_more():
                 # One block per INSERT, named by the token: the server squashes the
@@ -341,16 +347,12 @@ class DedupMode(ModeBase):
 
     def _windows_hold(self, target: Target, ps: Sequence[Prepared]) -> bool:
         """True if the dedup window still holds the first chunk of every ``p``."""
-        firsts = [int(p.details["first_block"]) for p in ps if p.details.get("first_block") is not None]
-        if not firsts:
+        first, oldest = earliest_first_points([p.details for p in ps])
+        if first is None:
             return True
-        oldest: dict[str, int] = {}  # per view's table, the oldest first block of the batch
-        for p in ps:
-            for name, block in dict(p.details.get("first_view_blocks") or {}).items():
-                oldest[name] = min(int(block), oldest.get(name, int(block)))
         with self.client(target) as c:
             try:
-                ensure_window(c, target, min(firsts), ps[0].xid)
+                ensure_window(c, target, first, ps[0].xid)
                 ensure_view_windows(c, view_targets(target), oldest, ps[0].xid)
             except DedupWindowError:
                 return False
@@ -376,8 +378,10 @@ class DedupMode(ModeBase):
         first = p.details.get("first_block")
         if first is not None:
             with self.client(target) as c:
-                ensure_window(c, target, int(first), p.xid)
-                ensure_view_windows(c, view_targets(target), dict(p.details.get("first_view_blocks") or {}), p.xid)
+                ensure_window(c, target, BlockPoint.from_details(first), p.xid)
+                ensure_view_windows(
+                    c, view_targets(target), points_from_details(p.details.get("first_view_blocks")), p.xid
+                )
         markers.ensure_table()
         markers.insert(p)
 
