@@ -66,6 +66,20 @@ def is_keeper_error(exc: BaseException, kind: KeeperError) -> bool:
     return isinstance(exc, ServerError) and keeper_error(exc.code, exc.message) is kind
 
 
+def no_current_transaction(exc: BaseException) -> bool:
+    """True if ``exc`` says the session holds no transaction (a ``COMMIT``/``ROLLBACK`` with none open).
+
+    ``INVALID_TRANSACTION`` also answers a statement sent into a transaction that failed
+    (``Cannot execute query because current transaction failed``): that transaction is
+    still open, so the code alone does not say "none".
+    """
+    return (
+        isinstance(exc, ServerError)
+        and exc.code == INVALID_TRANSACTION
+        and "There is no current transaction" in exc.message
+    )
+
+
 def transactions_unsupported(exc: BaseException) -> bool:
     """True if ``exc`` is a server refusing transactions (no ``allow_experimental_transactions``)."""
     return (
@@ -91,5 +105,6 @@ __all__ = [
     "KeeperError",
     "is_keeper_error",
     "keeper_error",
+    "no_current_transaction",
     "transactions_unsupported",
 ]

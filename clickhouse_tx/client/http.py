@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
@@ -51,9 +52,10 @@ from typing import Any, NoReturn
 import pyarrow as pa
 import requests
 
+from clickhouse_tx.client import contract, tls
 from clickhouse_tx.client import sql as q
-from clickhouse_tx.client import tls
 from clickhouse_tx.client._transport.reply_mapping import error_from_connection, error_from_reply, unwritten_rows_error
+from clickhouse_tx.client._transport.urls import safe_url
 from clickhouse_tx.client._transport.wire import (
     END_OF_STREAM,
     SizedBody,
@@ -69,24 +71,10 @@ from clickhouse_tx.retry import inside_retry, is_transient_or_unknown, retry_cal
 #: Settings of one request (name -> value; booleans as 1/0), beside the target's own.
 Settings = Mapping[str, object] | None
 
-
-def safe_url(url: str) -> str:
-    """``url`` without any ``user:password@`` part, query or fragment: the one form of a
-    URL that is logged, put in messages or recorded (registry ``server``, CLI hints).
-
-    A URL too broken to split (bad port, bad IPv6 literal) yields ``<unparseable url>``:
-    its text may hold anything, a password included."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "<unparseable url>"
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"  # an IPv6 literal keeps its brackets
-    if port:
-        host = f"{host}:{port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+#: What each server of this process has (:class:`~clickhouse_tx.client.contract.ServerTraits`),
+#: by endpoint: probed by the first INSERT to it, then kept for the process.
+_TRAITS: dict[str, contract.ServerTraits] = {}
+_TRAITS_LOCK = threading.Lock()
 
 
 class ClickHouseHTTP:
@@ -160,6 +148,7 @@ class ClickHouseHTTP:
         params: Mapping[str, object] | None,
         session_check: bool,
         session_timeout: int | None,
+        pins: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         out: dict[str, str] = {}
         if self.database:
@@ -168,6 +157,8 @@ class ClickHouseHTTP:
             out[str(name)] = setting_text(text)
         for name, value in (settings or {}).items():
             out[str(name)] = setting_text(value)
+        # Last: what the server contract pins wins over the target's and the caller's.
+        out.update(pins or {})
         for name, param in (params or {}).items():
             out[f"param_{name}"] = q.format_param(param)
         if self.session_id is not None:
@@ -238,12 +229,37 @@ class ClickHouseHTTP:
         read (see "Retries" above).
         """
         post = self._post_idempotent if idempotent else self._post
+        pins = self._insert_pins(contract.InsertKind.KEEP, settings) if q.is_insert(sql) else None
         resp = post(
-            url_params=self._params(settings, params, session_check, session_timeout),
+            url_params=self._params(settings, params, session_check, session_timeout, pins),
             data=sql.encode(),
             what=statement_label(sql),
         )
         return resp.content.decode("utf-8", "replace")
+
+    def server_traits(self) -> contract.ServerTraits:
+        """Which later-release settings this client's server has: probed once per process and server.
+
+        The probe runs outside any session (a session's transaction may have failed, and
+        then refuses every statement but ``ROLLBACK``).
+        """
+        traits = _TRAITS.get(self._endpoint)
+        if traits is None:
+            url_params = {"param_names": q.format_param(list(contract.VERSIONED))}
+            sql = contract.PROBE_SQL + "\nFORMAT TabSeparated"
+            resp = self._post(url_params=url_params, data=sql.encode(), what="SELECT FROM system.settings")
+            traits = contract.ServerTraits.from_names(resp.content.decode("utf-8", "replace").split())
+            with _TRAITS_LOCK:
+                _TRAITS[self._endpoint] = traits
+        return traits
+
+    def _insert_pins(self, kind: contract.InsertKind, settings: Settings) -> dict[str, str]:
+        """The server contract's settings of one INSERT of ``kind`` from this client."""
+        token = (settings or {}).get("insert_deduplication_token")
+        in_session = self.session_id is not None
+        return contract.insert_settings(
+            kind, self.server_traits(), token=None if token is None else str(token), in_session=in_session
+        )
 
     def query_json(
         self,
@@ -352,7 +368,8 @@ class ClickHouseHTTP:
         """POST ``INSERT INTO <table_sql> (<cols>) FORMAT ArrowStream`` with ``body`` (the SQL in the URL),
         then check that the reply's summary counts the ``sent()`` rows written."""
         sql = f"INSERT INTO {table_sql} {q.column_list(schema.names)} FORMAT ArrowStream"
-        url_params = self._params(settings, None, False, None)
+        kind = contract.InsertKind.DEDUPLICATE if may_deduplicate else contract.InsertKind.KEEP
+        url_params = self._params(settings, None, False, None, self._insert_pins(kind, settings))
         url_params["query"] = sql
         resp = self._post(url_params=url_params, data=body, what=statement_label(sql))
         unwritten = unwritten_rows_error(

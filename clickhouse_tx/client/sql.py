@@ -9,6 +9,7 @@ pasted raw into SQL. Identifiers go through :func:`quote_identifier`, values thr
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, Mapping
 
 from clickhouse_tx.errors import ConfigurationError
@@ -112,6 +113,16 @@ def record_table_ddl(fq: str, columns: Iterable[tuple[str, str]], order_by: Iter
     keys = ", ".join(quote_identifier(name) for name in order_by)
     tail = f" SETTINGS {settings}" if settings else ""
     return f"CREATE TABLE IF NOT EXISTS {fq} ({cols}) ENGINE = MergeTree ORDER BY ({keys}){tail}"
+
+
+_LEADING_COMMENTS = re.compile(r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*", re.S)
+
+
+def is_insert(sql: str) -> bool:
+    """Whether the statement is an ``INSERT`` (after any leading comments): the server
+    contract's settings go with it (:mod:`clickhouse_tx.client.contract`)."""
+    m = _LEADING_COMMENTS.match(sql)
+    return sql[m.end() if m else 0 :][:6].upper() == "INSERT"
 
 
 def format_param(value: object) -> str:

@@ -77,7 +77,7 @@ def write_dead_letters(
             into,
             data.schema,
             iter([data]),
-            settings={"insert_deduplicate": "1", "insert_deduplication_token": token or f"{xid}:dead_letters"},
+            settings={"insert_deduplication_token": token or f"{xid}:dead_letters"},
             may_deduplicate=True,
         )
     return len(letters)

@@ -76,12 +76,10 @@ def cut_rows(batches: Iterator[pa.RecordBatch], sizing: ChunkSizing) -> tuple[in
 
 def chunk_insert_settings(token: str, rows: int) -> dict[str, str]:
     """The settings of one chunk's INSERT: one block of ``rows`` rows, named by ``token``."""
+    # Deduplication itself (on, the views' tables too) is the server contract's, which
+    # the client adds to an INSERT that may be deduplicated (clickhouse_tx.client.contract).
     return {
-        "insert_deduplicate": "1",
         "insert_deduplication_token": token,
-        # The target's materialized views drop a replayed block too (their tables'
-        # windows are checked with the target's); the default differs by version.
-        "deduplicate_blocks_in_dependent_materialized_views": "1",
         "min_insert_block_size_rows": str(rows),
         "min_insert_block_size_bytes": "0",
         "max_insert_block_size": str(rows),

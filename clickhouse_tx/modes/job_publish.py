@@ -209,7 +209,8 @@ def _publish_statements(c: ClickHouseHTTP, target: Target, job: JobStage) -> lis
 
     ``MOVE PARTITION`` of every partition with rows; with views on the target, one
     ``INSERT ... SELECT`` of the stage instead, so the views see each row once, in the
-    same transaction (``insert_deduplicate=0``: the stage holds each row once already).
+    same transaction, an INSERT the server contract keeps whole (the stage holds each row
+    once already; :mod:`clickhouse_tx.client.contract`).
     """
     into = {job.stage: (target.database, target.table)}
     if job.dead_letter_stage:
@@ -240,7 +241,7 @@ def _insert_select(c: ClickHouseHTTP, target: Target, stage: str) -> str:
     names = ", ".join(q.quote_identifier(str(r["name"])) for r in cols)
     return (
         f"INSERT INTO {q.qualified(target.database, target.table)} ({names}) SELECT {names} "
-        f"FROM {q.qualified(target.database, stage)} SETTINGS insert_deduplicate = 0"
+        f"FROM {q.qualified(target.database, stage)}"
     )
 
 

@@ -345,10 +345,11 @@ def moves_sql(database: str, name: str, pids: Sequence[str], into: str) -> list[
 def insert_sql(database: str, name: str, pids: Sequence[str], into: str) -> list[str]:
     """One ``INSERT ... SELECT`` of stage ``name`` (none if it holds no rows).
 
-    ``insert_deduplicate = 0``: a target with a deduplication window would drop a
+    An INSERT the server contract keeps whole (:attr:`~clickhouse_tx.client.contract.InsertKind.KEEP`,
+    set by the client): a target with a deduplication window would otherwise drop a
     block equal to an earlier one (the same rows written by two batches), which a
     MOVE never did.
     """
     if not pids:
         return []
-    return [f"INSERT INTO {into} SETTINGS insert_deduplicate = 0 SELECT * FROM {q.qualified(database, name)}"]
+    return [f"INSERT INTO {into} SELECT * FROM {q.qualified(database, name)}"]

@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from clickhouse_tx.client import sql as q
-from clickhouse_tx.client.codes import INVALID_TRANSACTION, SESSION_IS_LOCKED, SESSION_NOT_FOUND
+from clickhouse_tx.client.codes import SESSION_IS_LOCKED, SESSION_NOT_FOUND, no_current_transaction
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.errors import ClickHouseTxError, OutcomeUnknownError, ReplyLostError
@@ -98,7 +98,9 @@ def settle_session(c: ClickHouseHTTP) -> bool:
 
     ROLLBACK an open transaction (then True); a session that does not exist, or holds
     no transaction, has nothing open (a COMMIT there finished, or never came). A
-    session still busy (SESSION_IS_LOCKED: a COMMIT running) is waited for.
+    session still busy (SESSION_IS_LOCKED: a COMMIT running) is waited for. Any other
+    refusal of the ROLLBACK, INVALID_TRANSACTION of a failed transaction among them,
+    leaves a transaction open and is raised: never read as "nothing open".
     """
     deadline = time.monotonic() + SETTLE_WAIT_S
     while True:
@@ -106,7 +108,7 @@ def settle_session(c: ClickHouseHTTP) -> bool:
             c.command("ROLLBACK", session_check=True)
             return True
         except ClickHouseTxError as exc:
-            if exc.code in (SESSION_NOT_FOUND, INVALID_TRANSACTION):
+            if exc.code == SESSION_NOT_FOUND or no_current_transaction(exc):
                 return False
             if exc.code != SESSION_IS_LOCKED and not isinstance(exc, ReplyLostError):
                 raise

@@ -111,9 +111,10 @@ class TransactionMode(ModeBase):
             if schema is not None:
                 # Block dedup (non_replicated_deduplication_window) is not transactional:
                 # a rolled-back insert leaves its block hashes behind, and the replay's
-                # identical blocks would be dropped as duplicates. A token unique to this
-                # attempt keys the dedup log on the xid instead (insert_deduplicate=0 does
-                # not switch it off for non-replicated tables).
+                # identical blocks would be dropped as duplicates. The server contract
+                # turns deduplication off (clickhouse_tx.client.contract); a token unique
+                # to this attempt also keys any dedup log on the xid, on a server or
+                # profile that deduplicates anyway.
                 session.insert_arrow_stream(
                     self.target_sql(target), schema, counted, settings={"insert_deduplication_token": xid}
                 )

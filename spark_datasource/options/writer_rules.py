@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from clickhouse_tx.client.contract import refuse_pinned
 from clickhouse_tx.client.sql import split_table
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode
@@ -172,6 +173,7 @@ def prefixed(opts: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
             settings[name] = v
         elif k.startswith("fault."):
             faults[k] = v
+    refuse_pinned(settings, "option setting.{name}")
     _check_faults(faults)
     return settings, faults
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -24,11 +26,16 @@ class _RecordingServer(ThreadingHTTPServer):
     """Keeps each POST's headers (lower-cased) and body; a body without a length is None.
 
     Answers success with ``X-ClickHouse-Summary`` counting ``written_rows`` (None: no summary).
+    The client's probe of ``system.settings`` (once per server and process) is answered
+    with ``setting_names`` and kept apart, in ``probes``; ``paths`` keeps each POST's URL.
     """
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Recorder)
         self.seen: list[tuple[dict[str, str], bytes | None]] = []
+        self.paths: list[str] = []
+        self.probes = 0
+        self.setting_names: list[str] = []
         self.written_rows: int | None = 1000
 
 
@@ -38,13 +45,25 @@ class _Recorder(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (the http.server hook's name)
         length = self.headers.get("Content-Length")
         body = self.rfile.read(int(length)) if length is not None else None
+        if body is not None and b"system.settings" in body:
+            self.server.probes += 1
+            self._answer("\n".join(self.server.setting_names).encode())
+            return
         self.server.seen.append(({k.lower(): v for k, v in self.headers.items()}, body))
+        self.server.paths.append(self.path)
         self.send_response(200)
         if self.server.written_rows is not None:
             self.send_header("X-ClickHouse-Summary", json.dumps({"written_rows": str(self.server.written_rows)}))
         self.send_header("Content-Length", "0")
         self.send_header("Connection", "close")
         self.end_headers()
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the hook's signature)
         pass
@@ -88,13 +107,42 @@ def test_serialized_record_batches_go_with_a_content_length_as_the_bytes_of_an_a
         assert reader.read_all().equals(pa.Table.from_batches([batch]))
 
 
-def _insert_1000(recorder: _RecordingServer, *, may_deduplicate: bool = False) -> int:
+def _insert_1000(recorder: _RecordingServer, *, may_deduplicate: bool = False, **target: Any) -> int:
     batch = pa.record_batch({"a": pa.array(range(1000), pa.uint64())})
-    client = ClickHouseHTTP(Target(url=f"http://127.0.0.1:{recorder.server_address[1]}", database="d", table="t"))
+    url = f"http://127.0.0.1:{recorder.server_address[1]}"
+    client = ClickHouseHTTP(Target(url=url, database="d", table="t", **target))
+    settings = {"insert_deduplication_token": "chunk-1"} if may_deduplicate else None
     try:
-        return client.insert_arrow_stream("`d`.`t`", batch.schema, iter([batch]), may_deduplicate=may_deduplicate)
+        return client.insert_arrow_stream(
+            "`d`.`t`", batch.schema, iter([batch]), settings=settings, may_deduplicate=may_deduplicate
+        )
     finally:
         client.close()
+
+
+def _url_settings(path: str) -> dict[str, str]:
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(path).query))
+
+
+def test_an_insert_carries_the_server_contracts_settings_over_the_targets_own(recorder: _RecordingServer) -> None:
+    recorder.setting_names = ["deduplicate_insert", "deduplicate_insert_select"]
+    _insert_1000(recorder, settings={"async_insert": "1", "max_insert_block_size": "5"})
+    _insert_1000(recorder, may_deduplicate=True)
+    keep, dedup = (_url_settings(p) for p in recorder.paths)
+    assert recorder.probes == 1  # once per server and process
+    assert keep["max_insert_block_size"] == "5"  # the target's own stay
+    assert (keep["async_insert"], keep["insert_deduplicate"], keep["deduplicate_insert"]) == ("0", "0", "disable")
+    assert keep["deduplicate_insert_select"] == "disable" and keep["insert_deduplication_token"].startswith("keep:")
+    assert (dedup["async_insert"], dedup["insert_deduplicate"], dedup["deduplicate_insert"]) == ("0", "1", "enable")
+    assert dedup["insert_deduplication_token"] == "chunk-1"
+
+
+def test_a_server_older_than_26_2_is_sent_no_setting_it_does_not_have(recorder: _RecordingServer) -> None:
+    recorder.setting_names = []
+    _insert_1000(recorder, may_deduplicate=True)
+    sent = _url_settings(recorder.paths[0])
+    assert "deduplicate_insert" not in sent and "deduplicate_insert_select" not in sent
+    assert (sent["async_insert"], sent["insert_deduplicate"]) == ("0", "1")
 
 
 @pytest.mark.parametrize("written", [0, 999])

@@ -94,7 +94,7 @@ def test_every_option_is_read_and_keys_are_case_insensitive():
 
 
 def test_target_carries_connection_settings_and_the_password():
-    o = parse(password=SECRET, **{"setting.async_insert": "0", "session_timeout": "60"})
+    o = parse(password=SECRET, **{"setting.max_insert_block_size": "1000", "session_timeout": "60"})
     t = o.target()
     assert isinstance(t, Target)
     assert (t.url, t.database, t.table, t.password, t.session_timeout_s) == (
@@ -104,7 +104,7 @@ def test_target_carries_connection_settings_and_the_password():
         SECRET,
         60,
     )
-    assert dict(t.settings) == {"async_insert": "0"}
+    assert dict(t.settings) == {"max_insert_block_size": "1000"}
     assert SECRET not in repr(t)
 
 
