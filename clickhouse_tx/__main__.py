@@ -18,6 +18,12 @@ gc
     ``--not-running`` (the operator says the named query is stopped), also the
     prepares of batches without a decision log, such as a query that never decided
     a batch (:func:`clickhouse_tx.admin.recovery.untouched_batch` says why that is safe).
+check
+    Before the first write: whether ``--mode`` can write into ``--table`` on this server
+    as this user, one line per check (``ok  <check>`` or ``FAIL <check>: <what to
+    change>``), by the driver's own checks (:mod:`clickhouse_tx.admin.preflight`).
+    Exit code 0 = every check passed, 1 = some failed, 2 = error. Writes nothing into
+    the table; creates the registry and the markers table a first write would create.
 
 With ``--shards URL[|URL],URL...`` instead of ``--url`` (a sharded write's ``shards``
 option), ``status``, ``recover`` and ``gc`` run on every shard in turn (each shard's
@@ -286,10 +292,42 @@ def _verify_shards(args: argparse.Namespace) -> int:
     return _report(args, report)
 
 
+def _check(args: argparse.Namespace) -> int:
+    """``check``: every check's line on stdout; with ``--shards``, on every replica of every shard."""
+    from clickhouse_tx.admin.preflight import Plan, run_checks
+    from clickhouse_tx.client.http import safe_url
+    from clickhouse_tx.client.sql import split_table
+    from clickhouse_tx.interfaces import Target
+    from clickhouse_tx.sharding.placement import parse_shard_urls
+
+    db, t = split_table(args.table)
+    urls = [u for shard in parse_shard_urls(args.shards) for u in shard] if args.shards else [args.url]
+    worst = EXIT_CLEAN
+    for url in urls:
+        if args.shards:
+            print(f"{safe_url(url)}:")
+        target = Target(
+            url=url.rstrip("/"),
+            database=db,
+            table=t,
+            user=args.user,
+            password=password(args),
+            session_timeout_s=args.session_timeout,
+            tls=tls_settings(args),
+        )
+        plan = Plan(target, args.mode, visibility=args.visibility, registry_table=args.registry_table)
+        for result in run_checks(plan):
+            print(("  " if args.shards else "") + result.line(), flush=True)
+            worst = worst if result.ok else EXIT_ANOMALIES
+    return worst
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the process exit code."""
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "check":
+            return _check(args)
         if args.shards:
             return _verify_shards(args) if args.command == "verify" else _each_shard(args)
         if args.command == "verify":

@@ -66,7 +66,7 @@ def mode_arg(value: str) -> Mode:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``python -m clickhouse_tx``: ``verify``, ``status``, ``recover``, ``gc``."""
+    """The parser of ``python -m clickhouse_tx``: ``verify``, ``status``, ``recover``, ``gc``, ``check``."""
     ap = argparse.ArgumentParser(prog="python -m clickhouse_tx", description="clickhouse-tx operator tools")
     sub = ap.add_subparsers(dest="command", required=True)
     v = sub.add_parser(
@@ -141,7 +141,41 @@ def build_parser() -> argparse.ArgumentParser:
                 "e.g. of a query that never decided a batch (never for a batch with "
                 "a committing or committed xid)",
             )
+    add_check(sub)
     return ap
 
 
-__all__ = ["add_connection", "build_parser", "mode_arg", "password", "tls_settings"]
+def add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``check``: whether a mode can write into a table, before the first write."""
+    c = sub.add_parser(
+        "check",
+        help="before the first write: can this mode write into this table?",
+        description="One line per check, 'ok  <check>' or 'FAIL <check>: <what to change>'. "
+        "Exit code: 0 every check passed, 1 some failed, 2 error.",
+    )
+    add_connection(c)
+    c.add_argument("--table", required=True, help="database.table: the target")
+    c.add_argument(
+        "--mode",
+        required=True,
+        type=mode_arg,
+        metavar="{" + ",".join(m.value for m in Mode) + "}",
+        help="the commit mode the writer will use",
+    )
+    c.add_argument(
+        "--visibility",
+        choices=("partition", "batch"),
+        default="partition",
+        help="the writer's visibility option (batch: mode staging only)",
+    )
+    c.add_argument(
+        "--session-timeout",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="the writer's session_timeout option (default 3600)",
+    )
+    c.add_argument("--registry-table", default=None, help="registry table (default clickhouse_tx_registry)")
+
+
+__all__ = ["add_check", "add_connection", "build_parser", "mode_arg", "password", "tls_settings"]
