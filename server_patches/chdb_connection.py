@@ -9,12 +9,18 @@ both hold these.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Generator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Iterable, Mapping, Sequence
 
 from server_patches import chdb_import
 from server_patches.errors import UNKNOWN_FORMAT, UNKNOWN_SETTING, HTTPError, undecodable_error
 from server_patches.pipe_insert import insert_through_pipe
-from server_patches.statements import first_keyword, quote_identifier, quote_literal, set_assignments, wire
+from server_patches.statements import (
+    first_keyword,
+    quote_identifier,
+    quote_literal,
+    set_assignments,
+    wire,
+)
 
 # Not a plain `import chdb`: its import probe would break streaming tables (chdb_import).
 chdb = chdb_import.load()
@@ -33,12 +39,16 @@ class EngineConnection:
     Session connections apply URL settings per query and restore them afterwards.
     """
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, profile: Mapping[str, str] | None = None) -> None:
         self.dsn = dsn
         self.conn = chdb.connect(dsn)
         self.applied: dict[str, str] = {}
         # Values the session's own SET statements gave; restored instead of DEFAULT.
         self.session_values: dict[str, str] = {}
+        # What a fresh connection starts with where it differs from the built-in default
+        # (the settings profile, `compatibility` included): `SET x = DEFAULT` would
+        # restore the built-in value, a server's next query gets the profile's.
+        self.profile: Mapping[str, str] = profile or {}
         self.database = "default"
         self.dirty = False  # a user's SET/USE changed a pooled connection: do not reuse it
 
@@ -127,17 +137,42 @@ class EngineConnection:
             self.run(f"USE {quote_identifier(want)}")
             self.database = want
 
-    def apply(self, settings: dict[str, str], database: str | None) -> None:
-        """Session connection: make exactly ``settings`` current for the next query."""
+    def apply(self, settings: dict[str, str], database: str | None, keyword: str = "") -> None:
+        """Session connection: make exactly ``settings`` current for the next query, whose
+        first word is ``keyword``.
+
+        COMMIT and ROLLBACK run with the settings (and database) as they stand,
+        ``applied`` untouched: a failed transaction refuses every statement but
+        ROLLBACK, these SETs included, so a plain ROLLBACK after a request with settings
+        must not reset them first. The next ordinary statement applies its own diff.
+        """
+        if keyword in ("COMMIT", "ROLLBACK"):
+            return  # BEGIN applies them: the statements after it expect its database
         self.use(database)
         for name in list(self.applied):
             if name not in settings:
-                self._set(name, self.session_values.get(name))
+                self._set(name, self.session_values.get(name, self.profile.get(name)))
                 del self.applied[name]
         for name, value in settings.items():
             if self.applied.get(name) != value:
                 self._set(name, value)
                 self.applied[name] = value
+
+    def in_transaction(self) -> bool:
+        """Whether this connection's session has a transaction open (``BEGIN`` without its end).
+
+        Raises the engine's 649 (``INVALID_TRANSACTION``) when that transaction failed, as
+        a server answers every statement but ``ROLLBACK`` then.
+        """
+        return self.text("SELECT transactionID().1") != "0"
+
+    def fail_transaction(self) -> None:
+        """Mark the open transaction failed, as a server does for any statement it refuses
+        inside one (executeQuery's ``txn->onException()``): from now on only ROLLBACK runs."""
+        try:
+            self.run("SELECT throwIf(1)")
+        except HTTPError:
+            pass  # the error is the point: the engine fails the transaction on it
 
     def remember_user_statement(self, sql: str) -> None:
         """After the user's own ``SET``/``USE``, keep what it changed as the session's."""

@@ -128,7 +128,9 @@ class HTTPError(Exception):
 
     def body(self) -> bytes:
         """The reply body ClickHouse sends: ``Code: N. DB::Exception: text (NAME)``."""
-        suffix = f" ({self.name})" if self.name and f"({self.name})" not in self.text else ""
+        # As ClickHouse's getExceptionMessage: a full stop after the text, then the name.
+        stop = "" if self.text.rstrip().endswith(".") else "."
+        suffix = f"{stop} ({self.name})" if self.name and f"({self.name})" not in self.text else ""
         text = self.text if self.text.startswith("Code:") else f"Code: {self.code}. DB::Exception: {self.text}{suffix}"
         return (text.rstrip() + "\n").encode()
 

@@ -237,9 +237,9 @@ class Handler(BaseHTTPRequestHandler):
                     NOT_IMPLEMENTED,
                     "Transactions need a session: pass session_id (each session is one transaction context)",
                 )
-            conn, key = self.engine.borrow(req.settings, database)
+            conn, key = self.engine.borrow(req.settings, database, stmt)
             return Lease(self.engine, conn, pool_key=key)
-        session = self.engine.sessions.acquire(sid, req.http.get("session_timeout"), req.flag("session_check"))
+        session = self.engine.acquire_session(sid, req, stmt)
         if req.settings.get("implicit_transaction") in (None, "0", "false"):
             return Lease(self.engine, session.conn, session=session)
         # The query runs in a transaction of its own, never the session's, and
@@ -255,7 +255,7 @@ class Handler(BaseHTTPRequestHandler):
         """Run the statement; the reply to send, or None when it was streamed already."""
         conn = lease.conn
         if lease.session is not None:
-            conn.apply(req.settings, req.http.get("database"))
+            conn.apply(req.settings, req.http.get("database"), stmt.keyword)
         fmt = stmt.output_format(req.http.get("default_format"))
         started = time.monotonic()
         if self._streams(req, stmt, fmt):

@@ -42,6 +42,12 @@ class Statement:
         """Whether it answers with rows (a SELECT) rather than nothing (DDL, SET, INSERT)."""
         return self.insert_format is None and self.keyword in RESULT_KEYWORDS
 
+    @property
+    def inline_insert(self) -> bool:
+        """An INSERT that carries its data and has no SELECT: the kind ClickHouse queues
+        when ``async_insert`` is 1 (``insert_query->hasInlinedData()`` in executeQuery)."""
+        return self.insert_format is not None or inline_insert_text(self.sql)
+
     def output_format(self, default: str | None) -> str:
         """The format of the reply: the query's own ``FORMAT``, else ``default_format``."""
         if self.insert_format is not None:
@@ -142,6 +148,53 @@ def split_insert_body(body: Iterator[bytes]) -> Statement:
     if _INSERT_HEAD.match(text) and tail:
         return Statement(text[: tail.start()].rstrip(), tail.group(1), iter(()))
     return Statement(text)
+
+
+# What follows the target of an INSERT: the first of these words outside quotes and comments.
+_INSERT_BODY_WORD = re.compile(r"\b(VALUES|FORMAT|SELECT|WITH|INFILE)\b", re.I)
+_INSERT_SETTINGS = re.compile(r"\bSETTINGS\s+", re.I)
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\"(?:[^\"\\]|\\.)*\"|--[^\n]*|/\*.*?\*/", re.S)
+
+
+def _masked(sql: str) -> str:
+    """``sql`` with quoted strings, quoted identifiers and comments blanked out, same length:
+    keywords found in it sit at the same offsets in ``sql``."""
+    return _QUOTED.sub(lambda m: " " * len(m.group(0)), sql)
+
+
+def inline_insert_text(sql: str) -> bool:
+    """Whether an INSERT given whole in the text carries its data (``VALUES ...``,
+    ``FORMAT X <data>``) rather than a SELECT or a file: ``INSERT INTO t (a) VALUES (1)``
+    is, ``INSERT INTO t SELECT ...`` and ``INSERT INTO t FROM INFILE ...`` are not."""
+    if not _INSERT_HEAD.match(sql):
+        return False
+    m = _INSERT_BODY_WORD.search(_masked(sql))
+    return m is not None and m.group(1).upper() in ("VALUES", "FORMAT")
+
+
+def insert_settings_clause(sql: str) -> list[tuple[str, str]]:
+    """The INSERT's own ``SETTINGS a = 1, b = 'x'`` before its data, as (name, value) pairs.
+
+    They override the request's and the session's settings for this one query, as
+    ClickHouse applies them (``applySettingsFromQuery``) before it decides anything.
+    """
+    masked = _masked(sql)
+    m = _INSERT_SETTINGS.search(masked)
+    if not _INSERT_HEAD.match(sql) or m is None:
+        return []
+    end = _INSERT_BODY_WORD.search(masked, m.end())
+    return set_assignments("SET " + sql[m.end() : end.start() if end else len(sql)])
+
+
+def bool_setting(value: str | None) -> bool:
+    """A Bool setting's text as ClickHouse reads it (``1``, ``true``, ``0``, ``false``, ...)."""
+    text = (value or "").strip().strip("'").lower()
+    if text in ("true", "yes", "on"):
+        return True
+    try:
+        return float(text) != 0
+    except ValueError:
+        return False
 
 
 def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
