@@ -38,6 +38,22 @@ test-external: bootstrap
 	@test -n "$$CLICKHOUSE_TX_EXTERNAL_URL" || { echo "set CLICKHOUSE_TX_EXTERNAL_URL (docs/deployment.md)"; exit 2; }
 	$(PY) -m pytest -q -m "(integration or spark) and (not slow or kill)" tests/integration tests/spark tests/torture $(EXTERNAL_ARGS)
 
+## make test-compat: the integration and Spark tiers (not slow) once per version of COMPAT_VERSIONS, the stacks
+## started with ClickHouse's compatibility setting at that version (docs/server.md); prints each version's wall time
+## and fails if any version failed, after running them all. e.g. make test-compat COMPAT_VERSIONS=25.8
+COMPAT_VERSIONS ?= 24.8 25.3 25.8
+.PHONY: test-compat
+test-compat: bootstrap
+	@failed=""; times=""; \
+	for v in $(COMPAT_VERSIONS); do \
+	  echo "== compatibility $$v"; start=$$(date +%s); \
+	  $(PY) -m pytest -q -m 'not slow' --compatibility $$v tests/integration tests/spark || failed="$$failed $$v"; \
+	  took=$$(( $$(date +%s) - start )); times="$$times  $$v: $$took s"; \
+	  echo "== compatibility $$v: $$took s wall"; \
+	done; \
+	echo "== wall time per compatibility:$$times"; \
+	if [ -n "$$failed" ]; then echo "== failed under compatibility:$$failed"; exit 1; fi
+
 ## make demo: Kafka -> Spark -> ClickHouse, exactly once, with driver crashes, on the embedded stack
 demo: bootstrap
 	$(PY) -m benchmarks.pipeline $(DEMO_ARGS)

@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         default=stack_files.DEFAULT_START_TIMEOUT_S,
         help="seconds to wait for each component to answer",
     )
+    up.add_argument(
+        "--compatibility",
+        metavar="X.Y",
+        help="ClickHouse's compatibility setting in the engine's default profile, e.g. 25.8: "
+        "the settings defaults of that version (default: as before, else none); see docs/server.md",
+    )
     up.add_argument("--shards", type=int, help="ClickHouse shards (default: as before, else 1)")
     up.add_argument("--replicas", type=int, help="ClickHouse servers per shard (default: as before, else 1)")
     for name, what in (("kill", "SIGKILL one ClickHouse server"), ("restart", "SIGKILL one server and start it")):
@@ -85,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout_s=args.timeout,
                 shards=args.shards,
                 replicas=args.replicas,
+                compatibility=args.compatibility,
             )
             out = info.to_json()
             out["already_running"] = bool(before.get("running")) and (

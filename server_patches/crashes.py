@@ -86,6 +86,7 @@ def start_clickhouse(
             timeout_s=timeout_s,
             name=name,
             member=cluster_members(info.shards, info.replicas, info.ports)[shard * info.replicas + replica],
+            compatibility=info.compatibility,
         )
         config_file = config_file if name == "clickhouse" else info.config_file
         info = dataclasses.replace(

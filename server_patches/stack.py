@@ -26,12 +26,15 @@ from server_patches.stack_files import (
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_STOP_TIMEOUT_S,
     HOST,
+    PORT_NAMES,
     StackError,
     StackInfo,
+    check_compatibility,
     locked,
     member_name,
     pick_port,
     read_stack,
+    refuse_changes_to_a_running_stack,
     stack_file,
     write_stack,
 )
@@ -53,6 +56,7 @@ def start_stack(
     shards: int | None = None,
     replicas: int | None = None,
     zookeeper_address_for_clickhouse: str | None = None,
+    compatibility: str | None = None,
 ) -> StackInfo:
     """Start (or complete) the stack in ``stack_dir`` and return what runs.
 
@@ -87,6 +91,8 @@ def start_stack(
         ``host:port`` ClickHouse uses as its Keeper instead of the stack's ZooKeeper,
         e.g. a fault-injecting proxy in front of it (``make chaos``); only when
         ClickHouse starts here (:func:`start_clickhouse` takes it again).
+    compatibility
+        ClickHouse's ``compatibility`` in the engine's default profile (``"25.8"``; docs/server.md); None: as before.
 
     Raises
     ------
@@ -95,28 +101,32 @@ def start_stack(
         started by this call are stopped again before raising.
     """
     stack_dir = Path(stack_dir).resolve()
+    compatibility = check_compatibility(compatibility)
     with locked(stack_dir):
         prev = read_stack(stack_dir)
         alive = prev.alive() if prev else {}
         wanted = {"clickhouse": port, "zookeeper": zk_port, "clickhouse_tcp": tcp_port}
         if prev and alive.get("clickhouse"):
-            _refuse_changes_to_a_running_stack(prev, wanted, user=user, password_env=password_env)
+            refuse_changes_to_a_running_stack(prev, wanted, user=user, password_env=password_env, compat=compatibility)
         launch = _Launch.resume(stack_dir, prev, alive, timeout_s)
         launch.shards, launch.replicas = _cluster_shape(prev, bool(alive.get("clickhouse")), shards, replicas)
-        if prev:
-            user = user if user is not None else prev.user
-            password_env = password_env if password_env is not None else prev.password_env
+        kept = _kept(prev, user=user, password_env=password_env, compatibility=compatibility)
         clickhouse = {
-            "user": user,
-            "password_env": password_env,
+            **kept,
             "max_session_timeout": max_session_timeout,
             "transactions": transactions,
             "zk_addr": zookeeper_address_for_clickhouse,
         }
         launch.start_all(wanted, kafka=kafka, clickhouse=clickhouse)
-        info = launch.info(user=user, password_env=password_env)
+        info = launch.info(**kept)
         write_stack(info)
         return info
+
+
+def _kept(prev: StackInfo | None, **given: str | None) -> dict[str, str | None]:
+    """The given values, each one not given (None) as ``prev`` recorded it: a stack
+    started again keeps its user and its compatibility unless told otherwise."""
+    return {k: getattr(prev, k) if v is None and prev is not None else v for k, v in given.items()}
 
 
 def _cluster_shape(prev: StackInfo | None, running: bool, shards: int | None, replicas: int | None) -> tuple[int, int]:
@@ -131,25 +141,6 @@ def _cluster_shape(prev: StackInfo | None, running: bool, shards: int | None, re
             f"not {shards} × {replicas}; run `down` first"
         )
     return shards, replicas
-
-
-_PORT_NAMES = {"clickhouse": "ClickHouse", "zookeeper": "ZooKeeper", "clickhouse_tcp": "ClickHouse native"}
-
-
-def _refuse_changes_to_a_running_stack(
-    prev: StackInfo, wanted_ports: dict[str, int | None], *, user: str | None, password_env: str | None
-) -> None:
-    """``up`` on a running stack may not move its ports or change its user."""
-    for key, wanted in wanted_ports.items():
-        if wanted is not None and prev.ports.get(key) != wanted:
-            raise StackError(
-                f"the stack in {prev.dir} already runs {_PORT_NAMES[key]} on port "
-                f"{prev.ports.get(key)}, not {wanted}; run `down` first"
-            )
-    if (user, password_env) != (prev.user, prev.password_env) and (user or password_env):
-        raise StackError(
-            f"the stack in {prev.dir} already runs with user {prev.user!r}; run `down` first to change the user"
-        )
 
 
 @dataclasses.dataclass
@@ -214,6 +205,7 @@ class _Launch:
         max_session_timeout: int | None,
         transactions: bool,
         zk_addr: str | None = None,
+        compatibility: str | None = None,
     ) -> None:
         """Start every ClickHouse server unless it runs against the current ZooKeeper (or ``zk_addr``)."""
         names = [member_name(i, j) for i in range(self.shards) for j in range(self.replicas)]
@@ -245,6 +237,7 @@ class _Launch:
                 transactions=transactions,
                 name=n,
                 member=member,
+                compatibility=compatibility,
             )
             if n == "clickhouse":
                 self.config_file, self.max_session_timeout = config_file, max_timeout
@@ -258,7 +251,7 @@ class _Launch:
         other server of the stack has."""
         for key in [k for n in names if not self.alive.get(n) for k in (n, n + "_tcp")]:
             taken = {p for k, p in self.ports.items() if k != key}
-            port = pick_port(_PORT_NAMES.get(key, "ClickHouse"), wanted.get(key), self.ports.get(key))
+            port = pick_port(PORT_NAMES.get(key, "ClickHouse"), wanted.get(key), self.ports.get(key))
             while port in taken:
                 port = processes.free_port(HOST)
             self.ports[key] = port
@@ -292,7 +285,7 @@ class _Launch:
         for ref in reversed(self.started):
             processes.kill(ref)
 
-    def info(self, *, user: str | None, password_env: str | None) -> StackInfo:
+    def info(self, *, user: str | None, password_env: str | None, compatibility: str | None) -> StackInfo:
         if not self.kafka_bootstrap:
             self.procs.pop("kafka", None)
         return StackInfo(
@@ -318,6 +311,7 @@ class _Launch:
             max_session_timeout=self.max_session_timeout,
             shards=self.shards,
             replicas=self.replicas,
+            compatibility=compatibility,
         )
 
 
@@ -374,6 +368,7 @@ def stack_status(stack_dir: Path | str) -> dict[str, Any]:
         "clickhouse_url": info.clickhouse_url,
         "zookeeper": info.zookeeper,
         "kafka_bootstrap": info.kafka_bootstrap,
+        "compatibility": info.compatibility,
         **({"clickhouse_urls": info.clickhouse_urls, "shards_option": info.shards_option} if info.is_cluster else {}),
     }
 

@@ -42,13 +42,15 @@ def start_clickhouse_server(
     transactions: bool = True,
     name: str = "clickhouse",
     member: chdb_config.ClusterMember | None = None,
+    compatibility: str | None = None,
 ) -> tuple[ProcessRef, dict[str, str], str, int]:
     """Render the config and start the HTTP server on chdb; wait for its ready file and /ping.
 
     ``max_session_timeout`` None keeps the value of ``config.d/sessions.xml``.
     ``name`` is the component (:func:`member_name`): its directory, log names and
     keys; ``member`` its place in a cluster stack (None: the one server); ``tcp_port``
-    its native port (:mod:`server_patches.native_port`), None for none.
+    its native port (:mod:`server_patches.native_port`), None for none; ``compatibility``
+    goes into the engine's default profile (:func:`chdb_config.render_users`) unless None.
     Returns (process, log files, config file, effective max_session_timeout).
     """
     if importlib.util.find_spec("server_patches.http_server") is None:
@@ -72,6 +74,7 @@ def start_clickhouse_server(
         session_timeout_s=max_session_timeout,
         transactions=transactions,
         member=member,
+        compatibility=compatibility,
     )
     # The HTTP server enforces the cap itself: hand it the value the config holds.
     effective_max = int(chdb_config.server_setting(config_file, "max_session_timeout") or 3600)
@@ -100,15 +103,15 @@ def start_clickhouse_server(
         "--log-file",
         logs[name],
     ]
-    if tcp_port is not None:
-        argv += ["--tcp-port", str(tcp_port)]
-    if user:
-        argv += ["--user", user]
-    if password_env:
-        argv += ["--password-env", password_env]
+    argv += _options(tcp_port=tcp_port, user=user, password_env=password_env)
     ref = processes.spawn(argv, log_file=Path(logs[f"{name}_stdout"]), env=child_env())
     wait_for_clickhouse(ref, port, ready, list(logs.values())[::-1], timeout_s)
     return ref, logs, str(config_file), effective_max
+
+
+def _options(**values: object) -> list[str]:
+    """``--tcp-port 9000 --user alice ...``: the server's option for each value given (not None or empty)."""
+    return [arg for k, v in values.items() if v not in (None, "") for arg in (f"--{k.replace('_', '-')}", str(v))]
 
 
 def wait_for_clickhouse(ref: ProcessRef, port: int, ready: Path, logs: list[str], timeout_s: float) -> None:

@@ -18,6 +18,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -63,6 +64,8 @@ class StackInfo:
     #: A cluster stack runs shards × replicas ClickHouse servers (``member_name``).
     shards: int = 1
     replicas: int = 1
+    #: ClickHouse's ``compatibility`` in the engine's default profile (``"25.8"``), or None.
+    compatibility: str | None = None
 
     @property
     def pids(self) -> dict[str, int]:
@@ -116,6 +119,7 @@ class StackInfo:
             "user": self.user,
             "password_env": self.password_env,
             "max_session_timeout": self.max_session_timeout,
+            "compatibility": self.compatibility,
             **self._cluster_json(),
         }
 
@@ -148,7 +152,29 @@ class StackInfo:
             max_session_timeout=int(d.get("max_session_timeout", 3600)),
             shards=int(d.get("shards", 1)),
             replicas=int(d.get("replicas", 1)),
+            compatibility=d.get("compatibility"),
         )
+
+
+_COMPATIBILITY = re.compile(r"[0-9]+\.[0-9]+")
+
+
+def check_compatibility(value: str | None) -> str | None:
+    """``value`` if it is a ClickHouse version for the ``compatibility`` setting
+    (``major.minor``, e.g. ``25.8``), None for None; else :class:`StackError` saying so.
+
+    Checked before anything starts: with a wrong value the engine refuses to start
+    (``Error initializing EmbeddedServer``, code 36), with the cause only in its log.
+    """
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not _COMPATIBILITY.fullmatch(text):
+        raise StackError(
+            f"--compatibility {value!r} is not a ClickHouse version: give major.minor, e.g. 25.8 "
+            "(ClickHouse's compatibility setting; docs/server.md)"
+        )
+    return text
 
 
 def member_name(shard: int, replica: int) -> str:
@@ -156,6 +182,35 @@ def member_name(shard: int, replica: int) -> str:
     one-server stack's name, so a cluster's first server is where a single one would be),
     ``clickhouse-s<shard>r<replica>`` for the others."""
     return "clickhouse" if (shard, replica) == (0, 0) else f"clickhouse-s{shard}r{replica}"
+
+
+PORT_NAMES = {"clickhouse": "ClickHouse", "zookeeper": "ZooKeeper", "clickhouse_tcp": "ClickHouse native"}
+
+
+def refuse_changes_to_a_running_stack(
+    prev: StackInfo,
+    wanted_ports: dict[str, int | None],
+    *,
+    user: str | None,
+    password_env: str | None,
+    compat: str | None = None,
+) -> None:
+    """``up`` on a running stack may not move its ports or change its user or compatibility."""
+    for key, wanted in wanted_ports.items():
+        if wanted is not None and prev.ports.get(key) != wanted:
+            raise StackError(
+                f"the stack in {prev.dir} already runs {PORT_NAMES[key]} on port "
+                f"{prev.ports.get(key)}, not {wanted}; run `down` first"
+            )
+    if (user, password_env) != (prev.user, prev.password_env) and (user or password_env):
+        raise StackError(
+            f"the stack in {prev.dir} already runs with user {prev.user!r}; run `down` first to change the user"
+        )
+    if compat is not None and compat != prev.compatibility:
+        raise StackError(
+            f"the stack in {prev.dir} already runs with compatibility {prev.compatibility!r}, "
+            f"not {compat!r}; run `down` first"
+        )
 
 
 # ---------------------------------------------------------------------------- files

@@ -56,8 +56,49 @@ if EXTERNAL is not None:
     stack_mod.start_stack = _no_stack_in_external_mode  # type: ignore[assignment]
 
 
+#: The environment variable that gives ``--compatibility`` (``make test-compat`` sets the option).
+COMPATIBILITY_ENV = "CLICKHOUSE_TX_COMPATIBILITY"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--compatibility",
+        default=None,
+        metavar="X.Y",
+        help="start the embedded stacks (stack, sharded_stack, stack_factory) with ClickHouse's "
+        f"compatibility setting X.Y in the engine's default profile, e.g. 25.8 (also ${COMPATIBILITY_ENV}; "
+        "docs/server.md)",
+    )
+
+
+def compatibility_of(config: pytest.Config) -> str | None:
+    """The run's ``--compatibility`` (else ``$CLICKHOUSE_TX_COMPATIBILITY``), checked; None: the engine's own."""
+    value = config.getoption("--compatibility") or os.environ.get(COMPATIBILITY_ENV) or None
+    try:
+        return stack_files.check_compatibility(value)
+    except stack_files.StackError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A wrong ``--compatibility`` stops the run before any stack starts."""
+    compatibility_of(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which settings defaults the embedded stacks run with (one line at the top of the run)."""
+    value = compatibility_of(config)
+    return f"clickhouse compatibility: {value or 'none (the engine defaults)'}"
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
+def clickhouse_compatibility(pytestconfig: pytest.Config) -> str | None:
+    """The ``compatibility`` the run's embedded stacks start with (``--compatibility``), or None."""
+    return compatibility_of(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, clickhouse_compatibility: str | None) -> Iterator[StackInfo]:
     """The shared local stack, with the dev Kafka broker when it can start.
 
     Kafka is started in a second step so that a missing or broken broker fails only
@@ -72,7 +113,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
         return
     d = tmp_path_factory.mktemp("stack")
     try:
-        info = stack_mod.start_stack(d)
+        info = stack_mod.start_stack(d, compatibility=clickhouse_compatibility)
         if not stack_kafka.kafka_available():
             _kafka_missing_reason.append("server_patches/kafka_broker.py is not in this checkout")
         else:
@@ -86,16 +127,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
 
 
 @pytest.fixture
-def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., StackInfo]]:
+def stack_factory(
+    tmp_path_factory: pytest.TempPathFactory, clickhouse_compatibility: str | None
+) -> Iterator[Callable[..., StackInfo]]:
     """Start private stacks (``stack_factory(kafka=False) -> StackInfo``); all stopped after the test.
 
     For tests that kill, restart or stop servers: the shared ``stack`` stays untouched.
+    They run with the run's ``--compatibility`` unless the test gives its own.
     """
     dirs: list[Path] = []
 
     def make(**kwargs: object) -> StackInfo:
         d = tmp_path_factory.mktemp("own_stack")
         dirs.append(d)
+        kwargs.setdefault("compatibility", clickhouse_compatibility)
         return stack_mod.start_stack(d, **kwargs)  # type: ignore[arg-type]
 
     try:
@@ -106,13 +151,15 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
 
 
 @pytest.fixture(scope="session")
-def sharded_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
+def sharded_stack(
+    tmp_path_factory: pytest.TempPathFactory, clickhouse_compatibility: str | None
+) -> Iterator[StackInfo]:
     """A stack of 2 ClickHouse shards (one server each) on one ZooKeeper, shared by the
     tests of a run that need shards and do not crash servers (``stack_factory(shards=2)``
     for those that do); ``.shards_option`` is the writer's ``shards`` option."""
     d = tmp_path_factory.mktemp("sharded_stack")
     try:
-        yield stack_mod.start_stack(d, shards=2)
+        yield stack_mod.start_stack(d, shards=2, compatibility=clickhouse_compatibility)
     finally:
         stack_mod.stop_stack(d)
 
