@@ -75,6 +75,9 @@ def test_two_sessions_with_concurrent_transactions_stay_isolated_and_only_the_co
                 [[first + i, who] for i in range(1000)],
                 column_names=["id", "who"],
                 column_type_names=["UInt64", "String"],
+                # A server refuses a queued (async) INSERT inside a transaction, and
+                # async_insert is on by default since 26.2.
+                settings={"async_insert": 0},
             )
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -105,7 +108,7 @@ def test_an_expired_session_rolls_back_its_open_transaction(stack: StackInfo, da
     short = _client(stack, database, session_id=session_id, settings={"session_timeout": 1})
     try:
         short.command("BEGIN TRANSACTION")
-        short.command("INSERT INTO t VALUES (1), (2), (3)")
+        short.command("INSERT INTO t VALUES (1), (2), (3)", settings={"async_insert": 0})
         # Outside a transaction ClickHouse shows the open insert (docs/design.md §4 caveat):
         # this proves the transaction is open before it expires.
         assert _count(ch_client, "t") == 3

@@ -13,7 +13,8 @@ TESTS = {
     "00001_txn_rollback.sql": (
         "create table t (n Int64) engine=MergeTree order by n;\n"
         "commit; -- { serverError INVALID_TRANSACTION }\n"
-        "begin transaction;\ninsert into t values (1);\nselect 'in', count() from t;\nrollback;\n"
+        "set async_insert = 0;\nbegin transaction;\ninsert into t values (1);\n"
+        "select 'in', count() from t;\nrollback;\n"
         "select 'after', count() from t;\n",
         "in\t1\nafter\t0\n",
     ),
