@@ -41,6 +41,7 @@ the database). Exit code 0 = done, 1 = some xids failed (listed), 2 = error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
@@ -98,15 +99,17 @@ def _registry_and_target(args: argparse.Namespace) -> tuple[KeeperMapRegistry, T
 
 
 def _status(args: argparse.Namespace) -> int:
+    from clickhouse_tx.admin.bookkeeping import counts
     from clickhouse_tx.admin.recovery import status_summary
 
-    registry, _ = _registry_and_target(args)
+    registry, target = _registry_and_target(args)
     s = status_summary(registry)
     doc: dict[str, Any] = {
         "open_by_state": dict(s.open_by_state),
         "in_doubt": list(s.in_doubt),
         "oldest_open_age_s": s.oldest_open_age_s,
         "by_txn": dict(s.by_txn),
+        "bookkeeping": counts(target, registry),
     }
     if args.txn_id:
         doc["by_txn"] = {k: v for k, v in doc["by_txn"].items() if k == args.txn_id}
@@ -124,7 +127,20 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  query {txn}: {n} open")
         if doc["in_doubt"]:
             print("in doubt (run recover): " + ", ".join(doc["in_doubt"]))
+        print(_bookkeeping_line(doc["bookkeeping"]))
     return EXIT_CLEAN
+
+
+def _bookkeeping_line(b: dict[str, Any]) -> str:
+    """``status``'s line of record counts per bookkeeping table (growth shows here)."""
+    lay, reg = b["layouts"], b["registry"]
+    return (
+        f"bookkeeping: layouts {sum(v for k, v in lay.items() if k not in ('batches', 'unsealed_batches'))} "
+        f"(claims {lay['claims']}, chunk records {lay['chunk_records']}, seals {lay['seals']}, "
+        f"first-run {lay['first_run']}; {lay['batches']} batches, {lay['unsealed_batches']} unsealed), "
+        f"registry {reg['open']} open + {reg['finished']} finished + {reg['run_fences']} run fences, "
+        f"helper key rows {b['key_rows']}, job rows {b['job_rows']}"
+    )
 
 
 def _txn_ids_to_touch(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -164,11 +180,26 @@ def _txn_ids_to_touch(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return found, found
 
 
+def _gc_records(args: argparse.Namespace) -> dict[str, Any]:
+    """``gc``'s retention pass (every query; no checkpoint needed): what it dropped."""
+    from clickhouse_tx.admin.bookkeeping import gc_bookkeeping, parse_duration
+
+    registry, target = _registry_and_target(args)
+    return dataclasses.asdict(gc_bookkeeping(target, registry, parse_duration(args.retention)))
+
+
 def _recover_or_gc(args: argparse.Namespace) -> int:
     from clickhouse_tx.admin.recovery import gc_stale, resolve_in_doubt
     from clickhouse_tx.factory import build_mode_io
     from clickhouse_tx.store.decision_log import FileDecisionLog
 
+    if args.command == "gc" and not (args.txn_id or args.checkpoint):
+        return _print_gc(
+            {"records": _gc_records(args), "prepares": "not touched: name the queries with --txn-id or --checkpoint"},
+            args,
+        )
+    if args.command == "gc" and (args.mode is None or args.older_than is None):
+        raise ClickHouseTxError("gc of the prepares of --txn-id/--checkpoint needs --mode and --older-than")
     txn_ids, logged = _txn_ids_to_touch(args)
     registry, target = _registry_and_target(args)
     view = _ModeView(registry, args.mode)
@@ -192,7 +223,7 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
             txn_ids=txn_ids,
             not_running=args.not_running,
         )
-    doc = {
+    doc: dict[str, Any] = {
         "committed": list(rep.committed),
         "rolled_back": list(rep.rolled_back),
         "skipped": list(rep.skipped),
@@ -200,17 +231,37 @@ def _recover_or_gc(args: argparse.Namespace) -> int:
         "forgotten": list(rep.forgotten),
         "dropped_stages": list(rep.dropped),
     }
+    if args.command == "gc":
+        doc["records"] = _gc_records(args)
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
-    else:
-        print(
-            f"{args.command}: committed {len(rep.committed)}, rolled back {len(rep.rolled_back)}, "
-            f"skipped {len(rep.skipped)}, forgotten {len(rep.forgotten)}, "
-            f"stages dropped {len(rep.dropped)}, errors {len(rep.errors)}"
-        )
-        for xid, err in sorted(rep.errors.items()):
-            print(f"  {xid}: {err}")
+        return EXIT_ANOMALIES if rep.errors else EXIT_CLEAN
+    print(
+        f"{args.command}: committed {len(rep.committed)}, rolled back {len(rep.rolled_back)}, "
+        f"skipped {len(rep.skipped)}, forgotten {len(rep.forgotten)}, "
+        f"stages dropped {len(rep.dropped)}, errors {len(rep.errors)}"
+    )
+    for xid, err in sorted(rep.errors.items()):
+        print(f"  {xid}: {err}")
+    if "records" in doc:
+        _print_gc({"records": doc["records"]}, args)
     return EXIT_ANOMALIES if rep.errors else EXIT_CLEAN
+
+
+def _print_gc(doc: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print what gc's retention pass dropped (JSON with ``--json``); exit code clean."""
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+        return EXIT_CLEAN
+    r = doc["records"]
+    print(
+        f"gc records older than {args.retention}: layout records {r['layout_records']} "
+        f"({len(r['layout_batches'])} batches), run fences {r['run_fences']}, "
+        f"helper key rows {r['key_rows']}, job rows {r['job_rows']}"
+    )
+    if "prepares" in doc:
+        print(f"prepares: {doc['prepares']}")
+    return EXIT_CLEAN
 
 
 def _verify(args: argparse.Namespace) -> int:

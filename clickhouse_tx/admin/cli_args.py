@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "status":
             c.add_argument(
                 "--mode",
-                required=True,
+                required=name == "recover",  # gc: only with the queries its prepares pass acts on
                 type=mode_arg,
                 metavar="{" + ",".join(m.value for m in Mode) + "}",
                 help="act on the xids of this commit mode",
@@ -126,23 +126,36 @@ def build_parser() -> argparse.ArgumentParser:
                 "xids whose fate depends on a decision are skipped",
             )
         if name == "gc":
-            c.add_argument(
-                "--older-than",
-                type=float,
-                required=True,
-                metavar="SECONDS",
-                help="only prepares older than this; must exceed the longest batch",
-            )
-            c.add_argument(
-                "--not-running",
-                action="store_true",
-                help="the named query (--txn-id, or the one --checkpoint holds) is stopped: "
-                "also roll back the prepares of batches no decision log records, "
-                "e.g. of a query that never decided a batch (never for a batch with "
-                "a committing or committed xid)",
-            )
+            add_gc(c)
     add_check(sub)
     return ap
+
+
+def add_gc(c: argparse.ArgumentParser) -> None:
+    """``gc``'s own options: the prepares' age, the bookkeeping records' retention, ``--not-running``."""
+    c.add_argument(
+        "--older-than",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="only prepares older than this; must exceed the longest batch (needed with --txn-id/--checkpoint)",
+    )
+    c.add_argument(
+        "--retention",
+        default="3d",
+        metavar="DURATION",
+        help="drop the bookkeeping records (dedup layouts, run fences, helper key rows, "
+        "job rows) older than this whose batch is committed, of every query, without "
+        "a checkpoint (e.g. 3d, 12h, 600s; default 3d)",
+    )
+    c.add_argument(
+        "--not-running",
+        action="store_true",
+        help="the named query (--txn-id, or the one --checkpoint holds) is stopped: "
+        "also roll back the prepares of batches no decision log records, "
+        "e.g. of a query that never decided a batch (never for a batch with "
+        "a committing or committed xid)",
+    )
 
 
 def add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -178,4 +191,4 @@ def add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--registry-table", default=None, help="registry table (default clickhouse_tx_registry)")
 
 
-__all__ = ["add_check", "add_connection", "build_parser", "mode_arg", "password", "tls_settings"]
+__all__ = ["add_check", "add_connection", "add_gc", "build_parser", "mode_arg", "password", "tls_settings"]

@@ -176,18 +176,19 @@ class DedupMode(ModeBase):
         self._finish_housekeeping()
         self._housekeeping = self._guard(target).seal(batch, messages)
 
+    def forget_batch(self, target: Target, txn_id: str, batch: int) -> int:
+        """Driver, once a batch job is done (or aborted for good): drop its layout records."""
+        return ClaimRecords.beside(target, self._registry(target)).forget_batch(txn_id, batch)
+
     def _finish_housekeeping(self) -> None:
         """Wait for the drop :meth:`check_layout` started, if any (it logs its own failure)."""
         if self._housekeeping is not None:
             self._housekeeping.result()
             self._housekeeping = None
 
-    def _committed_by(self, target: Target, ctx: WriteContext) -> str | None:
-        """The xid whose marker says (txn, batch, partition) is committed, or None."""
-        for m in self.markers(target).list(ctx.txn_id, ctx.batch):
-            if int(m["partition"]) == ctx.partition:
-                return str(m["xid"])
-        return None
+    def _committed_by(self, target: Target, ctx: WriteContext) -> dict[int, str]:
+        """The xid whose marker commits each partition of (txn, batch) that has one."""
+        return {int(m["partition"]): str(m["xid"]) for m in self.markers(target).list(ctx.txn_id, ctx.batch)}
 
     def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor, once per partition attempt: INSERT chunk by chunk (visible at once).
@@ -202,7 +203,9 @@ class DedupMode(ModeBase):
         chunk (:meth:`_insert_chunks`).
         Memory: about one chunk.
         """
-        done = self._committed_by(target, ctx)
+        marked = self._committed_by(target, ctx)
+        if (done := marked.get(ctx.partition)) is None and marked:  # records may be gone: dedup_lifetime
+            self._guard(target).check_records_left(ctx, marked, xid)
         if done is not None:
             # A replay or zombie of a partition some attempt already committed: its
             # rows are in, and re-sending them would rely on the window still

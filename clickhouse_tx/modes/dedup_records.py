@@ -162,6 +162,21 @@ class ClaimRecords:
         )
         return _by_partition(body)
 
+    def sealed(self, txn_id: str, batch: int) -> bool:
+        """Whether the batch holds a seal (one point read)."""
+        return self.registry.record(self.key(txn_id, batch, None)) is not None
+
+    def forget_batch(self, txn_id: str, batch: int) -> int:
+        """Driver, once a batch job is done (or aborted for good): drop every record of
+        ``batch``, by the keys its seal names (:func:`keys_of`; a point read), else by a
+        scan of the batch (no seal, or one that cannot name them). The keys dropped."""
+        _, seal, _ = self._heads(txn_id, batch)
+        keys = None if seal is None else keys_of(txn_id, batch, seal)
+        if keys is None:
+            keys = [e.xid for e in self.registry.list_batch(txn_id, batch)]
+        self.forget(keys)
+        return len(keys)
+
     def forget(self, keys: Sequence[str]) -> None:
         """Drop these records (the query's earlier batches: Spark replays none of them)."""
         self.registry.forget(keys)

@@ -28,6 +28,7 @@ from clickhouse_tx.modes.dedup_claims import (
     layout_of,
     run_claim,
 )
+from clickhouse_tx.modes.dedup_lifetime import records_gone_error
 from clickhouse_tx.modes.dedup_records import ClaimRecords
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,16 @@ class ReplayGuard:
         except DedupLayoutError as exc:
             exc.xid = xid  # the task fails with this error as it is, not wrapped
             raise
+
+    def check_records_left(self, ctx: WriteContext, marked: Mapping[int, str], xid: str) -> None:
+        """Executor, before a partition's first chunk, when other partitions of its batch are
+        committed and this one is not: refuse it if the batch's records are gone (no seal),
+        since nothing is left to compare it with (:func:`~clickhouse_tx.modes.dedup_lifetime.records_gone_error`).
+        One point read; a batch mid-commit holds its seal and is checked against it as before."""
+        if not self.records.sealed(ctx.txn_id, ctx.batch):
+            exc = records_gone_error(ctx.txn_id, ctx.batch, ctx.partition, marked)
+            exc.xid = xid
+            raise exc
 
     def _batch_view(self, ctx: WriteContext) -> tuple[dict[int, Part] | None, Mapping[int, Claim]]:
         """The batch's seal and the claims :meth:`_claim`'s barrier must see.
@@ -241,7 +252,9 @@ class ReplayGuard:
             check_messages(txn_id, batch, now, sealed, claims if sealed is None else {})
         else:
             check_messages(txn_id, batch, now, sealed, {})
-        if sealed is None:
+        if sealed is None and any(not part.get("committed") for part in now.values()):
+            # (every partition committed already: a replay of a batch whose records are gone
+            # inserted nothing; a new seal would only be left behind)
             check_messages(txn_id, batch, now, records.seal(txn_id, batch, now), {})
         return None if earlier == [] else _HOUSEKEEPING.submit(self._forget, txn_id, batch, earlier)
 

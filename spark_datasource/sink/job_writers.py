@@ -50,6 +50,7 @@ class _StagedJobWriter(ClickHouseTxBatchWriter):
             self._abort(messages, 0)
         finally:
             self._drop_stage()
+            self._forget_job_records()  # a staged job's id is fresh: never run again
 
     def _drop_stage(self) -> None:
         """Driver: drop what the job staged (idempotent)."""

@@ -267,10 +267,35 @@ class ClickHouseTxBatchWriter(_WriterBase, DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per job."""
         self._commit(messages, 0)
+        self._forget_job_records()  # done (and published): no run of this id comes again
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver, once per failed job."""
-        self._abort(messages, 0)
+        try:
+            self._abort(messages, 0)
+        finally:
+            if not self.opts.resumable_batch_job:  # a fresh id per job: never run again
+                self._forget_job_records()
+
+    def _forget_job_records(self) -> None:
+        """Driver, once per job, at its end: drop its mode ``dedup`` layout records on every
+        server it wrote (:meth:`~clickhouse_tx.modes.dedup.DedupMode.forget_batch`). A
+        resumable job that is done is refused before any task writes, a fresh id is never
+        reused, so nothing reads them again. Best effort: ``gc`` drops what this leaves."""
+        from clickhouse_tx.factory import build_mode_io, build_registry
+        from clickhouse_tx.interfaces import Mode
+        from clickhouse_tx.modes.dedup import DedupMode
+
+        if self.opts.mode is not Mode.DEDUP:
+            return
+        for url in [shard[0] for shard in self.opts.shards] or [self.opts.url]:
+            target = dataclasses.replace(self.opts, url=url, shards=()).target()
+            mode_io = build_mode_io(Mode.DEDUP, registry=build_registry(target))
+            try:
+                assert isinstance(mode_io, DedupMode)
+                mode_io.forget_batch(target, self.txn_id, 0)
+            except Exception as exc:  # housekeeping never fails a job
+                log.info("clickhouse_tx %s: layout records not dropped (gc drops them): %s", self.txn_id, exc)
 
 
 class ClickHouseTxStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
