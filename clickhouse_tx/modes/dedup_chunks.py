@@ -17,8 +17,6 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from clickhouse_tx.errors import ConfigurationError
-
 
 @dataclasses.dataclass(frozen=True)
 class ChunkSizing:
@@ -87,22 +85,20 @@ def chunk_insert_settings(token: str, rows: int) -> dict[str, str]:
 
 
 def canonical_order(table: pa.Table, display: str) -> pa.Table:
-    """``table``'s rows in an order their values alone decide (pure).
+    """``table``'s rows in an order their values alone decide (pure; where mode ``dedup``
+    orders a collected micro-batch, on the driver or in a task, before cutting it).
 
     For rows collected in an order a replay need not repeat (a shuffle's output): the
     same rows in any order come out the same, so they cut into the same chunks with the
     same tokens. Rows are ordered by every column that can be ordered (floats by their
     bits, so ``-0.0`` and ``0.0`` differ as their bytes do); dictionary columns come out
-    decoded, since a dictionary's bytes depend on the rows' order.
-    Rows equal on all of those are equal as bytes, unless the table has columns that
-    cannot be ordered (arrays, maps, tuples): two such rows are refused.
-
-    Raises
-    ------
-    ConfigurationError
-        Two rows agree on every column that can be ordered and the table has others
-        (named, with ``display``, the table's name): their order could differ on a replay.
+    decoded, since a dictionary's bytes depend on the rows' order. Rows equal on all of
+    those and told apart only by columns that cannot be ordered as such (arrays, maps,
+    tuples, unions) are then ordered by the text of those values (:func:`_tie_keys`): a
+    total order, so no batch is refused, and rows still equal are equal values, whose
+    order does not matter. ``display`` (the table's name) is kept for callers' messages.
     """
+    del display  # every batch has an order now; callers still name the table
     for i, column in enumerate(table.columns):
         if pa.types.is_dictionary(column.type):
             table = table.set_column(
@@ -118,20 +114,41 @@ def canonical_order(table: pa.Table, display: str) -> pa.Table:
             unordered.append(name)
         else:
             keys[f"k{i}"] = key
-    tie: int | None = 0 if unordered else None  # with no key to order by, every row ties
+    order = pa.array(range(table.num_rows), pa.int64())
     if keys:
-        by = pa.table(keys)
-        order = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in keys])
-        tie = _first_tie(by.take(order)) if unordered else None
+        order = pc.sort_indices(pa.table(keys), sort_keys=[(k, "ascending") for k in keys])
         table = table.take(order)
-    if tie is not None:
-        raise ConfigurationError(
-            f"mode 'dedup' orders a micro-batch's rows by their values, so that a replay cuts the "
-            f"same chunks; rows {tie} and {tie + 1} of {display} (in that order) agree on every column "
-            f"but {', '.join(unordered)}, which cannot be ordered; add a column that tells them apart "
-            "(an offset, an id), or use mode 'transaction'"
-        )
+    if unordered:
+        by = pa.table(keys).take(order) if keys else None
+        tie = _tie_keys(table, by, unordered)
+        if tie is not None:
+            sort_keys = [(k, "ascending") for k in keys] + [("tie", "ascending")]
+            columns = {**({k: by.column(k) for k in keys} if by is not None else {}), "tie": tie}
+            table = table.take(pc.sort_indices(pa.table(columns), sort_keys=sort_keys))
     return table
+
+
+def _tie_keys(table: pa.Table, by: pa.Table | None, unordered: list[str]) -> pa.Array | None:
+    """Per row of ``table`` (sorted by ``by``), the bytes that order the rows ``by`` ties:
+    the ``repr`` of their ``unordered`` values (null elsewhere); None when no rows tie.
+
+    Only rows in a tie are turned into Python values: in an honest batch a key column
+    tells most rows apart, so this stays small. ``repr`` of Arrow's Python values is
+    one text per value (floats round-trip, ``-0.0`` is not ``0.0``; structs keep their
+    fields' order, maps their entries' order).
+    """
+    n = table.num_rows
+    if by is None:
+        in_tie: pa.Array = pa.array([True] * n)
+    else:
+        same = _adjacent_equal(by)
+        if not pc.any(same).as_py():
+            return None
+        pad = pa.array([False])
+        in_tie = pc.or_(pa.concat_arrays([pad, same]), pa.concat_arrays([same, pad]))
+    rows = table.select(unordered).filter(in_tie).to_pylist()
+    texts = pa.array([repr(tuple(r[c] for c in unordered)).encode() for r in rows], pa.binary())
+    return pc.replace_with_mask(pa.nulls(n, pa.binary()), in_tie, texts)
 
 
 def _order_key(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
@@ -145,16 +162,15 @@ def _order_key(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
     return column
 
 
-def _first_tie(ordered: pa.Table) -> int | None:
-    """The first row equal to the next on every column of ``ordered`` (nulls equal), or None."""
+def _adjacent_equal(ordered: pa.Table) -> pa.Array:
+    """Row ``i`` equal to row ``i + 1`` on every column of ``ordered`` (nulls equal), for each ``i``."""
     n = ordered.num_rows
-    same: pa.ChunkedArray | pa.Array | None = None
+    same: pa.Array = pa.array([True] * (n - 1))
     for column in ordered.columns:
         a, b = column.slice(0, n - 1), column.slice(1)
         equal = pc.or_kleene(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
-        same = equal if same is None else pc.and_(same, equal)
-    where = pc.index(same, True).as_py() if same is not None else -1
-    return None if where < 0 else int(where)
+        same = pc.and_(same, equal.combine_chunks() if isinstance(equal, pa.ChunkedArray) else equal)
+    return same
 
 
 def chunk_messages(pieces: Iterator[pa.RecordBatch], message_rows: int) -> tuple[int, list[pa.Buffer]]:
