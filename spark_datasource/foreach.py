@@ -112,8 +112,9 @@ def clickhouse_tx_batch(
     database, name = parsed.writer.database, parsed.writer.table
 
     def write_micro_batch(df: "DataFrame", batch_id: int) -> None:
-        with BatchTransaction(parsed, batch_id, df.sparkSession, spill=write_from_executors) as tx:
-            tx.insert(f"{database}.{name}", df)
+        table = f"{database}.{name}"
+        with BatchTransaction(parsed, batch_id, df.sparkSession, spill=write_from_executors, tables=[table]) as tx:
+            tx.insert(table, df)
 
     return write_micro_batch
 
@@ -142,8 +143,8 @@ def clickhouse_tx_transaction(
 
     Every table's rows and one key row ``(app_id, batch_id)`` of
     ``<database>.clickhouse_tx_batches`` commit together when the block ends; an error
-    in the block writes nothing; a key recorded already makes ``tx.skipped`` true and
-    ``insert`` a no-op.
+    in the block writes nothing. The key is ``(app_id, batch_id, tables inserted)``: one
+    recorded already makes ``tx.skipped`` true when the block ends, and nothing is written.
 
     Parameters
     ----------

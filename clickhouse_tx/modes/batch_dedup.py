@@ -8,7 +8,7 @@ For targets no ClickHouse transaction can hold (``Replicated*MergeTree``, Cloud'
    their values alone decide (:func:`~clickhouse_tx.modes.dedup_chunks.canonical_order`),
    cut into chunks as mode ``dedup`` cuts a partition
    (:class:`~clickhouse_tx.modes.dedup_chunks.ChunkSizing`), each chunk one INSERT, one
-   block, named ``insert_deduplication_token = <key session>:<table>:<SHA-256 of the
+   block, named ``insert_deduplication_token = <batch prefix>:<table>:<SHA-256 of the
    chunk>:<k>``; then the table's dead letters, named by their content.
 2. The key row (:meth:`~clickhouse_tx.modes.batch_keys.BatchRecords.insert_sql`).
 
@@ -37,7 +37,7 @@ from clickhouse_tx.conversion.checksum import CountingBatches, combine, finish
 from clickhouse_tx.conversion.dead_letters import write_dead_letters
 from clickhouse_tx.interfaces import Hook, Target, WriteContext
 from clickhouse_tx.modes.base import peek_schema
-from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, TableRows, attempt_id, key_session
+from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, TableRows, attempt_id, batch_prefix
 from clickhouse_tx.modes.dedup_chunks import (
     ChunkSizing,
     canonical_order,
@@ -82,12 +82,10 @@ def write_batch_dedup(
 
     Raises
     ------
-    ConfigurationError
-        Rows that no order of their values tells apart (:func:`canonical_order`): nothing
-        of that table is sent.
     ClickHouseTxError
         An INSERT failed; the chunks sent before it stay, and a replay completes them.
     """
+    key = key.scoped(p.display for p in parts)
     seen: collections.Counter[tuple[str, str]] = collections.Counter()
     rows, total = 0, 0
     with ClickHouseHTTP(target) as c:
@@ -123,7 +121,7 @@ def _insert_part(
         while cutter.has_more():
             n, messages = chunk_messages(cutter.chunk(), sizing.message_rows)
             digest = chunk_digest(messages)
-            token = f"{key_session(key)}:{part.display}:{digest}:{seen[(part.display, digest)]}"
+            token = f"{batch_prefix(key)}:{part.display}:{digest}:{seen[(part.display, digest)]}"
             c.insert_arrow_messages(
                 table_sql,
                 ordered.schema,
@@ -147,8 +145,8 @@ def _dead_letters(c: ClickHouseHTTP, key: BatchKey, index: int, part: TableRows)
         return 0
     digest = hashlib.sha256("\n".join(sorted(d["row_json"] for d in letters)).encode()).hexdigest()[:32]
     ctx = WriteContext(txn_id=key.app_id, batch=key.batch_id, partition=index, attempt=0)
-    token = f"{key_session(key)}:{part.display}:dead_letters:{digest}"
-    return write_dead_letters(c, part.batches, table=part.display, ctx=ctx, xid=key_session(key), token=token)
+    token = f"{batch_prefix(key)}:{part.display}:dead_letters:{digest}"
+    return write_dead_letters(c, part.batches, table=part.display, ctx=ctx, xid=batch_prefix(key), token=token)
 
 
 __all__ = ["HELPER_SIZING", "write_batch_dedup"]

@@ -1,23 +1,31 @@
-"""A micro-batch written once, keyed by ``(app_id, batch_id)``: its rows and its key row in one transaction.
+"""A micro-batch written once, keyed by ``(app_id, batch_id, tables)``: its rows and its key row in one transaction.
 
 What the exactly-once ``foreachBatch`` helper (:mod:`spark_datasource.sink.foreach_batch`, on
-the driver, once per micro-batch) stands on. Delta Lake's ``txnAppId``/``txnVersion``
-idea, with the key written in the same ClickHouse transaction as the rows:
+the driver, once per micro-batch and call) stands on. Delta Lake's ``txnAppId``/``txnVersion``
+idea, with the key written in the same ClickHouse transaction as the rows. The key names
+the tables the call writes (:class:`~clickhouse_tx.modes.batch_key_check.BatchKey`, which
+says why): two calls of one micro-batch into other tables are two keys, each written once.
 
 1. :meth:`BatchRecords.recorded` reads the key table :data:`BATCHES_TABLE` of the
-   target database, read-committed (``implicit_transaction = 1``): a key already
-   recorded means the batch is visible, and it is skipped; a row of the same
-   ``app_id`` written by another streaming query (another checkpoint, whose batch ids
-   restarted at 0) is refused (:func:`check_recorded`, pure).
+   target database, read-committed (``implicit_transaction = 1``): a row of the batch
+   naming exactly the call's tables means the call is visible, and it is skipped; a row
+   of the same ``app_id`` written by another streaming query (another checkpoint, whose
+   batch ids restarted at 0), or one naming some of the call's tables among others, is
+   refused (:func:`~clickhouse_tx.modes.batch_key_check.check_recorded`, pure).
    Before it, :func:`settle_key` ends what an earlier attempt left in the key's HTTP
    session (:func:`key_session`, named by the key): a driver killed inside its
    transaction left it open, its rows seen by plain reads until the session expired
    (an hour by default), and ``DROP ... SYNC`` of its tables waiting; its ROLLBACK now
    comes from the replay, and a COMMIT still running is waited out.
-2. :func:`write_batch`: ``BEGIN TRANSACTION`` in the key's session, one streamed
-   ``INSERT ... FORMAT ArrowStream`` per table (and the dead letters the conversion set
-   aside), one key row naming this attempt (:func:`attempt_id`), ``COMMIT``. Any error
-   before the COMMIT rolls the transaction back: nothing of the batch is visible.
+2. :func:`write_batch`: ``BEGIN TRANSACTION`` in the key's session, its ``transactionID()``
+   read, one streamed ``INSERT ... FORMAT ArrowStream`` per table (and the dead letters the
+   conversion set aside), each after checking the session still runs that transaction,
+   one key row naming this attempt (:func:`attempt_id`), ``COMMIT``. Any error before the
+   COMMIT rolls the transaction back: nothing of the batch is visible. The key row is
+   fenced by the transaction, not the session: it is ``INSERT ... SELECT ... WHERE
+   toString(transactionID()) = <BEGIN's>``, so after another attempt's ROLLBACK in the
+   shared session it inserts nothing, where a plain INSERT would commit a key row on its
+   own, without its rows, and the restart would skip the batch.
 3. A COMMIT that fails in any way (its reply lost included) is settled, never sent
    again (:func:`settle_commit`): the session's transaction is ended, then this
    attempt's key row says whether the COMMIT took effect. If it cannot be read,
@@ -27,7 +35,7 @@ Two writers of the same key at the same moment are not serialised (ClickHouse
 transactions do not conflict on inserts): a streaming query runs one micro-batch at a
 time, and Spark refuses to run two queries on one checkpoint. Were two to run anyway,
 the second's :func:`settle_key` rolls back the first's open transaction, which then
-fails: never both written. Needs non-replicated
+fails (its key row, fenced, is not written): never both written. Needs non-replicated
 ``*MergeTree`` tables and a server with transactions on, like mode ``transaction``.
 """
 
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import uuid
 from typing import Any, Iterable, Mapping, Sequence
@@ -45,10 +54,11 @@ from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.http import ClickHouseHTTP, reuse_or_open
 from clickhouse_tx.conversion.checksum import CountingBatches, combine, finish
 from clickhouse_tx.conversion.dead_letters import write_dead_letters
-from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, NotCommittedError, OutcomeUnknownError
+from clickhouse_tx.errors import ClickHouseTxError, NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.ids import sanitize_txn
 from clickhouse_tx.interfaces import Hook, Target, WriteContext
 from clickhouse_tx.modes.base import peek_schema
+from clickhouse_tx.modes.batch_key_check import BatchKey, check_recorded
 from clickhouse_tx.modes.session_keepalive import NO_TRANSACTION_ID
 from clickhouse_tx.modes.stage_tables import settle_session
 from clickhouse_tx.store.markers import CommittedReader
@@ -73,33 +83,6 @@ _SELECT = ", ".join(q.quote_identifier(n) for n, _ in _COLUMNS)
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchKey:
-    """Which micro-batch of which stream: the key, and the query it comes from.
-
-    Attributes
-    ----------
-    app_id
-        The user's name of the stream (one per streaming query, for its whole life).
-    batch_id
-        Spark's micro-batch id.
-    query_id
-        The streaming query's id (Spark's ``<checkpoint>/metadata``): the same across
-        restarts on one checkpoint, another on a new checkpoint.
-    checkpoint
-        The query's checkpoint location when the user gave it ('' otherwise), recorded
-        for the operator.
-    """
-
-    app_id: str
-    batch_id: int
-    query_id: str
-    checkpoint: str = ""
-
-    def __str__(self) -> str:
-        return f"(app_id={self.app_id!r}, batch_id={self.batch_id})"
-
-
-@dataclasses.dataclass(frozen=True)
 class TableRows:
     """Rows of one micro-batch for one table: ``batches`` is read once, while it is sent."""
 
@@ -110,41 +93,6 @@ class TableRows:
     @property
     def display(self) -> str:
         return f"{self.database}.{self.table}"
-
-
-def check_recorded(rows: Sequence[Mapping[str, Any]], key: BatchKey) -> Mapping[str, Any] | None:
-    """The key's row when ``key`` is written already (skip it), None to write it (pure).
-
-    Parameters
-    ----------
-    rows
-        The key table's rows of ``key.app_id`` with ``key.batch_id`` or another query id.
-    key
-        The micro-batch about to be written.
-
-    Raises
-    ------
-    ConfigurationError
-        A row of ``key.app_id`` comes from another streaming query: a new checkpoint
-        restarts batch ids at 0, so its batches would be skipped as already written.
-    """
-    other = next((r for r in rows if str(r["query_id"]) != key.query_id), None)
-    if other is not None:
-        raise ConfigurationError(_another_query(other, key))
-    return next((r for r in rows if int(r["batch_id"]) == key.batch_id), None)
-
-
-def _another_query(row: Mapping[str, Any], key: BatchKey) -> str:
-    def query(query_id: object, checkpoint: object) -> str:
-        return f"query {query_id}" + (f" (checkpoint {checkpoint})" if checkpoint else "")
-
-    return (
-        f"option app_id={key.app_id!r} is already used by another streaming query: "
-        f"{query(row['query_id'], row['checkpoint'])} recorded batch {row['batch_id']} at {row['committed_at']}, "
-        f"and batch {key.batch_id} comes from {query(key.query_id, key.checkpoint)}. A new checkpoint "
-        "restarts batch ids at 0, so its batches would be skipped as already written. Give this query a new "
-        "app_id, or restart it on the checkpoint of the query that wrote those batches; nothing was written"
-    )
 
 
 class BatchRecords:
@@ -165,7 +113,7 @@ class BatchRecords:
             c.command(q.record_table_ddl(self.table, _COLUMNS, ("app_id", "batch_id")), idempotent=True)
 
     def _read(self, where: str, params: Mapping[str, object]) -> list[dict[str, Any]]:
-        sql = f"SELECT {_SELECT} FROM {self.table} WHERE {where} ORDER BY committed_at LIMIT 10"
+        sql = f"SELECT {_SELECT} FROM {self.table} WHERE {where} ORDER BY committed_at LIMIT 100"
         with reuse_or_open(self.target, self.client) as c:
             return CommittedReader(c).query_json(sql, params)
 
@@ -185,8 +133,16 @@ class BatchRecords:
         )
         return rows[0] if rows else None
 
-    def insert_sql(self, key: BatchKey, attempt: str, tables: Sequence[str], rows: int, checksum: int) -> str:
-        """The key row's ``INSERT`` (run inside the batch's transaction)."""
+    def insert_sql(
+        self, key: BatchKey, attempt: str, tables: Sequence[str], rows: int, checksum: int, fence: str | None = None
+    ) -> str:
+        """The key row's ``INSERT``.
+
+        ``fence``: the ``transactionID()`` text of the batch's transaction (mode
+        ``transaction``). The row is then inserted only while the session still runs that
+        transaction: after another attempt's ROLLBACK in the shared session the INSERT
+        would otherwise run on its own and commit a key row without its rows.
+        """
         values = (
             q.quote_string(key.app_id),
             str(int(key.batch_id)),
@@ -198,12 +154,24 @@ class BatchRecords:
             str(int(checksum)),
             "now64(3)",
         )
-        return f"INSERT INTO {self.table} ({_SELECT}) VALUES ({', '.join(values)})"
+        if fence is None:
+            return f"INSERT INTO {self.table} ({_SELECT}) VALUES ({', '.join(values)})"
+        where = f"toString(transactionID()) = {q.quote_string(fence)}"
+        return f"INSERT INTO {self.table} ({_SELECT}) SELECT {', '.join(values)} WHERE {where}"
+
+
+def batch_prefix(key: BatchKey) -> str:
+    """``clickhouse_tx_fb_<app_id>_<batch_id>`` (safe characters): what names the batch's dedup tokens."""
+    return f"clickhouse_tx_fb_{sanitize_txn(key.app_id)}_{key.batch_id}"
 
 
 def key_session(key: BatchKey) -> str:
-    """The HTTP session of ``key``'s transaction: every attempt at the key writes in it."""
-    return f"clickhouse_tx_fb_{sanitize_txn(key.app_id)}_{key.batch_id}"
+    """The HTTP session of ``key``'s transaction: every attempt at the key (its tables
+    included, by a digest of their names) writes in it."""
+    if not key.tables:
+        return batch_prefix(key)
+    digest = hashlib.sha256("\n".join(key.tables).encode()).hexdigest()[:8]
+    return f"{batch_prefix(key)}_{digest}"
 
 
 def attempt_id(key: BatchKey) -> str:
@@ -246,14 +214,16 @@ def write_batch(target: Target, key: BatchKey, parts: Sequence[TableRows], befor
     OutcomeUnknownError
         The COMMIT failed and the key row could not be read.
     """
+    key = key.scoped(p.display for p in parts)
     records = BatchRecords(target)
     attempt = attempt_id(key)
     with ClickHouseHTTP(target, session_id=key_session(key), session_timeout=target.session_timeout_s) as c:
         c.command("BEGIN TRANSACTION")
         try:
-            rows, checksum = _insert_parts(c, key, attempt, parts)
+            tid = _require_open_transaction(c, key)
+            rows, checksum = _insert_parts(c, key, attempt, parts, tid)
             tables = list(dict.fromkeys(p.display for p in parts))
-            c.command(records.insert_sql(key, attempt, tables, rows, checksum), session_check=True)
+            c.command(records.insert_sql(key, attempt, tables, rows, checksum, fence=tid), session_check=True)
             if before_commit is not None:
                 before_commit()
         except BaseException:
@@ -267,14 +237,16 @@ def write_batch(target: Target, key: BatchKey, parts: Sequence[TableRows], befor
     return rows
 
 
-def _insert_parts(c: ClickHouseHTTP, key: BatchKey, attempt: str, parts: Sequence[TableRows]) -> tuple[int, int]:
-    """Every part's INSERT (and dead letters) in ``c``'s open transaction: (rows, checksum)."""
+def _insert_parts(
+    c: ClickHouseHTTP, key: BatchKey, attempt: str, parts: Sequence[TableRows], tid: str
+) -> tuple[int, int]:
+    """Every part's INSERT (and dead letters) in ``c``'s transaction ``tid``: (rows, checksum)."""
     rows, total = 0, 0
     for i, part in enumerate(parts):
         schema, batches = peek_schema(iter(part.batches))
         counted = CountingBatches(batches)
         if schema is not None:
-            _require_open_transaction(c, key)
+            _require_open_transaction(c, key, tid)
             # A token unique to this attempt and part: block dedup is not transactional, and a
             # rolled-back attempt's block hashes would drop the replay's identical blocks.
             token = f"{attempt}:{i}"
@@ -289,15 +261,19 @@ def _insert_parts(c: ClickHouseHTTP, key: BatchKey, attempt: str, parts: Sequenc
     return rows, finish(total)
 
 
-def _require_open_transaction(c: ClickHouseHTTP, key: BatchKey) -> None:
-    """The session still holds its transaction (and its idle timer restarts).
+def _require_open_transaction(c: ClickHouseHTTP, key: BatchKey, tid: str | None = None) -> str:
+    """The session still holds its transaction, ``tid`` when given (and its idle timer restarts);
+    the transaction's id.
 
-    An INSERT in a session that expired would open a new session and commit on its own:
-    checked right before each one, with ``session_check`` so a gone session fails.
+    An INSERT in a session that expired would open a new session and commit on its own,
+    and one after another attempt's ROLLBACK (and maybe BEGIN) in the shared session would
+    commit on its own or in that attempt's transaction: checked right before each one,
+    with ``session_check`` so a gone session fails.
     """
-    tid = c.command("SELECT transactionID()", session_check=True).strip()
-    if tid == NO_TRANSACTION_ID:
+    now = c.command("SELECT transactionID()", session_check=True).strip()
+    if now == NO_TRANSACTION_ID or (tid is not None and now != tid):
         raise NotCommittedError(f"{key}: the batch's transaction is gone before its INSERT", xid=c.session_id)
+    return now
 
 
 def settle_commit(
@@ -339,6 +315,7 @@ __all__: Sequence[str] = [
     "BatchRecords",
     "TableRows",
     "attempt_id",
+    "batch_prefix",
     "check_recorded",
     "key_session",
     "settle_commit",

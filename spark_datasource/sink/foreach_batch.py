@@ -13,6 +13,12 @@ row in one ClickHouse transaction (:mod:`clickhouse_tx.modes.batch_keys`), or in
 (:mod:`clickhouse_tx.modes.batch_dedup`). A key already recorded is skipped with one INFO
 line of the logger ``clickhouse_tx.spark.foreach_batch``.
 
+A key names the tables the call writes (``(app_id, batch_id, tables)``,
+:mod:`clickhouse_tx.modes.batch_key_check`): two helper functions of one ``app_id`` called
+in one micro-batch into two tables write both, each exactly once, under two keys; a call
+whose tables overlap another key of the batch, or a second call under the same key in one
+run, is refused naming ``app_id`` and ``clickhouse_tx_transaction``, never skipped.
+
 The key is tied to the streaming query: the row records the query's id, which Spark keeps
 in the checkpoint (the same across restarts on it, another on a new checkpoint). It is read
 from the local property Spark sets while it runs a micro-batch (``sql.streaming.queryId``),
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.client.sql import split_table
@@ -53,6 +59,15 @@ __all__ = ["BatchTransaction", "Spill"]
 log = logging.getLogger("clickhouse_tx.spark.foreach_batch")
 
 
+def _called_twice(key: BatchKey) -> str:
+    return (
+        f"option app_id={key.app_id!r}: batch {key.batch_id} was written into {list(key.tables)} by an earlier "
+        "call of this micro-batch already: one table set is one key of a micro-batch, so this call would be "
+        "skipped as a replay. Write a table once per micro-batch (clickhouse_tx_transaction for several tables "
+        "in one transaction), or give each call its own app_id; nothing of this call was written"
+    )
+
+
 def _check_batch_id(batch_id: object) -> int:
     if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
         raise ConfigurationError(f"batch_id={batch_id!r}: expected Spark's micro-batch id (an int >= 0)")
@@ -68,53 +83,72 @@ class BatchTransaction:
     """One micro-batch written in one ClickHouse transaction with its key row, or in mode
     ``dedup`` chunk by chunk, then its key row (driver).
 
-    Built by :func:`clickhouse_tx_transaction` (or the single-table helper). ``with``
-    checks the key (:attr:`skipped` when it is recorded already); :meth:`insert`
+    Built by :func:`clickhouse_tx_transaction` (or the single-table helper, which names its
+    table up front). The key is checked once its tables are known: at ``with`` when given,
+    else when the block ends (:attr:`skipped` when it is recorded already); :meth:`insert`
     queues a DataFrame for a table; leaving the block without error writes them all and
     the key row at once. An error inside the block writes nothing.
     """
 
     def __init__(
-        self, options: ForeachOptions, batch_id: int, spark: "SparkSession | None" = None, spill: Spill | None = None
+        self,
+        options: ForeachOptions,
+        batch_id: int,
+        spark: "SparkSession | None" = None,
+        spill: Spill | None = None,
+        tables: Sequence[str] | None = None,
     ) -> None:
         self.options = options
         self.spill = spill
         self.batch_id = _check_batch_id(batch_id)
         self.spark = spark
+        #: The tables written, when known before the block (the single-table helper's).
+        self.tables = None if tables is None else tuple(tables)
         self.key: BatchKey | None = None
-        #: The batch is recorded already: nothing is written, :meth:`insert` does nothing.
+        #: The key is recorded already: nothing is written. Known at ``with`` when the
+        #: tables are given, else when the block ends (the context's tables are its inserts').
         self.skipped = False
         #: Rows written when the block ended (0 when skipped).
         self.rows = 0
         self._pending: list[tuple[str, str, "DataFrame"]] = []
         self._run: RunMemory | None = None
+        self._checked = False
 
     def __enter__(self) -> "BatchTransaction":
         query_id, checkpoint = query_identity(self.spark, self.options.checkpoint_location)
         self.key = BatchKey(self.options.app_id, self.batch_id, query_id, checkpoint)
+        if self.tables is not None:
+            self._check(self.key.scoped(self.tables))
+        return self
+
+    def _check(self, key: BatchKey) -> None:
+        """Settle and read ``key`` (its tables named now), unless the run's memory says no
+        earlier attempt at it exists; :attr:`skipped` when it is recorded already."""
+        self.key, self._checked = key, True
         target = self.options.writer.target()
-        self._run = run_memory(self.spark, query_id, self.options.app_id, target.url, target.database)
+        self._run = run_memory(self.spark, key.query_id, key.app_id, target.url, target.database, key.tables)
+        if self._run is not None and self._run.last_batch == self.batch_id:
+            raise ConfigurationError(_called_twice(key))
         if self._run is not None and self._run.follows(self.batch_id):
-            return self  # a later batch of the run: no earlier attempt at its key exists
+            return  # a later batch of the run: no earlier attempt at its key exists
         with ClickHouseHTTP(target) as client:  # the key table's DDL and its read share one connection
             records = BatchRecords(target, client)
             if self._run is None or not self._run.key_table_ready:
                 records.ensure_table()
             if self.options.writer.mode is Mode.TRANSACTION:
-                settle_key(target, self.key)  # an attempt killed inside its transaction left it open
-            found = records.recorded(self.key)
+                settle_key(target, key)  # an attempt killed inside its transaction left it open
+            found = records.recorded(key)
         if self._run is not None:
             self._run.key_table_ready = True
         if found is not None:
             self.skipped = True
             log.info(
                 "clickhouse_tx: %s is written already (%s rows into %s at %s): skipped, nothing written",
-                self.key,
+                key,
                 found["rows"],
                 ", ".join(found["tables"]) or "no table",
                 found["committed_at"],
             )
-        return self
 
     def insert(self, table: str, df: "DataFrame") -> None:
         """Queue ``df``'s rows for ``table`` (``db.table``, or a table of the option ``database``).
@@ -124,6 +158,8 @@ class BatchTransaction:
         if self.key is None:
             raise RuntimeError("BatchTransaction.insert runs inside its `with` block")
         database, name = split_table(table, self.options.writer.database)
+        if self.tables is not None and f"{database}.{name}" not in self.tables:
+            raise ConfigurationError(f"{self.key}: {database}.{name} is not among the tables {list(self.tables)}")
         if not self.skipped:
             self._pending.append((database, name, df))
 
@@ -132,8 +168,11 @@ class BatchTransaction:
     ) -> None:
         ok = False
         try:
-            if exc_type is None and not self.skipped and self.key is not None:
-                self.rows = self._write(self.key)
+            if exc_type is None and self.key is not None:
+                if not self._checked:
+                    self._check(self.key.scoped(f"{db}.{t}" for db, t, _ in self._pending))
+                if not self.skipped:
+                    self.rows = self._write(self.key)
             ok = exc_type is None
         finally:
             if self._run is not None and ok:

@@ -12,7 +12,10 @@ skipped) batch ``n`` in this process, its batch ``n + 1`` has no earlier attempt
 settle and no key row to find: :meth:`RunMemory.follows` lets the helper skip those
 reads, and the table checks of the run's first batch hold for the run, as the sink's
 checks at a query's start hold for its run. A restart is a new run (Spark's
-``runId``), checked in full again.
+``runId``), checked in full again. The memory is one per key of a batch (``app_id`` and
+the tables a call writes), so two calls of one batch into other tables each have their
+own; a second call of one batch under the same key (the run's last batch again) is no
+replay, and the helper refuses it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import collections
 import dataclasses
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.errors import ConfigurationError
@@ -63,13 +66,16 @@ _RUNS: collections.OrderedDict[tuple[str, ...], RunMemory] = collections.Ordered
 _LOCK = threading.Lock()
 
 
-def run_memory(spark: "SparkSession | None", query_id: str, app_id: str, url: str, database: str) -> RunMemory | None:
-    """The memory of the running query's run for ``app_id`` into ``url``/``database``; None
-    when no run is known (called outside a running query, or on Spark Connect)."""
+def run_memory(
+    spark: "SparkSession | None", query_id: str, app_id: str, url: str, database: str, tables: Sequence[str] = ()
+) -> RunMemory | None:
+    """The memory of the running query's run for ``app_id`` and ``tables`` (one key of each
+    batch) into ``url``/``database``; None when no run is known (called outside a running
+    query, or on Spark Connect)."""
     run_id = running_run_id(spark, query_id)
     if run_id is None:
         return None
-    key = (run_id, app_id, url, database)
+    key = (run_id, app_id, url, database, *tables)
     with _LOCK:
         memory = _RUNS.pop(key, None) or RunMemory()
         _RUNS[key] = memory

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from clickhouse_tx.client.http import ClickHouseHTTP
-from clickhouse_tx.errors import OutcomeUnknownError
+from clickhouse_tx.errors import NotCommittedError, OutcomeUnknownError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, TableRows, key_session, settle_key, write_batch
 from clickhouse_tx.modes.stage_tables import settle_session
@@ -57,7 +58,7 @@ def test_a_commit_whose_reply_is_lost_is_settled_by_its_key_row_and_the_rows_are
     proxy: FaultProxy, clickhouse_url: str, database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     parts = _ready(clickhouse_url, database)
-    key = BatchKey("lost-reply", 4, "query-1")
+    key = BatchKey("lost-reply", 4, "query-1", tables=(f"{database}.t",))
     via = _target(f"http://127.0.0.1:{proxy.port}", database)
     with caplog.at_level(logging.INFO, logger="clickhouse_tx.spark.foreach_batch"):
         rows = write_batch(via, key, parts, before_commit=lambda: proxy.inject("drop_reply", 1.0))
@@ -71,7 +72,7 @@ def test_a_commit_whose_outcome_cannot_be_read_raises_outcome_unknown_naming_the
     proxy: FaultProxy, clickhouse_url: str, database: str
 ) -> None:
     parts = _ready(clickhouse_url, database)
-    key = BatchKey("unreachable", 7, "query-1")
+    key = BatchKey("unreachable", 7, "query-1", tables=(f"{database}.t",))
     with pytest.raises(OutcomeUnknownError) as info:
         write_batch(_target(f"http://127.0.0.1:{proxy.port}", database), key, parts, before_commit=proxy.stop)
     assert "(app_id='unreachable', batch_id=7): COMMIT failed" in str(info.value)
@@ -93,7 +94,7 @@ def test_a_transaction_a_killed_attempt_left_open_is_rolled_back_before_the_key_
     # transaction, seen by plain reads, until its session expires. The next attempt at the
     # key writes in the same session, and settles it first.
     parts = _ready(clickhouse_url, database)
-    key = BatchKey("killed-inside", 2, "query-1")
+    key = BatchKey("killed-inside", 2, "query-1", tables=(f"{database}.t",))
     target = _target(clickhouse_url, database)
     dead = ClickHouseHTTP(target, session_id=key_session(key), session_timeout=60)
     dead.command("BEGIN TRANSACTION")
@@ -108,3 +109,33 @@ def test_a_transaction_a_killed_attempt_left_open_is_rolled_back_before_the_key_
     assert write_batch(target, key, parts) == ROWS
     assert _counts(clickhouse_url, database) == [ROWS, 1]
     assert int(run_sql(clickhouse_url, plain).strip()) == ROWS
+
+
+def test_a_rollback_raced_into_the_keys_session_before_the_key_row_leaves_no_key_row_without_its_rows(
+    clickhouse_url: str, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another attempt at the key (a zombie driver, a settle) sends ROLLBACK in the shared
+    # session between this attempt's rows and its key row. Unfenced, the key row's INSERT
+    # then ran outside any transaction and committed alone: a restart skipped the batch.
+    parts = _ready(clickhouse_url, database)
+    key = BatchKey("raced", 5, "query-1", tables=(f"{database}.t",))
+    target = _target(clickhouse_url, database)
+    real = BatchRecords.insert_sql
+
+    def raced(self: BatchRecords, *args: Any, **kwargs: Any) -> str:
+        with ClickHouseHTTP(target, session_id=key_session(key)) as other:
+            other.command("ROLLBACK")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchRecords, "insert_sql", raced)
+    outcome: BaseException | None = None
+    try:
+        write_batch(target, key, parts)
+    except NotCommittedError as exc:
+        outcome = exc
+    assert _counts(clickhouse_url, database) == [0, 0]  # no key row without its rows
+    assert isinstance(outcome, NotCommittedError), "the batch was reported written"
+    monkeypatch.undo()
+    assert BatchRecords(target).recorded(key) is None  # the restart writes the batch
+    assert write_batch(target, key, parts) == ROWS
+    assert _counts(clickhouse_url, database) == [ROWS, 1]

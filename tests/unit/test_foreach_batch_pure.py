@@ -15,7 +15,7 @@ import pytest
 
 from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Mode
-from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, attempt_id, check_recorded, key_session
+from clickhouse_tx.modes.batch_keys import BatchKey, BatchRecords, attempt_id, batch_prefix, check_recorded, key_session
 from spark_datasource.foreach import clickhouse_tx_batch, clickhouse_tx_transaction
 from spark_datasource.options.foreach import ForeachOptions
 from spark_datasource.options.writer import WriterOptions
@@ -23,17 +23,20 @@ from spark_datasource.sink.foreach_batch import BatchTransaction
 from spark_datasource.sink.foreach_query import query_identity
 
 URL = "http://127.0.0.1:8123"
-KEY = BatchKey("events", 3, "query-1", "/chk/events")
+BASE = BatchKey("events", 3, "query-1", "/chk/events")
+KEY = BASE.scoped(["db.events"])
 
 
-def _row(batch_id: int, query_id: str = "query-1", checkpoint: str = "/chk/events") -> dict[str, object]:
+def _row(
+    batch_id: int, query_id: str = "query-1", checkpoint: str = "/chk/events", tables: tuple[str, ...] = ("db.events",)
+) -> dict[str, object]:
     return {
         "app_id": "events",
         "batch_id": batch_id,
         "query_id": query_id,
         "checkpoint": checkpoint,
         "rows": 10,
-        "tables": ["db.events"],
+        "tables": list(tables),
         "committed_at": "2026-01-02 03:04:05.000",
     }
 
@@ -106,6 +109,24 @@ def test_a_recorded_key_is_skipped_and_an_unrecorded_one_is_written() -> None:
     assert check_recorded([], KEY) is None
 
 
+def test_a_row_of_the_same_batch_naming_only_other_tables_leaves_this_calls_tables_to_be_written() -> None:
+    assert check_recorded([_row(3, tables=("db.other",))], KEY) is None
+    both = BASE.scoped(["db.b", "db.a", "db.a"])
+    assert both.tables == ("db.a", "db.b")
+    assert check_recorded([_row(3, tables=("db.b", "db.a"))], both) == _row(3, tables=("db.b", "db.a"))
+
+
+@pytest.mark.parametrize(("recorded", "call"), [(("db.a", "db.b"), ("db.a",)), (("db.a",), ("db.a", "db.b"))])
+def test_a_row_of_the_same_batch_sharing_some_of_the_tables_is_refused_naming_app_id_and_the_context(
+    recorded: tuple[str, ...], call: tuple[str, ...]
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        check_recorded([_row(3, tables=recorded)], BASE.scoped(call))
+    text = str(info.value)
+    assert "option app_id='events'" in text and "clickhouse_tx_transaction" in text and "nothing was written" in text
+    assert f"recorded tables {list(recorded)}" in text and f"this call writes tables {list(call)}" in text
+
+
 def test_a_row_of_the_app_id_from_another_query_is_refused_naming_app_id_and_both_queries() -> None:
     with pytest.raises(ConfigurationError) as info:
         check_recorded([_row(41, query_id="query-0", checkpoint="/chk/old")], KEY)
@@ -125,12 +146,29 @@ def test_the_key_row_quotes_what_the_user_named() -> None:
     assert sql.startswith("INSERT INTO `db`.`clickhouse_tx_batches` (")
 
 
+def test_the_key_row_of_a_transaction_is_inserted_only_while_the_session_runs_that_transaction() -> None:
+    records = BatchRecords(WriterOptions.parse({"url": URL, "table": "db.t"}, streaming=False).target())
+    tid = "(7,8,'0f0e0d0c-0000-0000-0000-000000000001')"
+    sql = records.insert_sql(KEY, "attempt", ["db.events"], 1, 2, fence=tid)
+    assert " SELECT 'events', 3, " in sql
+    assert sql.endswith("WHERE toString(transactionID()) = '(7,8,\\'0f0e0d0c-0000-0000-0000-000000000001\\')'")
+
+
 def test_every_attempt_at_a_key_writes_in_the_keys_session_under_an_id_of_its_own() -> None:
     key = BatchKey("events to ch/1", 9, "q")
     first, second = attempt_id(key), attempt_id(key)
     assert first != second and key_session(key) == key_session(BatchKey("events to ch/1", 9, "q"))
     assert re.fullmatch(r"clickhouse_tx_fb_[A-Za-z0-9_]+_9", key_session(key)), key_session(key)
     assert first.startswith(key_session(key) + "_") and re.fullmatch(r"[A-Za-z0-9_]+_[0-9a-f]{12}", first)
+
+
+def test_each_table_set_of_a_batch_has_a_session_of_its_own_and_shares_the_batchs_token_prefix() -> None:
+    a, b = BASE.scoped(["db.a"]), BASE.scoped(["db.b"])
+    assert len({key_session(a), key_session(b), key_session(BASE)}) == 3
+    assert all(key_session(k).startswith(batch_prefix(BASE) + "_") for k in (a, b))
+    assert batch_prefix(a) == batch_prefix(b) == "clickhouse_tx_fb_events_3"
+    with pytest.raises(ValueError):
+        a.scoped(["db.b"])
 
 
 def test_outside_a_query_the_identity_comes_from_the_checkpoint_given(tmp_path: Path) -> None:
