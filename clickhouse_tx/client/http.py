@@ -5,16 +5,14 @@ imports the client from here; what a failed reply means and the codes callers br
 on are :mod:`clickhouse_tx.client.codes`. The wire details (body framing, JSON values,
 the mapping of replies to errors) are the private :mod:`clickhouse_tx.client._transport`.
 
-Why not clickhouse-connect: the protocol needs full control of the HTTP session
-(``session_id`` = xid, ``session_timeout``, ``session_check``), of which failures
-mean "not sent" and which mean "sent, reply lost", and a streaming
-``INSERT ... FORMAT ArrowStream`` whose body is produced lazily from an iterator of
-Arrow record batches (chunked transfer encoding: a partition is never whole in
-memory and no Python runs per row).
+Why not clickhouse-connect: the protocol needs full control of the HTTP session (``session_id``
+= xid, ``session_timeout``, ``session_check``), of which failures mean "not sent" and which mean
+"sent, reply lost", and a streaming ``INSERT ... FORMAT ArrowStream`` whose body is produced lazily
+from an iterator of Arrow record batches (chunked: no partition whole in memory, no Python per row).
 
-A :class:`ClickHouseHTTP` is cheap, holds a ``requests.Session`` (connection pool)
-and is not picklable on purpose: executors build their own from the
-:class:`~clickhouse_tx.interfaces.Target`, which is.
+A :class:`ClickHouseHTTP` is cheap, holds a ``requests.Session`` (connection pool) and is not
+picklable on purpose: executors build their own from the :class:`~clickhouse_tx.interfaces.Target`.
+Every INSERT carries the server contract's settings (:mod:`clickhouse_tx.client.contract`).
 
 Retries
 -------
@@ -197,9 +195,13 @@ class ClickHouseHTTP:
             )
         return resp
 
-    def _post_idempotent(self, *, url_params: dict[str, str], data: bytes, what: str) -> requests.Response:
-        """:meth:`_post` of a request that may be repeated: retried by ``read_retry`` outside a session."""
-        if self.session_id is not None or self.target.read_retry.max_attempts <= 1 or inside_retry():
+    def _post_idempotent(
+        self, *, url_params: dict[str, str], data: bytes, what: str, sessionless: bool = False
+    ) -> requests.Response:
+        """:meth:`_post` of a request that may be repeated: retried by ``read_retry`` outside a session
+        (``sessionless``: the request carries no session even though this client has one)."""
+        in_session = self.session_id is not None and not sessionless
+        if in_session or self.target.read_retry.max_attempts <= 1 or inside_retry():
             return self._post(url_params=url_params, data=data, what=what)
         return retry_call(
             lambda: self._post(url_params=url_params, data=data, what=what),
@@ -247,7 +249,9 @@ class ClickHouseHTTP:
         if traits is None:
             url_params = {"param_names": q.format_param(list(contract.VERSIONED))}
             sql = contract.PROBE_SQL + "\nFORMAT TabSeparated"
-            resp = self._post(url_params=url_params, data=sql.encode(), what="SELECT FROM system.settings")
+            resp = self._post_idempotent(
+                url_params=url_params, data=sql.encode(), what="SELECT FROM system.settings", sessionless=True
+            )
             traits = contract.ServerTraits.from_names(resp.content.decode("utf-8", "replace").split())
             with _TRAITS_LOCK:
                 _TRAITS[self._endpoint] = traits
@@ -384,8 +388,8 @@ class ClickHouseHTTP:
 
 
 def reuse_or_open(target: Target, client: ClickHouseHTTP | None) -> contextlib.AbstractContextManager[ClickHouseHTTP]:
-    """``with reuse_or_open(target, client) as c:``: the caller's ``client``, left open, else
-    a session-less client of ``target`` closed at the end of the block.
+    """``with reuse_or_open(target, client) as c:``: the caller's ``client``, left open, else a session-less
+    client of ``target`` closed at the end of the block.
 
     For a helper that a caller may hand the client of a run of requests (one connection
     pool for a whole driver step) and that opens its own when called alone.

@@ -117,6 +117,7 @@ def test_uncommitted_rows_of_an_open_transaction_are_not_counted(clickhouse_url:
             f"INSERT INTO {quote_ident(db)}.{quote_ident(name)} (topic, partition, offset, seg) "
             "VALUES ('ev', 0, 5, 9), ('ev', 0, 100, 9)",
             session_id=sid,
+            async_insert="0",  # a server refuses a queued INSERT inside a transaction
         )
         assert verify(clickhouse_url, t, expected=EXPECTED, **target_fields()).clean
     finally:
