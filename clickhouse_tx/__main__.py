@@ -137,7 +137,8 @@ def _bookkeeping_line(b: dict[str, Any]) -> str:
     return (
         f"bookkeeping: layouts {sum(v for k, v in lay.items() if k not in ('batches', 'unsealed_batches'))} "
         f"(claims {lay['claims']}, chunk records {lay['chunk_records']}, seals {lay['seals']}, "
-        f"first-run {lay['first_run']}; {lay['batches']} batches, {lay['unsealed_batches']} unsealed), "
+        f"first-run {lay['first_run']}, helper first attempts {lay['foreach_batch']}; "
+        f"{lay['batches']} batches, {lay['unsealed_batches']} unsealed), "
         f"registry {reg['open']} open + {reg['finished']} finished + {reg['run_fences']} run fences, "
         f"helper key rows {b['key_rows']}, job rows {b['job_rows']}"
     )

@@ -10,6 +10,9 @@ table                  records                          dropped by
 (KeeperMap)            records, seals, first-run        job's end (a batch job); ``gc``: a
                        records                          committed batch past the retention
                                                         (:func:`~clickhouse_tx.modes.dedup_lifetime.expired_keys`)
+                       the ``foreachBatch`` helper's    the next batch's key row; ``gc``: past the
+                       first-attempt records (dedup)    retention once the batch has its key row
+                                                        or its ``app_id`` a later one
 ``clickhouse_tx_registry``  xids; Spark abort's run fences  a done batch's commit (xids); ``gc``: the
 (KeeperMap)                                             fences past the retention
 ``clickhouse_tx_batches``  the ``foreachBatch`` helper's   ``gc``: every row past the retention but
@@ -40,8 +43,17 @@ from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.ids import RUN_FENCE_PREFIX
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.modes.batch_keys import BATCHES_TABLE
-from clickhouse_tx.modes.dedup_lifetime import BatchRef, LayoutRow, by_batch, count_kinds, expired_keys, old_batches
-from clickhouse_tx.modes.dedup_records import LAYOUT_TABLE, SEAL_PARTITION
+from clickhouse_tx.modes.dedup_lifetime import (
+    BatchRef,
+    KeyRow,
+    LayoutRow,
+    by_batch,
+    count_kinds,
+    expired_content_keys,
+    expired_keys,
+    old_batches,
+)
+from clickhouse_tx.modes.dedup_records import CONTENT_PARTITION, LAYOUT_TABLE, SEAL_PARTITION
 from clickhouse_tx.modes.job_publish import JOBS_TABLE
 from clickhouse_tx.store.markers import MARKERS_TABLE, CommittedReader
 from clickhouse_tx.store.registry import FINISHED_STATES, KeeperMapRegistry
@@ -68,7 +80,7 @@ class BookkeepingReport:
     """What the retention pass of ``gc`` dropped (keys, or rows of the MergeTree tables)."""
 
     layout_records: int = 0
-    layout_batches: tuple[str, ...] = ()  # "<txn>/<batch>" of each batch whose records went
+    layout_batches: tuple[str, ...] = ()  # "<txn>/<batch>" of each batch whose records went; helper records' keys
     run_fences: int = 0
     key_rows: int = 0
     job_rows: int = 0
@@ -80,20 +92,25 @@ def _tables(c: ClickHouseHTTP, database: str) -> set[str]:
 
 
 def layout_rows(c: ClickHouseHTTP, database: str) -> list[LayoutRow]:
-    """Every layout record of ``database`` (one read of every key; seals with their bodies)."""
+    """Every layout record of ``database`` (one read of every key; seals and the helper's records
+    with their bodies)."""
     if LAYOUT_TABLE not in _tables(c, database):
         return []
+    bodies = f"`partition` IN ({SEAL_PARTITION}, {CONTENT_PARTITION})"
     sql = (
         "SELECT xid, txn_id, batch, `partition`, attempt, updated_ms, "
-        f"if(`partition` = {SEAL_PARTITION}, payload, '') AS payload FROM {q.qualified(database, LAYOUT_TABLE)}"
+        f"if({bodies}, payload, '') AS payload FROM {q.qualified(database, LAYOUT_TABLE)}"
     )
     return [_row(r) for r in c.query_json(sql)]
 
 
 def _row(r: Mapping[str, Any]) -> LayoutRow:
-    seal = None
-    if r["payload"]:
-        seal = {int(p): v for p, v in json.loads(json.loads(str(r["payload"]))["body"]).items()}
+    seal, content = None, None
+    body = json.loads(json.loads(str(r["payload"]))["body"]) if r["payload"] else None
+    if body is not None and int(r["partition"]) == CONTENT_PARTITION:
+        content = body
+    elif body is not None:
+        seal = {int(p): v for p, v in body.items()}
     return LayoutRow(
         str(r["xid"]),
         str(r["txn_id"]),
@@ -102,7 +119,23 @@ def _row(r: Mapping[str, Any]) -> LayoutRow:
         int(r["attempt"]),
         int(r["updated_ms"]),
         seal,
+        content,
     )
+
+
+def content_key_rows(c: ClickHouseHTTP, database: str, rows: Sequence[LayoutRow], cut_ms: int) -> list[KeyRow]:
+    """The key rows that tell whether the helper's old records are written (one read-committed
+    query): those of the records' batches, and each of their ``app_id``'s newest."""
+    old = {(str(r.content["app_id"]), r.batch) for r in rows if r.content is not None and r.updated_ms <= cut_ms}
+    if not old or BATCHES_TABLE not in _tables(c, database):
+        return []
+    fq, apps = q.qualified(database, BATCHES_TABLE), q.quote_strings(sorted({a for a, _ in old}))
+    sql = (
+        f"SELECT app_id, batch_id, tables FROM {fq} WHERE (app_id, batch_id) IN ({_tuples(sorted(old))}) "
+        f"UNION ALL SELECT app_id, max(batch_id), argMax(tables, batch_id) FROM {fq} "
+        f"WHERE app_id IN {apps} GROUP BY app_id"
+    )
+    return [(str(r["app_id"]), int(r["batch_id"]), frozenset(r["tables"])) for r in CommittedReader(c).query_json(sql)]
 
 
 def marked_partitions(c: ClickHouseHTTP, database: str, refs: Collection[BatchRef]) -> dict[BatchRef, set[int]]:
@@ -170,13 +203,16 @@ def gc_bookkeeping(
         old = old_batches(rows, cut_ms)
         expired = expired_keys(rows, marked_partitions(c, target.database, old), cut_ms)
         keys = [k for batch in expired.values() for k in batch]
+        # Before the key rows' own pass below, which may drop the rows these are judged by.
+        contents = expired_content_keys(rows, content_key_rows(c, registry.database, rows, cut_ms), cut_ms)
+        keys += contents
         layouts = KeeperMapRegistry(target, table=LAYOUT_TABLE, database=registry.database)
         for i in range(0, len(keys), DELETE_KEYS):
             layouts.forget(keys[i : i + DELETE_KEYS])
         here = _tables(c, target.database)
         return BookkeepingReport(
             layout_records=len(keys),
-            layout_batches=tuple(f"{t}/{b}" for t, b in expired),
+            layout_batches=tuple(f"{t}/{b}" for t, b in expired) + tuple(contents),
             run_fences=_drop_fences(c, registry, cut_ms),
             key_rows=_drop_key_rows(c, target.database, cut_ms) if BATCHES_TABLE in here else 0,
             job_rows=_drop_job_rows(c, target.database, cut_ms) if JOBS_TABLE in here else 0,

@@ -12,6 +12,12 @@ batch is not committed. Each is dropped by the commit that makes it useless:
 - whatever a stopped stream's last batch or a killed job leaves: by ``gc`` once it is
   older than the retention and its batch is committed (:func:`expired_keys`, pure).
 
+The ``foreachBatch`` helper's first-attempt records (mode ``dedup``,
+:mod:`clickhouse_tx.modes.batch_contents`) live in the same table as one more kind: the
+key row of batch ``b`` drops the record of ``b - 1``, and ``gc`` drops one older than
+the retention once its batch has its key row or its ``app_id`` a later one
+(:func:`expired_content_keys`); they are no sink batch's records (:func:`by_batch`).
+
 A replay that comes after its batch's records are gone never inserts twice: every
 partition of a committed batch has a marker, so a replay's partition with a marker
 inserts nothing, and one without a marker in a batch that has some while its seal is
@@ -25,16 +31,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Collection, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from clickhouse_tx.errors import DedupLayoutError
 from clickhouse_tx.modes.dedup_claims import Part, way_out
-from clickhouse_tx.modes.dedup_records import FIRST_RUN_PARTITION, SEAL_PARTITION
+from clickhouse_tx.modes.dedup_records import CONTENT_PARTITION, FIRST_RUN_PARTITION, SEAL_PARTITION
 
 #: A batch of a query: (txn_id, batch).
 BatchRef = tuple[str, int]
 #: The kinds of layout records, as ``status`` counts them.
-KINDS = ("claims", "chunk_records", "seals", "first_run")
+KINDS = ("claims", "chunk_records", "seals", "first_run", "foreach_batch")
+#: A helper's key row as ``gc`` reads it: (app_id, batch_id, tables).
+KeyRow = tuple[str, int, frozenset[str]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +60,9 @@ class LayoutRow:
         When it was last written (milliseconds since the epoch).
     seal
         The partitions a seal names (None for the other kinds).
+    content
+        A helper's first-attempt record (``app_id``, ``batch``, ``tables``, ...; None
+        for the other kinds).
     """
 
     key: str
@@ -61,6 +72,7 @@ class LayoutRow:
     attempt: int
     updated_ms: int
     seal: Mapping[int, Part] | None = None
+    content: Mapping[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -69,6 +81,8 @@ class LayoutRow:
             return "seals"
         if self.partition == FIRST_RUN_PARTITION:
             return "first_run"
+        if self.partition == CONTENT_PARTITION:
+            return "foreach_batch"
         return "chunk_records" if self.attempt > 0 else "claims"
 
 
@@ -79,10 +93,11 @@ def count_kinds(rows: Iterable[LayoutRow]) -> dict[str, int]:
 
 
 def by_batch(rows: Iterable[LayoutRow]) -> dict[BatchRef, list[LayoutRow]]:
-    """The records grouped by their batch."""
+    """The sink's records grouped by their batch (the helper's records are no sink batch's)."""
     out: dict[BatchRef, list[LayoutRow]] = collections.defaultdict(list)
     for r in rows:
-        out[(r.txn_id, r.batch)].append(r)
+        if r.kind != "foreach_batch":
+            out[(r.txn_id, r.batch)].append(r)
     return dict(out)
 
 
@@ -130,6 +145,42 @@ def expired_keys(
     return out
 
 
+def expired_content_keys(rows: Sequence[LayoutRow], key_rows: Iterable[KeyRow], cut_ms: int) -> list[str]:
+    """The helper's first-attempt records ``gc`` drops (pure).
+
+    Parameters
+    ----------
+    rows
+        Every layout record of the table (the other kinds are left alone).
+    key_rows
+        The key rows of the records' ``app_id``s: of their batches, and each ``app_id``'s newest.
+    cut_ms
+        The retention's edge: only records last written at or before it are dropped.
+
+    Returns
+    -------
+    list
+        The keys of the old records whose batch is written: a key row of the same
+        ``app_id``, batch and tables, or a key row of a later batch of the ``app_id``
+        (Spark runs batch ``b + 1`` only once ``b`` is in its commit log, so ``b`` is never
+        replayed). A record whose batch has neither (a driver killed before the key row)
+        is kept however old: its replay compares with it.
+    """
+    written: set[KeyRow] = set()
+    newest: dict[str, int] = {}
+    for app, batch, tables in key_rows:
+        written.add((app, batch, tables))
+        newest[app] = max(newest.get(app, batch), batch)
+    out = []
+    for r in rows:
+        if r.kind != "foreach_batch" or r.content is None or r.updated_ms > cut_ms:
+            continue
+        app, tables = str(r.content.get("app_id")), frozenset(r.content.get("tables", {}))
+        if newest.get(app, -1) > r.batch or (app, r.batch, tables) in written:
+            out.append(r.key)
+    return sorted(out)
+
+
 def records_gone_error(txn_id: str, batch: int, partition: int, marked: Collection[int]) -> DedupLayoutError:
     """Executor, before a partition's first chunk: the refusal of a partition its batch's
     committed run did not commit, once the batch's layout records are gone.
@@ -153,7 +204,9 @@ __all__ = [
     "BatchRef",
     "LayoutRow",
     "by_batch",
+    "KeyRow",
     "count_kinds",
+    "expired_content_keys",
     "expired_keys",
     "old_batches",
     "records_gone_error",

@@ -29,6 +29,9 @@ if TYPE_CHECKING:  # pragma: no cover
 LAYOUT_TABLE = "clickhouse_tx_layouts"
 #: The ``partition`` column of a seal and of a first-run record (claims hold their partition).
 SEAL_PARTITION, FIRST_RUN_PARTITION = 2**32 - 1, 2**32 - 2
+#: The ``partition`` column of the ``foreachBatch`` helper's first-attempt records
+#: (:mod:`clickhouse_tx.modes.batch_contents`), kept in the same table: no claim of a batch.
+CONTENT_PARTITION = 2**32 - 3
 #: Every this many batches, a commit's drop scans the query's records instead of deriving
 #: the keys of the batch before (what the seals do not name is dropped at least that often).
 SCAN_EVERY = 64
@@ -214,5 +217,5 @@ def _claims_in(entries: Sequence[RegistryEntry]) -> dict[int, Claim]:
     return {
         e.partition: _body(e.xid, str(e.payload["body"]))
         for e in entries
-        if e.partition < FIRST_RUN_PARTITION and e.attempt == 0  # not a chunk record
+        if e.partition < CONTENT_PARTITION and e.attempt == 0  # not a chunk record, nor the helper's
     }

@@ -74,6 +74,15 @@ def _check_batch_id(batch_id: object) -> int:
     return batch_id
 
 
+def _plan_text(df: "DataFrame") -> str:
+    """The analyzed plan of ``df`` (driver; '' on Spark Connect or when Spark cannot say): what a
+    refused ``dedup`` replay searches for functions whose results differ on a replay."""
+    try:
+        return str(df._jdf.queryExecution().analyzed().toString())
+    except Exception:  # noqa: BLE001 - only a message is at stake
+        return ""
+
+
 #: Writes one table's micro-batch too large for the driver from the executors, then its
 #: key row; returns the rows (:func:`spark_datasource.foreach.write_from_executors`).
 Spill = Callable[["DataFrame", ForeachOptions, Target, BatchKey], int]
@@ -199,7 +208,10 @@ class BatchTransaction:
                 return self._too_large(key, db, t, df)
             parts.append(TableRows(db, t, plan.apply(batches)))
         if self.options.writer.mode is Mode.DEDUP:
-            rows = write_batch_dedup(self.options.writer.target(), key, parts)
+            frames = {f"{db}.{t}": df for db, t, df in self._pending}  # plans read only for a refused replay
+            rows = write_batch_dedup(
+                self.options.writer.target(), key, parts, plan_text=lambda table: _plan_text(frames[table])
+            )
         else:
             rows = write_batch(self.options.writer.target(), key, parts)
         log.debug("clickhouse_tx: %s written: %d rows into %d tables", key, rows, len(parts))

@@ -3,7 +3,8 @@
 An attempt stopped between its chunks (an exception from the test's hook, where a
 SIGKILL would stop it), then the replay of the same key with the same rows in another
 order, cut into other record batches, and with its tables in another order: every row
-once, one key row. The targets are ``MergeTree`` tables with
+once, one key row (a replay with other rows is refused: ``test_batch_replay_contents.py``).
+The targets are ``MergeTree`` tables with
 ``non_replicated_deduplication_window``, which drop a block by its token as
 ``Replicated`` tables do.
 """
@@ -19,6 +20,7 @@ from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.conversion.dead_letters import dead_letter_ddl
 from clickhouse_tx.conversion.schema import conversion_columns, describe_table
+from clickhouse_tx.errors import ConfigurationError
 from clickhouse_tx.interfaces import Target
 from clickhouse_tx.modes import batch_dedup
 from clickhouse_tx.modes.batch_dedup import write_batch_dedup
@@ -91,10 +93,11 @@ def test_a_replay_in_another_order_after_an_attempt_stopped_between_chunks_adds_
     assert _keys(clickhouse_url, database) == [("7", str(ROWS))]
 
 
-def test_without_the_canonical_order_the_same_replay_would_insert_rows_twice(
+def test_without_the_canonical_order_the_same_rows_in_another_order_would_be_refused_as_other_rows(
     clickhouse_url: str, database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The order is what makes the replay's tokens the first attempt's: shown by its absence.
+    # The order is what makes the replay's chunks the first attempt's: without it the same
+    # rows cut into other chunks, which the first attempt's record tells from its own.
     monkeypatch.setattr(batch_dedup, "canonical_order", lambda table, display: table)
     _create(clickhouse_url, database, "a")
     key = BatchKey("orders", 7, "query-1")
@@ -102,8 +105,9 @@ def test_without_the_canonical_order_the_same_replay_would_insert_rows_twice(
     with pytest.raises(Stop):
         write_batch_dedup(_target(clickhouse_url, database), key, first, sizing=SMALL, after_chunk=_stop_after(0, 2))
     replay = [TableRows(database, "a", _rows(range(ROWS), seed=2, batch_rows=97))]
-    write_batch_dedup(_target(clickhouse_url, database), key, replay, sizing=SMALL)
-    assert len(_ids(clickhouse_url, database, "a")) == ROWS + 3 * 128
+    with pytest.raises(ConfigurationError, match="carries other rows than its first attempt"):
+        write_batch_dedup(_target(clickhouse_url, database), key, replay, sizing=SMALL)
+    assert len(_ids(clickhouse_url, database, "a")) == 3 * 128
 
 
 def test_a_two_table_replay_with_its_tables_in_the_other_order_adds_each_tables_rows_once(

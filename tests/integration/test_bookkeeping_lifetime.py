@@ -113,7 +113,8 @@ def test_gc_drops_a_stopped_querys_and_finished_jobs_records_and_keeps_an_in_fli
     assert before == {("stopped", 2): 10, ("killed", 0): 10, ("live", 7): 9, ("sealed", 0): 10}
     status = _status(clickhouse_url, database)
     assert status["layouts"] == {
-        "claims": 16, "chunk_records": 16, "seals": 3, "first_run": 4, "batches": 4, "unsealed_batches": 1,
+        "claims": 16, "chunk_records": 16, "seals": 3, "first_run": 4, "foreach_batch": 0, "batches": 4,
+        "unsealed_batches": 1,
     }  # fmt: skip
     assert status["key_rows"] == 5
 

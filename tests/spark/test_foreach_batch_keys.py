@@ -1,7 +1,8 @@
 """Keys of the ``foreachBatch`` helper that mean what they say (issue #58), with a real
 SparkSession and the embedded stack: two helper functions of one ``app_id`` called in one
 micro-batch write both tables once, a replay or a restart after a failure between the two
-calls writes none of it twice; and mode ``dedup`` keeps rows equal in an array column.
+calls writes none of it twice; mode ``dedup`` keeps rows equal in an array column, and
+refuses a replay whose sums of doubles came out otherwise instead of writing it twice.
 """
 
 from __future__ import annotations
@@ -10,9 +11,20 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from pyspark.sql import functions as F
+
 from spark_datasource.foreach import clickhouse_tx_batch
 from spark_datasource.testing import credentials
-from tests.helpers.foreach_files import FILES, PER_FILE, N, failed_stream, forget_last_commit, json_files, run_stream
+from tests.helpers.foreach_files import (
+    FILES,
+    PER_FILE,
+    N,
+    failed_stream,
+    forget_last_commit,
+    json_files,
+    lose_last_key_row,
+    run_stream,
+)
 from tests.helpers.spark_writes import actual_totals, create_events_table, expected_totals, read_committed, run_sql
 
 
@@ -124,3 +136,61 @@ def test_in_mode_dedup_equal_rows_with_an_array_column_are_written_and_a_reorder
         (chk / "commits" / name).unlink(missing_ok=True)
     run(lambda df, batch_id: helper(df.repartition(3).orderBy("tags", ascending=False), batch_id))
     assert read_committed(clickhouse_url, select) == once
+
+
+def _sums(df: Any, ascending: bool) -> Any:
+    """``groupBy(k).agg(sum(x))`` over doubles, the rows added in ascending or descending order
+    of ``x``: what two runs of a shuffle may do. Spark keeps the sort below a double sum (it
+    knows the sum depends on the order)."""
+    doubles = df.select((F.col("id") % 3).alias("k"), (F.col("id") / 7).alias("x")).repartition(1)
+    order = F.col("x").asc() if ascending else F.col("x").desc()
+    return doubles.sortWithinPartitions(order).groupBy("k").agg(F.sum("x").alias("total"))
+
+
+def _python_sums(batch: int, ascending: bool) -> dict[int, float]:
+    """What :func:`_sums` gives for ``batch``'s file, added in the same order."""
+    out = {}
+    for k in range(3):
+        xs = sorted(i / 7 for i in range(batch * PER_FILE, (batch + 1) * PER_FILE) if i % 3 == k)
+        total = 0.0
+        for x in xs if ascending else reversed(xs):
+            total += x
+        out[k] = total
+    return out
+
+
+def test_in_mode_dedup_a_replay_whose_double_sums_differ_is_refused_naming_the_cause_and_never_written_twice(
+    sp, clickhouse_url: str, database: str, tmp_path: Path
+) -> None:
+    last = FILES - 1
+    first, other = _python_sums(last, ascending=True), _python_sums(last, ascending=False)
+    assert first != other  # the data makes the addition order show in the last bits
+    run_sql(
+        clickhouse_url,
+        f"CREATE TABLE `{database}`.sums (k Int64, total Float64) ENGINE = MergeTree ORDER BY k "
+        "SETTINGS non_replicated_deduplication_window = 1000",
+    )
+    helper = _helper(clickhouse_url, database, "sums", mode="dedup")
+    src, chk = json_files(tmp_path), tmp_path / "chk"
+    run_stream(sp, src, chk, lambda df, batch_id: helper(_sums(df, ascending=True), batch_id))
+    select = f"SELECT k, total FROM `{database}`.sums ORDER BY total"
+    written = read_committed(clickhouse_url, select)
+    assert len(written) == 3 * FILES
+    assert set(first.values()) <= {float(t) for _, t in written}
+
+    # The driver killed after batch 2's rows went in, before its key row; the replay adds
+    # the doubles in the other order.
+    lose_last_key_row(clickhouse_url, database, chk)
+    text = failed_stream(sp, src, chk, lambda df, batch_id: helper(_sums(df, ascending=False), batch_id))
+    for part in (f"{database}.sums", "app_id='shared'", f"batch {last}", "first attempt 3 rows", "this replay 3 rows"):
+        assert part in text, part
+    assert "sum in the plan" in text and "mode 'transaction'" in text and "new app_id" in text
+    assert read_committed(clickhouse_url, select) == written  # the first attempt's rows, once
+
+    # The same rows in another order and partitioning: the replay completes the batch, adding nothing.
+    def same_rows(df: Any, batch_id: int) -> None:
+        helper(_sums(df, ascending=True).repartition(3).orderBy(F.desc("k")), batch_id)
+
+    run_stream(sp, src, chk, same_rows)
+    assert read_committed(clickhouse_url, select) == written
+    assert [r[0] for r in _keys(clickhouse_url, database)] == [str(b) for b in range(FILES)]

@@ -52,8 +52,10 @@ def test_batches_are_judged_one_by_one() -> None:
 
 
 def test_count_kinds_names_every_kind() -> None:
-    assert count_kinds(batch("q", 0, 1)) == {"claims": 1, "chunk_records": 1, "seals": 1, "first_run": 1}
-    assert count_kinds([]) == {"claims": 0, "chunk_records": 0, "seals": 0, "first_run": 0}
+    assert count_kinds(batch("q", 0, 1)) == {
+        "claims": 1, "chunk_records": 1, "seals": 1, "first_run": 1, "foreach_batch": 0,
+    }  # fmt: skip
+    assert count_kinds([]) == {"claims": 0, "chunk_records": 0, "seals": 0, "first_run": 0, "foreach_batch": 0}
 
 
 @pytest.mark.parametrize(
