@@ -129,3 +129,10 @@ def test_an_error_of_the_front_ends_its_text_with_a_full_stop_before_the_name_as
         == b"Code: 48. DB::Exception: Async inserts inside transactions are not supported. (NOT_IMPLEMENTED)\n"
     )
     assert HTTPError(36, "Say so.", "BAD_ARGUMENTS").body() == b"Code: 36. DB::Exception: Say so. (BAD_ARGUMENTS)\n"
+
+
+def test_a_setting_newer_than_the_compatibility_keeps_the_engines_default_where_its_old_value_is_a_limit() -> None:
+    from server_patches.chdb_config import render_users
+
+    assert "<max_parts_to_move>1000</max_parts_to_move>" in render_users("24.8")
+    assert "max_parts_to_move" not in render_users("25.3")
