@@ -24,22 +24,27 @@ from spark_datasource.testing.credentials import writer_options
 
 
 class Throttle:
-    """``mapInArrow`` function: every batch unchanged, each after ``delay_s`` seconds (executor)."""
+    """``mapInArrow`` function: every batch unchanged, each after ``delay_s`` seconds (executor);
+    given ``rows``, cut into slices of at most that many rows, each after ``delay_s``."""
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, delay_s: float, rows: int | None = None) -> None:
         self.delay_s = delay_s
+        self.rows = rows
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
-            time.sleep(self.delay_s)
-            yield b
+            step = self.rows or max(b.num_rows, 1)
+            for start in range(0, max(b.num_rows, 1), step):
+                time.sleep(self.delay_s)
+                yield b.slice(start, step)
 
 
 def kafka_rows(spark: Any, args: dict[str, Any]) -> Any:
     """The streaming DataFrame of rows ``(p, o, v)`` read by ``kafka_py`` from ``args["topic"]``.
 
-    ``args``: ``bootstrap``, ``topic``, optional ``max_offsets`` (1500), ``delay_s`` and
-    ``repartition`` (as for :func:`start_stream`).
+    ``args``: ``bootstrap``, ``topic``, optional ``max_offsets`` (1500), ``delay_s`` (with
+    ``delay_rows``: per slice of that many rows, :class:`Throttle`) and ``repartition``
+    (as for :func:`start_stream`).
     """
     df = (
         spark.readStream.format("kafka_py")
@@ -53,7 +58,7 @@ def kafka_rows(spark: Any, args: dict[str, Any]) -> Any:
         .load()
     )
     if args.get("delay_s"):
-        df = df.mapInArrow(Throttle(float(args["delay_s"])), df.schema)
+        df = df.mapInArrow(Throttle(float(args["delay_s"]), args.get("delay_rows")), df.schema)
     df = df.selectExpr("partition as p", "offset as o", "cast(value as string) as v")
     if args.get("repartition"):
         df = df.repartition(int(args["repartition"]))

@@ -21,7 +21,11 @@ group (driver Python, JVM, workers) once, at one of :data:`STEPS` of one micro-b
 - ``after_commit``: the helper returned (its COMMIT or key row done), before Spark's
   commit log records the batch: a restart replays it.
 
-``driver_max_bytes`` is the helper's (1: every micro-batch is written from the executors).
+``driver_max_bytes`` is the helper's (1: every micro-batch is written from the executors);
+``helper_options`` more keyword options of the helper (e.g. ``session_timeout``).
+``paced_s`` (mode ``transaction``): the helper's INSERTs send each record batch of the
+micro-batch that many seconds after the one before (a slow driver: an INSERT's body
+lasts long enough to be killed in its middle, :mod:`tests.helpers.insert_kill`).
 ``repartition`` (restarts): the micro-batch is repartitioned into that many partitions
 before the helper gets it, so a replay's rows come in another order than the killed
 attempt's (``dedup`` orders them by value).
@@ -43,6 +47,7 @@ import dataclasses
 import json
 import logging
 import sys
+import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
@@ -114,6 +119,22 @@ def faulty_write_batch(plan: FaultPlan) -> Callable[..., int]:
     return write_batch
 
 
+def _paced(delay_s: float, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches``, each ``delay_s`` seconds after the one before (and the first after ``delay_s``)."""
+    for b in batches:
+        time.sleep(delay_s)
+        yield b
+
+
+def paced_write_batch(delay_s: float, write: Callable[..., int]) -> Callable[..., int]:
+    """``write`` (the helper's ``write_batch``) with each table's rows :func:`_paced`."""
+
+    def write_batch(target: Target, key: BatchKey, parts: Sequence[TableRows], **more: Any) -> int:
+        return write(target, key, [dataclasses.replace(p, batches=_paced(delay_s, p.batches)) for p in parts], **more)
+
+    return write_batch
+
+
 def faulty_write_batch_dedup(plan: FaultPlan) -> Callable[..., int]:
     """The helper's ``write_batch_dedup`` firing ``plan`` after each table's chunks and before the key row."""
     from clickhouse_tx.modes import batch_dedup
@@ -149,6 +170,7 @@ def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callab
         "mode": args.get("mode", "transaction"),
         **({"driver_max_bytes": args["driver_max_bytes"]} if args.get("driver_max_bytes") else {}),
         **writer_options(),
+        **args.get("helper_options", {}),
     }
     parts = args.get("repartition")
     single = None
@@ -188,6 +210,8 @@ def run(args: dict[str, Any]) -> None:
         foreach_batch.write_batch = faulty_write_batch(plan)  # type: ignore[assignment]
         foreach_batch.write_batch_dedup = faulty_write_batch_dedup(plan)  # type: ignore[assignment]
         foreach.write_from_executors = faulty_write_from_executors(plan)  # type: ignore[assignment]
+    if args.get("paced_s"):
+        foreach_batch.write_batch = paced_write_batch(float(args["paced_s"]), foreach_batch.write_batch)  # type: ignore[assignment]
     query = (
         kafka_rows(spark, {"max_offsets": MAX_OFFSETS, **args})
         .writeStream.foreachBatch(micro_batch_function(args, plan))

@@ -127,10 +127,13 @@ def run_child(
     during: Callable[[], None] | None = None,
     check: bool = True,
     module: str = "tests.helpers.torture",
+    watch: Callable[[subprocess.Popen], None] | None = None,
 ) -> int:
     """Run the job (``python -m <module> run``) to its end (or SIGKILL it after ``kill_after_s``); its exit code.
 
-    ``during`` runs in a thread while the job does (e.g. a server crash). Raises
+    ``during`` runs in a thread while the job does (e.g. a server crash); so does
+    ``watch``, given the job's process (e.g. :meth:`tests.helpers.insert_kill.InsertKill.watch`,
+    which kills its process group at a moment the server shows). Raises
     AssertionError when the job failed otherwise than by SIGKILL, unless ``check`` is
     False: then the failure's causes are printed and its exit code returned (a restart).
     The job's stderr goes to a file: a pipe read only at the end fills with Spark's logs
@@ -141,6 +144,9 @@ def run_child(
         side = threading.Thread(target=during, daemon=True) if during else None
         if side:
             side.start()
+        watcher = threading.Thread(target=watch, args=(proc,), daemon=True) if watch else None
+        if watcher:
+            watcher.start()
         try:
             if kill_after_s is not None:
                 try:
@@ -152,6 +158,8 @@ def run_child(
             kill_session(proc)  # whatever of the session survived its leader (a JVM, a worker)
             if side:
                 side.join()
+            if watcher:
+                watcher.join()
         log.seek(0)
         err = log.read().decode(errors="replace")
     if proc.returncode not in (0, -signal.SIGKILL):
