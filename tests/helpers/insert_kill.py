@@ -7,15 +7,22 @@ e.g. ``events`` or ``_ctx_stage_\\w+``) and SIGKILLs the child's whole process g
 (driver Python, JVM, Python workers: :func:`tests.helpers.torture.start_child` starts it
 in a session of its own) once such an INSERT has read ``rows`` rows, and, given an
 ``armed`` SELECT, only once that SELECT has returned 1 (e.g. the target holds an earlier
-micro-batch's rows, read committed: the kill then falls in a later one). Give it to
+micro-batch's rows, read committed: the kill then falls in a later one), and, given
+``elapsed_s``, only once the INSERT has run that long. Give it to
 :func:`tests.helpers.torture.run_child` or :func:`tests.helpers.batch_torture.run_batch_child`
-as ``watch``.
+as ``watch``. ``on_kill`` runs right after the SIGKILL, before anything is recorded: e.g.
+a :class:`~spark_datasource.testing.chaos.proxy.FaultProxy` between the child and the
+server resetting its connections, so that the bytes a dead child left in its socket
+buffers (the kernel still delivers them) never reach the server.
 
 It records what the server showed: the INSERT's ``read_rows`` when the kill fired and the
 last one it showed before the query ended (:attr:`Fired.final_read_rows`, below the
-INSERT's rows when the body broke off: the server never read the rest), and the
-transactions open on the server right after the kill (:attr:`Fired.open_tids`), so a
-test can check that none of them outlives the restart (:func:`open_transactions`).
+INSERT's rows when the body broke off: the server never read the rest), the bytes of
+the body the query had read (the embedded server pipes the body into the query:
+:attr:`Fired.read_bytes`), and the transactions open on the server right after the
+kill (:attr:`Fired.open_tids`), so a test can check that none of them outlives the
+restart (:func:`open_transactions`). :func:`query_log_types` tells how the killed
+INSERT ended (no ``QueryFinish``: it never finished).
 """
 
 from __future__ import annotations
@@ -26,18 +33,25 @@ import re
 import signal
 import subprocess
 import time
+from typing import Callable
 
 import requests
 
 from spark_datasource.testing.credentials import http_auth
 
 #: The INSERTs of the process list, their names unquoted (the writers quote them).
+#: The bytes the query read of its input, the body (piped: a file descriptor). The embedded
+#: server pipes a Content-Length body in reads of up to 1 MiB: a smaller one all at its end.
 _INSERTS = (
-    "SELECT query_id, read_rows, written_rows, query FROM system.processes "
+    "SELECT query_id, elapsed, read_rows, written_rows, ProfileEvents['ReadBufferFromFileDescriptorReadBytes'], "
+    "query FROM system.processes "
     "WHERE match(replaceAll(query, '`', ''), {pattern:String}) FORMAT TSV"
 )
 #: One INSERT's progress, while it runs.
-_PROGRESS = "SELECT read_rows FROM system.processes WHERE query_id = {q:String} FORMAT TSV"
+_PROGRESS = (
+    "SELECT read_rows, ProfileEvents['ReadBufferFromFileDescriptorReadBytes'] FROM system.processes "
+    "WHERE query_id = {q:String} FORMAT TSV"
+)
 
 
 @dataclasses.dataclass
@@ -46,16 +60,21 @@ class Fired:
 
     query_id: str
     query: str
+    elapsed_s: float  # how long it had run when the kill was sent
     read_rows: int  # when the kill was sent
     written_rows: int
+    read_bytes: int  # of the body, when the kill was sent
     final_read_rows: int = -1  # the last the server showed before the query ended
+    final_read_bytes: int = -1  # of the body, likewise
     open_tids: frozenset[str] = frozenset()  # transactions open right after the kill
     seconds_to_end: float = -1.0  # from the kill until the INSERT left the process list
 
     def summary(self) -> str:
         return (
-            f"killed at read_rows={self.read_rows} (written {self.written_rows}), the INSERT read "
-            f"{self.final_read_rows} before it ended {self.seconds_to_end:.1f} s later: {self.query[:90]}"
+            f"killed {self.elapsed_s:.2f} s in at read_rows={self.read_rows} (written {self.written_rows}, "
+            f"body bytes read {self.read_bytes}), the INSERT read {self.final_read_rows} rows "
+            f"({self.final_read_bytes} body bytes) before it ended "
+            f"{self.seconds_to_end:.1f} s later: {self.query[:90]}"
         )
 
 
@@ -71,17 +90,46 @@ def open_transactions(url: str) -> frozenset[str]:
         return frozenset(row[0] for row in _get(s, url, "SELECT toString(tid) FROM system.transactions FORMAT TSV"))
 
 
+def query_log_types(url: str, query_id: str, wait_s: float = 10.0) -> list[str]:
+    """How query ``query_id`` ended, by ``system.query_log`` (flushed first): its entries'
+    types and exceptions, e.g. ``['QueryStart', 'ExceptionWhileProcessing: ...']`` for a killed
+    INSERT, once an entry of its end is there (or after ``wait_s``: what there is)."""
+    sql = (
+        "SELECT concat(toString(type), if(exception = '', '', concat(': ', substring(exception, 1, 160)))) "
+        "FROM system.query_log WHERE query_id = {q:String} ORDER BY event_time_microseconds FORMAT TSV"
+    )
+    deadline = time.monotonic() + wait_s
+    with requests.Session() as s:
+        while True:
+            _get(s, url, "SYSTEM FLUSH LOGS")
+            types = [row[0] for row in _get(s, url, sql, param_q=query_id)]
+            if any(t != "QueryStart" for t in types) or time.monotonic() > deadline:
+                return types
+            time.sleep(0.2)
+
+
 class InsertKill:
-    """Kill the child's process group once the server has read ``rows`` rows of an INSERT into ``table``."""
+    """Kill the child's process group once the server has read ``rows`` rows of an INSERT into
+    ``table`` (that has run ``elapsed_s`` seconds)."""
 
     def __init__(
-        self, url: str, database: str, table: str, rows: int, armed: str | None = None, poll_s: float = 0.01
+        self,
+        url: str,
+        database: str,
+        table: str,
+        rows: int,
+        armed: str | None = None,
+        poll_s: float = 0.01,
+        on_kill: Callable[[], None] | None = None,
+        elapsed_s: float = 0.0,
     ) -> None:
         self.url = url
         self.pattern = rf"^\s*INSERT INTO {re.escape(database)}\.{table}[\s(]"
         self.rows = rows
         self.armed = armed
         self.poll_s = poll_s
+        self.on_kill = on_kill
+        self.elapsed_s = elapsed_s  # and has run this long
         self.progress: dict[str, int] = {}  # the highest read_rows seen of each
         self.fired: Fired | None = None
 
@@ -96,11 +144,13 @@ class InsertKill:
                 except requests.RequestException:
                     time.sleep(self.poll_s)
                     continue
-                for query_id, read, written, query in rows:
+                for query_id, elapsed, read, written, read_bytes, query in rows:
                     self.progress[query_id] = max(self.progress.get(query_id, 0), int(read))
-                    if int(read) >= self.rows:
+                    if int(read) >= self.rows and float(elapsed) >= self.elapsed_s:
                         os.killpg(proc.pid, signal.SIGKILL)
-                        self.fired = Fired(query_id, query, int(read), int(written))
+                        if self.on_kill is not None:
+                            self.on_kill()
+                        self.fired = Fired(query_id, query, float(elapsed), int(read), int(written), int(read_bytes))
                         self._follow(s, query_id)
                         return
                 time.sleep(self.poll_s)
@@ -110,12 +160,12 @@ class InsertKill:
         assert self.fired is not None
         killed = time.monotonic()
         self.fired.open_tids = open_transactions(self.url)
-        last = self.fired.read_rows
+        last = self.fired.read_rows, self.fired.read_bytes
         while time.monotonic() - killed < 60:
             rows = _get(s, self.url, _PROGRESS, param_q=query_id)
             if not rows:
                 break
-            last = int(rows[0][0])
+            last = int(rows[0][0]), int(rows[0][1])
             time.sleep(self.poll_s)
-        self.fired.final_read_rows = last
+        self.fired.final_read_rows, self.fired.final_read_bytes = last
         self.fired.seconds_to_end = time.monotonic() - killed
