@@ -7,8 +7,9 @@ e.g. ``events`` or ``_ctx_stage_\\w+``) and SIGKILLs the child's whole process g
 (driver Python, JVM, Python workers: :func:`tests.helpers.torture.start_child` starts it
 in a session of its own) once such an INSERT has read ``rows`` rows, and, given an
 ``armed`` SELECT, only once that SELECT has returned 1 (e.g. the target holds an earlier
-micro-batch's rows, read committed: the kill then falls in a later one), and, given
-``elapsed_s``, only once the INSERT has run that long. Give it to
+micro-batch's rows, read committed: the kill then falls in a later one; an INSERT
+already running before is never killed), and, given ``elapsed_s``, only once the INSERT
+has run that long. Give it to
 :func:`tests.helpers.torture.run_child` or :func:`tests.helpers.batch_torture.run_batch_child`
 as ``watch``. ``on_kill`` runs right after the SIGKILL, before anything is recorded: e.g.
 a :class:`~spark_datasource.testing.chaos.proxy.FaultProxy` between the child and the
@@ -137,15 +138,24 @@ class InsertKill:
         """Poll until the kill fired or ``proc`` ended (run on a thread beside the child)."""
         with requests.Session() as s:
             armed = self.armed is None
+            # The INSERTs running before it was armed: never the one killed (e.g. the last
+            # INSERT of the micro-batch the armed SELECT waits for, its rows seen at once
+            # in mode dedup while it is still in the process list).
+            earlier: set[str] = set()
             while proc.poll() is None:
                 try:
                     armed = armed or _get(s, self.url, f"{self.armed} FORMAT TSV") == [["1"]]
-                    rows = _get(s, self.url, _INSERTS, param_pattern=self.pattern) if armed else []
+                    rows = _get(s, self.url, _INSERTS, param_pattern=self.pattern)
                 except requests.RequestException:
                     time.sleep(self.poll_s)
                     continue
+                if not armed:
+                    earlier.update(row[0] for row in rows)
+                    rows = []
                 for query_id, elapsed, read, written, read_bytes, query in rows:
                     self.progress[query_id] = max(self.progress.get(query_id, 0), int(read))
+                    if query_id in earlier:
+                        continue
                     if int(read) >= self.rows and float(elapsed) >= self.elapsed_s:
                         os.killpg(proc.pid, signal.SIGKILL)
                         if self.on_kill is not None:
