@@ -38,10 +38,11 @@ test-external: bootstrap
 	@test -n "$$CLICKHOUSE_TX_EXTERNAL_URL" || { echo "set CLICKHOUSE_TX_EXTERNAL_URL (docs/deployment.md)"; exit 2; }
 	$(PY) -m pytest -q -m "(integration or spark) and (not slow or kill)" tests/integration tests/spark tests/torture $(EXTERNAL_ARGS)
 
-## make test-compat: the integration and Spark tiers (not slow) once per version of COMPAT_VERSIONS, the stacks
+## make test-compat: the integration and Spark tiers (not slow) once per version of COMPAT_VERSIONS (the oldest
+## version docs/compatibility.md supports, 22.9, and each LTS since), the stacks
 ## started with ClickHouse's compatibility setting at that version (docs/server.md); prints each version's wall time
 ## and fails if any version failed, after running them all. e.g. make test-compat COMPAT_VERSIONS=25.8
-COMPAT_VERSIONS ?= 24.8 25.3 25.8
+COMPAT_VERSIONS ?= 22.9 23.3 23.8 24.3 24.8 25.3 25.8
 .PHONY: test-compat
 test-compat: bootstrap
 	@failed=""; times=""; \
