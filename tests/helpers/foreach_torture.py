@@ -176,12 +176,23 @@ def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callab
     single = None
     if args["tables"] == ["events"]:
         single = clickhouse_tx_batch(url=url, table=f"{database}.events", app_id=APP_ID, **options)
+    # ``two_helpers``: one helper call per table under one app_id (not one context), with the
+    # step ``between_helpers`` after the first: the keys are (app_id, batch_id, tables).
+    helpers = {
+        table: clickhouse_tx_batch(url=url, table=f"{database}.{table}", app_id=APP_ID, **options)
+        for table in (SPLIT if args.get("two_helpers") else ())
+    }
 
     def write(df: Any, batch_id: int) -> None:
         if parts:
             df = df.repartition(int(parts))
         if single is not None:
             single(df, batch_id)
+        elif helpers:
+            for n, (table, parity) in enumerate(SPLIT.items()):
+                if n and plan is not None:
+                    plan.hit("between_helpers", batch_id)
+                helpers[table](df.where(f"o % 2 = {parity}"), batch_id)
         else:
             with clickhouse_tx_transaction(
                 url=url, app_id=APP_ID, batch_id=batch_id, database=database, **options

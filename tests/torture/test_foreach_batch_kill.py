@@ -172,3 +172,29 @@ def test_micro_batches_past_driver_max_bytes_killed_around_the_key_row_restart_a
     jobs = read_committed(clickhouse_url, f"SELECT count() FROM `{database}`.clickhouse_tx_jobs")
     keys = read_committed(clickhouse_url, f"SELECT count() FROM `{database}`.clickhouse_tx_batches")
     assert jobs == keys, f"one published batch job per key row: {jobs} jobs, {keys} keys"
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("mode", ["transaction", "dedup"])
+def test_a_driver_killed_between_two_helper_calls_under_one_app_id_restarts_and_each_table_has_every_record_once(
+    stack, kafka_bootstrap: str, clickhouse_url: str, database: str, tmp_path: Path, mode: str
+) -> None:
+    # Two clickhouse_tx_batch calls per micro-batch, one per table, under one app_id: the
+    # kill lands after table a's call committed (its key row names a alone), before b's.
+    args = (stack, kafka_bootstrap, clickhouse_url, database, tmp_path, "between_helpers", list(SPLIT), mode)
+    expected, skipped = _kill_and_restart(*args, two_helpers=True)
+    for table, parity in SPLIT.items():
+        rows = {r for r in expected if r[1] % 2 == parity}
+        assert_exactly(clickhouse_url, database, rows, table)
+        _assert_plain_reads_count(clickhouse_url, database, table, len(rows))
+    keys = read_committed(
+        clickhouse_url,
+        f"SELECT batch_id, arrayStringConcat(tables, ','), count() FROM `{database}`.clickhouse_tx_batches "
+        f"WHERE app_id = '{APP_ID}' GROUP BY batch_id, tables ORDER BY batch_id, tables",
+    )
+    batches = sorted({int(b) for b, _, _ in keys})
+    assert batches == list(range(len(batches))) and len(batches) >= 2, keys
+    # One key row per micro-batch and table: a's of micro-batch 1 from the killed run, b's from the restart.
+    assert [(int(b), t.split(".")[-1], n) for b, t, n in keys] == [(b, t, "1") for b in batches for t in SPLIT], keys
+    # The restart skipped table a's call of micro-batch 1 (its key row was there) and wrote b's.
+    assert len(skipped) == 1 and "batch_id=1)" in skipped[0], skipped
