@@ -10,8 +10,10 @@ Why not clickhouse-connect: the protocol needs full control of the HTTP session 
 "sent, reply lost", and a streaming ``INSERT ... FORMAT ArrowStream`` whose body is produced lazily
 from an iterator of Arrow record batches (chunked: no partition whole in memory, no Python per row).
 
-A :class:`ClickHouseHTTP` is cheap, holds a ``requests.Session`` (connection pool) and is not
-picklable on purpose: executors build their own from the :class:`~clickhouse_tx.interfaces.Target`.
+A :class:`ClickHouseHTTP` is cheap: it opens nothing, and its requests go through the one
+connection pool of its server in this process (:mod:`clickhouse_tx.client._transport.pool`).
+It is not picklable on purpose: executors build their own from the
+:class:`~clickhouse_tx.interfaces.Target`.
 Every INSERT carries the server contract's settings (:mod:`clickhouse_tx.client.contract`).
 
 Retries
@@ -50,8 +52,9 @@ from typing import Any, NoReturn
 import pyarrow as pa
 import requests
 
-from clickhouse_tx.client import contract, tls
+from clickhouse_tx.client import contract
 from clickhouse_tx.client import sql as q
+from clickhouse_tx.client._transport import pool
 from clickhouse_tx.client._transport.reply_mapping import error_from_connection, error_from_reply, unwritten_rows_error
 from clickhouse_tx.client._transport.urls import safe_url
 from clickhouse_tx.client._transport.wire import (
@@ -109,17 +112,14 @@ class ClickHouseHTTP:
         self.session_id = session_id
         self.session_timeout = session_timeout if session_timeout is not None else target.session_timeout_s
         self.database = database if database is not None else target.database
-        self._http = requests.Session()
-        self._http.auth = (target.user, target.password) if (target.user or target.password) else None
+        self._http = pool.shared_session(target.url, target.tls)
         parts = urllib.parse.urlsplit(target.url)
-        self._endpoint = urllib.parse.urlunsplit(
-            (parts.scheme, (parts.hostname or "") + (f":{parts.port}" if parts.port else ""), parts.path or "/", "", "")
+        self._endpoint = pool.endpoint_of(target.url)
+        self._auth: tuple[str, str] | None = (
+            (target.user, target.password) if (target.user or target.password) else None
         )
         if parts.username is not None and not target.user:
-            self._http.auth = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
-        if parts.scheme == "https":  # the trusted CAs and client certificate of target.tls
-            self._http.mount("https://", tls.https_adapter(target.tls))
-            self._http.verify = target.tls.verify
+            self._auth = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
         self.server = safe_url(target.url)
 
     def __repr__(self) -> str:
@@ -129,8 +129,8 @@ class ClickHouseHTTP:
         raise TypeError("ClickHouseHTTP holds connections and is not picklable; pickle the Target")
 
     def close(self) -> None:
-        """Close the pooled HTTP connections (the server-side session stays)."""
-        self._http.close()
+        """Nothing to release: the connections belong to the server's pool of this process
+        (:mod:`~clickhouse_tx.client._transport.pool`), the server-side session stays."""
 
     def __enter__(self) -> ClickHouseHTTP:
         return self
@@ -177,6 +177,7 @@ class ClickHouseHTTP:
         try:
             resp = self._http.post(
                 self._endpoint,
+                auth=self._auth,
                 params=url_params,
                 data=data,
                 timeout=(self.target.connect_timeout_s, self.target.request_timeout_s),

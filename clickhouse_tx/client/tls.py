@@ -135,9 +135,9 @@ class _ContextAdapter(requests.adapters.HTTPAdapter):
     CAs of every connection; here the context alone decides, as in clickhouse-connect.
     """
 
-    def __init__(self, context: ssl.SSLContext) -> None:
+    def __init__(self, context: ssl.SSLContext, pool_size: int) -> None:
         self._context = context
-        super().__init__()
+        super().__init__(pool_connections=1, pool_maxsize=pool_size)
 
     def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
         super().init_poolmanager(connections, maxsize, block, ssl_context=self._context, **pool_kwargs)
@@ -152,9 +152,10 @@ class _ContextAdapter(requests.adapters.HTTPAdapter):
         conn.ca_cert_dir = None
 
 
-def https_adapter(tls: TlsSettings) -> requests.adapters.HTTPAdapter:
-    """The adapter to mount on ``https://`` of a ``requests.Session``: :func:`ssl_context` of ``tls``."""
-    return _ContextAdapter(ssl_context(tls))
+def https_adapter(tls: TlsSettings, pool_size: int = 10) -> requests.adapters.HTTPAdapter:
+    """The adapter to mount on ``https://`` of a ``requests.Session``: :func:`ssl_context` of ``tls``,
+    keeping up to ``pool_size`` connections per server."""
+    return _ContextAdapter(ssl_context(tls), pool_size)
 
 
 def check_tls(target: Target) -> None:

@@ -44,6 +44,8 @@ class RecordingProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.requests: list[Recorded] = []
+        #: TCP connections clients opened to the proxy (each may carry many requests).
+        self.connections = 0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -97,6 +99,11 @@ def _handler(proxy: RecordingProxy) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, *args: object) -> None:
             pass
+
+        def setup(self) -> None:  # once per accepted connection
+            super().setup()
+            with proxy._lock:
+                proxy.connections += 1
 
         def do_GET(self) -> None:
             self._forward()
