@@ -254,8 +254,13 @@ class CommitModeIO(Protocol):
 
     mode: Mode
 
-    def validate(self, target: Target, schema: pa.Schema) -> None:
-        """Driver, once per query/job, before any task writes: raise ConfigurationError."""
+    def validate(self, target: Target, schema: pa.Schema, info: Any = None) -> None:
+        """Driver, once per query/job, before any task writes: raise ConfigurationError.
+
+        ``info``: the target's :class:`~clickhouse_tx.conversion.schema.TableInfo` (typed
+        ``Any`` here: this module is below ``conversion``), already read and checked
+        against ``schema`` by the caller (the sink's checks); None: the mode describes
+        the target itself."""
 
     def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         """Executor, once per partition attempt: write without making visible."""

@@ -12,8 +12,7 @@ from an iterator of Arrow record batches (chunked: no partition whole in memory,
 
 A :class:`ClickHouseHTTP` is cheap: it opens nothing, and its requests go through the one
 connection pool of its server in this process (:mod:`clickhouse_tx.client._transport.pool`).
-It is not picklable on purpose: executors build their own from the
-:class:`~clickhouse_tx.interfaces.Target`.
+Not picklable on purpose: executors build their own from the :class:`~clickhouse_tx.interfaces.Target`.
 Every INSERT carries the server contract's settings (:mod:`clickhouse_tx.client.contract`).
 
 Retries

@@ -137,6 +137,10 @@ class ModeBase:
             )
         return views
 
+    def described(self, target: Target, schema: pa.Schema, info: TableInfo | None) -> TableInfo:
+        """Driver: ``info`` when the caller read and checked it already, else :meth:`describe_and_check`."""
+        return info if info is not None else self.describe_and_check(target, schema)
+
     def describe_and_check(self, target: Target, schema: pa.Schema) -> TableInfo:
         """Driver: the table must exist and accept ``schema``; raise ConfigurationError."""
         with self.client(target) as c:

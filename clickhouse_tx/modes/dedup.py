@@ -47,6 +47,7 @@ from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.checksum import CountingBatches
 from clickhouse_tx.conversion.dead_letters import write_dead_letters
+from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, DedupWindowError
 from clickhouse_tx.interfaces import CommitOutcome, Hook, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes import dedup_claims
@@ -104,9 +105,9 @@ class DedupMode(ModeBase):
     def __hash__(self) -> int:
         return hash((DedupMode, self.sizing))
 
-    def validate(self, target: Target, schema: pa.Schema) -> None:
+    def validate(self, target: Target, schema: pa.Schema, info: TableInfo | None = None) -> None:
         """Driver, once per query: table, schema, MergeTree family, a dedup window > 0."""
-        info = self.describe_and_check(target, schema)
+        info = self.described(target, schema, info)
         fq = self.target_sql(target)
         if not info.is_merge_tree:
             raise ConfigurationError(

@@ -13,6 +13,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from clickhouse_tx.conversion.checksum import CountingBatches
+from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.interfaces import CommitOutcome, Mode, Prepared, Target, WriteContext
 from clickhouse_tx.modes.base import ModeBase, peek_schema
 from clickhouse_tx.modes.views import dependent_views, describe_views
@@ -25,13 +26,13 @@ class PlainMode(ModeBase):
 
     mode = Mode.NONE
 
-    def validate(self, target: Target, schema: pa.Schema) -> None:
+    def validate(self, target: Target, schema: pa.Schema, info: TableInfo | None = None) -> None:
         """Driver, once per query: the table exists and accepts the schema.
 
         Logs a warning naming the target's materialized views, if any: a replayed
         insert runs them again, so their tables are at-least-once too.
         """
-        info = self.describe_and_check(target, schema)
+        info = self.described(target, schema, info)
         views = dependent_views(target)
         if views:
             log.warning(

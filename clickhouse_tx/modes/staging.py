@@ -46,6 +46,7 @@ from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.checksum import CountingBatches
 from clickhouse_tx.conversion.dead_letters import write_dead_letters
+from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.errors import (
     ClickHouseTxError,
     ConfigurationError,
@@ -99,7 +100,7 @@ class StagingMode(ModeBase):
         return hash((type(self), self.whole_batch))
 
     # -- driver --------------------------------------------------------------------------
-    def validate(self, target: Target, schema: pa.Schema) -> None:
+    def validate(self, target: Target, schema: pa.Schema, info: TableInfo | None = None) -> None:
         """Driver, once per query: table, schema, a MergeTree-family engine, markers table.
 
         With ``visibility=batch`` also a non-replicated table and a server that runs
@@ -109,7 +110,7 @@ class StagingMode(ModeBase):
         in one transaction with the marker, and each view's table must be one a
         transaction holds.
         """
-        info = self.describe_and_check(target, schema)
+        info = self.described(target, schema, info)
         if not info.is_merge_tree:
             raise ConfigurationError(
                 f"table {info.display} has engine {info.engine}: mode 'staging' moves partitions "

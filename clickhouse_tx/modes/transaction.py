@@ -50,6 +50,7 @@ from clickhouse_tx.client.codes import FUNCTION_THROW_IF_VALUE_IS_NON_ZERO, INVA
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.checksum import CountingBatches, batch_checksum, combine, finish
 from clickhouse_tx.conversion.dead_letters import write_dead_letters
+from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.errors import (
     ConfigurationError,
     NotCommittedError,
@@ -81,9 +82,9 @@ class TransactionMode(ModeBase):
     mode = Mode.TRANSACTION
 
     # -- driver --------------------------------------------------------------------------
-    def validate(self, target: Target, schema: pa.Schema) -> None:
+    def validate(self, target: Target, schema: pa.Schema, info: TableInfo | None = None) -> None:
         """Driver, once per query: table, schema, engine, transactions enabled, the views' tables, markers table."""
-        info = self.describe_and_check(target, schema)
+        info = self.described(target, schema, info)
         if info.is_replicated or not info.is_merge_tree:
             raise ConfigurationError(
                 f"table {info.display} has engine {info.engine}: mode 'transaction' needs a "

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
+from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.errors import ConfigurationError, ServerError
 from clickhouse_tx.interfaces import (
     CommitModeIO,
@@ -226,8 +227,8 @@ class FaultyModeIO:
         # done and the others not yet sent, even though the coordinator commits in parallel.
         self._lock = threading.Lock()
 
-    def validate(self, target: Target, schema: pa.Schema) -> None:
-        self.inner.validate(target, schema)
+    def validate(self, target: Target, schema: pa.Schema, info: TableInfo | None = None) -> None:
+        self.inner.validate(target, schema, info)
 
     def prepare(self, target: Target, ctx: WriteContext, xid: str, batches: Iterator[pa.RecordBatch]) -> Prepared:
         p = self.inner.prepare(target, ctx, xid, batches)

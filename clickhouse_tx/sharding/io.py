@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 import pyarrow as pa
 
 from clickhouse_tx.client.http import ClickHouseHTTP, safe_url
+from clickhouse_tx.conversion.schema import TableInfo
 from clickhouse_tx.errors import AlreadyRegisteredError, ClickHouseTxError, NotCommittedError
 from clickhouse_tx.ids import is_run_fence, parse_xid
 from clickhouse_tx.interfaces import CommitModeIO, CommitOutcome, Hook, Prepared, RegistryEntry, Target, WriteContext
@@ -166,7 +167,8 @@ class ShardedModeIO:
     def _io(self, p: Prepared) -> CommitModeIO:
         return self.per_shard[self.placement.shard_of_slot(p.partition)]
 
-    def validate(self, target: Target, schema: pa.Schema) -> None:
+    def validate(self, target: Target, schema: pa.Schema, info: TableInfo | None = None) -> None:
+        # Each server has its own table: ``info`` (one server's) describes none of the others.
         for shard, replicas in enumerate(self.placement.urls):
             for url in replicas:
                 self.per_shard[shard].validate(dataclasses.replace(target, url=url), schema)

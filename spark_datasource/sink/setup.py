@@ -116,7 +116,7 @@ def _check_table(
     arrow = spark_schema_to_arrow(data)
     info = _describe_or_create(client, opts, target, data)
     check_schema(info, arrow, source_types={f.name: f"Spark type {f.dataType.simpleString()}" for f in data.fields})
-    build_mode_io(opts.mode, visibility=opts.commit_visibility()).validate(target, arrow)
+    build_mode_io(opts.mode, visibility=opts.commit_visibility()).validate(target, arrow, info)
     if opts.dead_letter_table:
         _prepare_dead_letter_table(client, opts.mode, *opts.dead_letter_table)
     plan = ConversionPlan(

@@ -12,6 +12,7 @@ which are not the plan's. No SparkSession: the plan needs only the schema.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,3 +160,21 @@ def test_a_batch_jobs_whole_driver_set_up_runs_on_one_client_and_describes_the_t
     assert [sql for sql in on_first if sql.startswith(f"CREATE TABLE {stage} ")], "the stage"
     engines = [sql for sql in on_first if "FROM system.tables" in sql and "engine_full" in sql]
     assert len(engines) == 1, "the plan reuses the checks' description of the target"
+
+
+@pytest.mark.parametrize("mode", ["transaction", "staging", "dedup", "none"])
+def test_a_streaming_querys_checks_describe_the_target_once_and_the_mode_reads_that_description(
+    clickhouse_url: str, database: str, traced: Traced, mode: str, tmp_path: Path
+) -> None:
+    # streamWriter(): the sink's checks describe the target and check the schema; the mode's
+    # validate takes that description instead of reading system.tables again.
+    from spark_datasource import ClickHouseTxDataSource
+
+    create_events_table(clickhouse_url, database, "events", mode)
+    (tmp_path / "metadata").write_text('{"id":"7d1c2a3e-0000-4000-8000-000000000001"}\n')  # as Spark writes it
+    options = writer_options(clickhouse_url, database, "events", mode, checkpointLocation=str(tmp_path))
+    ClickHouseTxDataSource(options).streamWriter(SCHEMA, False)
+
+    assert len(traced.descriptions_of(database, "events")) == 1
+    columns = [sql for _, sql, p in traced.requests if "FROM system.columns" in sql and p.get("t") == "events"]
+    assert len(columns) == 1
