@@ -86,7 +86,7 @@ class Coordinator:
     Parameters
     ----------
     txn_id:
-        Stable id of the query (see :func:`clickhouse_tx.ids.default_txn_id`).
+        Stable id of the query (see :func:`clickhouse_tx.ids.txn_id_for_spark_query`).
     target, mode_io, registry, log:
         Where rows go and the three I/O protocols.
     retry:

@@ -3,7 +3,7 @@
 The writer's options by the same names and parsing as ``format("clickhouse_tx")``
 (:class:`~spark_datasource.options.writer.WriterOptions`), less the sink's own, and the
 helper's: ``app_id``, ``checkpoint_location``, ``driver_max_bytes``
-(:func:`spark_datasource.sink.foreach_batch.clickhouse_tx_batch` says what each does).
+(:func:`spark_datasource.foreach.clickhouse_tx_batch` says what each does).
 """
 
 from __future__ import annotations

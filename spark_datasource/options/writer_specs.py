@@ -37,7 +37,7 @@ _TARGET = {f.name: f.default for f in dataclasses.fields(Target)}
 _RETRY = {f.name: f.default for f in dataclasses.fields(RetryPolicy)}
 
 #: The shortest ``session_timeout`` (seconds) the writer accepts. The executors' keep-alive
-#: (``clickhouse_tx.modes.transaction.SessionKeepAlive``) touches a prepared session every
+#: (``clickhouse_tx.modes.session_keepalive.SessionKeepAlive``) touches a prepared session every
 #: ``session_timeout / 4`` seconds, each touch given at most ``max(1, session_timeout / 2)``,
 #: and only while its Python worker lives. Below this floor one slow touch (a worker starved
 #: of CPU, a busy server) or the start of the driver's commit outlasts the session.

@@ -3,7 +3,7 @@
 1. Driver, in ``writer(schema, overwrite=True)`` (once per job), :func:`create_stage`:
    check the target as for any write (``create_table`` included), then ``CREATE TABLE
    <db>.<stage> AS <target>`` (same columns, engine, keys and settings) and validate
-   the commit mode on the stage. The writer (``spark_datasource.sink.writer.OverwriteWriter``)
+   the commit mode on the stage. The writer (``spark_datasource.sink.job_writers.OverwriteWriter``)
    is built from what it returns and runs no DDL itself.
 2. Executors, once per partition attempt: prepare into the *stage* through the normal
    coordinator and commit mode (so a retried or speculative task is exactly-once in

@@ -5,7 +5,7 @@ replayed after a crash between its INSERT and Spark's commit log is inserted aga
 ``foreach_insert`` is a plain HTTP INSERT of Arrow (a diagnostic without the writer);
 ``foreach_connect`` is clickhouse-connect's ``insert_arrow`` of ``toArrow()``, today's
 practice, which :mod:`benchmarks.peers` compares with the writer. ``foreach_tx`` is the
-exactly-once helper :func:`~spark_datasource.sink.foreach_batch.clickhouse_tx_batch`: a
+exactly-once helper :func:`~spark_datasource.foreach.clickhouse_tx_batch`: a
 replayed batch is skipped.
 """
 
