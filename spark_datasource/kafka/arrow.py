@@ -1,17 +1,21 @@
-"""Arrow building of the ``kafka_py`` source: kafka-python records to record batches.
+"""Arrow building of the ``kafka_py`` source: fetched records to record batches.
 
-:func:`records_to_batch` runs on executors, once per fetch of a range (called by
-:mod:`spark_datasource.kafka.fetch`); it builds one list per column, with no per-row
-objects beyond the records kafka-python itself creates, and decodes ``value`` from
-JSON (:mod:`spark_datasource.kafka.json_values`) when the schema says it is a struct. Pure
-pyarrow: no pyspark, no broker.
+:func:`records_to_batch` (kafka-python's records) and :func:`messages_to_batch`
+(librdkafka's messages) run on executors, once per fetch of a range (called by
+:mod:`spark_datasource.kafka.fetch` and :mod:`spark_datasource.kafka.librdkafka_fetch`);
+both build one list per column, with no per-row objects beyond the records the client
+itself creates, and share :func:`columns_to_batch`, which decodes ``value`` from JSON
+(:mod:`spark_datasource.kafka.json_values`) when the schema says it is a struct. Pure
+pyarrow and numpy: no pyspark, no broker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from spark_datasource.kafka.json_values import ValueFields, arrow_value_type, decode_values
@@ -43,34 +47,88 @@ def arrow_schema(value_fields: ValueFields | None = None, include_headers: bool 
 
 
 def records_to_batch(records: list[Any], topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
-    """One Arrow record batch from one fetch of one partition (columns built from lists;
-    ``value`` decoded from JSON when ``schema`` says it is a struct)."""
-    n = len(records)
-    keys = [r.key for r in records]
-    values = [r.value for r in records]
-    offsets = [r.offset for r in records]
-    stamps = [r.timestamp for r in records]
-    stamp_types = [r.timestamp_type for r in records]
-
+    """One Arrow record batch from one fetch of one partition by kafka-python (columns
+    built from lists; ``value`` decoded from JSON when ``schema`` says it is a struct)."""
     # Microseconds built in Python rather than with pyarrow.compute, whose first call
     # in a fresh Python worker is far slower than this list comprehension.
-    ts = pa.array([s * 1000 for s in stamps], schema.field("timestamp").type)
+    ts = pa.array([r.timestamp * 1000 for r in records], schema.field("timestamp").type)
+    return columns_to_batch(
+        Columns(
+            keys=[r.key for r in records],
+            values=[r.value for r in records],
+            offsets=[r.offset for r in records],
+            timestamps=ts,
+            timestamp_types=pa.array([r.timestamp_type for r in records], pa.int32()),
+            headers=[r.headers for r in records] if "headers" in schema.names else None,
+        ),
+        topic,
+        partition,
+        schema,
+    )
+
+
+def messages_to_batch(messages: list[Any], topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
+    """One Arrow record batch from ``confluent_kafka.Message`` objects of one partition.
+
+    Each column is one ``map`` of the message's C accessor over the list (no Python
+    frame per record); timestamps and their types come out of one numpy array of the
+    ``(type, ms)`` pairs. librdkafka's timestamp types are 1 (create time) and 2
+    (log-append time), Spark's 0 and 1.
+    """
+    from confluent_kafka import Message
+
+    pairs = np.array(list(map(Message.timestamp, messages)), dtype=np.int64).reshape(-1, 2)
+    return columns_to_batch(
+        Columns(
+            keys=list(map(Message.key, messages)),
+            values=list(map(Message.value, messages)),
+            offsets=list(map(Message.offset, messages)),  # type: ignore[arg-type]  # never None for a record
+            timestamps=pa.array(pairs[:, 1] * 1000, schema.field("timestamp").type),
+            timestamp_types=pa.array((pairs[:, 0] == _LOG_APPEND_TIME).astype(np.int32), pa.int32()),
+            headers=list(map(Message.headers, messages)) if "headers" in schema.names else None,
+        ),
+        topic,
+        partition,
+        schema,
+    )
+
+
+#: librdkafka's ``TIMESTAMP_LOG_APPEND_TIME``.
+_LOG_APPEND_TIME = 2
+
+
+@dataclasses.dataclass
+class Columns:
+    """The per-record columns of one fetch, whichever client read it."""
+
+    keys: list[Any]
+    values: list[Any]
+    offsets: list[int]
+    timestamps: pa.Array
+    timestamp_types: pa.Array
+    headers: list[Any] | None
+
+
+def columns_to_batch(c: Columns, topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
+    """The record batch of ``schema`` from one fetch's columns (``value`` decoded from JSON
+    when ``schema`` says it is a struct; ``headers`` when it has them)."""
+    n = len(c.offsets)
     value_type = schema.field("value").type
     if pa.types.is_struct(value_type):
-        value_column = decode_values(values, value_type, topic, partition, offsets)
+        value_column = decode_values(c.values, value_type, topic, partition, c.offsets)
     else:
-        value_column = pa.array(values, pa.binary())
+        value_column = pa.array(c.values, pa.binary())
     columns = [
-        pa.array(keys, pa.binary()),
+        pa.array(c.keys, pa.binary()),
         value_column,
-        pa.array([topic] * n, pa.string()),
+        pa.repeat(topic, n) if n else pa.array([], pa.string()),
         pa.array([partition] * n, pa.int32()),
-        pa.array(offsets, pa.int64()),
-        ts,
-        pa.array(stamp_types, pa.int32()),
+        pa.array(c.offsets, pa.int64()),
+        c.timestamps,
+        c.timestamp_types,
     ]
     if "headers" in schema.names:
-        columns.append(_headers_column([r.headers for r in records], schema.field("headers").type))
+        columns.append(_headers_column(c.headers or [None] * n, schema.field("headers").type))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 

@@ -6,11 +6,14 @@
   ``bootstrap.servers``.
 - :class:`ClusterMetadata`: the driver's view of the cluster (topic-partitions, their
   earliest and latest offsets, offsets by timestamp) through one long-lived consumer.
-- :class:`ConsumerPool` and :data:`POOL`: the executors' idle consumers, reused across
-  tasks and micro-batches of a reused Python worker.
+- :class:`ConsumerPool` and :data:`POOL`: the executors' idle consumers (kafka-python's,
+  or librdkafka's with ``kafka.client=librdkafka``:
+  :mod:`spark_datasource.kafka.librdkafka_fetch`), reused across tasks and
+  micro-batches of a reused Python worker.
 
 kafka-python is imported inside the functions, so that an install without the
-``[kafka]`` extra imports this module and fails only when a read is planned.
+``[kafka]`` extra imports this module and fails only when a read is planned. The
+driver's metadata goes through kafka-python whichever client the executors read with.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from spark_datasource.kafka.errors import KafkaUnavailableError
+from spark_datasource.kafka.librdkafka_fetch import close_librdkafka, new_librdkafka_consumer, park
 from spark_datasource.kafka.offsets import TP
 from spark_datasource.kafka.options import KafkaOptions
 from spark_datasource.kafka.security import check_access, redact_secrets_in_logs
@@ -87,15 +91,17 @@ def settings_key(opts: KafkaOptions) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _connected(consumer: object) -> bool:
+def _connected(consumer: object, client: str) -> bool:
     """True while a pooled consumer still holds a live broker connection.
 
     kafka-python reconnects on its own, but only after a request times out; a consumer
     whose every connection is gone (broker restarted, socket reset while idle) is
-    cheaper to replace than to wait for.
+    cheaper to replace than to wait for. librdkafka reconnects in its own threads, at
+    once: its consumers are always taken as they are.
     """
-    client = getattr(consumer, "_client", None)
-    conns = getattr(client, "_conns", None)
+    if client == "librdkafka":
+        return True
+    conns = getattr(getattr(consumer, "_client", None), "_conns", None)
     if not conns:
         return False
     return any(conn.connected() for conn in list(conns.values()))
@@ -113,15 +119,17 @@ class PoolStats:
 
 
 class ConsumerPool:
-    """Idle kafka-python consumers of one Python worker, reused across tasks and batches.
+    """Idle consumers of one Python worker, reused across tasks and batches.
 
     Spark reuses Python workers (``spark.python.worker.reuse``, on by default), so a
     consumer left here by one task serves the next range of the same topic-partition in
     a later task or micro-batch of this worker: no new TCP connection, no version probe,
     no metadata round trip, and often records already prefetched at the right position.
-    Keyed by (:func:`settings_key`, topic, partition). A consumer is handed out to one
-    reader at a time and positioned by ``seek`` on every checkout, so what it returns
-    depends only on the range (replays read the same records). Consumers idle for more
+    Keyed by (:func:`settings_key`, client, topic, partition). A consumer is handed out
+    to one reader at a time and positioned at the range's start by every read (a
+    kafka-python one by ``seek``, a librdkafka one by its assignment), so what it returns
+    depends only on the range (replays read the same records). A librdkafka consumer is
+    unassigned when it comes back, so it fetches nothing while idle. Consumers idle for more
     than ``idle_s`` are closed at the next checkout or give-back; one whose broker
     connections are all gone is replaced at checkout; one that raised is closed, never
     returned. At most ``max_idle`` stay open per worker (the oldest are closed).
@@ -133,29 +141,33 @@ class ConsumerPool:
         self.idle_s = idle_s
         self.max_idle = max_idle
         self.stats = PoolStats()
-        self._idle: dict[tuple[str, str, int], tuple[float, Any]] = {}
+        self._idle: dict[tuple[str, str, str, int], tuple[float, Any]] = {}
         self._versions: dict[str, tuple[int, ...]] = {}
         self._lock = threading.Lock()
 
-    def checkout(self, opts: KafkaOptions, tp: TP) -> tuple[Any, bool]:
-        """A consumer assigned to ``tp`` and whether it came from the pool.
+    def checkout(self, opts: KafkaOptions, tp: TP, client: str = "kafka-python") -> tuple[Any, bool]:
+        """A consumer for ``tp`` and whether it came from the pool.
 
-        A new one has no position yet; a pooled one is where its last read stopped.
+        A new kafka-python one is assigned ``tp`` with no position yet; a pooled one is
+        where its last read stopped. A librdkafka one is unassigned: the read assigns it.
         """
         from kafka import TopicPartition
 
         settings = settings_key(opts)
-        key = (settings, tp[0], tp[1])
+        key = (settings, client, tp[0], tp[1])
         with self._lock:
             self._close_idle_locked(time.monotonic())
             entry = self._idle.pop(key, None)
         if entry is not None:
             consumer = entry[1]
-            if _connected(consumer):
+            if _connected(consumer, client):
                 self.stats.reused += 1
                 return consumer, True
             self.stats.replaced += 1
             _close_quietly(consumer)
+        if client == "librdkafka":
+            self.stats.created += 1
+            return new_librdkafka_consumer(opts), False
         consumer = new_consumer(opts, self._versions.get(settings))
         version = consumer.config.get("api_version")
         if version is not None:
@@ -164,9 +176,16 @@ class ConsumerPool:
         self.stats.created += 1
         return consumer, False
 
-    def give_back(self, opts: KafkaOptions, tp: TP, consumer: Any) -> None:
+    def give_back(self, opts: KafkaOptions, tp: TP, consumer: Any, client: str = "kafka-python") -> None:
         """Keep ``consumer`` for the next range of ``tp`` (after a read that did not raise)."""
-        key = (settings_key(opts), tp[0], tp[1])
+        key = (settings_key(opts), client, tp[0], tp[1])
+        if client == "librdkafka":
+            try:
+                park(consumer)
+            except Exception as e:  # a consumer that cannot stop fetching is not kept
+                log.debug("kafka_py: unassigning a librdkafka consumer failed: %r", e)
+                self.discard(consumer)
+                return
         now = time.monotonic()
         with self._lock:
             old = self._idle.pop(key, None)
@@ -208,8 +227,13 @@ class ConsumerPool:
 
 
 def _close_quietly(consumer: Any) -> None:
+    from kafka import KafkaConsumer
+
     try:
-        consumer.close(autocommit=False)
+        if isinstance(consumer, KafkaConsumer):
+            consumer.close(autocommit=False)
+        else:
+            close_librdkafka(consumer)
     except Exception as e:  # closing a broken consumer must not fail a read
         log.debug("kafka_py: closing a pooled consumer failed: %r", e)
 

@@ -11,7 +11,6 @@ partition has grown since, so every attempt returns the same records.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any, Iterator
@@ -20,9 +19,11 @@ import pyarrow as pa
 
 from spark_datasource.kafka.arrow import arrow_schema, records_to_batch
 from spark_datasource.kafka.consumers import POOL, ConsumerPool
-from spark_datasource.kafka.errors import KafkaDataLossError, KafkaUnavailableError
+from spark_datasource.kafka.librdkafka_fetch import read_records_librdkafka
+from spark_datasource.kafka.librdkafka_settings import librdkafka_available
 from spark_datasource.kafka.offsets import KafkaOffsetRange, KafkaRangeGroup, PlannedPartition
 from spark_datasource.kafka.options import KafkaOptions
+from spark_datasource.kafka.range_reads import ReadClock, no_records_error, resume_after_out_of_range
 
 log = logging.getLogger(__name__)
 
@@ -49,26 +50,29 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange, pool: ConsumerPool | N
         return
     pool = POOL if pool is None else pool
     tp = (rng.topic, rng.partition)
-    clock = _ReadClock(time.monotonic())
-    consumer, reused = pool.checkout(opts, tp)
+    clock = ReadClock(time.monotonic())
+    client = reading_client(opts)
+    consumer, reused = pool.checkout(opts, tp, client)
     clock.checked_out = time.monotonic()
+    read = _read_records if client == "kafka-python" else read_records_librdkafka
     try:
-        yield from _read_records(opts, consumer, rng, clock, reused)
+        yield from read(opts, consumer, rng, clock, reused)
     except GeneratorExit:
-        pool.give_back(opts, tp, consumer)  # the caller stopped early: the consumer is fine
+        pool.give_back(opts, tp, consumer, client)  # the caller stopped early: the consumer is fine
         raise
     except BaseException:
         pool.discard(consumer)
         raise
-    pool.give_back(opts, tp, consumer)
+    pool.give_back(opts, tp, consumer, client)
     if log.isEnabledFor(logging.DEBUG):
         log.debug(
-            "kafka_py: read %s[%d] [%d, %d): %d rows, consumer %s, checkout %.1f ms, "
+            "kafka_py: read %s[%d] [%d, %d) with %s: %d rows, consumer %s, checkout %.1f ms, "
             "first records %.1f ms, arrow %.1f ms, total %.1f ms",
             rng.topic,
             rng.partition,
             rng.start,
             rng.end,
+            client,
             clock.rows,
             "reused" if reused else "new",
             clock.ms(clock.checked_out),
@@ -76,6 +80,15 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange, pool: ConsumerPool | N
             clock.arrow_s * 1000,
             clock.ms(time.monotonic()),
         )
+
+
+def reading_client(opts: KafkaOptions) -> str:
+    """The client this executor reads with: the driver's choice, except that a choice
+    made by ``kafka.client=auto`` falls back to kafka-python where ``confluent_kafka``
+    does not import (an executor installed without it)."""
+    if opts.client == "librdkafka" and opts.client_auto and not librdkafka_available():
+        return "kafka-python"
+    return opts.client
 
 
 def read_partition(opts: KafkaOptions, planned: PlannedPartition) -> Iterator[pa.RecordBatch]:
@@ -86,22 +99,8 @@ def read_partition(opts: KafkaOptions, planned: PlannedPartition) -> Iterator[pa
         yield from read_range(opts, rng)
 
 
-@dataclasses.dataclass
-class _ReadClock:
-    """Where one range's read spent its time (for the DEBUG line of :func:`read_range`)."""
-
-    started: float
-    checked_out: float = 0.0
-    first_records: float = 0.0
-    arrow_s: float = 0.0
-    rows: int = 0
-
-    def ms(self, t: float) -> float:
-        return (t - self.started) * 1000 if t else 0.0
-
-
 def _read_records(
-    opts: KafkaOptions, consumer: Any, rng: KafkaOffsetRange, clock: _ReadClock, pooled: bool
+    opts: KafkaOptions, consumer: Any, rng: KafkaOffsetRange, clock: ReadClock, pooled: bool
 ) -> Iterator[pa.RecordBatch]:
     """The fetch loop of :func:`read_range` on an assigned consumer (executor)."""
     from kafka import TopicPartition
@@ -152,33 +151,11 @@ def _read_records(
             if position is not None and position > pos:
                 pos = position
         if pos < rng.end and not records and time.monotonic() > deadline:
-            raise KafkaUnavailableError(
-                f"kafka_py: no records from {rng.topic}[{rng.partition}] at offset {pos} "
-                f"(range ends at {rng.end}) within kafkaConsumer.pollTimeoutMs="
-                f"{opts.poll_timeout_ms}; bootstrap.servers={opts.bootstrap_servers}"
-            )
+            raise no_records_error(opts, rng, pos)
 
 
 def _after_out_of_range(opts: KafkaOptions, consumer: Any, tp: Any, rng: KafkaOffsetRange, pos: int) -> int:
-    """Where to continue after the broker said ``pos`` is out of range (executor)."""
+    """Where to continue after the broker said ``pos`` is out of range (executor, kafka-python)."""
     begin = int(consumer.beginning_offsets([tp])[tp])
     end = int(consumer.end_offsets([tp])[tp])
-    if begin > pos:
-        lost = f"offsets [{pos}, {min(begin, rng.end)}) of {rng.topic}[{rng.partition}]"
-        if opts.fail_on_data_loss:
-            raise KafkaDataLossError(
-                f"kafka_py: {lost} were deleted (retention?) before they were read. "
-                f"Set failOnDataLoss=false to skip them."
-            )
-        log.warning("kafka_py: skipping %s: deleted before they were read", lost)
-        return begin
-    # pos beyond the log end: the partition was truncated or re-created.
-    if opts.fail_on_data_loss:
-        raise KafkaDataLossError(
-            f"kafka_py: {rng.topic}[{rng.partition}] ends at {end}, below the planned range "
-            f"[{pos}, {rng.end}) (topic re-created?). Set failOnDataLoss=false to skip."
-        )
-    log.warning(
-        "kafka_py: skipping [%d, %d) of %s[%d]: beyond the log end %d", pos, rng.end, rng.topic, rng.partition, end
-    )
-    return rng.end
+    return resume_after_out_of_range(opts, rng, pos, begin, end)

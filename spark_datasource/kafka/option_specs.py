@@ -336,6 +336,17 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         shown_default="—",
     ),
     _kafka(
+        "kafka.client",
+        "auto",
+        one_of("auto", "kafka-python", "librdkafka"),
+        "the client executors read with: `librdkafka` (the C client bundled in `confluent-kafka`, which parses "
+        "records in C: several times kafka-python's records/s, see below), `kafka-python`, or `auto`: librdkafka "
+        "when `confluent_kafka` imports on the driver and every `kafka.*` setting has a librdkafka equivalent, else "
+        "kafka-python. The same offsets, records and errors with either. `librdkafka` without `confluent-kafka` "
+        "installed, or with a setting it has no equivalent of, is refused on the driver",
+        shown_default="`auto`",
+    ),
+    _kafka(
         "kafka.<setting>",
         None,
         TEXT,

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from spark_datasource.kafka.client_settings import KafkaParams, kafka_params
 from spark_datasource.kafka.json_values import ValueFields, parse_value_schema
+from spark_datasource.kafka.librdkafka_settings import choose_client
 from spark_datasource.kafka.offset_parsers import EARLIEST, LATEST, OffsetSpec, TimestampSpec
 from spark_datasource.kafka.option_specs import KAFKA_OPTIONS, kafka_option_error
 from spark_datasource.kafka.security import check_security
@@ -78,6 +79,12 @@ class KafkaOptions:
         Split offset ranges so no Spark partition reads more records than this.
     kafka_params
         Extra kafka-python settings from ``kafka.*`` options (secrets masked in repr).
+    client
+        ``kafka.client`` resolved on the driver: ``kafka-python`` or ``librdkafka``
+        (:func:`~spark_datasource.kafka.librdkafka_settings.choose_client`).
+    client_auto
+        ``client`` was chosen by ``auto``: an executor without ``confluent_kafka``
+        reads with kafka-python instead of failing.
     value_fields
         With ``value.format=json``: the ``(name, type)`` fields of ``value.schema``, and
         the ``value`` column is their struct, decoded in the source; None: raw bytes.
@@ -107,6 +114,8 @@ class KafkaOptions:
     max_trigger_delay_ms: int
     include_headers: bool
     max_records_per_partition: int | None = None
+    client: str = "kafka-python"
+    client_auto: bool = False
 
     def timestamp_option(self, starting: bool) -> str:
         """The option the starting (or ending) timestamps came from, for error messages."""
@@ -158,6 +167,8 @@ def parse_kafka_options(options: Mapping[str, str], *, streaming: bool | None = 
     v = KAFKA_OPTIONS.read_all(opts)
     fields = {s.field: v[s.name] for s in KAFKA_OPTIONS.specs if s.field}
     return KafkaOptions(
+        client=choose_client(v["kafka.client"], dict(params)),
+        client_auto=v["kafka.client"] == "auto",
         bootstrap_servers=_bootstrap(opts),
         **_subscription(v),
         **_offset_bounds(v, opts, streaming),

@@ -47,6 +47,8 @@ OPTION = {
     "ssl_crlfile": "kafka.ssl.crlfile",
 }
 _PROBE_TIMEOUT_S = 10.0
+#: The logger librdkafka's consumers log to (``kafka.client=librdkafka``); masked like kafka-python's.
+LIBRDKAFKA_LOGGER = "spark_datasource.kafka.librdkafka"
 
 
 def _fail(option: str, problem: str) -> ConfigurationError:
@@ -129,7 +131,7 @@ _FILTER_LOCK = threading.Lock()
 
 
 def redact_secrets_in_logs(cfg: Mapping[str, object]) -> None:
-    """Mask the passwords of ``cfg`` in every kafka-python log record of this process.
+    """Mask the passwords of ``cfg`` in every kafka-python and librdkafka log record of this process.
 
     Runs where a consumer is built (driver and executors), before it connects. A
     secret is masked as given and as it shows inside a ``bytes`` repr.
@@ -142,8 +144,9 @@ def redact_secrets_in_logs(cfg: Mapping[str, object]) -> None:
     with _FILTER_LOCK:
         for secret in found:
             _FILTER.secrets.update({secret, repr(secret.encode())[2:-1]})
+        logging.getLogger(LIBRDKAFKA_LOGGER)
         for name in list(logging.root.manager.loggerDict):
-            if name == "kafka" or name.startswith("kafka."):
+            if name == "kafka" or name.startswith("kafka.") or name == LIBRDKAFKA_LOGGER:
                 logger = logging.getLogger(name)
                 if _FILTER not in logger.filters:
                     logger.addFilter(_FILTER)

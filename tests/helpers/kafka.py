@@ -11,6 +11,9 @@ from kafka import KafkaProducer
 from server_patches.kafka_broker import create_topic, delete_records
 from spark_datasource.kafka.arrow import arrow_schema
 
+#: Both clients ``kafka_py`` reads with (``kafka.client``), for tests parametrized over them.
+CLIENTS = ("kafka-python", "librdkafka")
+
 
 def produce(
     bootstrap: str, topic: str, counts: dict[int, int], tag: str = "v", client: Mapping[str, Any] | None = None
