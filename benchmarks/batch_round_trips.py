@@ -51,7 +51,7 @@ def _rows(batch: int, part: int, n: int = 10) -> pa.RecordBatch:
 
 def _one_mode(url: str, db: str, mode: str, workdir: Path, trace: Path) -> dict[str, Any]:
     from clickhouse_tx.interfaces import WriteContext
-    from spark_datasource.options.writer import WriterOptions
+    from spark_datasource.options.writer_options import WriterOptions
     from spark_datasource.sink.writer import coordinator_for
 
     settings = " SETTINGS non_replicated_deduplication_window = 1000" if mode == "dedup" else ""

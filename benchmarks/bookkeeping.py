@@ -26,7 +26,7 @@ from clickhouse_tx.admin.bookkeeping import counts
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.factory import build_coordinator, build_registry
 from clickhouse_tx.interfaces import Target, WriteContext
-from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup.mode import DedupMode
 from clickhouse_tx.protocol.coordinator import Coordinator
 
 DATABASE = "bench_bookkeeping"

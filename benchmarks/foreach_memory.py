@@ -50,8 +50,8 @@ DDL = (
 
 def child(args: dict[str, Any]) -> dict[str, Any]:
     """One measurement (in a fresh process): the helper on ``rows`` rows in ``mode``."""
-    from spark_datasource.foreach import clickhouse_tx_batch
-    from spark_datasource.sink.foreach_collect import collect_arrow
+    from spark_datasource.foreach.collect import collect_arrow
+    from spark_datasource.foreach.helper import clickhouse_tx_batch
     from spark_datasource.testing.credentials import writer_options
     from spark_datasource.testing.session import local_session
 

@@ -5,9 +5,9 @@ highest block number (the window). This measures, without Spark, whether folding
 two into one statement would make a chunk's checks cheaper:
 
 - ``two_requests``: the code's own reads, ``KeeperMapRegistry.get`` then
-  :func:`~clickhouse_tx.modes.dedup_window.max_block_number`, one after the other;
+  :func:`~clickhouse_tx.modes.dedup.window.max_block_number`, one after the other;
 - ``one_statement``: both as scalar subqueries of one ``SELECT``, as the tasks send them
-  (:func:`~clickhouse_tx.modes.dedup_window.fence_and_blocks`);
+  (:func:`~clickhouse_tx.modes.dedup.window.fence_and_blocks`);
 - ``select_1``: ``SELECT 1``, the cost of a request that reads nothing.
 
 Per figure the median over ``--rounds`` rounds of ``--calls`` calls each; the three
@@ -49,7 +49,7 @@ def _variants(url: str, db: str) -> dict[str, Callable[[], object]]:
     """The three ways to read, over one registered xid and a table with parts."""
     from clickhouse_tx.client.http import ClickHouseHTTP
     from clickhouse_tx.interfaces import Mode, Prepared, RegistryEntry, Target, WriteContext
-    from clickhouse_tx.modes.dedup_window import fence_and_blocks, max_block_number
+    from clickhouse_tx.modes.dedup.window import fence_and_blocks, max_block_number
     from clickhouse_tx.store.registry import KeeperMapRegistry
 
     target = Target(url=url, database=db, table="events")

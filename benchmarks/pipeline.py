@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.results_file import write_result
-from clickhouse_tx.protocol.faults import STREAMING_STEPS
+from clickhouse_tx.testing.faults import STREAMING_STEPS
 from spark_datasource.testing.foreach_sinks import SINKS
 from spark_datasource.testing.pipeline import run_pipeline
 from spark_datasource.testing.pipeline_config import MODES, PipelineConfig

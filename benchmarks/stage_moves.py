@@ -3,8 +3,8 @@
 Two figures behind ``docs/performance.md`` ("Partitions per micro-batch"), without Spark:
 
 - P stage tables of one partition each are moved into one target by
-  :func:`clickhouse_tx.modes.stage_publish.run_moves`, one at a time and
-  :data:`~clickhouse_tx.modes.stage_publish.MOVES_AT_ONCE` at a time;
+  :func:`clickhouse_tx.modes.staging.publish.run_moves`, one at a time and
+  :data:`~clickhouse_tx.modes.staging.publish.MOVES_AT_ONCE` at a time;
 - P markers are inserted in one request as :meth:`CommitMarkers.insert_sql` writes
   them, and as a ``VALUES`` list with ``now64(3)`` in every row (the form it replaced).
 
@@ -34,7 +34,7 @@ RESULT = ROOT / "benchmarks" / "results" / "stage_moves.json"
 
 def _staged(url: str, db: str, stages: int) -> tuple[str, list[str]]:
     """A fresh target and the MOVEs of ``stages`` stages of one row and one partition each."""
-    from clickhouse_tx.modes.stage_tables import move_sql
+    from clickhouse_tx.modes.staging.tables import move_sql
 
     table = f"t_{uuid.uuid4().hex[:8]}"
     run_sql(url, f"CREATE TABLE {db}.{table} (id UInt64, d Date) ENGINE = MergeTree PARTITION BY d ORDER BY id")
@@ -55,7 +55,7 @@ def _moves_ms(url: str, db: str, stages: int, at_once: int) -> float:
     number of tables, and the server is left a second to settle after their set-up.
     """
     from clickhouse_tx.interfaces import Target
-    from clickhouse_tx.modes.stage_publish import run_moves
+    from clickhouse_tx.modes.staging.publish import run_moves
 
     table, moves = _staged(url, db, stages)
     time.sleep(1.0)
@@ -100,7 +100,7 @@ def _markers_ms(url: str, db: str, stages: int) -> dict[str, float]:
 
 
 def run(url: str, stages: int, rounds: int) -> dict[str, Any]:
-    from clickhouse_tx.modes.stage_publish import MOVES_AT_ONCE
+    from clickhouse_tx.modes.staging.publish import MOVES_AT_ONCE
 
     db = f"bench_moves_{uuid.uuid4().hex[:6]}"
     run_sql(url, f"CREATE DATABASE {db}")

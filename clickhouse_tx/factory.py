@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from clickhouse_tx.interfaces import CommitModeIO, Mode, Target
 from clickhouse_tx.modes import mode_io_for
-from clickhouse_tx.modes.dedup import DedupMode
+from clickhouse_tx.modes.dedup.mode import DedupMode
 from clickhouse_tx.store.checkpoint_paths import open_location
 from clickhouse_tx.store.decision_log import DEFAULT_RETAIN_BATCHES
 from clickhouse_tx.store.registry import DEFAULT_TABLE, KeeperMapRegistry

@@ -47,7 +47,7 @@ class ModeCapabilities:
         checks a partition's values before its first insert, not while it streams.
     stage_tables:
         Prepare leaves one table per xid (``staging``): ``gc`` lists the leftovers
-        (:func:`clickhouse_tx.modes.stage_tables.leftover_stages`) and drops them.
+        (:func:`clickhouse_tx.modes.staging.tables.leftover_stages`) and drops them.
     """
 
     visible_on_insert: bool = False

@@ -3,7 +3,7 @@
 >>> import spark_datasource
 >>> spark_datasource.register(spark)   # registers "clickhouse_tx" and "kafka_py"
 
-Exactly-once ``foreachBatch`` (:mod:`spark_datasource.foreach`):
+Exactly-once ``foreachBatch`` (:mod:`spark_datasource.foreach.helper`):
 
 >>> fn = spark_datasource.clickhouse_tx_batch(url=url, table="db.events", app_id="events-to-ch")
 >>> df.writeStream.foreachBatch(fn).option("checkpointLocation", chk).start()
@@ -59,7 +59,7 @@ def __getattr__(name: str) -> object:
 
         return KafkaDataSource
     if name in ("clickhouse_tx_batch", "clickhouse_tx_transaction"):
-        from spark_datasource import foreach
+        from spark_datasource.foreach import helper as foreach
 
         return getattr(foreach, name)
     raise AttributeError(f"module 'spark_datasource' has no attribute {name!r}")

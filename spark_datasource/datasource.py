@@ -19,8 +19,8 @@ from pyspark.sql.types import StructType
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.conversion.schema import TableInfo
-from spark_datasource.options.writer import WriterOptions
-from spark_datasource.sink.batch_append import already_written, plan_job
+from spark_datasource.options.writer_options import WriterOptions
+from spark_datasource.sink.job_append import already_written, plan_job
 from spark_datasource.sink.job_writers import AppendJobWriter, OverwriteWriter, SkippedJobWriter
 from spark_datasource.sink.overwrite import create_stage
 from spark_datasource.sink.writer import ClickHouseTxBatchWriter, ClickHouseTxStreamWriter

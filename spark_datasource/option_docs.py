@@ -7,7 +7,7 @@ written by hand. After adding or changing an option's declaration
     python -m spark_datasource.option_docs           # rewrite the tables in place
     python -m spark_datasource.option_docs --check   # exit 1 when a table differs
 
-``tests/unit/test_option_docs.py`` fails when a table and the declarations disagree.
+``tests/unit/spark_datasource/options/test_option_docs.py`` fails when a table and the declarations disagree.
 """
 
 from __future__ import annotations

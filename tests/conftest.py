@@ -26,7 +26,7 @@ from tests.helpers import external
 # whatever `python3` is on PATH. Set before any test module creates a SparkSession.
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-# The writer's fault.* hooks (clickhouse_tx.protocol.faults) are refused without this; set here,
+# The writer's fault.* hooks (clickhouse_tx.testing.faults) are refused without this; set here,
 # before any SparkSession or subprocess starts, so the JVM, its Python workers and the
 # jobs the torture tests launch inherit it. Production environments never set it.
 os.environ["CLICKHOUSE_TX_TEST_FAULTS"] = "1"

@@ -9,7 +9,7 @@ table                  records                          dropped by
 ``clickhouse_tx_layouts``  mode ``dedup``'s claims, chunk   the next batch's commit (a stream), the
 (KeeperMap)            records, seals, first-run        job's end (a batch job); ``gc``: a
                        records                          committed batch past the retention
-                                                        (:func:`~clickhouse_tx.modes.dedup_lifetime.expired_keys`)
+                                                        (:func:`~clickhouse_tx.modes.dedup.lifetime.expired_keys`)
                        the ``foreachBatch`` helper's    the next batch's key row; ``gc``: past the
                        first-attempt records (dedup)    retention once the batch has its key row
                                                         or its ``app_id`` a later one
@@ -40,10 +40,11 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.foreach.keys import BATCHES_TABLE
 from clickhouse_tx.ids import RUN_FENCE_PREFIX
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.modes.batch_keys import BATCHES_TABLE
-from clickhouse_tx.modes.dedup_lifetime import (
+from clickhouse_tx.jobs.publish import JOBS_TABLE
+from clickhouse_tx.modes.dedup.lifetime import (
     BatchRef,
     KeyRow,
     LayoutRow,
@@ -53,8 +54,7 @@ from clickhouse_tx.modes.dedup_lifetime import (
     expired_keys,
     old_batches,
 )
-from clickhouse_tx.modes.dedup_records import CONTENT_PARTITION, LAYOUT_TABLE, SEAL_PARTITION
-from clickhouse_tx.modes.job_publish import JOBS_TABLE
+from clickhouse_tx.modes.dedup.records import CONTENT_PARTITION, LAYOUT_TABLE, SEAL_PARTITION
 from clickhouse_tx.store.markers import MARKERS_TABLE, CommittedReader
 from clickhouse_tx.store.registry import FINISHED_STATES, KeeperMapRegistry
 
@@ -192,7 +192,7 @@ def gc_bookkeeping(
     """``gc``'s retention pass: drop the records older than ``retention_s`` that nothing needs.
 
     Needs no checkpoint and no query named: a layout record goes only with its whole
-    batch, once that batch is committed (:func:`~clickhouse_tx.modes.dedup_lifetime.expired_keys`),
+    batch, once that batch is committed (:func:`~clickhouse_tx.modes.dedup.lifetime.expired_keys`),
     a run fence once older than any straggler task, a key row unless it is its
     ``app_id``'s newest, a job row unless it holds an ``idempotence_key``. Why a replay
     after the retention never writes twice: ``docs/protocol.md``, "How long records live".
@@ -241,7 +241,7 @@ def _mutate(c: ClickHouseHTTP, fq: str, where: str) -> int:
 
 def _drop_key_rows(c: ClickHouseHTTP, database: str, cut_ms: int) -> int:
     """Key rows older than ``cut_ms`` except each ``app_id``'s newest (the one a replay or
-    another query's check reads: :func:`~clickhouse_tx.modes.batch_keys.check_recorded`)."""
+    another query's check reads: :func:`~clickhouse_tx.foreach.keys.check_recorded`)."""
     fq = q.qualified(database, BATCHES_TABLE)
     newest = CommittedReader(c).query_json(f"SELECT app_id, max(batch_id) AS b FROM {fq} GROUP BY app_id")
     keep = _tuples((str(r["app_id"]), int(r["b"])) for r in newest)

@@ -31,7 +31,7 @@ from clickhouse_tx.interfaces import (
     Target,
     WriteContext,
 )
-from clickhouse_tx.modes.stage_tables import (
+from clickhouse_tx.modes.staging.tables import (
     OVERWRITE_STAGE_PREFIX,
     is_overwrite_stage_of,
     leftover_stages,

@@ -43,7 +43,7 @@ class TableInfo:
 
     The dedup windows are the table's own settings, else the server's MergeTree defaults.
     ``engine_full`` and ``uuid`` are what a stage ``AS`` the table is made from
-    (:func:`clickhouse_tx.modes.stage_tables.create_stage_table`).
+    (:func:`clickhouse_tx.modes.staging.tables.create_stage_table`).
     """
 
     database: str

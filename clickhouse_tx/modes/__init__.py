@@ -40,11 +40,11 @@ def mode_io_for(mode: "Mode | str", *, visibility: str = "partition") -> CommitM
 
         return TransactionMode()
     if m is Mode.STAGING:
-        from clickhouse_tx.modes.staging import StagingMode
+        from clickhouse_tx.modes.staging.mode import StagingMode
 
         return StagingMode(whole_batch=visibility == "batch")
     if m is Mode.DEDUP:
-        from clickhouse_tx.modes.dedup import DedupMode
+        from clickhouse_tx.modes.dedup.mode import DedupMode
 
         return DedupMode()
     from clickhouse_tx.modes.plain import PlainMode

@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 #: later statement (INVALID_TRANSACTION) until a ROLLBACK, which only the writer itself
 #: sends, on its way out. After a ROLLBACK from the driver, the writer's next INSERT
 #: would run outside any transaction and commit on its own
-#: (``tests/integration/test_modes.py`` holds it).
+#: (``tests/integration/clickhouse_tx/modes/test_modes.py`` holds it).
 FENCE = "SELECT throwIf(1, 'clickhouse_tx: rolled back by the driver; this session writes nothing more')"
 
 

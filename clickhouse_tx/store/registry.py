@@ -22,7 +22,7 @@ With ``keeper_map_strict_mode=1`` (sent with every write):
 from "it was not in an expected state". Every write therefore also sets
 ``cas_token`` to a fresh random value; reading the row back afterwards says who won:
 our token means our write landed, anything else means it did not. This also
-resolves a write whose reply was lost. ``tests/integration/test_registry.py`` races
+resolves a write whose reply was lost. ``tests/integration/clickhouse_tx/store/test_registry.py`` races
 threads on one transition and checks exactly one wins.
 
 Reads are plain SELECTs (KeeperMap is not transactional: no ``implicit_transaction``).

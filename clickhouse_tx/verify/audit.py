@@ -89,7 +89,7 @@ def _check_markers(
 
 def _published_jobs(ch: ClickHouseReader, db: str, t: str, txn_id: str | None) -> tuple[int, int]:
     """(jobs, rows) of the batch jobs published into ``db.t`` at once (``clickhouse_tx_jobs``)."""
-    from clickhouse_tx.modes.job_publish import JOBS_TABLE
+    from clickhouse_tx.jobs.publish import JOBS_TABLE
 
     if not ch.columns(db, JOBS_TABLE):
         return 0, 0

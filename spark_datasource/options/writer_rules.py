@@ -1,6 +1,6 @@
 """The writer options that are read together: each rule checks a few options against each other.
 
-:meth:`spark_datasource.options.writer.WriterOptions.parse` runs these on the driver,
+:meth:`spark_datasource.options.writer_options.WriterOptions.parse` runs these on the driver,
 each on the lower-cased options dict, after the unknown keys are refused. Each value
 is parsed by its declaration (:mod:`spark_datasource.options.writer_specs`); a rule
 adds what one value alone cannot say (``url`` or ``shards``, ``bad_rows`` and its
@@ -120,7 +120,7 @@ def visibility(opts: Mapping[str, str], mode: Mode, streaming: bool) -> str:
 
     Streaming (default ``partition``): ``batch`` needs mode staging. Batch jobs (default
     ``auto``; ``partition`` in mode none): ``batch`` and ``auto`` publish the whole job
-    at once through a job stage (:mod:`clickhouse_tx.modes.job_publish`), which options
+    at once through a job stage (:mod:`clickhouse_tx.jobs.publish`), which options
     routing rows to several tables or servers, a resumable job and mode none cannot.
     """
     from clickhouse_tx.modes import mode_io_for
@@ -182,7 +182,7 @@ def _check_faults(faults: Mapping[str, str]) -> None:
     """``fault.*``: refused outside the test suite, and a bad step fails here, on the driver."""
     if not faults:
         return
-    from clickhouse_tx.protocol.faults import FaultPlan, check_enabled
+    from clickhouse_tx.testing.faults import FaultPlan, check_enabled
 
     check_enabled(faults)
     try:

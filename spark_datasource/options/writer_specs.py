@@ -4,7 +4,7 @@ Each :class:`~spark_datasource.options.spec.OptionSpec` holds one option's name,
 default, parser and the line of ``docs/options.md`` that documents it (the table
 there is generated from :data:`WRITER_OPTIONS`). The defaults a ``Target`` or a
 ``RetryPolicy`` already holds are read from them, so each default is written once.
-:mod:`spark_datasource.options.writer` parses the options with these declarations
+:mod:`spark_datasource.options.writer_options` parses the options with these declarations
 (on the driver, before any task writes).
 """
 
@@ -353,7 +353,7 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         "fault.*",
         None,
         AS_GIVEN,
-        "Test-only fault hooks (`clickhouse_tx/protocol/faults.py`; [design.md](design.md) §8). Refused on the "
+        "Test-only fault hooks (`clickhouse_tx/testing/faults.py`; [design.md](design.md) §8). Refused on the "
         "driver unless the environment has `CLICKHOUSE_TX_TEST_FAULTS=1`, which only the test suite and the "
         "demo's job set; an unknown `fault.step` is refused there too.",
         shown_default="—",

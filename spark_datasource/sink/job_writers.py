@@ -17,9 +17,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from clickhouse_tx.protocol.faults import FaultPlan
-from spark_datasource.options.writer import WriterOptions
-from spark_datasource.sink.batch_append import AppendJob
+from clickhouse_tx.testing.faults import FaultPlan
+from spark_datasource.options.writer_options import WriterOptions
+from spark_datasource.sink.job_append import AppendJob
 from spark_datasource.sink.overwrite import OverwriteStage, drop_stage, swap_in
 from spark_datasource.sink.writer import ClickHouseTxBatchWriter
 
@@ -61,7 +61,7 @@ class AppendJobWriter(_StagedJobWriter):
     """A batch append published at once: prepare into the job stage, publish it on commit.
 
     Built on the driver by ``ClickHouseTxDataSource.writer`` from what
-    :func:`~spark_datasource.sink.batch_append.plan_job` made (the DDL runs there, not
+    :func:`~spark_datasource.sink.job_append.plan_job` made (the DDL runs there, not
     here); pickled to the executors (``write``, inherited) and to the commit/abort
     worker. Holds only options and names (picklable).
 
@@ -82,7 +82,7 @@ class AppendJobWriter(_StagedJobWriter):
 
     def _after_commit(self, report: CommitReport) -> dict[str, float]:
         """Driver, once per job, after the stage committed: publish it in one transaction, drop it."""
-        from clickhouse_tx.modes.job_publish import Published, drop_stages, publish_job
+        from clickhouse_tx.jobs.publish import Published, drop_stages, publish_job
 
         started = time.monotonic()
         faults = FaultPlan.parse(self.opts.faults) if self.opts.faults else None
@@ -108,7 +108,7 @@ class AppendJobWriter(_StagedJobWriter):
         return {"publish": time.monotonic() - started}
 
     def _drop_stage(self) -> None:
-        from clickhouse_tx.modes.job_publish import drop_stages
+        from clickhouse_tx.jobs.publish import drop_stages
 
         drop_stages(self.final_opts.target(), self.job)
 

@@ -39,8 +39,8 @@ from pyspark.sql.types import StructType
 from clickhouse_tx.client import sql as q
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.modes.stage_tables import OVERWRITE_STAGE_PREFIX, create_stage_table, overwrite_stage_name
-from spark_datasource.options.writer import WriterOptions
+from clickhouse_tx.modes.staging.tables import OVERWRITE_STAGE_PREFIX, create_stage_table, overwrite_stage_name
+from spark_datasource.options.writer_options import WriterOptions
 
 log = logging.getLogger("clickhouse_tx.spark")
 

@@ -19,7 +19,7 @@ from clickhouse_tx.conversion.dead_letters import DEAD_LETTER_COLUMNS, dead_lett
 from clickhouse_tx.conversion.schema import TableInfo, check_schema, conversion_columns, describe_table
 from clickhouse_tx.errors import ClickHouseTxError, ConfigurationError, ServerError
 from clickhouse_tx.interfaces import Mode, Target
-from spark_datasource.options.writer import WriterOptions
+from spark_datasource.options.writer_options import WriterOptions
 from spark_datasource.sink.table_ddl import create_table_sql
 from spark_datasource.sink.type_mapping import spark_schema_to_arrow
 

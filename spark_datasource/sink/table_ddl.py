@@ -40,7 +40,7 @@ def create_table_sql(
         :mod:`spark_datasource.sink.type_mapping`.
     order_by, partition_by, engine
         SQL expressions from the options (user-trusted, validated against ';' by
-        :class:`~spark_datasource.options.writer.WriterOptions`). ``order_by``
+        :class:`~spark_datasource.options.writer_options.WriterOptions`). ``order_by``
         defaults to ``tuple()``; note MergeTree refuses a Nullable sorting key
         unless ``allow_nullable_key`` is set on the table.
 

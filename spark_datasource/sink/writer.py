@@ -33,9 +33,9 @@ from pyspark.sql.types import StructType
 
 from clickhouse_tx.conversion.convert import ConversionPlan
 from clickhouse_tx.interfaces import Prepared, WriteContext
-from clickhouse_tx.protocol.faults import FaultPlan, with_faults
+from clickhouse_tx.testing.faults import FaultPlan, with_faults
 from spark_datasource import worker_gc
-from spark_datasource.options.writer import WriterOptions
+from spark_datasource.options.writer_options import WriterOptions
 from spark_datasource.sink.metrics import append_metrics, batch_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -279,12 +279,12 @@ class ClickHouseTxBatchWriter(_WriterBase, DataSourceArrowWriter):
 
     def _forget_job_records(self) -> None:
         """Driver, once per job, at its end: drop its mode ``dedup`` layout records on every
-        server it wrote (:meth:`~clickhouse_tx.modes.dedup.DedupMode.forget_batch`). A
+        server it wrote (:meth:`~clickhouse_tx.modes.dedup.mode.DedupMode.forget_batch`). A
         resumable job that is done is refused before any task writes, a fresh id is never
         reused, so nothing reads them again. Best effort: ``gc`` drops what this leaves."""
         from clickhouse_tx.factory import build_mode_io, build_registry
         from clickhouse_tx.interfaces import Mode
-        from clickhouse_tx.modes.dedup import DedupMode
+        from clickhouse_tx.modes.dedup.mode import DedupMode
 
         if self.opts.mode is not Mode.DEDUP:
             return

@@ -5,7 +5,7 @@ replayed after a crash between its INSERT and Spark's commit log is inserted aga
 ``foreach_insert`` is a plain HTTP INSERT of Arrow (a diagnostic without the writer);
 ``foreach_connect`` is clickhouse-connect's ``insert_arrow`` of ``toArrow()``, today's
 practice, which :mod:`benchmarks.peers` compares with the writer. ``foreach_tx`` is the
-exactly-once helper :func:`~spark_datasource.foreach.clickhouse_tx_batch`: a
+exactly-once helper :func:`~spark_datasource.foreach.helper.clickhouse_tx_batch`: a
 replayed batch is skipped.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from clickhouse_tx.protocol.faults import FaultPlan, check_enabled
+from clickhouse_tx.testing.faults import FaultPlan, check_enabled
 from spark_datasource.testing import credentials
 from spark_datasource.testing.credentials import http_auth
 
@@ -130,7 +130,7 @@ def _helper_insert(url: str, table: str, fault: FaultPlan | None = None):
     The fault ``after_insert`` fires once the helper's transaction committed, before
     Spark's commit log records the batch: the replay finds the key and skips the batch.
     """
-    from spark_datasource.foreach import clickhouse_tx_batch
+    from spark_datasource.foreach.helper import clickhouse_tx_batch
 
     write = clickhouse_tx_batch(
         url=url, table=table, app_id=f"foreach_tx-{table}", allow_nullable_into_non_nullable="true",

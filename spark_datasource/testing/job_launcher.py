@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clickhouse_tx.protocol.faults import TEST_FAULTS_ENV
+from clickhouse_tx.testing.faults import TEST_FAULTS_ENV
 
 #: The checkout the job runs from (its cwd and PYTHONPATH).
 ROOT = Path(__file__).resolve().parents[2]

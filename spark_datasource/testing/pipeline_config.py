@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from clickhouse_tx.interfaces import Mode
-from clickhouse_tx.protocol.faults import STREAMING_STEPS
+from clickhouse_tx.testing.faults import STREAMING_STEPS
 from spark_datasource.testing.foreach_sinks import FOREACH_FAULT_STEP
 from spark_datasource.testing.job_launcher import JobLauncher
 from spark_datasource.testing.streaming_job import DEFAULT_DECODE

@@ -122,7 +122,7 @@ def build_session(master: str = "local[2]", spark_conf: Mapping[str, str] | None
     e.g. :data:`spark_datasource.RECOMMENDED_SPARK_CONF`'s, measured against its absence).
     """
     # fault.action=kill must take the whole driver (Python and JVM), not only the
-    # pyspark worker daemon's own process group (see clickhouse_tx.protocol.faults).
+    # pyspark worker daemon's own process group (see clickhouse_tx.testing.faults).
     os.environ["CLICKHOUSE_TX_KILL_PGID"] = str(os.getpgrp())
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

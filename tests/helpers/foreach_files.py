@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
-from spark_datasource.foreach import clickhouse_tx_batch
+from spark_datasource.foreach.helper import clickhouse_tx_batch
 from spark_datasource.testing import credentials
 from tests.helpers.spark_writes import read_committed, run_sql
 

@@ -52,9 +52,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
+from clickhouse_tx.foreach.keys import BatchKey, TableRows
 from clickhouse_tx.interfaces import Hook, Target
-from clickhouse_tx.modes.batch_keys import BatchKey, TableRows
-from clickhouse_tx.protocol.faults import FaultPlan, check_enabled
+from clickhouse_tx.testing.faults import FaultPlan, check_enabled
 
 JOB = "tests.helpers.foreach_torture"
 APP_ID = "kill-test"
@@ -104,7 +104,7 @@ def _hooked(plan: FaultPlan, key: BatchKey, parts: Sequence[TableRows]) -> list[
 
 def faulty_write_batch(plan: FaultPlan) -> Callable[..., int]:
     """The helper's ``write_batch`` firing ``plan`` after each table's INSERT and before the COMMIT."""
-    from clickhouse_tx.modes import batch_keys
+    from clickhouse_tx.foreach import keys as batch_keys
 
     def write_batch(
         target: Target, key: BatchKey, parts: Sequence[TableRows], before_commit: Hook | None = None
@@ -137,7 +137,7 @@ def paced_write_batch(delay_s: float, write: Callable[..., int]) -> Callable[...
 
 def faulty_write_batch_dedup(plan: FaultPlan) -> Callable[..., int]:
     """The helper's ``write_batch_dedup`` firing ``plan`` after each table's chunks and before the key row."""
-    from clickhouse_tx.modes import batch_dedup
+    from clickhouse_tx.foreach import dedup as batch_dedup
 
     def write_batch_dedup(target: Target, key: BatchKey, parts: Sequence[TableRows], **_: Any) -> int:
         return batch_dedup.write_batch_dedup(
@@ -149,7 +149,7 @@ def faulty_write_batch_dedup(plan: FaultPlan) -> Callable[..., int]:
 
 def faulty_write_from_executors(plan: FaultPlan) -> Callable[..., int]:
     """The helper's ``write_from_executors`` firing ``plan`` after the batch job, before the key row."""
-    from spark_datasource import foreach
+    from spark_datasource.foreach import helper as foreach
 
     real = foreach.write_from_executors
 
@@ -207,8 +207,8 @@ def micro_batch_function(args: dict[str, Any], plan: FaultPlan | None) -> Callab
 
 def run(args: dict[str, Any]) -> None:
     """The job (child process): drain the topic through the helper, then exit 0."""
-    from spark_datasource import foreach
-    from spark_datasource.sink import foreach_batch
+    from spark_datasource.foreach import helper as foreach
+    from spark_datasource.foreach import write as foreach_batch
     from tests.helpers.cluster_job import kafka_rows
     from tests.helpers.torture import MAX_OFFSETS, spark_session
 

@@ -18,8 +18,8 @@ from clickhouse_tx.client import sql as q
 from clickhouse_tx.client.http import ClickHouseHTTP
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Target
-from clickhouse_tx.modes.dedup import DedupMode
-from clickhouse_tx.modes.dedup_chunks import ChunkSizing
+from clickhouse_tx.modes.dedup.chunks import ChunkSizing
+from clickhouse_tx.modes.dedup.mode import DedupMode
 from clickhouse_tx.protocol.coordinator import Coordinator
 from clickhouse_tx.store.markers import MARKERS_TABLE
 from spark_datasource.testing.credentials import target_fields

@@ -55,7 +55,7 @@ def spark_session(args: dict):  # -> pyspark.sql.SparkSession (pyspark is import
     from pyspark.sql import SparkSession
 
     import spark_datasource
-    from clickhouse_tx.protocol.faults import KILL_PGID_ENV
+    from clickhouse_tx.testing.faults import KILL_PGID_ENV
 
     if args.get("daemon"):
         # Workers forked by pyspark's daemon sit in groups of their own: a fault kills

@@ -5,7 +5,7 @@ code and options, as a new job. The job of :mod:`tests.helpers.batch_torture` (3
 rows in 3 partitions) is SIGKILLed (driver, JVM and workers) at a step of its commit,
 or fails by an error after its first COMMIT, then run again with the same arguments:
 the target must hold each row exactly once. Nothing of a job is visible before its
-publishing COMMIT (:mod:`clickhouse_tx.modes.job_publish`), so every stop before it leaves
+publishing COMMIT (:mod:`clickhouse_tx.jobs.publish`), so every stop before it leaves
 nothing behind; a stop after it is the one window a plain re-run cannot tell from a
 new job, closed by the ``idempotence_key``.
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from clickhouse_tx.protocol.faults import STREAMING_STEPS
+from clickhouse_tx.testing.faults import STREAMING_STEPS
 from tests.helpers import s3
 from tests.helpers.spark_streams import assert_exactly, create_target, make_topic
 from tests.helpers.spark_writes import open_registry_entries

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from clickhouse_tx.protocol.faults import STREAMING_STEPS
+from clickhouse_tx.testing.faults import STREAMING_STEPS
 from server_patches.stack_files import StackInfo
 from spark_datasource.testing.pipeline import run_pipeline
 from spark_datasource.testing.pipeline_config import PipelineConfig

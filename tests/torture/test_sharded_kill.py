@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-from clickhouse_tx.protocol.faults import STREAMING_STEPS
+from clickhouse_tx.testing.faults import STREAMING_STEPS
 from server_patches import crashes
 from server_patches.stack_files import StackInfo
 from tests.helpers.shards import create_everywhere

@@ -6,7 +6,7 @@ import sys
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    mod = sys.modules.get("tests.unit.test_protocol_state_machine")
+    mod = sys.modules.get("tests.unit.clickhouse_tx.protocol.test_protocol_state_machine")
     if mod is None or not mod.SCHEDULES["started"]:
         return
     s = mod.SCHEDULES

@@ -25,7 +25,7 @@ from pathlib import Path
 import requests
 
 from clickhouse_tx.client.sql import quote_identifier
-from clickhouse_tx.modes.stage_tables import STAGE_PREFIX
+from clickhouse_tx.modes.staging.tables import STAGE_PREFIX
 from clickhouse_tx.verify.verifier import ClickHouseReader
 from spark_datasource.testing.chaos.batch_job import BATCH_TOPIC
 from spark_datasource.testing.chaos.inject import ChaosStack, Injector

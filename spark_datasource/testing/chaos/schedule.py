@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from clickhouse_tx.protocol.faults import STREAMING_STEPS
+from clickhouse_tx.testing.faults import STREAMING_STEPS
 
 #: Every fault kind: SIGKILLs of a process, then proxy faults on the writer <-> ClickHouse
 #: link (``ch_*``) and on the ClickHouse <-> ZooKeeper link (``zk_*``). ``kill_executor``
