@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any
 
 import numpy as np
@@ -71,13 +72,14 @@ def messages_to_batch(messages: list[Any], topic: str, partition: int, schema: p
     """One Arrow record batch from ``confluent_kafka.Message`` objects of one partition.
 
     Each column is one ``map`` of the message's C accessor over the list (no Python
-    frame per record); timestamps and their types come out of one numpy array of the
-    ``(type, ms)`` pairs. librdkafka's timestamp types are 1 (create time) and 2
+    frame per record); timestamps and their types come out of one numpy array filled
+    from the ``(type, ms)`` pairs. librdkafka's timestamp types are 1 (create time) and 2
     (log-append time), Spark's 0 and 1.
     """
     from confluent_kafka import Message
 
-    pairs = np.array(list(map(Message.timestamp, messages)), dtype=np.int64).reshape(-1, 2)
+    stamps = map(Message.timestamp, messages)
+    pairs = np.fromiter(itertools.chain.from_iterable(stamps), np.int64, 2 * len(messages)).reshape(-1, 2)
     return columns_to_batch(
         Columns(
             keys=list(map(Message.key, messages)),

@@ -91,7 +91,7 @@ def read_records_librdkafka(
     deadline = time.monotonic() + opts.poll_timeout_ms / 1000
     while pos < rng.end:
         # Never more than the range still holds: with no gaps that is exactly its end.
-        messages = consumer.consume(num_messages=min(opts.max_records_per_batch, rng.end - pos), timeout=wait_s)
+        messages = _next_messages(consumer, min(opts.max_records_per_batch, rng.end - pos), wait_s)
         restart = None
         if messages:
             messages, restart = _without_errors(opts, consumer, rng, messages)
@@ -123,6 +123,23 @@ def read_records_librdkafka(
                 pos = position
         if pos < rng.end and not messages and time.monotonic() > deadline:
             raise no_records_error(opts, rng, pos)
+
+
+def _next_messages(consumer: Any, most: int, wait_s: float) -> list[Any]:
+    """Up to ``most`` messages: those already fetched, else the first to arrive within
+    ``wait_s`` and those fetched with it.
+
+    ``consume(n, timeout)`` alone waits until it has ``n`` messages or the timeout has
+    passed; librdkafka's prefetch stops near ``queued.min.messages``, so a full batch
+    can take the whole timeout to come. kafka-python's ``poll`` returns what it has.
+    """
+    messages: list[Any] = consumer.consume(num_messages=most, timeout=0)
+    if messages:
+        return messages
+    first = consumer.poll(wait_s)
+    if first is None:
+        return []
+    return [first, *consumer.consume(num_messages=most - 1, timeout=0)] if most > 1 else [first]
 
 
 def _without_errors(

@@ -22,7 +22,7 @@ from spark_datasource.kafka.errors import KafkaAuthenticationError
 from spark_datasource.kafka.fetch import read_partition
 from spark_datasource.kafka.options import parse_kafka_options
 from spark_datasource.kafka.reader import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
-from tests.helpers.kafka import new_topic, produce
+from tests.helpers.kafka import CLIENTS, new_topic, produce
 from tests.helpers.tls import TlsFiles, make_tls_files
 
 USER, PASSWORD = "alice", "pw-5e1f0c-hunter2"
@@ -180,6 +180,38 @@ def test_a_batch_and_a_streaming_read_over_sasl_ssl_with_scram_sha_512_return_ev
     assert {(p, v) for p, _, v in got} == sent and len(got) == len(sent)
 
 
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize(
+    "protocol, client_cert, mechanism",
+    [
+        ("SSL", False, None),
+        ("SSL", True, None),
+        ("SASL_PLAINTEXT", False, "PLAIN"),
+        ("SASL_SSL", False, "SCRAM-SHA-256"),
+        ("SASL_SSL", True, "SCRAM-SHA-512"),
+    ],
+)
+def test_every_protocol_and_mechanism_reads_every_record_with_either_client(
+    brokers, client: str, protocol: str, client_cert: bool, mechanism: str | None
+) -> None:
+    """Without Spark: the driver plans, each planned range is read as an executor reads it."""
+    b = brokers(protocol, client_cert)
+    topic = new_topic(b.control, 2)
+    sent = produce(b.bootstrap, topic, {0: 9, 1: 4}, client=b.producer(mechanism))
+    opts = parse_kafka_options(
+        {**b.options(mechanism), "subscribe": topic, "kafka.client": client, "minRecordsPerPartition": "1"},
+        streaming=False,
+    )
+    assert opts.client == client
+    got = [
+        (p, bytes(v))
+        for part in KafkaBatchReader(opts).partitions()
+        for batch in read_partition(opts, part.planned)
+        for p, v in zip(batch["partition"].to_pylist(), batch["value"].to_pylist())
+    ]
+    assert sorted(got) == sorted(sent)
+
+
 # ------------------------------------------------------------------ refusals, on the driver
 
 
@@ -232,7 +264,10 @@ def test_a_refused_password_fails_at_once_rather_than_after_kafka_pythons_endles
 # ------------------------------------------------------------------ secrets
 
 
-def test_no_password_reaches_a_log_line_an_error_or_a_repr(brokers, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_no_password_reaches_a_log_line_an_error_or_a_repr(
+    brokers, caplog: pytest.LogCaptureFixture, client: str
+) -> None:
     """Good and wrong passwords, SASL and the TLS key's, at DEBUG on every logger.
 
     kafka-python logs each request at DEBUG, the PLAIN token (user NUL user NUL
@@ -245,7 +280,7 @@ def test_no_password_reaches_a_log_line_an_error_or_a_repr(brokers, caplog: pyte
     secrets = (PASSWORD, wrong, b.pki.client_key_password)
     shown: list[str] = []
     with caplog.at_level(logging.DEBUG):
-        good = parse_kafka_options({**b.options("PLAIN"), "subscribe": topic}, streaming=False)
+        good = parse_kafka_options({**b.options("PLAIN"), "subscribe": topic, "kafka.client": client}, streaming=False)
         reader = KafkaBatchReader(good)
         rows = sum(batch.num_rows for p in reader.partitions() for batch in read_partition(good, p.planned))
         bad = parse_kafka_options(

@@ -27,11 +27,14 @@ from server_patches.kafka_broker import start_broker, stop_broker
 from spark_datasource.kafka.offsets import START_KEY, KafkaOffsetRange
 from spark_datasource.kafka.options import parse_kafka_options
 from spark_datasource.kafka.reader import KafkaBatchReader, KafkaDataSource, KafkaInputPartition, KafkaStreamReader
-from tests.helpers.kafka import new_topic, produce
+from tests.helpers.kafka import CLIENTS, new_topic, produce
 from tests.helpers.torture import kill_session, start_child
 
 T0 = 1_700_000_000_000  # ms; the records' timestamps are T0 + 1000 * i
 JOB = "tests.helpers.kafka_replay_job"
+#: The kill and replay cases run with each client: librdkafka (the default, ``auto``, where
+#: confluent-kafka is installed) in the default suite, kafka-python among the slow ones.
+KILL_CLIENTS = [pytest.param(c, marks=() if c == "librdkafka" else pytest.mark.slow) for c in CLIENTS]
 
 
 @pytest.fixture(scope="module")
@@ -314,8 +317,9 @@ def _read(out: Path, name: str) -> list[tuple[int, int, bytes]]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("client", KILL_CLIENTS)
 def test_a_first_batch_planned_from_a_timestamp_is_replayed_after_a_driver_kill_from_the_logged_offsets(
-    ts_broker, tmp_path: Path
+    ts_broker, tmp_path: Path, client: str
 ) -> None:
     """Spark replays batch 0 from a fresh ``initialOffset()``; here that would start
     partition 0 at its new latest offset (14, past the logged end 10). The source logs
@@ -326,7 +330,11 @@ def test_a_first_batch_planned_from_a_timestamp_is_replayed_after_a_driver_kill_
     produce_at(bootstrap, topic, 1, [T0 + 1000 * i for i in range(10)])
     out, chk = tmp_path / "out", tmp_path / "chk"
     out.mkdir()
-    options = {"startingTimestamp": str(T0 + 5000), "startingOffsetsByTimestampStrategy": "latest"}
+    options = {
+        "startingTimestamp": str(T0 + 5000),
+        "startingOffsetsByTimestampStrategy": "latest",
+        "kafka.client": client,
+    }
     job = {"bootstrap": bootstrap, "topic": topic, "options": options, "out": str(out), "chk": str(chk)}
     _run({**job, "tag": "first", "kill_batch": 0}, tmp_path)
     planned = _read(out, "first-batch=0.parquet")
@@ -342,15 +350,21 @@ def test_a_first_batch_planned_from_a_timestamp_is_replayed_after_a_driver_kill_
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("client", KILL_CLIENTS)
 def test_a_batch_planned_under_min_offsets_per_trigger_is_replayed_after_a_driver_kill_from_the_logged_offsets(
-    broker, tmp_path: Path
+    broker, tmp_path: Path, client: str
 ) -> None:
     bootstrap, control = broker
     topic = new_topic(control, 2)
     produce(bootstrap, topic, {0: 15, 1: 15})
     out, chk = tmp_path / "out", tmp_path / "chk"
     out.mkdir()
-    options = {"startingOffsets": "earliest", "minOffsetsPerTrigger": "20", "maxTriggerDelay": "10m"}
+    options = {
+        "startingOffsets": "earliest",
+        "minOffsetsPerTrigger": "20",
+        "maxTriggerDelay": "10m",
+        "kafka.client": client,
+    }
     job = {"bootstrap": bootstrap, "topic": topic, "options": options, "out": str(out), "chk": str(chk)}
     proc = start_child({**job, "tag": "first", "kill_batch": 1, "trigger": "processingTime"}, cwd=tmp_path, module=JOB)
     try:

@@ -91,7 +91,8 @@ def test_options_map_to_librdkafkas_names_with_the_sources_own_settings() -> Non
         "auto.offset.reset": "error",
         "enable.partition.eof": False,
         "allow.auto.create.topics": "false",
-        "queued.min.messages": 5000,
+        "queued.min.messages": 10_000,
+        "fetch.queue.backoff.ms": 5,
         "fetch.wait.max.ms": 10,
         "socket.timeout.ms": 1234,
         "isolation.level": "read_uncommitted",
@@ -105,4 +106,4 @@ def test_options_map_to_librdkafkas_names_with_the_sources_own_settings() -> Non
     }
     assert "hunter2" not in repr(opts)
     default = librdkafka_config(parse_kafka_options(BASE).consumer_config(), 10_000)
-    assert default["isolation.level"] == "read_committed" and default["queued.min.messages"] == 10_000
+    assert default["isolation.level"] == "read_committed" and default["queued.min.messages"] == 20_000
