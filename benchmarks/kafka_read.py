@@ -15,9 +15,11 @@ rounds, in this process, as one executor task does
 Each read is timed on the wall clock and in CPU seconds of the whole process
 (librdkafka fetches and parses in its own threads, which count). Reported: the median
 records/s and CPU µs per record of each client over the rounds, and librdkafka /
-kafka-python, the issue's goal being >= 3x.
+kafka-python, the issue's goal being >= 3x. With ``--spark``, then: a Spark batch read
+of the whole topic (``spark.read.format("kafka_py")``, ``local[2]``) into the no-op
+sink with each client, ``--rounds`` interleaved rounds after one warm-up read each.
 
-    python -m benchmarks.kafka_read --json benchmarks/results/kafka_read.json
+    python -m benchmarks.kafka_read --partitions 4 --spark --json benchmarks/results/kafka_read.json
     python -m benchmarks.kafka_read --records 20000 --rounds 2        # quick
 """
 
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -98,7 +102,45 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], expected_rows: int) -> di
     return out
 
 
-def run(records: int, partitions: int, value_bytes: int, rounds: int) -> dict[str, Any]:
+def spark_rounds(bootstrap: str, topic: str, rounds: int, expected_rows: int) -> dict[str, Any]:
+    """``spark.read.format("kafka_py")`` of the whole topic into the no-op sink, each client
+    per round (order alternating), in a ``local[2]`` session: median records/s and the ratio."""
+    import spark_datasource
+    from spark_datasource.testing.session import local_session
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers with this interpreter's packages
+    spark = local_session("kafka-read-bench", {"spark.executorEnv.PYSPARK_PYTHON": sys.executable})
+    spark_datasource.register(spark)
+
+    def once(client: str) -> float:
+        df = (
+            spark.read.format("kafka_py")
+            .option("bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+            .option("kafka.client", client)
+            .load()
+        )
+        started = time.perf_counter()
+        df.write.format("noop").mode("overwrite").save()
+        return expected_rows / (time.perf_counter() - started)
+
+    try:
+        for client in CLIENTS:
+            once(client)  # warm-up: the JVM, the Python workers, their imports and pools
+        per: dict[str, list[float]] = {c: [] for c in CLIENTS}
+        for i in range(rounds):
+            for client in CLIENTS if i % 2 == 0 else CLIENTS[::-1]:
+                per[client].append(once(client))
+            print(f"spark round {i + 1}/{rounds}: " + json.dumps({c: round(v[-1]) for c, v in per.items()}), flush=True)
+    finally:
+        spark.stop()
+    out: dict[str, Any] = {f"{c}_records_per_s": round(statistics.median(v)) for c, v in per.items()}
+    out["speedup"] = round(out["librdkafka_records_per_s"] / out["kafka-python_records_per_s"], 2)
+    out["rounds"] = {c: [round(x) for x in v] for c, v in per.items()}
+    return out
+
+
+def run(records: int, partitions: int, value_bytes: int, rounds: int, spark: bool = False) -> dict[str, Any]:
     """The whole benchmark on a private dev broker; the result document."""
     from server_patches.kafka_broker import start_broker, stop_broker
     from spark_datasource.kafka.offsets import KafkaOffsetRange
@@ -116,19 +158,21 @@ def run(records: int, partitions: int, value_bytes: int, rounds: int) -> dict[st
             order = CLIENTS if i % 2 == 0 else CLIENTS[::-1]
             done.append(one_round(bootstrap, topic, ranges, order))
             print(f"round {i + 1}/{rounds}: " + json.dumps(done[-1]), flush=True)
+        on_spark = spark_rounds(bootstrap, topic, rounds, records * partitions) if spark else None
     finally:
         stop_broker(proc)
     return {
         "benchmark": "kafka_read",
         "command": (
             f"python -m benchmarks.kafka_read --records {records} --partitions {partitions} "
-            f"--value-bytes {value_bytes} --rounds {rounds}"
+            f"--value-bytes {value_bytes} --rounds {rounds}" + (" --spark" if spark else "")
         ),
         "records_per_partition": records,
         "partitions": partitions,
         "value_bytes": value_bytes,
         "produce_s": round(produce_s, 2),
         "summary": summarize(done, records * partitions),
+        "spark_noop": on_spark,
         "rounds": done,
         "machine": machine(**_versions()),
     }
@@ -146,7 +190,7 @@ def _versions() -> dict[str, Any]:
         has_crc32c = False
     return {
         "kafka_python": kafka.__version__,
-        "confluent_kafka": confluent_kafka.version()[0],
+        "confluent_kafka": confluent_kafka.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
         "crc32c": has_crc32c,
     }
@@ -158,10 +202,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--value-bytes", type=int, default=60, help="size of each JSON value")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--spark", action="store_true", help="also spark.read of the topic into noop, local[2]")
     parser.add_argument("--json", help="write the result here (benchmarks/results/kafka_read.json)")
     args = parser.parse_args(argv)
-    result = run(args.records, args.partitions, args.value_bytes, args.rounds)
-    print(json.dumps(result["summary"], indent=2))
+    result = run(args.records, args.partitions, args.value_bytes, args.rounds, args.spark)
+    print(json.dumps({"read_range": result["summary"], "spark_noop": result["spark_noop"]}, indent=2))
     if args.json:
         write_result(args.json, result)
     return result

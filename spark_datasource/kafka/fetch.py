@@ -130,17 +130,12 @@ def _read_records(
             continue
         records = got.get(tp, [])
         if records:
-            if not clock.first_records:
-                clock.first_records = time.monotonic()
+            clock.saw_records()
             deadline = time.monotonic() + opts.poll_timeout_ms / 1000
             if records[-1].offset >= rng.end:
                 records = [r for r in records if r.offset < rng.end]
             if records:
-                t = time.monotonic()
-                batch = records_to_batch(records, rng.topic, rng.partition, schema)
-                clock.arrow_s += time.monotonic() - t
-                clock.rows += batch.num_rows
-                yield batch
+                yield clock.timed_batch(records_to_batch, records, rng, schema)
                 pos = records[-1].offset + 1
             else:
                 pos = rng.end

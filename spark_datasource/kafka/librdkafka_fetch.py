@@ -41,7 +41,7 @@ def new_librdkafka_consumer(opts: KafkaOptions) -> Any:
     """An unassigned ``confluent_kafka.Consumer`` for ``opts`` (executor).
 
     librdkafka connects on first use, so this neither blocks nor retries; its log lines
-    go to the ``spark_datasource.kafka.librdkafka`` logger, with passwords masked.
+    go to this module's logger, with passwords masked.
 
     Raises
     ------
@@ -96,17 +96,12 @@ def read_records_librdkafka(
         if messages:
             messages, restart = _without_errors(opts, consumer, rng, messages)
         if messages:
-            if not clock.first_records:
-                clock.first_records = time.monotonic()
+            clock.saw_records()
             deadline = time.monotonic() + opts.poll_timeout_ms / 1000
             if messages[-1].offset() >= rng.end:  # past a gap: the rest belongs to the next range
                 messages = [m for m in messages if m.offset() < rng.end]
             if messages:
-                t = time.monotonic()
-                batch = messages_to_batch(messages, rng.topic, rng.partition, schema)
-                clock.arrow_s += time.monotonic() - t
-                clock.rows += batch.num_rows
-                yield batch
+                yield clock.timed_batch(messages_to_batch, messages, rng, schema)
                 pos = messages[-1].offset() + 1
             else:
                 pos = rng.end

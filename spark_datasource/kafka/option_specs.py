@@ -264,7 +264,8 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         GROUP_ID,
         "accepted so a job written for Spark's source runs unchanged, and ignored: `kafka_py` assigns partitions "
         "itself, joins no consumer group and commits no offsets, so no group id is ever sent to a broker (Spark's "
-        "source sends one, which matters only to brokers that authorise by group ACLs). Empty values are refused",
+        "source sends one, which matters only to brokers that authorise by group ACLs; librdkafka's consumer names a "
+        'fixed id of its own, see "Clients"). Empty values are refused',
         shown_default="—",
     ),
     _kafka(
@@ -272,7 +273,8 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         None,
         GROUP_ID,
         "as `groupIdPrefix`: accepted so a job written for Spark's source runs unchanged, and ignored (no group "
-        "id is ever sent to a broker). An empty value is refused",
+        'id is sent to a broker; librdkafka\'s consumer names a fixed id of its own, see "Clients"). An empty '
+        "value is refused",
         shown_default="—",
     ),
     _kafka(
@@ -314,7 +316,7 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         "maxRecordsPerBatch",
         10_000,
         POSITIVE_INT,
-        "largest Arrow batch an executor yields (kafka-python `max_poll_records`)",
+        "largest Arrow batch an executor yields (kafka-python's `max_poll_records`; librdkafka's `consume` size)",
         field="max_records_per_batch",
         blank_is_default=True,
     ),
@@ -350,7 +352,8 @@ _SPECS: tuple[OptionSpec[Any], ...] = (
         "kafka.<setting>",
         None,
         TEXT,
-        "passed to kafka-python with dots as underscores, typed like its default: `kafka.security.protocol`, "
+        "passed to kafka-python with dots as underscores, typed like its default (with `kafka.client=librdkafka`, "
+        'translated to librdkafka\'s name: see "Clients" below): `kafka.security.protocol`, '
         '`kafka.ssl.cafile`, `kafka.sasl.mechanism`, `kafka.sasl.plain.password` (see "TLS and SASL" below), '
         "`kafka.request.timeout.ms` (default here 30000), `kafka.isolation.level` (default here `read_committed`, see"
         " below), `kafka.api.version` (`2.5.0`), ... Unknown settings are an error. Not allowed: `auto.offset.reset`,"

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from typing import Any, Callable
+
+import pyarrow as pa
 
 from spark_datasource.kafka.errors import KafkaDataLossError, KafkaUnavailableError
 from spark_datasource.kafka.offsets import KafkaOffsetRange
@@ -34,6 +38,25 @@ class ReadClock:
 
     def ms(self, t: float) -> float:
         return (t - self.started) * 1000 if t else 0.0
+
+    def saw_records(self) -> None:
+        """Note the first records' arrival (once)."""
+        if not self.first_records:
+            self.first_records = time.monotonic()
+
+    def timed_batch(
+        self,
+        build: Callable[[list[Any], str, int, pa.Schema], pa.RecordBatch],
+        records: list[Any],
+        rng: KafkaOffsetRange,
+        schema: pa.Schema,
+    ) -> pa.RecordBatch:
+        """``build(records, topic, partition, schema)`` of range ``rng``, its time and rows counted."""
+        t = time.monotonic()
+        batch = build(records, rng.topic, rng.partition, schema)
+        self.arrow_s += time.monotonic() - t
+        self.rows += batch.num_rows
+        return batch
 
 
 def resume_after_out_of_range(opts: KafkaOptions, rng: KafkaOffsetRange, pos: int, begin: int, end: int) -> int:

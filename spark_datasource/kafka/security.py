@@ -48,7 +48,7 @@ OPTION = {
 }
 _PROBE_TIMEOUT_S = 10.0
 #: The logger librdkafka's consumers log to (``kafka.client=librdkafka``); masked like kafka-python's.
-LIBRDKAFKA_LOGGER = "spark_datasource.kafka.librdkafka"
+LIBRDKAFKA_LOGGER = "spark_datasource.kafka.librdkafka_fetch"
 
 
 def _fail(option: str, problem: str) -> ConfigurationError:
