@@ -164,6 +164,8 @@ def librdkafka_config(consumer_config: Mapping[str, object], max_records_per_bat
         # librdkafka's 1000 ms pause of a partition whose prefetch is full would stall
         # each read that outruns its prefetch by a second.
         "fetch.queue.backoff.ms": 5,
+        # A broker closing an idle connection is routine (kafka-python does not log it either).
+        "log.connection.close": False,
     }
     for setting, value in consumer_config.items():
         if setting in LIBRDKAFKA_NAMES and value is not None:

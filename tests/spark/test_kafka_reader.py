@@ -13,6 +13,7 @@ import pickle
 import socket
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +23,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import create_topic
-from spark_datasource.kafka.consumers import ConsumerPool, new_consumer
+from spark_datasource.kafka.consumers import POOL, ConsumerPool, new_consumer
 from spark_datasource.kafka.errors import KafkaDataLossError, KafkaUnavailableError
 from spark_datasource.kafka.fetch import read_range
 from spark_datasource.kafka.offsets import KafkaOffsetRange
@@ -31,6 +32,14 @@ from spark_datasource.kafka.reader import KafkaBatchReader, KafkaDataSource, Kaf
 from tests.helpers.kafka import CLIENTS, new_topic, produce, produce_then_delete_head, rows_of
 
 # ------------------------------------------------------------------ options
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pooled_consumers_closed_before_the_broker_stops(broker: tuple[str, str]) -> Iterator[None]:
+    """Reads without a pool of their own leave consumers in this process's pool; a
+    librdkafka one would keep reconnecting to the stopped broker, logging each try."""
+    yield
+    POOL.close_all()
 
 
 BASE = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "a"}

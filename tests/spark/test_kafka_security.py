@@ -18,6 +18,7 @@ import pytest
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import start_broker, stop_broker
+from spark_datasource.kafka.consumers import POOL
 from spark_datasource.kafka.errors import KafkaAuthenticationError
 from spark_datasource.kafka.fetch import read_partition
 from spark_datasource.kafka.options import parse_kafka_options
@@ -94,6 +95,7 @@ def brokers(pki: TlsFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     try:
         yield get
     finally:
+        POOL.close_all()  # this process's pooled consumers, before their brokers go
         for b in started.values():
             stop_broker(b.proc)
 

@@ -24,6 +24,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from clickhouse_tx.errors import ConfigurationError
 from server_patches.kafka_broker import start_broker, stop_broker
+from spark_datasource.kafka.consumers import POOL
 from spark_datasource.kafka.offsets import START_KEY, KafkaOffsetRange
 from spark_datasource.kafka.options import parse_kafka_options
 from spark_datasource.kafka.reader import KafkaBatchReader, KafkaDataSource, KafkaInputPartition, KafkaStreamReader
@@ -45,6 +46,7 @@ def ts_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
     try:
         yield bootstrap, control
     finally:
+        POOL.close_all()  # this process's pooled consumers, before their broker goes
         stop_broker(proc)
 
 

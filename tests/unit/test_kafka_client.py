@@ -93,6 +93,7 @@ def test_options_map_to_librdkafkas_names_with_the_sources_own_settings() -> Non
         "allow.auto.create.topics": "false",
         "queued.min.messages": 10_000,
         "fetch.queue.backoff.ms": 5,
+        "log.connection.close": False,
         "fetch.wait.max.ms": 10,
         "socket.timeout.ms": 1234,
         "isolation.level": "read_uncommitted",
