@@ -17,6 +17,11 @@ it. Calls run in parallel, so summed call times may exceed the wall time.
 
     python -m benchmarks.commit_latency --json benchmarks/results/commit_latency.json
     python -m benchmarks.commit_latency --mode dedup --partitions 128 --commits 5 --baseline-rev <rev>
+    python -m benchmarks.commit_latency --mode transaction,staging,dedup,none --partitions 8,32,128 \
+        --rounds 2 --commits 5 --baseline-rev <rev> --json benchmarks/results/commit_latency_sweep.json
+
+With several modes or partition counts, every pair runs on the one server and the result
+adds each mode's slope: the least-squares ms per partition of its p50, per arm.
 """
 
 from __future__ import annotations
@@ -306,6 +311,51 @@ def bench(
     }
 
 
+def slope_ms_per_partition(points: list[tuple[int, float]]) -> float:
+    """Least-squares slope of p50 (ms) over the partition count: what one more partition costs."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    den = sum((x - mx) ** 2 for x, _ in points)
+    return round(sum((x - mx) * (y - my) for x, y in points) / den, 3) if den else float("nan")
+
+
+def sweep(
+    url: str, rounds: int, commits: int, baseline_rev: str | None, modes: list[str], partitions: list[int]
+) -> dict[str, Any]:
+    """:func:`bench` for every mode and partition count on one server, and each mode's slope per arm."""
+    runs = []
+    for mode in modes:
+        for parts in partitions:
+            print(f"== {mode}, {parts} partitions", file=sys.stderr, flush=True)
+            runs.append(bench(url, rounds, commits, baseline_rev, mode, parts))
+    slopes: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        mine = [r for r in runs if r["mode"] == mode]
+        arms = [a for a in ("baseline", "current") if a in mine[0]]
+        slopes[mode] = {a: slope_ms_per_partition([(r["partitions"], r[a]["p50_ms"]) for r in mine]) for a in arms}
+    table = [
+        {
+            "mode": r["mode"],
+            "partitions": r["partitions"],
+            **{f"{a}_p50_ms": r[a]["p50_ms"] for a in ("baseline", "current") if a in r},
+        }
+        for r in runs
+    ]
+    from benchmarks.results_file import machine
+
+    return {
+        "benchmark": "commit_latency_sweep",
+        "baseline_rev": runs[0]["baseline_rev"],
+        "rounds": rounds,
+        "commits_per_round": commits,
+        "p50_ms": table,
+        "slope_ms_per_partition": slopes,
+        "runs": runs,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
@@ -317,15 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commits", type=int, default=30, help="commits per worker per round")
     ap.add_argument("--baseline-rev", default=None, help="git revision whose clickhouse_tx is the baseline")
     ap.add_argument("--url", help="an existing server (default: start the embedded stack)")
-    ap.add_argument("--mode", default="transaction")
-    ap.add_argument("--partitions", type=int, default=PARTITIONS)
+    ap.add_argument("--mode", default="transaction", help="a mode, or several: transaction,staging,dedup,none")
+    ap.add_argument("--partitions", default=str(PARTITIONS), help="a count, or several: 8,32,128")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    run_on_server(
-        args.url,
-        lambda url: bench(url, args.rounds, args.commits, args.baseline_rev, args.mode, args.partitions),
-        args.json,
-    )
+    modes, parts = args.mode.split(","), [int(p) for p in args.partitions.split(",")]
+    if len(modes) == 1 and len(parts) == 1:
+        run = functools.partial(bench, mode=modes[0], partitions=parts[0])
+    else:
+        run = functools.partial(sweep, modes=modes, partitions=parts)
+    run_on_server(args.url, lambda url: run(url, args.rounds, args.commits, args.baseline_rev), args.json)
     return 0
 
 

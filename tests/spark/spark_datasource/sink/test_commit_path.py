@@ -221,6 +221,7 @@ def test_a_short_session_timeout_is_refused_before_any_task_writes_and_the_floor
     assert scalar(clickhouse_url, f"SELECT count() FROM `{database}`.clickhouse_tx_commits") == 3
 
 
+@pytest.mark.slow  # 50 s of tasks outlasting sessions; the keep-alive itself: tests/integration/.../test_commit_path.py
 def test_a_job_with_16_tasks_on_2_slots_each_slower_than_the_session_timeout_commits_every_partition(
     sp, clickhouse_url: str, database: str
 ) -> None:

@@ -43,6 +43,15 @@ class DiesInsideTheBatchTransaction(StagingMode):
         super().commit_together(target, ps, before_commit=die)
 
 
+#: A rolled-back MOVE leaves an outdated part in its stage until the cleanup thread removes it
+#: (every ``cleanup_delay_period``, 30 s by default), and the replay waits for that: a stage made
+#: ``AS`` this target cleans up each second instead.
+QUICK_CLEANUP = (
+    "non_replicated_deduplication_window = 1000, old_parts_lifetime = 1, "
+    "cleanup_delay_period = 1, cleanup_delay_period_random_add = 0"
+)
+
+
 def _prepared_batch(target: Target, tmp_path: Path, n: int = 2000, parts: int = 4) -> list[Prepared]:
     co = build_coordinator(target, "staging", TXN, str(tmp_path), visibility="batch")
     data = rows(n)
@@ -72,7 +81,7 @@ def _assert_published_once(admin: ClickHouseHTTP, database: str, target: Target)
 def test_a_driver_dead_inside_the_batch_transaction_leaves_nothing_visible_and_the_replay_publishes_once(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
-    target = make_table(admin, database)
+    target = make_table(admin, database, settings=QUICK_CLEANUP)
     msgs = _prepared_batch(target, tmp_path)
 
     _die_inside_the_batch_transaction(target, tmp_path, msgs)
@@ -88,7 +97,7 @@ def test_a_driver_dead_inside_the_batch_transaction_leaves_nothing_visible_and_t
 def test_recover_after_a_driver_died_inside_the_batch_transaction_rolls_it_back_and_publishes_each_xid_once(
     admin: ClickHouseHTTP, database: str, tmp_path: Path
 ) -> None:
-    target = make_table(admin, database)
+    target = make_table(admin, database, settings=QUICK_CLEANUP)
     msgs = _prepared_batch(target, tmp_path)
     _die_inside_the_batch_transaction(target, tmp_path, msgs)
 
