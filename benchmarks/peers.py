@@ -38,6 +38,12 @@ partitions) into the pipeline's MergeTree table
    job that fails by itself, a query stopped by the ClickHouse kill, is restarted too,
    as a supervisor would).
 
+``--kafka-client`` sets the Spark peers' ``kafka.client`` (``kafka_py``'s default,
+``auto``, otherwise); a Spark peer named ``PEER@CLIENT`` in ``--peers``
+(``transaction@kafka-python``) reads with that client, so one run holds the same peer on
+both clients, interleaved. Besides best over best (``ratios``, over (b) and over (c)),
+the JSON has ``round_ratios``: the ratios within each round and their median.
+
 Every run is checked the same way: every Kafka offset in the table exactly once, the
 event ids against what was produced
 (:func:`~spark_datasource.testing.pipeline_report.record_check`). Writes
@@ -56,7 +62,19 @@ from typing import Any
 from benchmarks.bench_session import bench_session
 from benchmarks.peers_engine import run_engine
 from benchmarks.peers_faults import FaultPlan, Servers
-from benchmarks.peers_figures import PEERS, SPARK_PEERS, latency_plan, markdown_table, ratios, summarise, sustained_rate
+from benchmarks.peers_figures import (
+    KAFKA_CLIENTS,
+    PEERS,
+    SPARK_PEERS,
+    base_peer,
+    known_peer,
+    latency_plan,
+    markdown_table,
+    ratios,
+    round_ratios,
+    summarise,
+    sustained_rate,
+)
 from benchmarks.peers_plot import plot
 from benchmarks.peers_spark import DRIVER_KILLS, run_spark
 from benchmarks.results_file import machine, write_result
@@ -89,7 +107,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=None, help="interleaved throughput rounds (default 2, quick 1)")
     ap.add_argument("--batch-sizes", default=None, help="records per micro-batch (default 50000,200000)")
-    ap.add_argument("--peers", default=",".join(PEERS), help="a comma-separated subset of " + ", ".join(PEERS))
+    ap.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help="a comma-separated subset of " + ", ".join(PEERS) + "; a Spark peer as PEER@CLIENT "
+        "(transaction@kafka-python) reads with that kafka.client, so one run can hold both clients",
+    )
+    ap.add_argument(
+        "--kafka-client",
+        choices=KAFKA_CLIENTS,
+        default=None,
+        help="kafka_py's kafka.client for the Spark peers without @CLIENT (default: the source's own, auto)",
+    )
     ap.add_argument("--duration", type=float, default=None, help="seconds measured per latency run (30, quick 10)")
     ap.add_argument(
         "--warmup", type=float, default=None, help="seconds before latency counts (10, quick 5; the engine at most 3)"
@@ -121,19 +150,24 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     a.warmup = a.warmup if a.warmup is not None else (5.0 if a.quick else 10.0)
     a.fault_events = a.fault_events or max(1000, a.events // 4)
     a.fault_duration = a.fault_duration or (20.0 if a.quick else 60.0)
-    unknown = [p for p in a.peers if p not in PEERS]
+    unknown = [p for p in a.peers if not known_peer(p)]
     if unknown or a.events <= 0 or a.partitions <= 0 or not a.batch_sizes or min(a.batch_sizes) <= 0:
-        ap.error(f"--peers takes {', '.join(PEERS)}; --events, --partitions, --batch-sizes must be positive")
+        ap.error(
+            f"--peers takes {', '.join(PEERS)} (Spark peers also as PEER@{'|'.join(KAFKA_CLIENTS)}); "
+            "--events, --partitions, --batch-sizes must be positive"
+        )
     if a.max_partitions is not None and a.max_partitions <= 0:
         ap.error("--max-partitions must be positive")
     a.source_options = () if a.max_partitions is None else (f"maxPartitions={a.max_partitions}",)
+    if a.kafka_client:
+        a.source_options += (f"kafka.client={a.kafka_client}",)
     return a
 
 
 def _run(srv: Servers, peer: str, **kw: Any) -> dict[str, Any]:
     """One run of ``peer``: the Spark job or the engine, the same check either way."""
     engine = dict(kw.pop("engine", {}))
-    if peer in SPARK_PEERS:
+    if base_peer(peer) in SPARK_PEERS:
         return run_spark(srv, peer, **kw)
     kw.pop("batch", None)
     kw.pop("trigger", None)
@@ -165,7 +199,7 @@ def throughput(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Sa
 def latency(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, save: Callable[[], None]) -> None:
     """Section 2: each peer at half its sustained rate, 1 s trigger (engine: 1 s flush)."""
     for peer in a.peers:
-        warmup = a.warmup if peer in SPARK_PEERS else min(a.warmup, ENGINE_WARMUP_S)
+        warmup = a.warmup if base_peer(peer) in SPARK_PEERS else min(a.warmup, ENGINE_WARMUP_S)
         rate, events = latency_plan(sustained_rate(doc["throughput"], peer), a.duration, warmup, a.partitions)
         r = _run(
             srv,
@@ -190,13 +224,26 @@ def faults(doc: dict[str, Any], srv: Servers, a: argparse.Namespace, say: Say, s
     doc["faults"] = {"events": n, "rate": rate, "runs": runs}
     for peer in a.peers:
         at = (round(0.3 * a.fault_duration, 1), round(0.65 * a.fault_duration, 1))
-        plan = FaultPlan(at_s=at, driver_kills=DRIVER_KILLS.get(peer, ()))
+        plan = FaultPlan(at_s=at, driver_kills=DRIVER_KILLS.get(base_peer(peer), ()))
         doc["faults"]["plan"] = {"clickhouse_kill_after_start_s": plan.at_s, "clickhouse_down_s": plan.down_s}
         r = _run(srv, peer, events=n, batch=None, trigger=1.0, rate=rate, faults=plan)
         runs[peer] = r
         kills = len(r.get("clickhouse_kills") or [])
         say(f"faults {peer}: {kills} ClickHouse kills, {r.get('crashes', 0)} driver kills: {_fmt(r)}")
         save()
+
+
+def kafka_client_in_use(client: str | None) -> str:
+    """What ``kafka.client`` the Spark peers without ``@CLIENT`` read with: the option, or
+    what ``auto`` picks here (librdkafka when ``confluent_kafka`` imports; every
+    ``kafka.*`` setting of these runs has a librdkafka equivalent)."""
+    if client and client != "auto":
+        return client
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return "auto: kafka-python"
+    return "auto: librdkafka"
 
 
 def _engine_defaults(url: str) -> dict[str, str]:
@@ -217,6 +264,7 @@ def _save(doc: dict[str, Any], a: argparse.Namespace, jpath: Path, t0: float) ->
     doc["config"].update(machine=machine(), quick=a.quick)
     doc["summary"] = summarise(doc)
     doc["ratios"] = ratios(doc["summary"], a.batch_sizes)
+    doc["round_ratios"] = round_ratios(doc)
     doc["table_md"] = markdown_table(doc["summary"], a.batch_sizes)
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     write_result(jpath, doc)
@@ -239,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         cfg = {k: getattr(a, k) for k in ("events", "partitions", "rounds", "batch_sizes", "peers", "duration")}
         cfg.update(warmup_s=a.warmup, spark="local[2]", engine=_engine_defaults(info.clickhouse_url))
-        cfg.update(spark_source_options=list(a.source_options))
+        cfg.update(spark_source_options=list(a.source_options), kafka_client=kafka_client_in_use(a.kafka_client))
         doc: dict[str, Any] = {"config": cfg, "throughput": [], "latency": {}, "faults": None}
 
         def save() -> None:

@@ -137,13 +137,16 @@ def run_engine(
     rate: float | None = None,
     warmup_s: float = 0.0,
     faults: FaultPlan | None = None,
+    marks: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """One run of peer ``kafka_engine`` or ``kafka_engine_keeper``; its figures and its check.
 
     Up front (``rate`` None): the time from the view's creation until every offset is
     in the table gives the throughput. At ``rate``: the latency of what is produced
     after ``warmup_s``, Kafka timestamp → visible. ``faults``: ClickHouse killed and
-    restarted at the plan's times.
+    restarted at the plan's times. ``marks``, when given, gets the wall-clock times
+    (``time.time()``) of the view's creation (``start``) and of every offset in the
+    table (``end``): the window :mod:`benchmarks.cpu_profile` counts.
     """
     keeper = peer == "kafka_engine_keeper"
     name = srv.fresh_name(peer)
@@ -169,6 +172,8 @@ def run_engine(
     poller = VisibilityPoller(srv.url, table, 0.1) if rate is not None and faults is None else None
     with poller or contextlib.nullcontext(), killer or contextlib.nullcontext():
         t_all = _wait_all(srv.url, table, lambda: produced[0])
+    if marks is not None:
+        marks.update(start=t0, **({"end": t_all} if t_all else {}))
     if producer is not None:
         producer.join(60)
     _settle_ddl(srv.url, ddl["drop"])

@@ -19,6 +19,28 @@ PEERS: dict[str, tuple[str, str]] = {
 #: The peers that run a Spark job (the others run inside ClickHouse).
 SPARK_PEERS = ("transaction", "foreach_batch", "foreach_tx")
 
+#: ``kafka_py``'s clients (its ``kafka.client`` option). A Spark peer named
+#: ``PEER@CLIENT`` (``transaction@kafka-python``) is that peer with its source on that
+#: client, so one run can hold the same peer on both clients, interleaved.
+KAFKA_CLIENTS = ("auto", "librdkafka", "kafka-python")
+
+
+def base_peer(name: str) -> str:
+    """The peer of ``name`` without its client: ``transaction@kafka-python`` → ``transaction``."""
+    return name.split("@", 1)[0]
+
+
+def peer_client(name: str) -> str | None:
+    """The ``kafka.client`` a ``PEER@CLIENT`` name sets, None for a plain peer name."""
+    return name.split("@", 1)[1] if "@" in name else None
+
+
+def known_peer(name: str) -> bool:
+    """A peer of :data:`PEERS`, or a Spark peer at one of :data:`KAFKA_CLIENTS`."""
+    client = peer_client(name)
+    return base_peer(name) in PEERS and (client is None or (base_peer(name) in SPARK_PEERS and client in KAFKA_CLIENTS))
+
+
 #: Cap of the events one latency run produces: the dev broker keeps ~5 MiB (~60,000 of
 #: these events) per partition and drops the oldest beyond that; 50,000 a partition is
 #: what the throughput runs produce up front (400,000 in 8 partitions) and read whole.
@@ -73,9 +95,10 @@ def summarise(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Per peer: throughput per batch size (best and median of the rounds), latency, faults."""
     out: dict[str, dict[str, Any]] = {}
     sizes = doc["config"]["batch_sizes"]
-    for peer, (letter, what) in PEERS.items():
-        if peer not in doc["config"]["peers"]:
-            continue
+    for peer in doc["config"]["peers"]:
+        letter, what = PEERS[base_peer(peer)]
+        if peer_client(peer):
+            what = f"{what}; kafka.client={peer_client(peer)}"
         tput = [r for r in doc.get("throughput", []) if r["peer"] == peer]
         row: dict[str, Any] = {"letter": letter, "what": what, "throughput": {}}
         for size in sizes:
@@ -112,20 +135,48 @@ def _fault_row(run: Mapping[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+#: The peers every other peer's throughput is divided by (:func:`ratios`).
+YARDSTICKS = ("foreach_batch", "kafka_engine")
+
+
 def ratios(summary: Mapping[str, Mapping[str, Any]], sizes: Sequence[int]) -> dict[str, float | None]:
-    """Each peer's best throughput over (b)'s, the issue's yardstick, per batch size:
-    over every micro-batch, and after the first (``steady``)."""
+    """Each peer's best throughput over (b)'s and over (c)'s (the yardsticks that are in
+    the run), per batch size: over every micro-batch, and after the first (``steady``;
+    the engine has no batches, so its figure is the same in both)."""
     out: dict[str, float | None] = {}
-    base = summary.get("foreach_batch")
-    if not base:
-        return out
-    for size in sizes:
-        for key, label in (("best_rows_per_s", ""), ("best_steady_rows_per_s", " steady")):
-            b = base["throughput"][str(size)][key]
-            for peer, row in summary.items():
-                if peer != "foreach_batch":
-                    x = row["throughput"][str(size)][key]
-                    out[f"{peer}/foreach_batch at {size}{label}"] = round(x / b, 3) if x and b else None
+    for yardstick in YARDSTICKS:
+        base = summary.get(yardstick)
+        if not base:
+            continue
+        for size in sizes:
+            for key, label in (("best_rows_per_s", ""), ("best_steady_rows_per_s", " steady")):
+                b = base["throughput"][str(size)][key]
+                for peer, row in summary.items():
+                    if peer != yardstick:
+                        x = row["throughput"][str(size)][key]
+                        out[f"{peer}/{yardstick} at {size}{label}"] = round(x / b, 3) if x and b else None
+    return out
+
+
+def round_ratios(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each peer over each yardstick within a round (the runs next to each other, so under
+    the same outside load), per batch size: the ratio of every round and their median.
+    Under a load that changes from run to run this is steadier than best over best."""
+    runs = [r for r in doc.get("throughput", []) if r.get("ok") and r.get("rows_per_s")]
+    rate = {(r["peer"], r["batch"], r["round"]): r["rows_per_s"] for r in runs}
+    out: dict[str, dict[str, Any]] = {}
+    peers, sizes = doc["config"]["peers"], doc["config"]["batch_sizes"]
+    rounds = sorted({r["round"] for r in runs})
+    for yardstick in (y for y in YARDSTICKS if y in peers):
+        for peer in (p for p in peers if p != yardstick):
+            for size in sizes:
+                per = [
+                    round(rate[(peer, size, n)] / rate[(yardstick, size, n)], 3)
+                    for n in rounds
+                    if (peer, size, n) in rate and (yardstick, size, n) in rate
+                ]
+                if per:
+                    out[f"{peer}/{yardstick} at {size}"] = {"rounds": per, "median": round(statistics.median(per), 3)}
     return out
 
 

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peers_figures import PEERS
 from benchmarks.results_file import save_figure
 
 
@@ -18,7 +17,7 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     summary = doc.get("summary") or {}
-    peers = [p for p in PEERS if p in summary]  # the JSON's keys come back sorted
+    peers = [p for p in doc["config"]["peers"] if p in summary]  # the JSON's keys come back sorted
     labels = [f"({summary[p]['letter']}) {p}" for p in peers]
     sizes = doc["config"]["batch_sizes"]
     fig, ax = plt.subplots(1, 3, figsize=(18, 6))
@@ -29,12 +28,16 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
     ax[0].set_xticks([x + width * (len(sizes) - 1) / 2 for x in range(len(peers))], labels, rotation=20, ha="right")
     ax[0].set_ylabel("rows/s (best of the rounds)")
     ax[0].set_title(f"throughput, {doc['config']['events']:,} events, {doc['config']['rounds']} rounds interleaved")
-    for i, (key, name) in enumerate((("p50_ms", "p50"), ("p99_ms", "p99"))):
-        vals = [summary[p]["latency"].get(key) or 0 for p in peers]
-        ax[1].bar([x + i * 0.4 for x in range(len(peers))], vals, 0.4, label=name)
-    ax[1].set_xticks([x + 0.2 for x in range(len(peers))], labels, rotation=20, ha="right")
-    ax[1].set_ylabel("ms, Kafka timestamp -> visible (read committed)")
-    ax[1].set_title("latency, 1 s trigger (engine: 1 s flush), half the sustained rate")
+    if any(summary[p]["latency"].get("p50_ms") for p in peers):
+        for i, (key, name) in enumerate((("p50_ms", "p50"), ("p99_ms", "p99"))):
+            vals = [summary[p]["latency"].get(key) or 0 for p in peers]
+            ax[1].bar([x + i * 0.4 for x in range(len(peers))], vals, 0.4, label=name)
+        ax[1].set_xticks([x + 0.2 for x in range(len(peers))], labels, rotation=20, ha="right")
+        ax[1].set_ylabel("ms, Kafka timestamp -> visible (read committed)")
+        ax[1].set_title("latency, 1 s trigger (engine: 1 s flush), half the sustained rate")
+    else:  # --skip-latency
+        ax[1].set_axis_off()
+        ax[1].text(0.5, 0.5, "latency not measured in this run", ha="center", va="center", transform=ax[1].transAxes)
     faults = [summary[p]["faults"] for p in peers]
     if any(faults):
         top = 1
@@ -64,6 +67,7 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
             x.legend(fontsize=8)
     fig.suptitle(
         f"peers: local[2], 2 shared cores, {doc['config']['partitions']} partitions, "
+        f"kafka.client {doc['config'].get('kafka_client', 'auto')} (PEER@CLIENT: that client), "
         f"load average {doc['config'].get('machine', {}).get('load_average')}",
         fontsize=10,
     )

@@ -18,6 +18,7 @@ import zlib
 from typing import Any
 
 from benchmarks.peers_faults import ClickHouseKiller, FaultPlan, Servers
+from benchmarks.peers_figures import base_peer, peer_client
 from spark_datasource.testing.foreach_sinks import FOREACH_FAULT_STEP
 from spark_datasource.testing.pipeline import run_pipeline
 from spark_datasource.testing.pipeline_config import PipelineConfig
@@ -39,6 +40,15 @@ DRIVER_KILLS = {
 RESTARTS_ON_FAILURE = 6
 
 
+def source_options(shared: tuple[str, ...], peer: str) -> tuple[str, ...]:
+    """The ``KEY=VALUE`` options of ``peer``'s ``kafka_py`` source: the run's ``shared``
+    ones, with ``kafka.client`` set by a ``PEER@CLIENT`` name in place of the run's."""
+    client = peer_client(peer)
+    if client is None:
+        return shared
+    return (*(kv for kv in shared if not kv.startswith("kafka.client=")), f"kafka.client={client}")
+
+
 def run_spark(
     srv: Servers,
     peer: str,
@@ -50,21 +60,24 @@ def run_spark(
     warmup_s: float = 0.0,
     faults: FaultPlan | None = None,
     job_timeout_s: float = 900.0,
+    mode: str = "transaction",
 ) -> dict[str, Any]:
     """One run of a Spark peer; its figures and the harness's check of every record.
 
     ``trigger`` 0 with the events produced up front: ``Trigger.AvailableNow`` in batches
     of ``batch`` records (throughput: rows over the batches' summed ``triggerExecution``).
     ``rate``: a steady stream at that rate and a processing-time ``trigger`` (latency
-    after ``warmup_s``). ``faults``: ClickHouse killed at the plan's times and the
-    driver SIGKILLed at the plan's points. The job's source gets ``srv.source_options``.
+    after ``warmup_s``). ``mode``: the sink's mode (peer ``transaction``'s job in
+    ``dedup`` or ``staging``; :mod:`benchmarks.cpu_profile`). ``faults``: ClickHouse killed at the plan's times and the
+    driver SIGKILLed at the plan's points. The job's source gets ``srv.source_options``
+    (:func:`source_options`).
     """
-    name = srv.fresh_name(peer)
+    name = srv.fresh_name(base_peer(peer))
     table = f"peers.{name}"
     cfg = PipelineConfig(
         events=events,
         partitions=srv.partitions,
-        mode="transaction",
+        mode=mode,
         trigger=trigger,
         crashes=len(faults.driver_kills) if faults else 0,
         crash_points=",".join(faults.driver_kills) if faults else "random",
@@ -80,9 +93,9 @@ def run_spark(
         warmup_s=warmup_s,
         job_timeout_s=job_timeout_s,
         quiet=True,
-        sink=SINK[peer],
+        sink=SINK[base_peer(peer)],
         restart_failed=RESTARTS_ON_FAILURE if faults else 0,
-        source_options=srv.source_options,
+        source_options=source_options(srv.source_options, peer),
     )
     killer = ClickHouseKiller(srv, table, faults) if faults else None
     try:

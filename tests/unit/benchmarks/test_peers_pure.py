@@ -11,10 +11,14 @@ from typing import Any
 from benchmarks.peers_engine import engine_ddl
 from benchmarks.peers_figures import (
     MAX_RATE_EVENTS_PER_PARTITION,
+    base_peer,
     guarantee,
+    known_peer,
     latency_plan,
     markdown_table,
+    peer_client,
     ratios,
+    round_ratios,
     rows_per_s,
     summarise,
     sustained_rate,
@@ -100,6 +104,39 @@ def test_ratios_are_each_peer_over_foreach_batch_per_batch_size() -> None:
     assert r["transaction/foreach_batch at 50000 steady"] == round(1.25 * 2 / 1.5, 3)
     assert r["kafka_engine/foreach_batch at 200000"] == 0.75
     assert "foreach_batch/foreach_batch at 50000" not in r
+
+
+def test_ratios_are_also_each_peer_over_the_kafka_engine() -> None:
+    r = ratios(summarise(_doc()), [50_000, 200_000])
+    assert r["transaction/kafka_engine at 50000"] == round(60_000 / 36_000, 3)
+    assert r["foreach_batch/kafka_engine at 200000"] == round(72_000 / 54_000, 3)
+    assert "kafka_engine/kafka_engine at 50000" not in r
+
+
+def test_round_ratios_divide_runs_of_one_round_and_take_their_median() -> None:
+    r = round_ratios(_doc())
+    assert r["transaction/foreach_batch at 50000"] == {"rounds": [1.25, 1.25], "median": 1.25}
+    # the engine's failed third round has no partner and no ratio
+    assert r["transaction/kafka_engine at 50000"] == {"rounds": [1.667, 1.667], "median": 1.667}
+    assert "kafka_engine/kafka_engine at 50000" not in r
+
+
+def test_a_spark_peer_at_a_client_is_its_own_row_after_the_plain_peers_order() -> None:
+    assert (base_peer("transaction@kafka-python"), peer_client("transaction@kafka-python")) == (
+        "transaction",
+        "kafka-python",
+    )
+    assert (base_peer("kafka_engine"), peer_client("kafka_engine")) == ("kafka_engine", None)
+    assert known_peer("foreach_batch@librdkafka") and known_peer("transaction")
+    assert not known_peer("kafka_engine@librdkafka") and not known_peer("transaction@java")
+    doc = _doc()
+    doc["config"]["peers"] = ["transaction", "transaction@kafka-python", "foreach_batch", "kafka_engine"]
+    doc["throughput"].append({"peer": "transaction@kafka-python", "batch": 50_000, "rows_per_s": 30_000.0, "ok": True})
+    s = summarise(doc)
+    assert list(s) == doc["config"]["peers"]
+    assert s["transaction@kafka-python"]["what"].endswith("kafka.client=kafka-python")
+    assert s["transaction@kafka-python"]["throughput"]["50000"]["best_rows_per_s"] == 30_000.0
+    assert ratios(s, [50_000])["transaction@kafka-python/foreach_batch at 50000"] == 0.625
 
 
 def test_the_table_has_a_row_per_peer_with_its_faults() -> None:

@@ -1,0 +1,103 @@
+"""The pure pieces of benchmarks.cpu_profile and benchmarks.cpu_sampler: reading /proc
+lines, naming a process's component, totals between readings, the windows and the split
+of the Python workers by difference; and the source options of a ``PEER@CLIENT`` peer.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from benchmarks.cpu_profile import derived, per_million, window
+from benchmarks.cpu_sampler import CLOCK_TICKS, CpuSampler, Totals, component_of, descendants, parse_stat
+from benchmarks.peers_spark import source_options
+
+
+def test_a_stat_line_gives_ppid_cpu_seconds_and_start_even_with_spaces_in_the_name() -> None:
+    fields = ["S", "7"] + ["0"] * 9 + [str(3 * CLOCK_TICKS), str(CLOCK_TICKS)] + ["5", "5"] + ["0"] * 4 + ["12345"]
+    assert parse_stat("42 (python3 (x) y) " + " ".join(fields)) == (7, 4.0, 12345)
+
+
+@pytest.mark.parametrize(
+    ("argv", "component"),
+    [
+        (["/usr/lib/jvm/java-17/bin/java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit"], "spark_jvm"),
+        (["/v/bin/python", "-m", "pyspark.daemon", "pyspark.worker"], "python_workers"),
+        (["/v/bin/python", "-m", "pyspark.daemon"], "python_workers"),
+        (["/v/bin/python", "-m", "pyspark.worker"], "python_workers"),
+        (
+            ["/v/bin/python", "-m", "pyspark.daemon", "pyspark.sql.worker.write_into_data_source"],
+            "python_datasource_runners",
+        ),
+        (["/v/bin/python", "-m", "pyspark.sql.streaming.python_streaming_source_runner"], "python_datasource_runners"),
+        (["/v/bin/python", "-m", "spark_datasource.testing.streaming_job", "--topic", "t"], "driver_python"),
+        ([], "driver_python"),
+    ],
+)
+def test_a_job_process_is_named_by_its_command_line(argv: list[str], component: str) -> None:
+    assert component_of(argv) == component
+
+
+def test_descendants_are_every_pid_below_the_roots() -> None:
+    parents = {2: 1, 3: 2, 4: 3, 5: 1, 6: 99}
+    assert descendants(parents, [2]) == {3, 4}
+    assert descendants(parents, [1]) == {2, 3, 4, 5}
+    assert descendants(parents, [6]) == set()
+
+
+def test_totals_between_two_times_interpolate_and_clamp() -> None:
+    t = Totals()
+    t.add(10.0, {"jvm": 1.0})
+    t.add(12.0, {"jvm": 3.0, "clickhouse": 2.0})
+    assert t.between(11.0, 12.0) == {"clickhouse": 1.0, "jvm": 1.0}
+    assert t.between(0.0, 100.0) == {"clickhouse": 2.0, "jvm": 2.0}
+    assert Totals().between(0.0, 1.0) == {}
+
+
+def test_a_window_is_cpu_per_million_events_with_its_extra_and_busy_cores() -> None:
+    t = Totals()
+    t.add(0.0, {"spark_jvm": 0.0, "clickhouse": 0.0})
+    t.add(4.0, {"spark_jvm": 2.0, "clickhouse": 1.0})
+    w = window(t, 0.0, 4.0, 500_000, {"job_unsampled": 0.5})
+    assert w["cpu_s_per_million"] == {"spark_jvm": 4.0, "clickhouse": 2.0, "job_unsampled": 1.0, "total": 7.0}
+    assert (w["rows_per_s"], w["cores_busy"]) == (125_000.0, 0.88)
+    assert per_million({"x": 1.0}, 0) == {}
+
+
+def test_the_workers_are_split_by_difference_on_one_client_and_between_clients() -> None:
+    def run(subject: str, workers: float) -> dict:
+        return {"subject": subject, "whole": {"cpu_s_per_million": {"python_workers": workers}}}
+
+    runs = [
+        run("transaction@kafka-python", 30.0),
+        run("transaction@librdkafka", 12.0),
+        run("foreach_batch@kafka-python", 22.0),
+        run("foreach_batch@librdkafka", 5.0),
+        {"subject": "kafka_engine", "whole": {"cpu_s_per_million": {"clickhouse": 9.0}}},
+    ]
+    d = derived(runs)
+    assert d["sink_workers transaction@kafka-python whole"] == 8.0
+    assert d["sink_workers transaction@librdkafka whole"] == 7.0
+    assert d["decode_saved transaction whole"] == 18.0
+    assert d["decode_saved foreach_batch whole"] == 17.0
+    assert not any("steady" in k for k in d)
+
+
+def test_a_peer_at_a_client_replaces_the_runs_client_and_keeps_its_other_options() -> None:
+    shared = ("maxPartitions=2", "kafka.client=librdkafka")
+    assert source_options(shared, "transaction") == shared
+    assert source_options(shared, "transaction@kafka-python") == ("maxPartitions=2", "kafka.client=kafka-python")
+
+
+def test_the_sampler_files_a_child_under_the_job_and_keeps_its_cpu_once_it_is_gone() -> None:
+    pid = os.fork()
+    if pid == 0:  # a child that burns a little CPU and exits
+        end = os.times().elapsed + 0.3
+        while os.times().elapsed < end:
+            pass
+        os._exit(0)
+    with CpuSampler({}, 0.05) as s:
+        os.waitpid(pid, 0)
+    assert s.job_seen
+    assert s.totals.rows[-1].get("driver_python", 0.0) > 0.0
