@@ -56,8 +56,10 @@ test-compat: bootstrap
 	if [ -n "$$failed" ]; then echo "== failed under compatibility:$$failed"; exit 1; fi
 
 ## make demo: Kafka -> Spark -> ClickHouse, exactly once, with driver crashes, on the embedded stack
+## DEMO_KAFKA_CLIENT=librdkafka|kafka-python|auto: kafka_py's kafka.client (default: the source's own, auto)
+## DEMO_ARGS="...": more options of python -m benchmarks.pipeline (--help)
 demo: bootstrap
-	$(PY) -m benchmarks.pipeline $(DEMO_ARGS)
+	$(PY) -m benchmarks.pipeline $(if $(DEMO_KAFKA_CLIENT),--kafka-client $(DEMO_KAFKA_CLIENT)) $(DEMO_ARGS)
 
 ## make chaos: seeded fault schedules over the embedded stack (docs/chaos.md); not part of make test.
 ## CHAOS_SCHEDULES=N (default 100), CHAOS_SEED=S (first seed, default 1): CHAOS_SEED=S CHAOS_SCHEDULES=1 replays one

@@ -31,6 +31,36 @@ from spark_datasource.testing.pipeline_report import summary_table
 from spark_datasource.testing.streaming_job import DECODE_OPTIONS, DEFAULT_DECODE
 
 
+def _add_job_options(ap: argparse.ArgumentParser) -> None:
+    """The streaming job's source, sink and decode options."""
+    ap.add_argument(
+        "--source-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="kafka_py option, e.g. maxPartitions=2 (repeatable)",
+    )
+    ap.add_argument(
+        "--kafka-client",
+        default=None,
+        choices=("auto", "librdkafka", "kafka-python"),
+        help="kafka_py's kafka.client (default: the source's own, auto: librdkafka when confluent-kafka is "
+        "installed); the same as --source-option kafka.client=...",
+    )
+    ap.add_argument(
+        "--sink",
+        default="clickhouse_tx",
+        choices=SINKS,
+        help="foreach_insert, foreach_connect: at-least-once foreachBatch sinks that bypass the writer",
+    )
+    ap.add_argument(
+        "--decode",
+        default=DEFAULT_DECODE,
+        choices=tuple(DECODE_OPTIONS),
+        help="where the job decodes the events' JSON: kafka_py's value.format=json, or Spark's from_json",
+    )
+
+
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespace]:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--events", type=int, default=200_000)
@@ -59,25 +89,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
     ap.add_argument("--keep", action="store_true", help="keep the temporary work dir")
     ap.add_argument("--latency", action="store_true", help="poll visibility and report end-to-end latency")
     ap.add_argument("--writer-option", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument(
-        "--source-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="kafka_py option, e.g. maxPartitions=2 (repeatable)",
-    )
-    ap.add_argument(
-        "--sink",
-        default="clickhouse_tx",
-        choices=SINKS,
-        help="foreach_insert, foreach_connect: at-least-once foreachBatch sinks that bypass the writer",
-    )
-    ap.add_argument(
-        "--decode",
-        default=DEFAULT_DECODE,
-        choices=tuple(DECODE_OPTIONS),
-        help="where the job decodes the events' JSON: kafka_py's value.format=json, or Spark's from_json",
-    )
+    _add_job_options(ap)
     ap.add_argument("--job-timeout", type=float, default=900.0)
     ap.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--quiet", action="store_true")
@@ -106,7 +118,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineConfig, argparse.Namespa
         job_timeout_s=a.job_timeout,
         quiet=a.quiet,
         writer_options=tuple(a.writer_option),
-        source_options=tuple(a.source_option),
+        source_options=tuple(a.source_option) + ((f"kafka.client={a.kafka_client}",) if a.kafka_client else ()),
         sink=a.sink,
         decode=a.decode,
     )
