@@ -113,12 +113,12 @@ class ClickHouseHTTP:
         self.database = database if database is not None else target.database
         self._http = pool.shared_session(target.url, target.tls)
         parts = urllib.parse.urlsplit(target.url)
-        self._endpoint = pool.endpoint_of(target.url)
         self._auth: tuple[str, str] | None = (
             (target.user, target.password) if (target.user or target.password) else None
         )
         if parts.username is not None and not target.user:
             self._auth = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
+        # where requests go, and what messages show: no credentials (they go per request)
         self.server = safe_url(target.url)
 
     def __repr__(self) -> str:
@@ -175,7 +175,7 @@ class ClickHouseHTTP:
     ) -> requests.Response:
         try:
             resp = self._http.post(
-                self._endpoint,
+                self.server,
                 auth=self._auth,
                 params=url_params,
                 data=data,
@@ -245,7 +245,7 @@ class ClickHouseHTTP:
         The probe runs outside any session (a session's transaction may have failed, and
         then refuses every statement but ``ROLLBACK``).
         """
-        traits = _TRAITS.get(self._endpoint)
+        traits = _TRAITS.get(self.server)
         if traits is None:
             url_params = {"param_names": q.format_param(list(contract.VERSIONED))}
             sql = contract.PROBE_SQL + "\nFORMAT TabSeparated"
@@ -254,7 +254,7 @@ class ClickHouseHTTP:
             )
             traits = contract.ServerTraits.from_names(resp.content.decode("utf-8", "replace").split())
             with _TRAITS_LOCK:
-                _TRAITS[self._endpoint] = traits
+                _TRAITS[self.server] = traits
         return traits
 
     def _insert_pins(self, kind: contract.InsertKind, settings: Settings) -> dict[str, str]:

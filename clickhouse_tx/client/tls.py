@@ -152,7 +152,7 @@ class _ContextAdapter(requests.adapters.HTTPAdapter):
         conn.ca_cert_dir = None
 
 
-def https_adapter(tls: TlsSettings, pool_size: int = 10) -> requests.adapters.HTTPAdapter:
+def https_adapter(tls: TlsSettings, pool_size: int) -> requests.adapters.HTTPAdapter:
     """The adapter to mount on ``https://`` of a ``requests.Session``: :func:`ssl_context` of ``tls``,
     keeping up to ``pool_size`` connections per server."""
     return _ContextAdapter(ssl_context(tls), pool_size)

@@ -42,13 +42,6 @@ _POOLS: dict[_PoolKey, requests.Session] = {}
 _LOCK = threading.Lock()
 
 
-def endpoint_of(url: str) -> str:
-    """``scheme://host:port/path`` of ``url``: without user-info, query or fragment."""
-    parts = urllib.parse.urlsplit(url)
-    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path or "/", "", ""))
-
-
 def shared_session(url: str, tls_settings: TlsSettings) -> requests.Session:
     """The ``requests.Session`` (connection pool) of ``url``'s server in this process."""
     parts = urllib.parse.urlsplit(url)
@@ -86,4 +79,4 @@ def close_all() -> None:
         session.close()
 
 
-__all__ = ["POOL_SIZE", "close_all", "endpoint_of", "shared_session"]
+__all__ = ["POOL_SIZE", "close_all", "shared_session"]
