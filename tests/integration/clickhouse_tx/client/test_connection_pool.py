@@ -7,10 +7,15 @@ TCP connections it accepts while the driver commits a micro-batch of 8 partition
 from __future__ import annotations
 
 import dataclasses
+import socket
+import urllib.parse
 from pathlib import Path
+
+import pytest
 
 from clickhouse_tx.client._transport import pool
 from clickhouse_tx.client.http import ClickHouseHTTP
+from clickhouse_tx.errors import RequestNotSentError
 from clickhouse_tx.factory import build_coordinator
 from clickhouse_tx.interfaces import Prepared, WriteContext
 from tests.helpers.request_log import RecordingProxy
@@ -63,3 +68,25 @@ def test_clients_of_one_server_share_a_pool_and_a_forked_process_gets_its_own(
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 1) == b"1"
+
+
+def _refusing_url() -> str:
+    """An ``http://`` URL on 127.0.0.1 where nothing listens (a proxy that is down)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_the_environment_s_proxy_applies_to_the_next_client_and_no_proxy_exempts_the_server(
+    admin: ClickHouseHTTP, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = make_table(admin, database)
+    for name in pool.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    assert ClickHouseHTTP(target).command("SELECT 1").strip() == "1"  # a pool without a proxy exists now
+    monkeypatch.setenv("HTTP_PROXY", _refusing_url())
+    with pytest.raises(RequestNotSentError, match="connect"):
+        ClickHouseHTTP(target).command("SELECT 1")  # through the proxy that is down
+    monkeypatch.setenv("NO_PROXY", urllib.parse.urlsplit(target.url).hostname or "")
+    assert ClickHouseHTTP(target).command("SELECT 1").strip() == "1"
