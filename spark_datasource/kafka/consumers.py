@@ -12,8 +12,9 @@
   micro-batches of a reused Python worker.
 
 kafka-python is imported inside the functions, so that an install without the
-``[kafka]`` extra imports this module and fails only when a read is planned. The
-driver's metadata goes through kafka-python whichever client the executors read with.
+``[kafka]`` extra imports this module and fails only when a read is planned, and an
+executor reading through librdkafka never imports it. The driver's metadata goes through
+kafka-python whichever client the executors read with.
 """
 
 from __future__ import annotations
@@ -150,9 +151,9 @@ class ConsumerPool:
 
         A new kafka-python one is assigned ``tp`` with no position yet; a pooled one is
         where its last read stopped. A librdkafka one is unassigned: the read assigns it.
+        Only a kafka-python checkout imports kafka-python: a worker that reads through
+        librdkafka never pays for its import.
         """
-        from kafka import TopicPartition
-
         settings = settings_key(opts)
         key = (settings, client, tp[0], tp[1])
         with self._lock:
@@ -164,10 +165,12 @@ class ConsumerPool:
                 self.stats.reused += 1
                 return consumer, True
             self.stats.replaced += 1
-            _close_quietly(consumer)
+            _close_quietly(consumer, client)
         if client == "librdkafka":
             self.stats.created += 1
             return new_librdkafka_consumer(opts), False
+        from kafka import TopicPartition
+
         consumer = new_consumer(opts, self._versions.get(settings))
         version = consumer.config.get("api_version")
         if version is not None:
@@ -184,7 +187,7 @@ class ConsumerPool:
                 park(consumer)
             except Exception as e:  # a consumer that cannot stop fetching is not kept
                 log.debug("kafka_py: unassigning a librdkafka consumer failed: %r", e)
-                self.discard(consumer)
+                self.discard(consumer, client)
                 return
         now = time.monotonic()
         with self._lock:
@@ -193,15 +196,15 @@ class ConsumerPool:
             self._close_idle_locked(now)
             while len(self._idle) > self.max_idle:
                 oldest = min(self._idle, key=lambda k: self._idle[k][0])
-                _close_quietly(self._idle.pop(oldest)[1])
+                _close_quietly(self._idle.pop(oldest)[1], oldest[1])
                 self.stats.closed_idle += 1
         if old is not None:
-            _close_quietly(old[1])
+            _close_quietly(old[1], client)
 
-    def discard(self, consumer: Any) -> None:
-        """Close a consumer that failed mid-read; it is never reused."""
+    def discard(self, consumer: Any, client: str = "kafka-python") -> None:
+        """Close a consumer of ``client`` that failed mid-read; it is never reused."""
         self.stats.discarded += 1
-        _close_quietly(consumer)
+        _close_quietly(consumer, client)
 
     def idle_count(self) -> int:
         with self._lock:
@@ -215,25 +218,24 @@ class ConsumerPool:
     def close_all(self) -> None:
         """Close every pooled consumer (at worker exit, and in tests)."""
         with self._lock:
-            entries = list(self._idle.values())
+            entries = list(self._idle.items())
             self._idle.clear()
-        for _, consumer in entries:
-            _close_quietly(consumer)
+        for key, (_, consumer) in entries:
+            _close_quietly(consumer, key[1])
 
     def _close_idle_locked(self, now: float) -> None:
         for key in [k for k, (t, _) in self._idle.items() if now - t > self.idle_s]:
-            _close_quietly(self._idle.pop(key)[1])
+            _close_quietly(self._idle.pop(key)[1], key[1])
             self.stats.closed_idle += 1
 
 
-def _close_quietly(consumer: Any) -> None:
-    from kafka import KafkaConsumer
-
+def _close_quietly(consumer: Any, client: str) -> None:
+    """Close a consumer of ``client`` (kafka-python's, without committing, or librdkafka's)."""
     try:
-        if isinstance(consumer, KafkaConsumer):
-            consumer.close(autocommit=False)
-        else:
+        if client == "librdkafka":
             close_librdkafka(consumer)
+        else:
+            consumer.close(autocommit=False)
     except Exception as e:  # closing a broken consumer must not fail a read
         log.debug("kafka_py: closing a pooled consumer failed: %r", e)
 

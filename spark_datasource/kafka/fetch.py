@@ -61,7 +61,7 @@ def read_range(opts: KafkaOptions, rng: KafkaOffsetRange, pool: ConsumerPool | N
         pool.give_back(opts, tp, consumer, client)  # the caller stopped early: the consumer is fine
         raise
     except BaseException:
-        pool.discard(consumer)
+        pool.discard(consumer, client)
         raise
     pool.give_back(opts, tp, consumer, client)
     if log.isEnabledFor(logging.DEBUG):
