@@ -25,7 +25,13 @@ Two windows per run: ``whole``, the job's life from its start to its exit (the J
 start, the Python workers' first start, every batch; the engine: the view's creation
 to the last offset in the table), and ``steady``, from the first micro-batch's commit to
 the last one's (the events after the first batch; the engine: the same as ``whole``).
-The producer's and the check's work is outside both. ``derived`` in the JSON splits the
+The producer's and the check's work is outside both. Each window also has
+``python_started``: per kind of Python worker (:func:`benchmarks.cpu_sampler.python_kind`),
+the processes Spark started in it and the CPU-seconds they spent over their life, imports
+included; in ``steady`` these are the workers started per micro-batch after the first.
+``--trigger`` runs the Spark subjects at a processing-time trigger instead of
+``Trigger.AvailableNow`` (the events still produced up front, a batch per trigger), which
+shows what idle time between batches does to the workers. ``derived`` in the JSON splits the
 Python workers: (pipeline − ``foreach_batch``) on the same client is the sink's own
 executor Python, (``kafka-python`` − ``librdkafka``) of one subject is the decode saved.
 
@@ -44,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_session import bench_session
-from benchmarks.cpu_sampler import JOB_COMPONENTS, STACK_COMPONENTS, CpuSampler, Totals
+from benchmarks.cpu_sampler import JOB_COMPONENTS, STACK_COMPONENTS, CpuSampler, Totals, started_between
 from benchmarks.peers_engine import run_engine
 from benchmarks.peers_faults import Servers
 from benchmarks.peers_figures import KAFKA_CLIENTS
@@ -83,6 +89,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=50_000, help="maxOffsetsPerTrigger / kafka_max_block_size")
     ap.add_argument("--subjects", default=",".join(DEFAULT_SUBJECTS), help="NAME[@CLIENT], comma-separated")
+    ap.add_argument(
+        "--trigger", type=float, default=0.0, help="processing-time trigger of the Spark subjects, s (0: availableNow)"
+    )
     ap.add_argument("--interval", type=float, default=0.2, help="seconds between two readings of /proc")
     ap.add_argument("--json", default=str(RESULTS / "cpu_profile.json"))
     a = ap.parse_args(argv)
@@ -91,8 +100,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         name, _, client = s.partition("@")
         if name not in SUBJECTS or (client and (client not in KAFKA_CLIENTS or name == "kafka_engine")):
             ap.error(f"unknown subject {s!r}: NAME[@CLIENT], NAME one of {', '.join(SUBJECTS)}")
-    if a.events <= 0 or a.batch <= 0 or a.partitions <= 0 or a.interval <= 0:
-        ap.error("--events, --batch, --partitions and --interval must be positive")
+    if a.events <= 0 or a.batch <= 0 or a.partitions <= 0 or a.interval <= 0 or a.trigger < 0:
+        ap.error("--events, --batch, --partitions and --interval must be positive, --trigger not negative")
     return a
 
 
@@ -150,7 +159,15 @@ def profile_one(srv: Servers, stack: Mapping[str, int], subject: str, a: argpars
         if peer == "kafka_engine":
             r = run_engine(run_srv, peer, events=a.events, settings={"kafka_max_block_size": a.batch}, marks=marks)
         else:
-            r = run_spark(run_srv, f"{peer}@{client}" if client else peer, events=a.events, batch=a.batch, mode=mode)
+            r = run_spark(
+                run_srv,
+                f"{peer}@{client}" if client else peer,
+                events=a.events,
+                batch=a.batch,
+                mode=mode,
+                trigger=a.trigger,
+                job_timeout_s=max(900.0, 2 * a.trigger * (a.events // a.batch + 2)),
+            )
     out: dict[str, Any] = {
         "subject": subject,
         "peer": peer,
@@ -178,9 +195,12 @@ def profile_one(srv: Servers, stack: Mapping[str, int], subject: str, a: argpars
     whole = totals.between(t0, t1)
     unsampled = _cpu_children() - children0 - sum(whole.get(c, 0.0) for c in JOB_COMPONENTS)
     out["whole"] = window(totals, t0, t1, a.events, {"job_unsampled": round(max(0.0, unsampled), 3)})
+    python = sampler.python.values()
+    out["whole"]["python_started"] = started_between(python, t0, t1)
     commits = commit_times(run_dir)
     if len(commits) >= 2:
         out["steady"] = window(totals, commits[0], commits[-1], a.events - min(a.batch, a.events))
+        out["steady"]["python_started"] = started_between(python, commits[0], commits[-1])
         out["batches"] = len(commits)
     return out
 
@@ -262,14 +282,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             work / "stack", info.clickhouse_url, str(info.kafka_bootstrap), info.kafka_control, a.partitions, work
         )
         stack = {STACK_COMPONENTS[k]: ref.pid for k, ref in info.processes.items() if k in STACK_COMPONENTS}
-        cfg = {k: getattr(a, k) for k in ("events", "partitions", "batch", "subjects", "interval")}
+        cfg = {k: getattr(a, k) for k in ("events", "partitions", "batch", "subjects", "trigger", "interval")}
         cfg.update(spark="local[2]", load_average_at_start=machine()["load_average"])
         doc: dict[str, Any] = {"config": cfg, "runs": []}
         for subject in a.subjects:
             r = profile_one(srv, stack, subject, a)
             doc["runs"].append(r)
             pm = {w: (r.get(w) or {}).get("cpu_s_per_million", {}).get("total") for w in ("whole", "steady")}
-            say(f"{subject}: {r.get('rows_per_s')} rows/s, CPU-s per million events {pm}, dup {r.get('duplicates')}")
+            started = sum(k["started"] for k in (r.get("steady") or {}).get("python_started", {}).values())
+            say(
+                f"{subject}: {r.get('rows_per_s')} rows/s, CPU-s per million events {pm}, dup {r.get('duplicates')}, "
+                f"Python workers started after the first batch {started}"
+            )
             doc["config"]["machine"] = machine()
             doc["derived"] = derived(doc["runs"])
             doc["wall_s"] = round(time.monotonic() - t0, 1)

@@ -12,12 +12,18 @@ Python workers forked by ``pyspark.daemon`` keep the daemon's command line, so t
 executors' read (``kafka_py``) and write (the sink) share one component: a worker
 serves both kinds of task.
 
+Each Python process of the job is also kept by itself (:attr:`CpuSampler.python`: its
+kind from :func:`python_kind`, when a reading first saw it, its CPU-seconds at the last),
+so a run can count the workers Spark started in a window and what they cost
+(:func:`started_between`).
+
 Calling process of the benchmark (a thread beside a run). Linux only.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import threading
 import time
@@ -73,6 +79,45 @@ def component_of(argv: list[str]) -> str:
     return "driver_python"
 
 
+def python_kind(argv: list[str], parent_argv: list[str]) -> str | None:
+    """A Python process of the job by what it runs; None for any other process.
+
+    ``pyspark.daemon MODULE`` is a daemon (``worker daemon``) or, with its parent's
+    command line, a worker it forked (``worker``, ``write_into_data_source``, ...: the
+    last part of ``MODULE``); ``-m pyspark.X`` a worker Spark started by itself (the
+    streaming source's runner). The driver's own Python is not counted.
+    """
+    if component_of(argv) not in ("python_workers", "python_datasource_runners"):
+        return None
+    if "pyspark.daemon" in argv:
+        rest = argv[argv.index("pyspark.daemon") + 1 :]
+        name = (rest[0] if rest else "pyspark.worker").rsplit(".", 1)[-1]
+        return name if parent_argv == argv else f"{name} daemon"
+    return argv[argv.index("-m") + 1].rsplit(".", 1)[-1]
+
+
+@dataclasses.dataclass
+class PythonProcess:
+    """One Python process of the job: its kind, the time a reading first saw it, and
+    its CPU-seconds at the last reading (imports and work alike)."""
+
+    kind: str
+    first_seen: float
+    cpu_s: float = 0.0
+
+
+def started_between(python: Iterable[PythonProcess], t0: float, t1: float) -> dict[str, dict[str, float]]:
+    """Per kind, the processes first seen in ``[t0, t1]`` and the CPU-seconds they spent
+    over their whole life (the last reading)."""
+    out: dict[str, dict[str, float]] = {}
+    for p in python:
+        if t0 <= p.first_seen <= t1:
+            k = out.setdefault(p.kind, {"started": 0, "cpu_s": 0.0})
+            k["started"] += 1
+            k["cpu_s"] = round(k["cpu_s"] + p.cpu_s, 3)
+    return dict(sorted(out.items()))
+
+
 class Totals:
     """Readings of cumulative CPU-seconds per component at wall-clock times, and the
     totals at any time between them (linear between the two readings around it)."""
@@ -122,12 +167,14 @@ def descendants(parents: Mapping[int, int], roots: Iterable[int]) -> set[int]:
 
 class CpuSampler:
     """The sampling thread (a context manager). ``stack``: component → pid of the stack's
-    servers. ``job_seen``: the readings' times at which some job process was alive."""
+    servers. ``job_seen``: the readings' times at which some job process was alive.
+    ``python``: the job's Python processes (:class:`PythonProcess`) by (pid, start)."""
 
     def __init__(self, stack: Mapping[str, int], interval_s: float = 0.2) -> None:
         self.stack, self.interval_s = dict(stack), interval_s
         self.totals = Totals()
         self.job_seen: list[float] = []
+        self.python: dict[tuple[int, int], PythonProcess] = {}
         self._last: dict[tuple[int, int], tuple[str, float]] = {}
         self._argv: dict[tuple[int, int], list[str]] = {}
         self._stop = threading.Event()
@@ -185,7 +232,15 @@ class CpuSampler:
             key = (pid, start)
             pstat = stats.get(ppid)
             parent = (ppid, pstat[2]) if pstat else None
-            self._last[key] = (component_of(self._argv_of(key, parent)), cpu)
+            argv = self._argv_of(key, parent)
+            self._last[key] = (component_of(argv), cpu)
+            proc = self.python.get(key)
+            if proc is None:
+                kind = python_kind(argv, self._argv_of(parent, None) if parent else [])
+                if kind is not None:
+                    proc = self.python[key] = PythonProcess(kind, t)
+            if proc is not None:
+                proc.cpu_s = cpu
         for pid, comp in stack_pids.items():
             if pid in stats:
                 self._last[(pid, stats[pid][2])] = (comp, stats[pid][1])

@@ -10,7 +10,17 @@ import os
 import pytest
 
 from benchmarks.cpu_profile import derived, per_million, window
-from benchmarks.cpu_sampler import CLOCK_TICKS, CpuSampler, Totals, component_of, descendants, parse_stat
+from benchmarks.cpu_sampler import (
+    CLOCK_TICKS,
+    CpuSampler,
+    PythonProcess,
+    Totals,
+    component_of,
+    descendants,
+    parse_stat,
+    python_kind,
+    started_between,
+)
 from benchmarks.peers_spark import source_options
 
 
@@ -37,6 +47,45 @@ def test_a_stat_line_gives_ppid_cpu_seconds_and_start_even_with_spaces_in_the_na
 )
 def test_a_job_process_is_named_by_its_command_line(argv: list[str], component: str) -> None:
     assert component_of(argv) == component
+
+
+DAEMON = ["/v/bin/python", "-m", "pyspark.daemon", "pyspark.sql.worker.write_into_data_source"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "parent", "kind"),
+    [
+        (DAEMON, ["/usr/bin/java", "-cp", "x"], "write_into_data_source daemon"),
+        (DAEMON, DAEMON, "write_into_data_source"),
+        (["/v/bin/python", "-m", "pyspark.daemon"], ["/v/bin/python", "-m", "pyspark.daemon"], "worker"),
+        (
+            ["/v/bin/python", "-m", "pyspark.sql.streaming.python_streaming_source_runner"],
+            [],
+            "python_streaming_source_runner",
+        ),
+        (["/v/bin/python", "-m", "spark_datasource.testing.streaming_job"], [], None),
+        (["/usr/bin/java", "-cp", "x"], [], None),
+    ],
+)
+def test_a_python_worker_is_named_by_its_module_and_a_fork_by_its_daemons_command_line(
+    argv: list[str], parent: list[str], kind: str | None
+) -> None:
+    assert python_kind(argv, parent) == kind
+
+
+def test_the_workers_started_in_a_window_are_counted_per_kind_with_their_cpu() -> None:
+    procs = [
+        PythonProcess("worker", 1.0, 2.0),
+        PythonProcess("worker", 5.0, 0.9),
+        PythonProcess("worker", 6.0, 1.1),
+        PythonProcess("python_streaming_sink_runner", 6.5, 0.6),
+        PythonProcess("worker", 9.0, 1.0),
+    ]
+    assert started_between(procs, 5.0, 8.0) == {
+        "python_streaming_sink_runner": {"started": 1, "cpu_s": 0.6},
+        "worker": {"started": 2, "cpu_s": 2.0},
+    }
+    assert started_between(procs, 10.0, 20.0) == {}
 
 
 def test_descendants_are_every_pid_below_the_roots() -> None:
