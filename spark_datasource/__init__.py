@@ -38,7 +38,11 @@ __all__ = [
 #:   side), which delays the start of every ``kafka_py`` task; over a Unix socket
 #:   there is no such wait (measured in docs/performance.md, "Unix domain sockets").
 #: - ``spark.python.worker.reuse`` (Spark's default, kept explicit): pooled Kafka
-#:   consumers, cached table checks and ``gc.freeze`` live in reused Python workers.
+#:   consumers, cached table checks and ``gc.freeze`` live in reused Python workers,
+#:   and a worker's imports (pyspark, pyarrow, these packages) are paid once, when it
+#:   starts; without it every task and every driver-side call of every micro-batch
+#:   starts a fresh worker. Spark still closes workers idle for a minute
+#:   (docs/performance.md, "Python workers: per process, not per micro-batch").
 RECOMMENDED_SPARK_CONF: Mapping[str, str] = MappingProxyType(
     {
         "spark.python.unix.domain.socket.enabled": "true",

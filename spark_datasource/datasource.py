@@ -1,7 +1,7 @@
 """``format("clickhouse_tx")``: the data source, which checks everything on the driver and builds the writers.
 
-``writer`` (once per batch job) and ``streamWriter`` (at query start and before every
-streaming commit) run on the driver: they parse the options, check the server, the
+``writer`` (once per batch job) and ``streamWriter`` (for every micro-batch's write and
+again for its commit) run on the driver: they parse the options, check the server, the
 table and the schema, and refuse what is not supported before any task writes. The
 writers they return are :mod:`spark_datasource.sink.writer` (appends, streams) and
 :mod:`spark_datasource.sink.job_writers` (published appends, overwrites).
@@ -130,7 +130,10 @@ class ClickHouseTxDataSource(DataSource):
         return ClickHouseTxBatchWriter(dataclasses.replace(opts, visibility="partition"), schema, txn_id, plan)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
-        """Driver, at query start and before every commit (fresh worker each time)."""
+        """Driver, in Spark's Python workers: for every micro-batch's write (the writer
+        pickled to the executors) and again for its commit. The workers are reused
+        across micro-batches less than a minute apart (docs/performance.md, "Python
+        workers: per process, not per micro-batch"), so a check is cached per worker."""
         from spark_datasource.sink.setup import prepare_target
 
         opts, txn_id = self._parsed(streaming=True)
