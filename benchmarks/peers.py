@@ -79,6 +79,7 @@ from benchmarks.peers_plot import plot
 from benchmarks.peers_spark import DRIVER_KILLS, run_spark
 from benchmarks.results_file import machine, write_result
 from clickhouse_tx.verify.verifier import ClickHouseReader
+from spark_datasource.testing.streaming_job import key_values
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -138,6 +139,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="kafka_py maxPartitions of the Spark peers (default: the source's own cut; "
         "docs/kafka.md recommends the executors' cores for throughput)",
     )
+    ap.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting of the Spark peers' sessions (repeatable)",
+    )
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--json", default=None, help="default benchmarks/results/peers[_quick].json")
     a = ap.parse_args(argv)
@@ -158,6 +166,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         )
     if a.max_partitions is not None and a.max_partitions <= 0:
         ap.error("--max-partitions must be positive")
+    a.spark_conf = tuple(f"{k}={v}" for k, v in key_values("--spark-conf", a.spark_conf).items())
     a.source_options = () if a.max_partitions is None else (f"maxPartitions={a.max_partitions}",)
     if a.kafka_client:
         a.source_options += (f"kafka.client={a.kafka_client}",)
@@ -284,10 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.partitions,
             work,
             a.source_options,
+            a.spark_conf,
         )
         cfg = {k: getattr(a, k) for k in ("events", "partitions", "rounds", "batch_sizes", "peers", "duration")}
         cfg.update(warmup_s=a.warmup, spark="local[2]", engine=_engine_defaults(info.clickhouse_url))
         cfg.update(spark_source_options=list(a.source_options), kafka_client=kafka_client_in_use(a.kafka_client))
+        cfg.update(spark_conf=list(a.spark_conf))
         doc: dict[str, Any] = {"config": cfg, "throughput": [], "latency": {}, "faults": None}
 
         def save() -> None:

@@ -36,8 +36,8 @@ def count_rows(reader: ClickHouseReader, sql: str) -> int:
 @dataclasses.dataclass
 class Servers:
     """The embedded stack of one benchmark run, where its runs keep their files, and what
-    they all share: the topics' partitions and the Spark peers' ``kafka_py`` options
-    (``KEY=VALUE``, e.g. ``maxPartitions=2``)."""
+    they all share: the topics' partitions, the Spark peers' ``kafka_py`` options
+    (``KEY=VALUE``, e.g. ``maxPartitions=2``) and their jobs' Spark settings (``KEY=VALUE``)."""
 
     stack_dir: Path
     url: str
@@ -46,6 +46,7 @@ class Servers:
     partitions: int
     work: Path
     source_options: tuple[str, ...] = ()
+    spark_conf: tuple[str, ...] = ()
     _names: itertools.count = dataclasses.field(default_factory=itertools.count)
 
     def fresh_name(self, peer: str) -> str:

@@ -61,6 +61,7 @@ def run_spark(
     faults: FaultPlan | None = None,
     job_timeout_s: float = 900.0,
     mode: str = "transaction",
+    spark_conf: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One run of a Spark peer; its figures and the harness's check of every record.
 
@@ -70,7 +71,8 @@ def run_spark(
     after ``warmup_s``). ``mode``: the sink's mode (peer ``transaction``'s job in
     ``dedup`` or ``staging``; :mod:`benchmarks.cpu_profile`). ``faults``: ClickHouse killed at the plan's times and the
     driver SIGKILLed at the plan's points. The job's source gets ``srv.source_options``
-    (:func:`source_options`).
+    (:func:`source_options`); its session ``srv.spark_conf`` and then ``spark_conf``
+    (``KEY=VALUE`` Spark settings, the later one winning).
     """
     name = srv.fresh_name(base_peer(peer))
     table = f"peers.{name}"
@@ -96,6 +98,7 @@ def run_spark(
         sink=SINK[base_peer(peer)],
         restart_failed=RESTARTS_ON_FAILURE if faults else 0,
         source_options=source_options(srv.source_options, peer),
+        spark_conf=(*srv.spark_conf, *spark_conf),
     )
     killer = ClickHouseKiller(srv, table, faults) if faults else None
     try:

@@ -157,6 +157,8 @@ def _job_argv(r: PipelineRun) -> list[str]:
         argv += ["--writer-option", kv]
     for kv in cfg.source_options:
         argv += ["--source-option", kv]
+    for kv in cfg.spark_conf:
+        argv += ["--spark-conf", kv]
     if cfg.sink != "clickhouse_tx":
         argv += ["--sink", cfg.sink]
     return argv + ["--decode", cfg.decode]

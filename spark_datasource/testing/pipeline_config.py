@@ -45,6 +45,7 @@ class PipelineConfig:
     quiet: bool = False
     writer_options: tuple[str, ...] = ()
     source_options: tuple[str, ...] = ()  # KEY=VALUE options of the job's kafka_py source
+    spark_conf: tuple[str, ...] = ()  # KEY=VALUE Spark settings of the job's session
     sink: str = "clickhouse_tx"  # or a foreachBatch sink without the writer (foreach_sinks.SINKS)
     #: Start the job again on its checkpoint when it fails by itself (a query that stopped on
     #: an error, e.g. ClickHouse killed under it), at most this many times, as a supervisor

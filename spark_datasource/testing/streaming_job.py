@@ -109,6 +109,13 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         "INSERT over HTTP) that bypasses the clickhouse_tx writer; foreach_connect: "
         "foreachBatch + clickhouse-connect insert_arrow, at least once",
     )
+    ap.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting of the job's session, over RECOMMENDED_SPARK_CONF (repeatable)",
+    )
     ap.add_argument("--shuffle-partitions", type=int, default=2)
     ap.add_argument("--master", default="local[2]", help="e.g. local[2,4]: a failed task is tried up to 4 times")
     ap.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
@@ -256,7 +263,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Start the query, report progress, stop at the end offsets. Returns the exit code."""
     a = _args(argv)
     end_offsets = json.loads(a.end_offsets) if a.end_offsets else None
-    spark = build_session(a.master)
+    spark = build_session(a.master, key_values("--spark-conf", a.spark_conf))
     import spark_datasource
 
     spark_datasource.register(spark)

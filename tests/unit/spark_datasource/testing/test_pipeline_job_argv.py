@@ -44,6 +44,13 @@ def test_source_and_writer_options_reach_the_job_in_the_order_given() -> None:
     assert _values(argv, "--writer-option") == ["batch_size=10"]
 
 
+def test_spark_settings_reach_the_jobs_session_as_given() -> None:
+    cfg = PipelineConfig(events=1000, spark_conf=("spark.driver.extraJavaOptions=-XX:+UseParallelGC -Da=b",))
+    argv = _job_argv(_run(cfg))
+    assert _values(argv, "--spark-conf") == ["spark.driver.extraJavaOptions=-XX:+UseParallelGC -Da=b"]
+    assert "--spark-conf" not in _job_argv(_run(PipelineConfig(events=1000)))
+
+
 def test_a_job_option_is_split_at_its_first_equals_sign() -> None:
     assert key_values("--source-option", ["maxPartitions=2", "a=b=c"]) == {"maxPartitions": "2", "a": "b=c"}
 
