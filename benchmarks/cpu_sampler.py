@@ -12,6 +12,11 @@ Python workers forked by ``pyspark.daemon`` keep the daemon's command line, so t
 executors' read (``kafka_py``) and write (the sink) share one component: a worker
 serves both kinds of task.
 
+The Spark JVM's threads are also read (``/proc/<pid>/task``) and filed by their names
+(:func:`jvm_thread_group`) into :attr:`CpuSampler.jvm_threads`: the JIT's compilers, the
+garbage collector, the executors' task threads, the driver's micro-batch loop and the rest;
+a split of ``spark_jvm``, not beside it.
+
 Each Python process of the job is also kept by itself (:attr:`CpuSampler.python`: its
 kind from :func:`python_kind`, when a reading first saw it, its CPU-seconds at the last),
 so a run can count the workers Spark started in a window and what they cost
@@ -77,6 +82,47 @@ def component_of(argv: list[str]) -> str:
     if mod.startswith("pyspark."):
         return "python_datasource_runners"
     return "driver_python"
+
+
+#: The groups of the Spark JVM's threads (:func:`jvm_thread_group`), in the order of the JSON.
+JVM_THREAD_GROUPS = ("jit", "gc", "tasks", "stream_execution", "other")
+
+
+def jvm_thread_group(name: str) -> str:
+    """A Spark JVM thread's group by its name (``/proc``'s ``comm``, cut at 15 bytes).
+
+    ``jit``: HotSpot's C1 and C2 compilers; ``gc``: the collector's threads and the VM
+    thread (safepoints; a serial collector's collections); ``tasks``: the executors' task
+    threads (rows to and from Arrow, projections, the Python runners' I/O);
+    ``stream_execution``: the driver's micro-batch loop (planning, offsets, the commit
+    log); ``other``: the rest (scheduler, RPC, listeners, ...).
+    """
+    if name.startswith(("C1 CompilerThre", "C2 CompilerThre")):
+        return "jit"
+    if name.startswith(("GC Thread", "G1 ", "VM Thread")):
+        return "gc"
+    if name.startswith("Executor task"):
+        return "tasks"
+    if name.startswith("stream executio"):
+        return "stream_execution"
+    return "other"
+
+
+def _thread_times(pid: int) -> dict[int, tuple[str, float]]:
+    """tid → (name, CPU-seconds) of every thread of ``pid`` now."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        rest = text[text.rindex(")") + 2 :].split()
+        out[int(tid)] = (text[text.index("(") + 1 : text.rindex(")")], (int(rest[11]) + int(rest[12])) / CLOCK_TICKS)
+    return out
 
 
 def python_kind(argv: list[str], parent_argv: list[str]) -> str | None:
@@ -168,11 +214,14 @@ def descendants(parents: Mapping[int, int], roots: Iterable[int]) -> set[int]:
 class CpuSampler:
     """The sampling thread (a context manager). ``stack``: component → pid of the stack's
     servers. ``job_seen``: the readings' times at which some job process was alive.
-    ``python``: the job's Python processes (:class:`PythonProcess`) by (pid, start)."""
+    ``python``: the job's Python processes (:class:`PythonProcess`) by (pid, start).
+    ``jvm_threads``: the Spark JVM's CPU-seconds per thread group (:data:`JVM_THREAD_GROUPS`)."""
 
     def __init__(self, stack: Mapping[str, int], interval_s: float = 0.2) -> None:
         self.stack, self.interval_s = dict(stack), interval_s
         self.totals = Totals()
+        self.jvm_threads = Totals()
+        self._threads: dict[tuple[int, int, int], tuple[str, float]] = {}
         self.job_seen: list[float] = []
         self.python: dict[tuple[int, int], PythonProcess] = {}
         self._last: dict[tuple[int, int], tuple[str, float]] = {}
@@ -234,6 +283,9 @@ class CpuSampler:
             parent = (ppid, pstat[2]) if pstat else None
             argv = self._argv_of(key, parent)
             self._last[key] = (component_of(argv), cpu)
+            if self._last[key][0] == "spark_jvm":
+                for tid, (name, tcpu) in _thread_times(pid).items():
+                    self._threads[(pid, start, tid)] = (jvm_thread_group(name), tcpu)
             proc = self.python.get(key)
             if proc is None:
                 kind = python_kind(argv, self._argv_of(parent, None) if parent else [])
@@ -248,5 +300,9 @@ class CpuSampler:
         for comp, cpu in self._last.values():
             totals[comp] = totals.get(comp, 0.0) + cpu
         self.totals.add(t, totals)
+        groups: dict[str, float] = {}
+        for group, cpu in self._threads.values():
+            groups[group] = groups.get(group, 0.0) + cpu
+        self.jvm_threads.add(t, groups)
         if job:
             self.job_seen.append(t)

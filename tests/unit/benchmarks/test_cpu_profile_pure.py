@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from benchmarks.cpu_profile import derived, per_million, window
+from benchmarks.cpu_profile import _parse, derived, per_million, split_subject, summary, window
 from benchmarks.cpu_sampler import (
     CLOCK_TICKS,
     CpuSampler,
@@ -17,6 +17,7 @@ from benchmarks.cpu_sampler import (
     Totals,
     component_of,
     descendants,
+    jvm_thread_group,
     parse_stat,
     python_kind,
     started_between,
@@ -131,6 +132,73 @@ def test_the_workers_are_split_by_difference_on_one_client_and_between_clients()
     assert d["decode_saved transaction whole"] == 18.0
     assert d["decode_saved foreach_batch whole"] == 17.0
     assert not any("steady" in k for k in d)
+
+
+@pytest.mark.parametrize(
+    ("name", "group"),
+    [
+        ("C2 CompilerThre", "jit"),
+        ("C1 CompilerThre", "jit"),
+        ("GC Thread#0", "gc"),
+        ("G1 Conc#0", "gc"),
+        ("VM Thread", "gc"),
+        ("Executor task l", "tasks"),
+        ("stream executio", "stream_execution"),
+        ("dag-scheduler-e", "other"),
+    ],
+)
+def test_a_jvm_thread_is_grouped_by_its_name(name: str, group: str) -> None:
+    assert jvm_thread_group(name) == group
+
+
+def test_a_window_splits_the_jvm_by_thread_group_per_million_events() -> None:
+    t, threads = Totals(), Totals()
+    t.add(0.0, {"spark_jvm": 0.0})
+    t.add(2.0, {"spark_jvm": 3.0})
+    threads.add(0.0, {"jit": 1.0, "tasks": 0.0})
+    threads.add(2.0, {"jit": 2.0, "tasks": 1.5})
+    w = window(t, 0.0, 2.0, 500_000, jvm_threads=threads)
+    assert w["spark_jvm_threads_per_million"] == {
+        "jit": 2.0,
+        "gc": 0.0,
+        "tasks": 3.0,
+        "stream_execution": 0.0,
+        "other": 0.0,
+    }
+    assert "spark_jvm_threads_per_million" not in window(t, 0.0, 2.0, 500_000)
+
+
+def test_a_subject_names_its_client_and_variant_and_a_variant_its_spark_settings() -> None:
+    assert split_subject("transaction@librdkafka+gc") == ("transaction", "librdkafka", "gc")
+    assert split_subject("kafka_engine") == ("kafka_engine", "", "")
+    a = _parse(
+        [
+            "--subjects=transaction@librdkafka,transaction@librdkafka+gc",
+            "--variant=gc:spark.driver.extraJavaOptions=-XX:+UseParallelGC -Da=b",
+            "--variant=gc:spark.buffer.size=65536",
+            "--spark-conf=spark.sql.shuffle.partitions=2",
+        ]
+    )
+    assert a.variants == {
+        "gc": {"spark.driver.extraJavaOptions": "-XX:+UseParallelGC -Da=b", "spark.buffer.size": "65536"}
+    }
+    assert a.spark_conf == {"spark.sql.shuffle.partitions": "2"}
+    for bad in (["--subjects=transaction+nope"], ["--subjects=kafka_engine+gc", "--variant=gc:a=b"]):
+        with pytest.raises(SystemExit):
+            _parse(bad)
+
+
+def test_the_summary_is_each_subjects_median_over_its_rounds() -> None:
+    def run(subject: str, jvm: float, jit: float) -> dict:
+        pm = {"spark_jvm": jvm, "total": jvm + 1.0}
+        return {"subject": subject, "steady": {"cpu_s_per_million": pm, "spark_jvm_threads_per_million": {"jit": jit}}}
+
+    runs = [run("t", 10.0, 5.0), run("t+gc", 8.0, 5.0), run("t", 14.0, 7.0), run("t", 12.0, 6.0)]
+    s = summary(runs)
+    assert s["t"]["steady"]["median"] == {"spark_jvm": 12.0, "total": 13.0}
+    assert s["t"]["steady"]["totals"] == [11.0, 15.0, 13.0]
+    assert s["t"]["steady"]["spark_jvm_threads_median"]["jit"] == 6.0
+    assert s["t+gc"]["steady"]["runs"] == 1 and "whole" not in s["t"]
 
 
 def test_a_peer_at_a_client_replaces_the_runs_client_and_keeps_its_other_options() -> None:
