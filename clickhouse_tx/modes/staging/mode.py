@@ -265,13 +265,14 @@ class StagingMode(ModeBase):
         if self.publishes_by_insert(target):
             return  # each stage in its own transaction with its marker (publish_xid)
         try:
-            publish_partitions(target, ps, before_commit=before_commit)
+            dropped = publish_partitions(target, ps, before_commit=before_commit)
         except OutcomeUnknownError:
             raise
         except ClickHouseTxError as exc:
             log.info("batch %d: stages not published together (%s); publishing them one by one", ps[0].batch, exc)
             return
-        self._published.update(p.xid for p in ps)
+        if dropped:  # else each commit finds its marker and drops its stages
+            self._published.update(p.xid for p in ps)
 
     def rollback(self, target: Target, p: Prepared) -> None:
         """Driver or GC: drop both stages; refuse if partitions of either were already moved."""
