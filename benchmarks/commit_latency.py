@@ -209,12 +209,35 @@ def baseline_tree(rev: str, into: str) -> str:
     return into
 
 
+def arms(baseline_rev: str | None, into: str) -> tuple[str | None, dict[str, str | None]]:
+    """The baseline's short commit (not a branch that moves on) and the arms: ``current`` (code
+    None) and, with ``baseline_rev``, ``baseline`` (its ``clickhouse_tx`` under ``into``)."""
+    if not baseline_rev:
+        return None, {"current": None}
+    rev_parse = ["git", "-C", str(REPO), "rev-parse", "--short", baseline_rev]
+    rev = subprocess.run(rev_parse, check=True, capture_output=True, text=True).stdout.strip()
+    return rev, {"baseline": baseline_tree(rev, into), "current": None}
+
+
+def abba(codes: dict[str, str | None], rounds: int) -> Iterator[tuple[int, str, str | None]]:
+    """(round, arm, code) in ABBA order: interleaved, so drift and load hit every arm
+    alike, and no arm always runs second (meeting the merges of the other's parts)."""
+    for r in range(rounds):
+        for name, code in list(codes.items())[:: 1 if r % 2 == 0 else -1]:
+            yield r, name, code
+
+
+def worker_env(code: str | None) -> dict[str, str]:
+    """An arm's worker's environment: ``code`` first on ``PYTHONPATH``. Run the worker
+    outside the repository: ``-m`` puts the cwd first on ``sys.path``."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (code, str(REPO)) if p))
+
+
 def run_worker(
     code: str | None, url: str, db: str, table: str, commits: int, first_batch: int, mode: str, partitions: int
 ) -> dict[str, Any]:
-    env = dict(os.environ)
+    env = worker_env(code)
     logroot = tempfile.mkdtemp(prefix="ctx-commit-lat-log-")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (code, str(REPO)) if p)
     args = [sys.executable, "-m", "benchmarks.commit_latency", "--worker", url, db, table, logroot]
     args += [str(commits), str(first_batch), mode, str(partitions)]
     res = subprocess.run(args, env=env, cwd=logroot, capture_output=True, text=True, timeout=900)
@@ -264,30 +287,22 @@ def bench(
     admin = ClickHouseHTTP(Target(url=url, database="default", table="x"))
     admin.command(f"CREATE DATABASE {db}")
     admin.command(DDL.format(db=db, t="t"))
-    runs: dict[str, list[dict[str, Any]]] = {"current": []}
     with tempfile.TemporaryDirectory(prefix="ctx-commit-lat-base-") as base_dir:
-        codes: dict[str, str | None] = {"current": None}
-        if baseline_rev:
-            # the commit, not a branch name that moves on
-            rev_parse = ["git", "-C", str(REPO), "rev-parse", "--short", baseline_rev]
-            baseline_rev = subprocess.run(rev_parse, check=True, capture_output=True, text=True).stdout.strip()
-            codes = {"baseline": baseline_tree(baseline_rev, base_dir), **codes}
-            runs["baseline"] = []
+        baseline_rev, codes = arms(baseline_rev, base_dir)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in codes}
         try:
             batch = 0
-            for r in range(rounds):  # interleaved, so drift and load hit both alike
-                # ABBA: the arm that runs second meets the merges of the first one's parts
-                for name, code in list(codes.items())[:: 1 if r % 2 == 0 else -1]:
-                    got = run_worker(code, url, db, "t", commits, batch, mode, partitions)
-                    batch += commits
-                    runs[name] += got["commits"]
-                    lat = [c["ms"] for c in got["commits"]]
-                    print(
-                        f"  round {r + 1}/{rounds} {name:8s}: p50 {_pct(lat, 50):6.1f} ms "
-                        f"p99 {_pct(lat, 99):6.1f} ms ({got['code']})",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            for r, name, code in abba(codes, rounds):
+                got = run_worker(code, url, db, "t", commits, batch, mode, partitions)
+                batch += commits
+                runs[name] += got["commits"]
+                lat = [c["ms"] for c in got["commits"]]
+                print(
+                    f"  round {r + 1}/{rounds} {name:8s}: p50 {_pct(lat, 50):6.1f} ms "
+                    f"p99 {_pct(lat, 99):6.1f} ms ({got['code']})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             admin.command(f"DROP DATABASE IF EXISTS {db} SYNC")
     from benchmarks.results_file import machine

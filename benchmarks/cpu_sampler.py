@@ -120,8 +120,7 @@ def _thread_times(pid: int) -> dict[int, tuple[str, float]]:
             text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        rest = text[text.rindex(")") + 2 :].split()
-        out[int(tid)] = (text[text.index("(") + 1 : text.rindex(")")], (int(rest[11]) + int(rest[12])) / CLOCK_TICKS)
+        out[int(tid)] = (text[text.index("(") + 1 : text.rindex(")")], parse_stat(text)[1])
     return out
 
 

@@ -37,7 +37,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.commit_latency import REPO, baseline_tree
+from benchmarks.commit_latency import abba, arms, worker_env
+from benchmarks.cpu_sampler import parse_stat
 from benchmarks.results_file import machine, write_result
 
 SESSIONS = 8
@@ -48,9 +49,13 @@ def _cpu_ms() -> float:
     return (t.user + t.system) * 1000
 
 
+WARM_UP = 5
+
+
 def _timed(fn: Callable[[], object], n: int, per: int = 1) -> dict[str, float]:
-    """Wall and this process's CPU per request over ``n`` calls of ``fn`` (each ``per`` requests)."""
-    for _ in range(5):
+    """Wall and this process's CPU per request over ``n`` calls of ``fn`` (each ``per``
+    requests), after :data:`WARM_UP` calls; ``sent``: every request, warm-up included."""
+    for _ in range(WARM_UP):
         fn()
     wall, cpu = time.perf_counter(), _cpu_ms()
     for _ in range(n):
@@ -59,11 +64,13 @@ def _timed(fn: Callable[[], object], n: int, per: int = 1) -> dict[str, float]:
     return {
         "wall_ms": round((time.perf_counter() - wall) * 1000 / requests, 3),
         "client_cpu_ms": round((_cpu_ms() - cpu) / requests, 3),
+        "sent": (WARM_UP + n) * per,
     }
 
 
 def worker(url: str, n: int) -> dict[str, Any]:
-    """One arm: the three measures, each followed by a line the parent times the server by."""
+    """One arm: the three measures, and ``requests_sent`` (every request of the arm, by
+    which the parent divides the server's CPU)."""
     import clickhouse_tx
     from clickhouse_tx.client.http import ClickHouseHTTP
     from clickhouse_tx.interfaces import Target
@@ -89,21 +96,20 @@ def worker(url: str, n: int) -> dict[str, Any]:
         return conn.getresponse().read()
 
     got["raw"] = _timed(raw, n)
+    got["requests_sent"] = sum(m.pop("sent") for m in (got["sequential"], got["session_checks"], got["raw"]))
+    got["requests_sent"] += 2 * SESSIONS  # their BEGINs and ROLLBACKs
     return got
 
 
 def _server_cpu_ms(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+    return parse_stat(Path(f"/proc/{pid}/stat").read_text())[1] * 1000
 
 
 def run_arm(code: str | None, url: str, n: int, server_pid: int | None) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (code, str(REPO)) if p))
     before = _server_cpu_ms(server_pid) if server_pid else None
-    # cwd elsewhere: ``-m`` puts the cwd first on sys.path, which would shadow ``code``
     res = subprocess.run(
         [sys.executable, "-m", "benchmarks.request_cost", "--worker", url, str(n)],
-        env=env,
+        env=worker_env(code),
         capture_output=True,
         text=True,
         timeout=900,
@@ -112,27 +118,20 @@ def run_arm(code: str | None, url: str, n: int, server_pid: int | None) -> dict[
     if res.returncode:
         raise SystemExit(f"worker failed ({code or 'current'}):\n{res.stderr[-4000:]}")
     got = json.loads(res.stdout.strip().splitlines()[-1])
+    sent = got.pop("requests_sent")
     if before is not None and server_pid:
-        # every request of the arm: 5 + n warm-ups and calls of each measure, 8 per session round
-        sent = (5 + n) * 2 + (5 + max(1, n // SESSIONS)) * SESSIONS + 2 * SESSIONS
         got["server_cpu_ms_per_request"] = round((_server_cpu_ms(server_pid) - before) / sent, 3)
     return got
 
 
 def bench(url: str, server_pid: int | None, rounds: int, n: int, baseline_rev: str | None) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {"current": []}
     with tempfile.TemporaryDirectory(prefix="ctx-request-cost-") as base_dir:
-        codes: dict[str, str | None] = {"current": None}
-        if baseline_rev:
-            rev = ["git", "-C", str(REPO), "rev-parse", "--short", baseline_rev]
-            baseline_rev = subprocess.run(rev, check=True, capture_output=True, text=True).stdout.strip()
-            codes = {"baseline": baseline_tree(baseline_rev, base_dir), **codes}
-            runs["baseline"] = []
-        for r in range(rounds):
-            for name, code in list(codes.items())[:: 1 if r % 2 == 0 else -1]:
-                got = run_arm(code, url, n, server_pid)
-                runs[name].append(got)
-                print(f"  round {r + 1}/{rounds} {name:8s}: {json.dumps(got)}", file=sys.stderr, flush=True)
+        baseline_rev, codes = arms(baseline_rev, base_dir)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in codes}
+        for r, name, code in abba(codes, rounds):
+            got = run_arm(code, url, n, server_pid)
+            runs[name].append(got)
+            print(f"  round {r + 1}/{rounds} {name:8s}: {json.dumps(got)}", file=sys.stderr, flush=True)
     summary = {name: _median_of(arm) for name, arm in runs.items()}
     return {
         "benchmark": "request_cost",
