@@ -201,7 +201,7 @@ class ConsumerPool:
         if old is not None:
             _close_quietly(old[1], client)
 
-    def discard(self, consumer: Any, client: str = "kafka-python") -> None:
+    def discard(self, consumer: Any, client: str) -> None:
         """Close a consumer of ``client`` that failed mid-read; it is never reused."""
         self.stats.discarded += 1
         _close_quietly(consumer, client)
